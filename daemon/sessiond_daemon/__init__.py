@@ -1,0 +1,1 @@
+"""The sessiond daemon: event store, fold, writer and JSON-RPC server."""

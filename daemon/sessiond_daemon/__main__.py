@@ -1,0 +1,99 @@
+"""Entry point of the `sessiond` executable: parse flags, configure logs, run until a signal."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Any
+
+import anyio
+import structlog
+from sessiond_schemas.errors import StorageError
+
+from . import lifecycle, logs
+from .config import Config, ConfigError, load
+
+EX_CONFIG = 78
+EX_TEMPFAIL = 75
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sessiond", description="Run the sessiond daemon.")
+    p.add_argument("--config", help="TOML config file (also $SESSIOND_CONFIG)")
+    p.add_argument("--socket", help="Unix socket path (also $SESSIOND_SOCKET)")
+    p.add_argument("--db", help="SQLite database path (also $SESSIOND_DB)")
+    p.add_argument("--socket-mode", help="octal mode of the socket, e.g. 0660 (default 0600)")
+    p.add_argument("--durability", choices=["full", "normal"],
+                   help="full: fsync every commit (default); normal: faster, a power loss may "
+                        "lose the last commits (never corrupts)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["auto", "json", "console"])
+    for name in Config.__struct_fields__:
+        if name.startswith("max_") or name in ("view_cache_size",):
+            p.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
+    p.add_argument("--drain-timeout-s", type=float, dest="drain_timeout_s")
+    p.add_argument("--allowed-uids", type=_int_list, help="comma-separated uids let in besides ours")
+    p.add_argument("--allowed-gids", type=_int_list, help="comma-separated gids let in")
+    return p.parse_args(argv)
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+async def _serve(config: Config) -> None:
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        async def on_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    if shutdown.is_set():
+                        structlog.get_logger("sessiond").warning("daemon.forced_exit")
+                        os._exit(1)  # a second signal: stop waiting for the drain
+                    structlog.get_logger("sessiond").info("daemon.signal", signal=signum.name)
+                    shutdown.set()
+
+        tg.start_soon(on_signals)
+        await lifecycle.run(config, shutdown)
+        tg.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "config"}
+    try:
+        config = load(args.config, overrides)
+    except ConfigError as exc:
+        print(f"sessiond: {exc}", file=sys.stderr)
+        sys.exit(EX_CONFIG)
+    logs.configure(config.log_level, config.log_format)
+    log = structlog.get_logger("sessiond")
+    try:
+        anyio.run(_serve, config, backend="asyncio")
+    except BaseException as group:  # task groups wrap what they raise
+        exc = _sole(group)
+        if isinstance(exc, lifecycle.AlreadyRunning):
+            log.error("daemon.already_running", detail=str(exc))
+            sys.exit(EX_TEMPFAIL)
+        if isinstance(exc, StorageError):
+            log.error("daemon.storage_failed", detail=exc.message)
+            sys.exit(1)
+        if isinstance(exc, OSError):
+            log.error("daemon.start_failed", detail=str(exc))
+            sys.exit(1)
+        if isinstance(exc, KeyboardInterrupt):
+            sys.exit(130)
+        raise
+
+
+def _sole(exc: BaseException) -> BaseException:
+    """Unwrap exception groups that hold a single exception."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Daemon settings: embedded defaults, then a TOML file, then environment, then flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+from sessiond_schemas.paths import default_socket
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says which setting and why."""
+
+
+class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    socket: str | None = None
+    db: str | None = None
+    socket_mode: int = 0o600
+    durability: Literal["full", "normal"] = "full"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "console"] = "auto"
+    max_request_bytes: int = 16 << 20
+    max_connections: int = 1024
+    max_inflight: int = 256
+    max_queue: int = 4096
+    max_batch: int = 512
+    view_cache_size: int = 4096
+    max_message_bytes: int = 1 << 20
+    max_event_bytes: int = 1 << 20
+    max_checkpoint_bytes: int = 8 << 20
+    allowed_uids: list[int] = []
+    allowed_gids: list[int] = []
+    drain_timeout_s: float = 10.0
+
+
+def default_db(env: Mapping[str, str] = os.environ) -> str:
+    """The contract's database path when no flag names one."""
+    if env.get("SESSIOND_DB"):
+        return env["SESSIOND_DB"]
+    if env.get("STATE_DIRECTORY"):
+        return os.path.join(env["STATE_DIRECTORY"].split(":")[0], "sessiond.db")
+    if env.get("XDG_STATE_HOME"):
+        return os.path.join(env["XDG_STATE_HOME"], "sessiond", "sessiond.db")
+    return str(Path.home() / ".local" / "state" / "sessiond" / "sessiond.db")
+
+
+def load(path: str | None, overrides: dict[str, Any],
+         env: Mapping[str, str] = os.environ) -> Config:
+    """Build the config: the file (if any), then flags; fill the default paths last."""
+    values: dict[str, Any] = {}
+    path = path or env.get("SESSIOND_CONFIG") or None
+    if path:
+        try:
+            with open(path, "rb") as f:
+                values = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if isinstance(values.get("socket_mode"), str):
+        try:
+            values["socket_mode"] = int(values["socket_mode"], 8)
+        except ValueError as exc:
+            raise ConfigError(f"socket_mode must be octal like 0660: {values['socket_mode']!r}") from exc
+    try:
+        config = msgspec.convert(values, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration{' in ' + path if path else ''}: {exc}") from exc
+    config.socket = config.socket or default_socket(env)
+    config.db = config.db or default_db(env)
+    return config

@@ -1,0 +1,311 @@
+"""The fold: the only code that knows how an event changes a SessionState."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from msgspec.structs import replace
+from sessiond_schemas.events import (
+    TERMINAL_STATUSES,
+    CheckpointSaved,
+    Event,
+    MemoryUpdated,
+    MessageAppended,
+    MetadataUpdated,
+    PlanLinked,
+    ProcessExited,
+    ProcessStarted,
+    ProgressRecorded,
+    ResultRecorded,
+    SessionCreated,
+    StatusChanged,
+    TokensRecorded,
+    decode_data,
+    parse_time,
+)
+from sessiond_schemas.state import Message, SessionState, Timestamps
+
+
+class FoldError(ValueError):
+    """The events do not make a valid history (a bug or a corrupt store, never user input)."""
+
+
+def apply(state: SessionState | None, event: Event) -> SessionState:
+    """Return the state after one event; `state` itself is left unchanged."""
+    return fold(state, (event,))
+
+
+def fold(state: SessionState | None, events: Iterable[Event]) -> SessionState:
+    """Return the state after `events`, in order; `state` itself is left unchanged."""
+    it = iter(events)
+    if state is None:
+        first = next(it, None)
+        if first is None or first.type != "session.created":
+            raise FoldError("a session's history must start with session.created")
+        work = _created(first)
+    else:
+        work = _thaw(state)
+    for event in it:
+        if event.version != work.version + 1 or event.session_id != work.session_id:
+            raise FoldError(
+                f"event {event.event_id} (session {event.session_id}, version {event.version}) "
+                f"does not follow version {work.version} of {work.session_id}"
+            )
+        branch = _BRANCHES.get(event.type)
+        if branch is None:
+            raise FoldError(f"unknown event type {event.type!r}")
+        branch(work, event)
+        work.version = event.version
+        work.timestamps.updated_at = event.recorded_at
+    _derive(work)
+    return work
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """Apply an RFC 7396 JSON merge patch, building new dicts (the target is not changed)."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged
+
+
+def _thaw(s: SessionState) -> SessionState:
+    # Copy every container a branch appends to in place. memory, metadata,
+    # input_data, result.output and last_message are only ever replaced whole.
+    p, m = s.progress, s.metrics
+    return replace(
+        s,
+        timestamps=replace(s.timestamps),
+        progress=replace(
+            p,
+            path=list(p.path),
+            nodes_with_failures=list(p.nodes_with_failures),
+            retry_details=dict(p.retry_details),
+            node_visit_counts=dict(p.node_visit_counts),
+        ),
+        result=replace(s.result),
+        token_usage=replace(s.token_usage),
+        metrics=replace(
+            m, nodes_executed=list(m.nodes_executed), edges_traversed=list(m.edges_traversed)
+        ),
+        problems=list(s.problems),
+        decisions=list(s.decisions),
+        linked_plan_ids=list(s.linked_plan_ids),
+    )
+
+
+def _created(event: Event) -> SessionState:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, SessionCreated)
+    at = event.recorded_at
+    return SessionState(
+        session_id=event.session_id,
+        version=event.version,
+        namespace=d.namespace,
+        actor_name=d.actor_name,
+        goal_id=d.goal_id,
+        agent_id=d.agent_id,
+        stream_id=d.stream_id,
+        correlation_id=d.correlation_id,
+        entry_point=d.entry_point,
+        task=d.task,
+        working_dir=d.working_dir,
+        model=d.model,
+        adapter=d.adapter,
+        source=d.source,
+        automation_level=d.automation_level,
+        isolation_level=d.isolation_level,
+        status=d.status,
+        timestamps=Timestamps(
+            created_at=at, updated_at=at, started_at=at if d.status == "active" else None
+        ),
+        input_data=d.input_data,
+        metadata=d.metadata,
+        checkpoint_enabled=d.checkpoint_enabled,
+    )
+
+
+def _session_created(s: SessionState, event: Event) -> None:
+    raise FoldError(f"session {s.session_id} was created twice (event {event.event_id})")
+
+
+def _status_changed(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, StatusChanged)
+    t, p = s.timestamps, s.progress
+    s.status = d.to
+    if d.to == "active":
+        t.started_at = t.started_at or event.recorded_at
+        t.completed_at = None
+        t.paused_at_time = None
+        p.paused_at = None
+    elif d.to == "paused":
+        t.paused_at_time = event.recorded_at
+        # Where it paused: the node named, else the node it was running.
+        p.paused_at = d.paused_at or p.current_node
+    elif d.to in TERMINAL_STATUSES:
+        t.completed_at = event.recorded_at
+        if d.to == "completed" and s.result.success is None:
+            s.result.success = True
+        elif d.to == "failed" and s.result.success is None:
+            s.result.success = False
+    if d.resume_from is not None:
+        p.resume_from = d.resume_from
+    if d.error is not None:
+        s.error = d.error
+        s.result.error = d.error
+
+
+def _message_appended(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, MessageAppended)
+    s.message_count += 1
+    s.last_message = Message(
+        message_id=d.message_id,
+        sequence=d.sequence,
+        role=d.role,
+        content=d.content,
+        timestamp=event.recorded_at,
+        tool_call_id=d.tool_call_id,
+        metadata=d.metadata,
+    )
+
+
+def _tokens_recorded(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, TokensRecorded)
+    u = s.token_usage
+    u.input_tokens += d.input_tokens
+    u.output_tokens += d.output_tokens
+    u.estimated_cost += d.estimated_cost
+    s.progress.total_tokens += d.input_tokens + d.output_tokens
+
+
+def _progress_recorded(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, ProgressRecorded)
+    p, m, node = s.progress, s.metrics, d.node_id
+    p.current_node = node
+    p.path.append(node)
+    p.steps_executed += 1
+    p.node_visit_counts[node] = p.node_visit_counts.get(node, 0) + 1
+    p.total_latency_ms += d.latency_ms
+    p.total_tokens += d.tokens
+    if d.retries:
+        p.total_retries += d.retries
+        p.retry_details[node] = p.retry_details.get(node, 0) + d.retries
+    if d.failed:
+        p.had_partial_failures = True
+        if node not in p.nodes_with_failures:
+            p.nodes_with_failures.append(node)
+    if node not in m.nodes_executed:
+        m.nodes_executed.append(node)
+    if d.edge is not None:
+        m.edges_traversed.append(d.edge)
+
+
+def _checkpoint_saved(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, CheckpointSaved)
+    s.latest_checkpoint_id = d.checkpoint_id
+    s.checkpoint_count += 1
+    s.checkpoint_enabled = True  # saving one means the session uses checkpoints
+
+
+def _memory_updated(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, MemoryUpdated)
+    s.memory = merge_patch(s.memory, d.patch)
+
+
+def _metadata_updated(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, MetadataUpdated)
+    s.metadata = merge_patch(s.metadata, d.patch)
+
+
+def _result_recorded(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, ResultRecorded)
+    s.result.success, s.result.output, s.result.error = d.success, d.output, d.error
+    if d.error is not None:
+        s.error = d.error
+
+
+def _problem_recorded(s: SessionState, event: Event) -> None:
+    s.problems.append(event.data)
+    s.metrics.problem_count += 1
+
+
+def _decision_recorded(s: SessionState, event: Event) -> None:
+    s.decisions.append(event.data)
+    s.metrics.decision_count += 1
+
+
+def _plan_linked(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, PlanLinked)
+    if d.plan_id not in s.linked_plan_ids:
+        s.linked_plan_ids.append(d.plan_id)
+
+
+def _process_started(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, ProcessStarted)
+    s.pid, s.turn, s.exit_code = d.pid, d.turn, None
+
+
+def _process_output(s: SessionState, event: Event) -> None:
+    """Raw executor output is history only; it changes nothing but updated_at."""
+
+
+def _process_exited(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data)
+    assert isinstance(d, ProcessExited)
+    s.exit_code = d.exit_code
+
+
+def _derive(s: SessionState) -> None:
+    """Recompute seed 000's computed fields from the rest of the state."""
+    t, p = s.timestamps, s.progress
+    start = t.started_at or t.created_at
+    s.duration_ms = (
+        int((parse_time(t.completed_at) - parse_time(start)).total_seconds() * 1000)
+        if t.completed_at
+        else 0
+    )
+    s.is_resumable = s.status in ("paused", "failed") and (
+        p.resume_from is not None or p.paused_at is not None
+    )
+    s.is_resumable_from_checkpoint = s.checkpoint_enabled and s.latest_checkpoint_id is not None
+    if s.status == "failed" or s.result.success is False:
+        p.execution_quality = "failed"
+    elif p.total_retries > 0 or p.had_partial_failures:
+        p.execution_quality = "degraded"
+    else:
+        p.execution_quality = "clean"
+
+
+_BRANCHES: dict[str, Callable[[SessionState, Event], None]] = {
+    "session.created": _session_created,
+    "session.status_changed": _status_changed,
+    "message.appended": _message_appended,
+    "tokens.recorded": _tokens_recorded,
+    "progress.recorded": _progress_recorded,
+    "checkpoint.saved": _checkpoint_saved,
+    "memory.updated": _memory_updated,
+    "metadata.updated": _metadata_updated,
+    "result.recorded": _result_recorded,
+    "problem.recorded": _problem_recorded,
+    "decision.recorded": _decision_recorded,
+    "plan.linked": _plan_linked,
+    "process.started": _process_started,
+    "process.output": _process_output,
+    "process.exited": _process_exited,
+}

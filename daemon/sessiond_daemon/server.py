@@ -1,0 +1,256 @@
+"""The JSON-RPC 2.0 server: NDJSON framing on a Unix socket, dispatch, limits, peer check."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import msgspec
+import structlog
+from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskStatus
+from anyio.streams.buffered import BufferedByteReceiveStream
+from sessiond_schemas import rpc
+from sessiond_schemas.errors import (
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    InternalError,
+    MethodNotFoundError,
+    OverloadedError,
+    PermissionDeniedError,
+    SessiondError,
+    ShuttingDownError,
+)
+from sessiond_schemas.events import EventMeta, new_id
+
+from .service import Service, invalid_params
+
+log = structlog.get_logger("sessiond.rpc")
+
+Handler = Callable[[Any, EventMeta], Awaitable[Any]]
+_encoder = msgspec.json.Encoder()
+_request_decoder = msgspec.json.Decoder(rpc.Request)
+_batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])
+_EMPTY_PARAMS = msgspec.Raw(b"{}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    max_request_bytes: int = 16 << 20
+    max_connections: int = 1024
+    max_inflight: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+
+
+def _failure(request_id: Any, code: int, message: str, data: dict[str, Any] | None = None) -> rpc.Failure:
+    error = rpc.ErrorObject(code=code, message=message, data=data if data else msgspec.UNSET)
+    return rpc.Failure(jsonrpc="2.0", id=request_id, error=error)
+
+
+def peer_of(stream: SocketStream) -> Peer:
+    """Read the connecting process's pid, uid and gid (SO_PEERCRED)."""
+    sock = stream.extra(SocketAttribute.raw_socket)
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", creds)
+    return Peer(pid, uid, gid)
+
+
+class Server:
+    """Serves the contract's methods to every connection on a listener."""
+
+    def __init__(self, service: Service, limits: ServerLimits, *,
+                 allowed_uids: frozenset[int] = frozenset(),
+                 allowed_gids: frozenset[int] = frozenset()) -> None:
+        self.service = service
+        self.limits = limits
+        self.allowed_uids = allowed_uids
+        self.allowed_gids = allowed_gids
+        self.connections = 0
+        self.subscriptions = 0
+        self.draining = False
+        self.inflight = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._methods: dict[str, tuple[msgspec.json.Decoder[Any], Handler]] = {
+            name: (msgspec.json.Decoder(params_type), getattr(service, name.replace(".", "_")))
+            for name, (params_type, _) in rpc.METHODS.items()
+        }
+
+    # --- accepting ------------------------------------------------------------------
+
+    async def serve(self, listener: SocketListener, *,
+                    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Accept connections until cancelled; each connection runs in its own task."""
+        async with anyio.create_task_group() as tg:
+            task_status.started()
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    # Out of descriptors and the like: say so once, back off, go on.
+                    log.warning("rpc.accept_failed", error=str(exc))
+                    await anyio.sleep(0.1)
+                    continue
+                tg.start_soon(self._connection, stream)
+
+    async def wait_idle(self) -> None:
+        """Return once no request is being executed."""
+        while self.inflight:
+            await self._idle.wait()
+
+    def _allowed(self, peer: Peer) -> bool:
+        return (peer.uid in (os.getuid(), 0) or peer.uid in self.allowed_uids
+                or peer.gid in self.allowed_gids)
+
+    async def _connection(self, stream: SocketStream) -> None:
+        async with stream:
+            peer = peer_of(stream)
+            if not self._allowed(peer):
+                log.warning("rpc.peer_refused", uid=peer.uid, pid=peer.pid)
+                err = PermissionDeniedError(f"uid {peer.uid} may not use this daemon", {"uid": peer.uid})
+                await self._send_quietly(stream, _encoder.encode(self._error(None, err)))
+                return
+            if self.connections >= self.limits.max_connections:
+                err = OverloadedError("too many connections; retry later", {"retry_after_ms": 100})
+                await self._send_quietly(stream, _encoder.encode(self._error(None, err)))
+                return
+            self.connections += 1
+            structlog.contextvars.bind_contextvars(peer_pid=peer.pid, peer_uid=peer.uid)
+            log.debug("rpc.connected")
+            try:
+                await self._read_loop(stream, peer)
+            finally:
+                self.connections -= 1
+                log.debug("rpc.disconnected")
+
+    async def _read_loop(self, stream: SocketStream, peer: Peer) -> None:
+        reader = BufferedByteReceiveStream(stream)
+        gate = anyio.Semaphore(self.limits.max_inflight)
+        send_lock = anyio.Lock()
+
+        async def run(line: bytes) -> None:
+            try:
+                reply = await self.handle_line(line, peer)
+                if reply is not None:
+                    async with send_lock:
+                        await stream.send(reply + b"\n")
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # the client went away; its answer has nowhere to go
+            finally:
+                gate.release()
+
+        async with anyio.create_task_group() as tg:
+            while True:
+                try:
+                    line = await reader.receive_until(b"\n", self.limits.max_request_bytes)
+                except anyio.DelimiterNotFound:
+                    log.warning("rpc.request_too_large", limit=self.limits.max_request_bytes)
+                    reply = _encoder.encode(_failure(
+                        None, INVALID_REQUEST, "request too large",
+                        {"detail": f"a line may hold at most {self.limits.max_request_bytes} bytes"}))
+                    async with send_lock:
+                        await self._send_quietly(stream, reply)
+                    break
+                except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError,
+                        anyio.ClosedResourceError, ConnectionError):
+                    break
+                # Back-pressure: past max_inflight we stop reading, never buffer.
+                await gate.acquire()
+                tg.start_soon(run, line)
+
+    @staticmethod
+    async def _send_quietly(stream: SocketStream, data: bytes) -> None:
+        try:
+            await stream.send(data + b"\n")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+
+    # --- dispatch -------------------------------------------------------------------
+
+    async def handle_line(self, line: bytes, peer: Peer) -> bytes | None:
+        """Answer one NDJSON line: a request or a batch; None when nothing is to be sent."""
+        line = line.strip()
+        if not line:
+            return None
+        if line[:1] == b"[":
+            try:
+                items = _batch_decoder.decode(line)
+            except msgspec.DecodeError as exc:
+                return _encoder.encode(_failure(None, PARSE_ERROR, "parse error", {"detail": str(exc)}))
+            if not items:
+                return _encoder.encode(_failure(None, INVALID_REQUEST, "invalid request",
+                                                {"detail": "empty batch"}))
+            replies: list[Any] = [None] * len(items)
+
+            async def one(i: int, item: msgspec.Raw) -> None:
+                replies[i] = await self._handle_one(item, peer)
+
+            async with anyio.create_task_group() as tg:
+                for i, item in enumerate(items):
+                    tg.start_soon(one, i, item)
+            answered = [r for r in replies if r is not None]
+            return _encoder.encode(answered) if answered else None
+        try:
+            msgspec.json.decode(line, type=msgspec.Raw)  # well-formed JSON at all?
+        except msgspec.DecodeError as exc:
+            return _encoder.encode(_failure(None, PARSE_ERROR, "parse error", {"detail": str(exc)}))
+        reply = await self._handle_one(msgspec.Raw(line), peer)
+        return _encoder.encode(reply) if reply is not None else None
+
+    async def _handle_one(self, raw: msgspec.Raw, peer: Peer) -> rpc.Success | rpc.Failure | None:
+        try:
+            req = _request_decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            return _failure(None, INVALID_REQUEST, "invalid request", {"detail": str(exc)})
+        notification = req.id is msgspec.UNSET
+        request_id = None if notification else req.id
+        try:
+            result = await self._dispatch(req, peer)
+        except SessiondError as exc:
+            return None if notification else self._error(request_id, exc)
+        return None if notification else rpc.Success(jsonrpc="2.0", id=request_id, result=result)
+
+    async def _dispatch(self, req: rpc.Request, peer: Peer) -> Any:
+        entry = self._methods.get(req.method)
+        if entry is None:
+            raise MethodNotFoundError(f"method not found: {req.method}", {"method": req.method})
+        if self.draining:
+            raise ShuttingDownError("the daemon is shutting down")
+        decoder, handler = entry
+        params_raw = req.params if isinstance(req.params, msgspec.Raw) else _EMPTY_PARAMS
+        try:
+            params = decoder.decode(params_raw)
+        except msgspec.ValidationError as exc:
+            raise invalid_params(exc, context=f"invalid params for {req.method}") from exc
+        meta = EventMeta(peer_uid=peer.uid, peer_pid=peer.pid)
+        self.inflight += 1
+        self._idle = anyio.Event() if self._idle.is_set() else self._idle
+        try:
+            result = await handler(params, meta)
+        except SessiondError:
+            raise
+        except Exception as exc:
+            error_id = new_id()
+            log.exception("rpc.internal_error", error_id=error_id, method=req.method)
+            raise InternalError("internal error", {"error_id": error_id}) from exc
+        finally:
+            self.inflight -= 1
+            if not self.inflight:
+                self._idle.set()
+        if req.method == "daemon.stats":
+            result.update(connections=self.connections, subscriptions=self.subscriptions)
+        return result
+
+    @staticmethod
+    def _error(request_id: Any, exc: SessiondError) -> rpc.Failure:
+        return _failure(request_id, exc.code, exc.message, exc.data)

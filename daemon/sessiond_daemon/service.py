@@ -1,0 +1,436 @@
+"""The service layer: one handler per contract method, turning params into commands and reads."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import msgspec
+from sessiond_schemas import rpc
+from sessiond_schemas.errors import (
+    AmbiguousIdError,
+    CheckpointNotFoundError,
+    InvalidParamsError,
+    InvalidTransitionError,
+    SessionExistsError,
+    SessionNotFoundError,
+    TooLargeError,
+)
+from sessiond_schemas.events import (
+    ALLOWED_TRANSITIONS,
+    DATA_TYPES,
+    Event,
+    EventMeta,
+    MessageFields,
+    SessionCreated,
+    Status,
+    new_id,
+    parse_time,
+)
+from sessiond_schemas.state import SessionState
+
+from . import projection
+from .store import SqliteStore
+from .writer import Command, Delete, Plan, Writer
+
+try:
+    VERSION = version("sessiond")
+except PackageNotFoundError:  # running from a source tree
+    VERSION = "0+unknown"
+
+_json = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_message_bytes: int = 1 << 20
+    max_event_bytes: int = 1 << 20
+    max_checkpoint_bytes: int = 8 << 20
+
+
+class StatusChangeInput(msgspec.Struct, kw_only=True):
+    """`session.status_changed` as events.append takes it: `from` is the daemon's to fill."""
+
+    to: Status
+    from_: Status | None = msgspec.field(default=None, name="from")
+    reason: str | None = None
+    error: str | None = None
+    paused_at: str | None = None
+    resume_from: str | None = None
+
+
+# What events.append validates each type's data with; None: not appendable that way.
+_APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
+    **DATA_TYPES,
+    "session.created": None,
+    "checkpoint.saved": None,
+    "message.appended": MessageFields,
+    "session.status_changed": StatusChangeInput,
+}
+_INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint.save"}
+
+
+def _require(state: SessionState | None, session_id: str) -> SessionState:
+    if state is None:
+        raise SessionNotFoundError(f"session {session_id} not found", {"session_id": session_id})
+    return state
+
+
+def _check_transition(session_id: str, current: str, to: str) -> None:
+    allowed = ALLOWED_TRANSITIONS[current]
+    if to not in allowed:
+        raise InvalidTransitionError(
+            f"session {session_id} cannot move from {current} to {to}",
+            {"from": current, "to": to, "allowed": list(allowed)},
+        )
+
+
+def _not_none(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _write_result(state: SessionState, events: list[Event], **extra: Any) -> dict[str, Any]:
+    return {"session_id": state.session_id, "version": state.version,
+            "position": events[-1].position, **extra}
+
+
+def _message_data(m: MessageFields, sequence: int) -> dict[str, Any]:
+    return {"message_id": new_id(), "sequence": sequence, "role": m.role, "content": m.content,
+            **_not_none(tool_call_id=m.tool_call_id), **({"metadata": m.metadata} if m.metadata else {})}
+
+
+def _normalise_time(value: str | None, path: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        return parse_time(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError as exc:
+        raise InvalidParamsError(f"{path[2:]} is not an RFC 3339 time: {value!r}",
+                                 {"detail": str(exc), "path": path}) from exc
+
+
+class Service:
+    """The contract's methods over one store and its writer."""
+
+    def __init__(self, store: SqliteStore, writer: Writer, limits: Limits) -> None:
+        self.store = store
+        self.writer = writer
+        self.limits = limits
+        self.started = time.monotonic()
+
+    async def _submit(self, p: Any, meta: EventMeta, plan: Any, session_id: str | None = None) -> msgspec.Raw:
+        key = getattr(p, "idempotency_key", None)
+        cmd = Command(
+            session_id=session_id or p.session_id, plan=plan,
+            meta=msgspec.structs.replace(meta, idempotency_key=key),
+            expected_version=getattr(p, "expected_version", None), idempotency_key=key,
+        )
+        return msgspec.Raw(await self.writer.submit(cmd))
+
+    def _check_size(self, size: int, limit: int, what: str) -> None:
+        if size > limit:
+            raise TooLargeError(f"{what} is {size} bytes, over the limit of {limit}",
+                                {"limit": limit, "size": size})
+
+    async def _state(self, session_id: str) -> SessionState:
+        state = self.writer.cached(session_id)
+        if state is None:
+            raw = await self.store.state_json(session_id)
+            state = msgspec.json.decode(raw, type=SessionState) if raw is not None else None
+        return _require(state, session_id)
+
+    # --- daemon ---------------------------------------------------------------------
+
+    async def daemon_ping(self, p: rpc.NoParams, meta: EventMeta) -> rpc.PingResult:
+        return rpc.PingResult(pong=True, version=VERSION,
+                              uptime_s=round(time.monotonic() - self.started, 3))
+
+    async def daemon_stats(self, p: rpc.NoParams, meta: EventMeta) -> dict[str, Any]:
+        sessions, events = await self.store.counts()
+        return {
+            "sessions": sessions, "events": events,
+            "last_position": self.writer.next_position - 1,
+            "db_bytes": self.store.db_bytes(),
+            "write_queue_depth": self.writer.queue_depth,
+            "appends_per_s": self.writer.appends_per_s(),
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "write_transactions": self.writer.transactions,
+            "write_commands": self.writer.commands,
+        }
+
+    # --- sessions -------------------------------------------------------------------
+
+    async def session_create(self, p: rpc.SessionCreateParams, meta: EventMeta) -> msgspec.Raw:
+        sid = p.session_id or new_id()
+        fields = {f: getattr(p, f) for f in SessionCreated.__struct_fields__}
+        data = msgspec.to_builtins(SessionCreated(**fields))
+        self._check_size(len(_json.encode(data)), self.limits.max_event_bytes, "session.created data")
+
+        def plan(state: SessionState | None) -> Plan:
+            if state is not None:
+                raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
+            return Plan([("session.created", data)], lambda s, ev: s)
+
+        return await self._submit(p, meta, plan, session_id=sid)
+
+    async def session_get(self, p: rpc.SessionGetParams, meta: EventMeta) -> Any:
+        if p.at_version is None:
+            state = self.writer.cached(p.session_id)
+            if state is not None:
+                return state
+            raw = await self.store.state_json(p.session_id)
+            if raw is None:
+                _require(None, p.session_id)
+            return msgspec.Raw(raw)
+        current = await self._state(p.session_id)
+        if p.at_version > current.version:
+            raise InvalidParamsError(
+                f"at_version {p.at_version} is past session {p.session_id}'s version {current.version}",
+                {"detail": "at_version too large", "path": "$.at_version"},
+            )
+        events = await self.store.read_events(session_id=p.session_id, from_version=1,
+                                              after_position=0, limit=p.at_version, types=None)
+        return projection.fold(None, events)
+
+    async def session_resolve(self, p: rpc.SessionResolveParams, meta: EventMeta) -> rpc.ResolveResult:
+        if self.writer.cached(p.prefix) is not None or await self.store.state_json(p.prefix):
+            return rpc.ResolveResult(session_id=p.prefix)
+        candidates = await self.store.resolve(p.prefix)
+        if not candidates:
+            raise SessionNotFoundError(f"no session id starts with {p.prefix!r}",
+                                       {"session_id": p.prefix})
+        if len(candidates) > 1:
+            raise AmbiguousIdError(
+                f"{p.prefix!r} matches several sessions; give more characters",
+                {"candidates": candidates[:10]},
+            )
+        return rpc.ResolveResult(session_id=candidates[0])
+
+    async def session_list(self, p: rpc.SessionListParams, meta: EventMeta) -> rpc.SessionListResult:
+        sessions, cursor = await self.store.list_sessions(
+            namespace=p.namespace, statuses=list(p.status) if p.status else None,
+            actor_name=p.actor_name, source=p.source,
+            created_after=_normalise_time(p.created_after, "$.created_after"),
+            created_before=_normalise_time(p.created_before, "$.created_before"),
+            limit=p.limit, cursor=p.cursor,
+        )
+        return rpc.SessionListResult(sessions=sessions, next_cursor=cursor)
+
+    async def session_transition(self, p: rpc.SessionTransitionParams, meta: EventMeta) -> msgspec.Raw:
+        def plan(state: SessionState | None) -> Plan:
+            s = _require(state, p.session_id)
+            _check_transition(p.session_id, s.status, p.to)
+            data = {"from": s.status, "to": p.to, **_not_none(
+                reason=p.reason, error=p.error, paused_at=p.paused_at, resume_from=p.resume_from)}
+            return Plan([("session.status_changed", data)], lambda s, ev: s)
+
+        return await self._submit(p, meta, plan)
+
+    async def session_resume(self, p: rpc.SessionResumeParams, meta: EventMeta) -> msgspec.Raw:
+        checkpoint = None
+        if p.checkpoint_id is not None:
+            await self._state(p.session_id)
+            checkpoint = await self.store.checkpoint(p.session_id, p.checkpoint_id)
+            if checkpoint is None:
+                raise CheckpointNotFoundError(
+                    f"checkpoint {p.checkpoint_id} not found in session {p.session_id}",
+                    {"checkpoint_id": p.checkpoint_id})
+
+        def plan(state: SessionState | None) -> Plan:
+            s = _require(state, p.session_id)
+            _check_transition(p.session_id, s.status, "active")
+            pr = s.progress
+            resume_from = pr.resume_from or pr.paused_at
+            memory = s.memory
+            if checkpoint is not None:
+                resume_from = checkpoint.resume_from or checkpoint.node_id or resume_from
+                memory = checkpoint.memory
+            resume = rpc.ResumeInfo(paused_at=pr.paused_at, resume_from=resume_from,
+                                    memory=memory, next_node=None,
+                                    checkpoint_id=p.checkpoint_id)
+            data = {"from": s.status, "to": "active", "reason": "resumed",
+                    **_not_none(resume_from=resume_from)}
+            return Plan([("session.status_changed", data)],
+                        lambda st, ev: rpc.SessionResumeResult(state=st, resume=resume))
+
+        return await self._submit(p, meta, plan)
+
+    async def session_delete(self, p: rpc.SessionDeleteParams, meta: EventMeta) -> msgspec.Raw:
+        def plan(state: SessionState | None) -> Delete:
+            _require(state, p.session_id)
+            return Delete(rpc.DeleteResult(deleted=True))
+
+        return await self._submit(p, meta, plan)
+
+    # --- messages -------------------------------------------------------------------
+
+    def _check_message(self, m: MessageFields) -> None:
+        self._check_size(len(m.content.encode()), self.limits.max_message_bytes, "message content")
+
+    async def message_append(self, p: rpc.MessageAppendParams, meta: EventMeta) -> msgspec.Raw:
+        self._check_message(p)
+
+        def plan(state: SessionState | None) -> Plan:
+            data = _message_data(p, _require(state, p.session_id).message_count)
+            return Plan([("message.appended", data)], lambda s, ev: _write_result(
+                s, ev, message_id=data["message_id"], sequence=data["sequence"]))
+
+        return await self._submit(p, meta, plan)
+
+    async def message_append_many(self, p: rpc.MessageAppendManyParams, meta: EventMeta) -> msgspec.Raw:
+        for m in p.messages:
+            self._check_message(m)
+
+        def plan(state: SessionState | None) -> Plan:
+            first = _require(state, p.session_id).message_count
+            datas = [_message_data(m, first + i) for i, m in enumerate(p.messages)]
+            return Plan([("message.appended", d) for d in datas], lambda s, ev: _write_result(
+                s, ev, message_ids=[d["message_id"] for d in datas], first_sequence=first))
+
+        return await self._submit(p, meta, plan)
+
+    async def message_list(self, p: rpc.MessageListParams, meta: EventMeta) -> rpc.MessageListResult:
+        total = (await self._state(p.session_id)).message_count
+        after = p.after_sequence
+        if p.order == "asc":
+            first = (after + 1 if after is not None else 0) + p.offset
+            messages = await self.store.list_messages(p.session_id, first=first, limit=p.limit,
+                                                      descending=False)
+        else:
+            first = total - 1 - p.offset
+            messages = [] if first < 0 else await self.store.list_messages(
+                p.session_id, first=first, limit=p.limit, descending=True)
+            if after is not None:
+                messages = [m for m in messages if m.sequence > after]
+        return rpc.MessageListResult(messages=messages, total=total)
+
+    # --- tokens, progress, memory, checkpoints --------------------------------------
+
+    async def tokens_record(self, p: rpc.TokensRecordParams, meta: EventMeta) -> msgspec.Raw:
+        data = _not_none(input_tokens=p.input_tokens, output_tokens=p.output_tokens,
+                         estimated_cost=p.estimated_cost, model=p.model)
+
+        def plan(state: SessionState | None) -> Plan:
+            _require(state, p.session_id)
+            return Plan([("tokens.recorded", data)],
+                        lambda s, ev: _write_result(s, ev, token_usage=s.token_usage))
+
+        return await self._submit(p, meta, plan)
+
+    async def progress_record(self, p: rpc.ProgressRecordParams, meta: EventMeta) -> msgspec.Raw:
+        data = _not_none(node_id=p.node_id, edge=p.edge, latency_ms=p.latency_ms,
+                         tokens=p.tokens, retries=p.retries, failed=p.failed)
+
+        def plan(state: SessionState | None) -> Plan:
+            _require(state, p.session_id)
+            return Plan([("progress.recorded", data)],
+                        lambda s, ev: _write_result(s, ev, progress=s.progress))
+
+        return await self._submit(p, meta, plan)
+
+    async def memory_update(self, p: rpc.MemoryUpdateParams, meta: EventMeta) -> msgspec.Raw:
+        self._check_size(len(_json.encode(p.patch)), self.limits.max_event_bytes, "memory patch")
+
+        def plan(state: SessionState | None) -> Plan:
+            _require(state, p.session_id)
+            return Plan([("memory.updated", {"patch": p.patch})],
+                        lambda s, ev: _write_result(s, ev, memory=s.memory))
+
+        return await self._submit(p, meta, plan)
+
+    async def checkpoint_save(self, p: rpc.CheckpointSaveParams, meta: EventMeta) -> msgspec.Raw:
+        payload = _json.encode(p.payload)
+        self._check_size(len(payload), self.limits.max_checkpoint_bytes, "checkpoint payload")
+        self._check_size(len(_json.encode(p.memory)), self.limits.max_event_bytes, "checkpoint memory")
+        cid = p.checkpoint_id or new_id()
+        data = {"checkpoint_id": cid, "size": len(payload), "memory": p.memory,
+                **_not_none(node_id=p.node_id, resume_from=p.resume_from)}
+
+        def plan(state: SessionState | None) -> Plan:
+            _require(state, p.session_id)
+            return Plan([("checkpoint.saved", data)],
+                        lambda s, ev: _write_result(s, ev, checkpoint_id=cid),
+                        payloads={0: payload})
+
+        return await self._submit(p, meta, plan)
+
+    async def checkpoint_get(self, p: rpc.CheckpointGetParams, meta: EventMeta) -> rpc.CheckpointGetResult:
+        await self._state(p.session_id)
+        found = await self.store.checkpoint(p.session_id, p.checkpoint_id)
+        if found is None:
+            cid = p.checkpoint_id or "latest"
+            raise CheckpointNotFoundError(
+                f"checkpoint {cid} not found in session {p.session_id}", {"checkpoint_id": cid})
+        return found
+
+    async def checkpoint_list(self, p: rpc.SessionRef, meta: EventMeta) -> rpc.CheckpointListResult:
+        await self._state(p.session_id)
+        return rpc.CheckpointListResult(checkpoints=await self.store.checkpoints(p.session_id))
+
+    # --- raw events -----------------------------------------------------------------
+
+    async def events_append(self, p: rpc.EventsAppendParams, meta: EventMeta) -> msgspec.Raw:
+        inputs: list[tuple[str, Any, dict[str, Any]]] = []
+        for i, item in enumerate(p.events):
+            path = f"$.events[{i}].data"
+            shape = _APPEND_INPUTS[item.type]
+            if shape is None:
+                raise InvalidParamsError(
+                    f"events[{i}]: {item.type} cannot be appended with events.append;"
+                    f" use {_INSTEAD[item.type]}", {"detail": "type not appendable", "path": f"$.events[{i}].type"})
+            try:
+                typed = msgspec.convert(item.data, shape)
+            except msgspec.ValidationError as exc:
+                raise invalid_params(exc, path, f"invalid {item.type} data") from exc
+            self._check_size(len(_json.encode(item.data)), self.limits.max_event_bytes,
+                             f"events[{i}].data")
+            inputs.append((item.type, typed, item.data))
+
+        def plan(state: SessionState | None) -> Plan:
+            s = _require(state, p.session_id)
+            status, sequence = s.status, s.message_count
+            events: list[tuple[str, dict[str, Any]]] = []
+            for event_type, typed, raw in inputs:
+                data = dict(raw)
+                if isinstance(typed, StatusChangeInput):
+                    _check_transition(p.session_id, status, typed.to)
+                    data["from"], status = status, typed.to
+                elif isinstance(typed, MessageFields):
+                    data.update(message_id=new_id(), sequence=sequence)
+                    sequence += 1
+                events.append((event_type, data))
+            return Plan(events, lambda st, ev: _write_result(st, ev))
+
+        return await self._submit(p, meta, plan)
+
+    async def events_read(self, p: rpc.EventsReadParams, meta: EventMeta) -> rpc.EventsReadResult:
+        if p.session_id is None and p.from_version is not None:
+            raise InvalidParamsError("from_version needs a session_id",
+                                     {"detail": "from_version without session_id", "path": "$.from_version"})
+        if p.session_id is not None:
+            await self._state(p.session_id)
+        events = await self.store.read_events(
+            session_id=p.session_id, from_version=p.from_version or 1,
+            after_position=p.from_position or 0, limit=p.limit,
+            types=list(p.types) if p.types else None)
+        nxt = None
+        if len(events) == p.limit:
+            nxt = events[-1].version + 1 if p.session_id is not None else events[-1].position
+        return rpc.EventsReadResult(events=events, next=nxt)
+
+
+def invalid_params(exc: msgspec.ValidationError, base: str = "$",
+                   context: str = "invalid params") -> InvalidParamsError:
+    """Turn msgspec's "detail - at `$.x`" into -32602 with `detail` and the full `path`."""
+    detail, sep, at = str(exc).rpartition(" - at `")
+    if not sep:
+        detail, at = str(exc), "$"
+    path = base + at.rstrip("`")[1:]
+    # Our own checks (__post_init__) name their field first: point the path at it.
+    named = re.match(r"`(\w+)`", detail)
+    if named and not path.endswith("." + named.group(1)):
+        path += "." + named.group(1)
+    return InvalidParamsError(f"{context}: {detail} (at {path})", {"detail": detail, "path": path})

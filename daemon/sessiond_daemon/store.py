@@ -1,0 +1,518 @@
+"""The SQLite store: schema and migrations, the writer's batch commit, and the read queries.
+
+Everything that knows it is talking to SQLite lives here; the writer and the
+service see only `Batch`, `Entry`, Structs and the contract's errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import os
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import aiosqlite
+import msgspec
+import structlog
+from sessiond_schemas.errors import InvalidParamsError, StorageError
+from sessiond_schemas.events import Event, EventMeta, MessageAppended
+from sessiond_schemas.rpc import CheckpointGetResult, CheckpointInfo
+from sessiond_schemas.state import Message, SessionState, SessionSummary, TokenUsage
+
+log = structlog.get_logger("sessiond.store")
+
+_json = msgspec.json.Encoder()
+_state_decoder = msgspec.json.Decoder(SessionState)
+_meta_decoder = msgspec.json.Decoder(EventMeta)
+_message_decoder = msgspec.json.Decoder(MessageAppended)
+_dict_decoder = msgspec.json.Decoder(dict[str, Any])
+
+MIGRATIONS: Final[list[list[str]]] = [
+    [
+        """CREATE TABLE events (
+            position INTEGER PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            event_id TEXT NOT NULL UNIQUE,
+            type TEXT NOT NULL,
+            schema_version INTEGER NOT NULL,
+            recorded_at TEXT NOT NULL,
+            data BLOB NOT NULL,
+            meta BLOB NOT NULL,
+            hash TEXT NOT NULL,
+            UNIQUE (session_id, version)
+        )""",
+        """CREATE TABLE sessions (
+            session_id TEXT PRIMARY KEY,
+            version INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            namespace TEXT NOT NULL,
+            actor_name TEXT,
+            source TEXT NOT NULL,
+            task TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            message_count INTEGER NOT NULL,
+            input_tokens INTEGER NOT NULL,
+            output_tokens INTEGER NOT NULL,
+            estimated_cost REAL NOT NULL,
+            last_position INTEGER NOT NULL,
+            last_hash TEXT NOT NULL,
+            state BLOB NOT NULL
+        ) WITHOUT ROWID""",
+        "CREATE INDEX sessions_by_created ON sessions (created_at, session_id)",
+        "CREATE INDEX sessions_by_status ON sessions (status, created_at, session_id)",
+        """CREATE TABLE messages (
+            session_id TEXT NOT NULL,
+            sequence INTEGER NOT NULL,
+            position INTEGER NOT NULL,
+            PRIMARY KEY (session_id, sequence)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE checkpoints (
+            session_id TEXT NOT NULL,
+            checkpoint_id TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            version INTEGER NOT NULL,
+            node_id TEXT,
+            resume_from TEXT,
+            created_at TEXT NOT NULL,
+            size INTEGER NOT NULL,
+            payload BLOB NOT NULL,
+            PRIMARY KEY (session_id, checkpoint_id)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE idempotency (
+            session_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            result BLOB NOT NULL,
+            PRIMARY KEY (session_id, key)
+        ) WITHOUT ROWID""",
+    ],
+]
+
+
+@dataclass(slots=True)
+class Entry:
+    """A session as the writer holds it: the view, its chain head and last position."""
+
+    state: SessionState
+    last_hash: str
+    last_position: int
+
+
+@dataclass(slots=True)
+class Batch:
+    """Everything one group commit writes, in the order it is applied."""
+
+    deletes: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    views: dict[str, Entry] = field(default_factory=dict)
+    payloads: dict[str, bytes] = field(default_factory=dict)  # checkpoint event_id -> payload
+    idempotency: list[tuple[str, str, bytes]] = field(default_factory=list)
+
+    def drop_session(self, session_id: str) -> None:
+        """Forget what this batch would write for a session that a later command deletes."""
+        self.events = [e for e in self.events if e.session_id != session_id]
+        self.views.pop(session_id, None)
+        self.idempotency = [i for i in self.idempotency if i[0] != session_id]
+
+
+def _storage_error(exc: sqlite3.Error) -> StorageError:
+    return StorageError(f"storage error: {exc}; nothing was written", {"detail": str(exc)})
+
+
+async def _connect(path: str, synchronous: str, *, query_only: bool) -> aiosqlite.Connection:
+    db = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
+    await db.execute("PRAGMA busy_timeout = 5000")
+    await db.execute("PRAGMA foreign_keys = ON")
+    # synchronous is per connection and never stored in the file: set it on each.
+    await db.execute(f"PRAGMA synchronous = {synchronous}")
+    if query_only:
+        await db.execute("PRAGMA query_only = ON")
+    return db
+
+
+class SqliteStore:
+    """One write connection (used only by the writer task) and a few read connections."""
+
+    def __init__(self, path: str, durability: str = "full", readers: int = 2) -> None:
+        self.path = path
+        self.synchronous = "FULL" if durability == "full" else "NORMAL"
+        self._reader_count = readers
+        self._writer: aiosqlite.Connection | None = None
+        self._readers: list[aiosqlite.Connection] = []
+        self._next_reader = itertools.cycle(range(readers))
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open the database, switch it to WAL and run pending migrations."""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        try:
+            self._writer = await _connect(self.path, self.synchronous, query_only=False)
+            await self._writer.execute("PRAGMA journal_mode = WAL")
+            await self._migrate()
+            self._readers = [
+                await _connect(self.path, self.synchronous, query_only=True)
+                for _ in range(self._reader_count)
+            ]
+            row = await self._one(self._writer, "PRAGMA synchronous")
+        except sqlite3.DatabaseError as exc:
+            await self.close()
+            raise StorageError(
+                f"cannot open database {self.path}: {exc}", {"detail": str(exc)}
+            ) from exc
+        log.info("store.opened", path=self.path, synchronous=row[0] if row else None)
+
+    async def close(self) -> None:
+        """Checkpoint the WAL and close every connection."""
+        for db in self._readers:
+            await db.close()
+        self._readers = []
+        if self._writer is not None:
+            try:
+                await self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                log.warning("store.checkpoint_failed", error=str(exc))
+            await self._writer.close()
+            self._writer = None
+
+    async def _migrate(self) -> None:
+        db = self._w
+        await db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+        row = await self._one(db, "SELECT value FROM meta WHERE key = 'schema_version'")
+        current = int(row[0]) if row else 0
+        for number, statements in enumerate(MIGRATIONS[current:], start=current + 1):
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql in statements:
+                    await db.execute(sql)
+                await db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(number),),
+                )
+                await db.execute("COMMIT")
+            except BaseException:
+                await db.execute("ROLLBACK")
+                raise
+            log.info("store.migrated", schema_version=number)
+
+    @property
+    def _w(self) -> aiosqlite.Connection:
+        assert self._writer is not None, "store is not open"
+        return self._writer
+
+    def _r(self) -> aiosqlite.Connection:
+        return self._readers[next(self._next_reader)]
+
+    @staticmethod
+    async def _one(db: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> Any:
+        async with db.execute(sql, args) as cur:
+            return await cur.fetchone()
+
+    @staticmethod
+    async def _all(db: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        async with db.execute(sql, args) as cur:
+            return list(await cur.fetchall())
+
+    # --- the writer's side -------------------------------------------------------------
+
+    async def last_position(self) -> int:
+        row = await self._one(self._w, "SELECT COALESCE(MAX(position), 0) FROM events")
+        return int(row[0])
+
+    async def load_entry(self, session_id: str) -> Entry | None:
+        row = await self._one(
+            self._w,
+            "SELECT state, last_hash, last_position FROM sessions WHERE session_id = ?",
+            (session_id,),
+        )
+        if row is None:
+            return None
+        return Entry(_state_decoder.decode(row[0]), row[1], row[2])
+
+    async def idempotent_result(self, session_id: str, key: str) -> bytes | None:
+        row = await self._one(
+            self._w,
+            "SELECT result FROM idempotency WHERE session_id = ? AND key = ?",
+            (session_id, key),
+        )
+        return bytes(row[0]) if row else None
+
+    async def commit(self, batch: Batch) -> None:
+        """Write a whole batch in one transaction (one fsync), or nothing of it."""
+        db = self._w
+        try:
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                await self._write(db, batch)
+                await db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    await db.execute("ROLLBACK")
+                raise
+        except sqlite3.IntegrityError as exc:
+            # The writer decides versions and ids alone, so this is a bug, not a race.
+            log.error("store.integrity_error", error=str(exc))
+            raise _storage_error(exc) from exc
+        except sqlite3.Error as exc:
+            raise _storage_error(exc) from exc
+
+    async def _write(self, db: aiosqlite.Connection, batch: Batch) -> None:
+        for sid in batch.deletes:
+            for table in ("events", "messages", "checkpoints", "idempotency", "sessions"):
+                await db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
+        if batch.events:
+            await db.executemany(
+                "INSERT INTO events (position, session_id, version, event_id, type,"
+                " schema_version, recorded_at, data, meta, hash)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (e.position, e.session_id, e.version, e.event_id, e.type, e.schema_version,
+                     e.recorded_at, _json.encode(e.data), _json.encode(e.meta), e.hash)
+                    for e in batch.events
+                ],
+            )
+            messages = [
+                (e.session_id, e.data["sequence"], e.position)
+                for e in batch.events
+                if e.type == "message.appended"
+            ]
+            if messages:
+                await db.executemany(
+                    "INSERT INTO messages (session_id, sequence, position) VALUES (?, ?, ?)",
+                    messages,
+                )
+            checkpoints = [
+                (e.session_id, e.data["checkpoint_id"], e.position, e.version,
+                 e.data.get("node_id"), e.data.get("resume_from"), e.recorded_at,
+                 e.data["size"], batch.payloads[e.event_id])
+                for e in batch.events
+                if e.type == "checkpoint.saved"
+            ]
+            if checkpoints:
+                await db.executemany(
+                    "INSERT OR REPLACE INTO checkpoints (session_id, checkpoint_id, position,"
+                    " version, node_id, resume_from, created_at, size, payload)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    checkpoints,
+                )
+        if batch.views:
+            await db.executemany(
+                "INSERT OR REPLACE INTO sessions (session_id, version, status, namespace,"
+                " actor_name, source, task, created_at, updated_at, message_count, input_tokens,"
+                " output_tokens, estimated_cost, last_position, last_hash, state)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [_view_row(entry) for entry in batch.views.values()],
+            )
+        if batch.idempotency:
+            await db.executemany(
+                "INSERT INTO idempotency (session_id, key, result) VALUES (?, ?, ?)",
+                batch.idempotency,
+            )
+
+    # --- reads (read connections; one statement each, so no transaction spans awaits) ---
+
+    async def state_json(self, session_id: str) -> bytes | None:
+        row = await self._one(
+            self._r(), "SELECT state FROM sessions WHERE session_id = ?", (session_id,)
+        )
+        return bytes(row[0]) if row else None
+
+    async def resolve(self, prefix: str) -> list[str]:
+        # A range scan on the primary key; GLOB-free so '_' and '%' stay literal.
+        rows = await self._all(
+            self._r(),
+            "SELECT session_id FROM sessions WHERE session_id >= ? AND session_id < ?"
+            " ORDER BY session_id LIMIT 11",
+            (prefix, prefix + "\U0010ffff"),
+        )
+        return [r[0] for r in rows]
+
+    async def list_sessions(
+        self,
+        *,
+        namespace: str | None,
+        statuses: list[str] | None,
+        actor_name: str | None,
+        source: str | None,
+        created_after: str | None,
+        created_before: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> tuple[list[SessionSummary], str | None]:
+        where: list[str] = []
+        args: list[Any] = []
+        for column, value in (("namespace", namespace), ("actor_name", actor_name),
+                              ("source", source)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if statuses:
+            where.append(f"status IN ({', '.join('?' * len(statuses))})")
+            args.extend(statuses)
+        if created_after is not None:
+            where.append("created_at > ?")
+            args.append(created_after)
+        if created_before is not None:
+            where.append("created_at < ?")
+            args.append(created_before)
+        if cursor is not None:
+            where.append("(created_at, session_id) < (?, ?)")
+            args.extend(_decode_cursor(cursor))
+        sql = (
+            "SELECT session_id, status, namespace, actor_name, task, created_at, updated_at,"
+            " message_count, input_tokens, output_tokens, estimated_cost FROM sessions"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY created_at DESC, session_id DESC LIMIT ?"
+        )
+        rows = await self._all(self._r(), sql, (*args, limit + 1))
+        page = [
+            SessionSummary(
+                session_id=r[0], status=r[1], namespace=r[2], actor_name=r[3], task=r[4],
+                created_at=r[5], updated_at=r[6], message_count=r[7],
+                token_usage=TokenUsage(input_tokens=r[8], output_tokens=r[9],
+                                       estimated_cost=r[10]),
+            )
+            for r in rows[:limit]
+        ]
+        more = len(rows) > limit
+        next_cursor = _encode_cursor(page[-1].created_at, page[-1].session_id) if more else None
+        return page, next_cursor
+
+    async def list_messages(
+        self, session_id: str, *, first: int, limit: int, descending: bool
+    ) -> list[Message]:
+        """Read `limit` messages starting at sequence `first`, walking the primary key."""
+        op, order = ("<=", "DESC") if descending else (">=", "ASC")
+        rows = await self._all(
+            self._r(),
+            "SELECT e.data, e.recorded_at FROM messages m JOIN events e ON e.position = m.position"
+            f" WHERE m.session_id = ? AND m.sequence {op} ? ORDER BY m.sequence {order} LIMIT ?",
+            (session_id, first, limit),
+        )
+        messages = []
+        for data, recorded_at in rows:
+            m = _message_decoder.decode(data)
+            messages.append(Message(
+                message_id=m.message_id, sequence=m.sequence, role=m.role, content=m.content,
+                timestamp=recorded_at, tool_call_id=m.tool_call_id, metadata=m.metadata,
+            ))
+        return messages
+
+    async def read_events(
+        self,
+        *,
+        session_id: str | None,
+        from_version: int,
+        after_position: int,
+        limit: int,
+        types: list[str] | None,
+    ) -> list[Event]:
+        where, args = [], []  # type: tuple[list[str], list[Any]]
+        if session_id is not None:
+            where.append("session_id = ? AND version >= ?")
+            args.extend((session_id, from_version))
+        if after_position:
+            where.append("position > ?")
+            args.append(after_position)
+        if types:
+            where.append(f"type IN ({', '.join('?' * len(types))})")
+            args.extend(types)
+        order = "version" if session_id is not None else "position"
+        rows = await self._all(
+            self._r(),
+            "SELECT position, session_id, version, event_id, type, schema_version, recorded_at,"
+            " data, meta, hash FROM events"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + f" ORDER BY {order} LIMIT ?",
+            (*args, limit),
+        )
+        return [_event_from_row(r) for r in rows]
+
+    async def checkpoint(self, session_id: str, checkpoint_id: str | None) -> CheckpointGetResult | None:
+        columns = "checkpoint_id, node_id, resume_from, created_at, version, payload, position"
+        if checkpoint_id is None:
+            row = await self._one(
+                self._r(),
+                f"SELECT {columns} FROM checkpoints WHERE session_id = ?"
+                " ORDER BY version DESC LIMIT 1",
+                (session_id,),
+            )
+        else:
+            row = await self._one(
+                self._r(),
+                f"SELECT {columns} FROM checkpoints WHERE session_id = ? AND checkpoint_id = ?",
+                (session_id, checkpoint_id),
+            )
+        if row is None:
+            return None
+        saved = await self._one(self._r(), "SELECT data FROM events WHERE position = ?", (row[6],))
+        memory = _dict_decoder.decode(saved[0]).get("memory", {}) if saved else {}
+        return CheckpointGetResult(
+            checkpoint_id=row[0], node_id=row[1], resume_from=row[2], created_at=row[3],
+            version=row[4], payload=msgspec.Raw(bytes(row[5])), memory=memory,
+        )
+
+    async def checkpoints(self, session_id: str) -> list[CheckpointInfo]:
+        rows = await self._all(
+            self._r(),
+            "SELECT checkpoint_id, node_id, created_at, size, version FROM checkpoints"
+            " WHERE session_id = ? ORDER BY version",
+            (session_id,),
+        )
+        return [
+            CheckpointInfo(checkpoint_id=r[0], node_id=r[1], created_at=r[2], size=r[3],
+                           version=r[4])
+            for r in rows
+        ]
+
+    async def counts(self) -> tuple[int, int]:
+        """Return (sessions, events), counted from the views."""
+        row = await self._one(
+            self._r(), "SELECT COUNT(*), COALESCE(SUM(version), 0) FROM sessions"
+        )
+        return int(row[0]), int(row[1])
+
+    def db_bytes(self) -> int:
+        return sum(
+            os.path.getsize(self.path + suffix)
+            for suffix in ("", "-wal")
+            if os.path.exists(self.path + suffix)
+        )
+
+
+def _view_row(entry: Entry) -> tuple[Any, ...]:
+    s = entry.state
+    u = s.token_usage
+    return (
+        s.session_id, s.version, s.status, s.namespace, s.actor_name, s.source, s.task,
+        s.timestamps.created_at, s.timestamps.updated_at, s.message_count, u.input_tokens,
+        u.output_tokens, u.estimated_cost, entry.last_position, entry.last_hash, _json.encode(s),
+    )
+
+
+def _event_from_row(r: Any) -> Event:
+    return Event(
+        position=r[0], session_id=r[1], version=r[2], event_id=r[3], type=r[4],
+        schema_version=r[5], recorded_at=r[6], data=_dict_decoder.decode(r[7]),
+        meta=_meta_decoder.decode(r[8]), hash=r[9],
+    )
+
+
+def _encode_cursor(created_at: str, session_id: str) -> str:
+    return base64.urlsafe_b64encode(_json.encode([created_at, session_id])).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        created_at, session_id = msgspec.json.decode(
+            base64.urlsafe_b64decode(cursor.encode()), type=tuple[str, str]
+        )
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise InvalidParamsError(
+            "`cursor` is not a cursor this daemon returned", {"detail": str(exc), "path": "$.cursor"}
+        ) from exc
+    return created_at, session_id

@@ -1,0 +1,297 @@
+"""The single writer: takes queued commands, decides them against current views, group-commits.
+
+Everything that must be decided atomically (next version, status checks,
+idempotency, expected_version) is decided here, in one task, against the
+views in its cache. One transaction per batch means one fsync per batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import msgspec
+import structlog
+from anyio.abc import TaskStatus
+from sessiond_schemas.errors import (
+    InternalError,
+    OverloadedError,
+    SessiondError,
+    ShuttingDownError,
+    VersionConflictError,
+)
+from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
+from sessiond_schemas.state import SessionState
+
+from . import projection
+from .store import Batch, Entry, SqliteStore
+
+log = structlog.get_logger("sessiond.writer")
+
+_canonical = msgspec.json.Encoder(order="sorted")
+_json = msgspec.json.Encoder()
+
+
+def chain_hash(prev_hash: str, event: Event) -> str:
+    """Hash an event onto its session's chain (position excluded: it changes on import)."""
+    body = _canonical.encode({
+        "session_id": event.session_id, "version": event.version, "event_id": event.event_id,
+        "type": event.type, "schema_version": event.schema_version,
+        "recorded_at": event.recorded_at, "data": event.data, "meta": event.meta,
+    })
+    return hashlib.sha256(prev_hash.encode() + body).hexdigest()
+
+
+@dataclass(slots=True)
+class Plan:
+    """What a command will write: its events (type, data), and how to build its result."""
+
+    events: list[tuple[str, dict[str, Any]]]
+    result: Callable[[SessionState, list[Event]], Any]
+    payloads: dict[int, bytes] = field(default_factory=dict)  # event index -> checkpoint payload
+
+
+@dataclass(slots=True)
+class Delete:
+    """A plan that removes the session entirely."""
+
+    result: Any
+
+
+Planner = Callable[[SessionState | None], Plan | Delete]
+
+
+@dataclass(slots=True, eq=False)
+class Command:
+    """One write request waiting for the writer; `done` is set once it is decided."""
+
+    session_id: str
+    plan: Planner
+    meta: EventMeta
+    expected_version: int | None = None
+    idempotency_key: str | None = None
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: bytes | None = None
+    error: SessiondError | None = None
+
+
+_DELETED = object()
+
+
+class Writer:
+    """Owns the write connection; the only code that appends events."""
+
+    def __init__(self, store: SqliteStore, *, max_queue: int, max_batch: int,
+                 cache_size: int) -> None:
+        self.store = store
+        self.max_batch = max_batch
+        self.cache_size = cache_size
+        self._send, self._receive = anyio.create_memory_object_stream[Command](max_queue)
+        self._cache: OrderedDict[str, Entry] = OrderedDict()
+        self.next_position = 1
+        self.doorbell = anyio.Event()
+        self.transactions = 0
+        self.commands = 0
+        self.events = 0
+        self.last_progress = time.monotonic()
+        self._rate: deque[tuple[float, int]] = deque()
+
+    # --- the callers' side ------------------------------------------------------------
+
+    async def submit(self, command: Command) -> bytes:
+        """Queue a command and wait for its result (encoded JSON)."""
+        try:
+            self._send.send_nowait(command)
+        except anyio.WouldBlock:
+            raise OverloadedError(
+                "the write queue is full; retry later", {"retry_after_ms": 50}
+            ) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise ShuttingDownError("the daemon is shutting down") from None
+        await command.done.wait()
+        if command.error is not None:
+            raise command.error
+        assert command.result is not None
+        return command.result
+
+    def cached(self, session_id: str) -> SessionState | None:
+        """Return the committed view of a session if the writer holds it."""
+        entry = self._cache.get(session_id)
+        return entry.state if entry is not None else None
+
+    @property
+    def queue_depth(self) -> int:
+        return self._receive.statistics().current_buffer_used
+
+    def appends_per_s(self) -> float:
+        """Events committed per second over the last ten seconds."""
+        self._trim_rate(time.monotonic())
+        return round(sum(n for _, n in self._rate) / 10.0, 1)
+
+    def close(self) -> None:
+        """Stop taking commands; the writer drains what is queued, then returns."""
+        self._send.close()
+
+    # --- the writer task --------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self.next_position = await self.store.last_position() + 1
+        task_status.started()
+        async with self._receive:
+            while True:
+                try:
+                    first = await self._receive.receive()
+                except anyio.EndOfStream:
+                    return
+                batch = [first]
+                while len(batch) < self.max_batch:
+                    try:
+                        batch.append(self._receive.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                # Shielded: a cancelled writer must not leave a half-run transaction
+                # queued on the connection's thread.
+                with anyio.CancelScope(shield=True):
+                    await self._process(batch)
+
+    async def _process(self, commands: list[Command]) -> None:
+        batch = Batch()
+        overlay: dict[str, Entry | object] = {}
+        repeats: dict[tuple[str, str], bytes] = {}
+        first_position = self.next_position
+        for cmd in commands:
+            try:
+                await self._decide(cmd, batch, overlay, repeats)
+            except SessiondError as exc:
+                cmd.error = exc
+            except Exception as exc:  # a bug: answer -32603, keep the writer alive
+                error_id = new_id()
+                log.exception("writer.command_failed", error_id=error_id,
+                              session_id=cmd.session_id)
+                cmd.error = InternalError("internal error", {"error_id": error_id})
+        if batch.events or batch.deletes:
+            try:
+                await self.store.commit(batch)
+            except SessiondError as exc:
+                self.next_position = first_position
+                for cmd in commands:
+                    if cmd.error is None:
+                        cmd.result, cmd.error = None, exc
+                log.error("store.batch_failed", commands=len(commands), error=exc.message)
+                self._finish(commands)
+                return
+            self._adopt(overlay)
+            self.transactions += 1
+            self.events += len(batch.events)
+            now_m = time.monotonic()
+            self._rate.append((now_m, len(batch.events)))
+            self._trim_rate(now_m)
+            log.debug("store.batch_committed", commands=len(commands), events=len(batch.events))
+        self.commands += len(commands)
+        self._finish(commands)
+        self.last_progress = time.monotonic()
+        bell, self.doorbell = self.doorbell, anyio.Event()
+        bell.set()
+
+    async def _decide(self, cmd: Command, batch: Batch, overlay: dict[str, Entry | object],
+                      repeats: dict[tuple[str, str], bytes]) -> None:
+        sid = cmd.session_id
+        pending = overlay.get(sid)
+        entry: Entry | None
+        if pending is _DELETED:
+            entry = None
+        elif pending is not None:
+            assert isinstance(pending, Entry)
+            entry = pending
+        else:
+            entry = await self._load(sid)
+        key = cmd.idempotency_key
+        if key is not None:
+            prior = repeats.get((sid, key))
+            if prior is None and pending is not _DELETED:
+                prior = await self.store.idempotent_result(sid, key)
+            if prior is not None:
+                cmd.result = prior
+                return
+        actual = entry.state.version if entry else 0
+        if cmd.expected_version is not None and cmd.expected_version != actual:
+            raise VersionConflictError(
+                f"wrong expected version: {cmd.expected_version}"
+                f" (session: {sid}, version: {actual})",
+                {"expected": cmd.expected_version, "actual": actual},
+            )
+        plan = cmd.plan(entry.state if entry else None)
+        if isinstance(plan, Delete):
+            batch.drop_session(sid)
+            for k in [k for k in repeats if k[0] == sid]:
+                del repeats[k]
+            batch.deletes.append(sid)
+            overlay[sid] = _DELETED
+            cmd.result = _json.encode(plan.result)
+            return
+        events = self._make_events(cmd, entry, plan)
+        state = projection.fold(entry.state if entry else None, events)
+        new_entry = Entry(state, events[-1].hash, events[-1].position)
+        for index, payload in plan.payloads.items():
+            batch.payloads[events[index].event_id] = payload
+        batch.events.extend(events)
+        batch.views[sid] = new_entry
+        overlay[sid] = new_entry
+        cmd.result = _json.encode(plan.result(state, events))
+        if key is not None:
+            batch.idempotency.append((sid, key, cmd.result))
+            repeats[(sid, key)] = cmd.result
+
+    def _make_events(self, cmd: Command, entry: Entry | None, plan: Plan) -> list[Event]:
+        version = entry.state.version if entry else 0
+        prev_hash = entry.last_hash if entry else ""
+        recorded_at = now()
+        events = []
+        for event_type, data in plan.events:
+            version += 1
+            event = Event(
+                position=self.next_position, session_id=cmd.session_id, version=version,
+                event_id=new_id(), type=event_type, schema_version=CURRENT_SCHEMA_VERSION,
+                recorded_at=recorded_at, data=data, meta=cmd.meta, hash="",
+            )
+            prev_hash = chain_hash(prev_hash, event)
+            events.append(msgspec.structs.replace(event, hash=prev_hash))
+            self.next_position += 1
+        return events
+
+    async def _load(self, session_id: str) -> Entry | None:
+        entry = self._cache.get(session_id)
+        if entry is not None:
+            self._cache.move_to_end(session_id)
+            return entry
+        entry = await self.store.load_entry(session_id)
+        if entry is not None:
+            self._remember(session_id, entry)
+        return entry
+
+    def _adopt(self, overlay: dict[str, Entry | object]) -> None:
+        for sid, entry in overlay.items():
+            if entry is _DELETED:
+                self._cache.pop(sid, None)
+            else:
+                assert isinstance(entry, Entry)
+                self._remember(sid, entry)
+
+    def _remember(self, session_id: str, entry: Entry) -> None:
+        self._cache[session_id] = entry
+        self._cache.move_to_end(session_id)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def _finish(self, commands: list[Command]) -> None:
+        for cmd in commands:
+            cmd.done.set()
+
+    def _trim_rate(self, now_m: float) -> None:
+        while self._rate and self._rate[0][0] < now_m - 10.0:
+            self._rate.popleft()

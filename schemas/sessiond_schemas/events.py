@@ -1,0 +1,232 @@
+"""Event types: the envelope every stored event has, and one data Struct per `type`."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from ulid import ULID
+
+Status = Literal["pending", "active", "paused", "completed", "failed", "cancelled", "killed"]
+Role = Literal["user", "assistant", "system", "tool"]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+SessionId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
+ActorName = Annotated[str, msgspec.Meta(pattern=r"^[^/\s]+/[^/\s]+$")]
+Ulid = Annotated[str, msgspec.Meta(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
+
+STATUSES: Final[tuple[str, ...]] = (
+    "pending", "active", "paused", "completed", "failed", "cancelled", "killed",
+)
+TERMINAL_STATUSES: Final = frozenset({"completed", "failed", "cancelled", "killed"})
+ALLOWED_TRANSITIONS: Final[dict[str, tuple[str, ...]]] = {
+    "pending": ("active", "cancelled", "failed", "killed"),
+    "active": ("paused", "completed", "failed", "cancelled", "killed"),
+    "paused": ("active", "completed", "failed", "cancelled", "killed"),
+    "completed": ("active",),
+    "failed": ("active",),
+    "cancelled": (),
+    "killed": (),
+}
+
+CURRENT_SCHEMA_VERSION: Final = 1
+_SESSION_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def now() -> str:
+    """Return the current UTC time as the contract's RFC 3339 string with microseconds."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(value: str) -> datetime:
+    """Parse an RFC 3339 / ISO 8601 time; naive times are taken as UTC."""
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def new_id() -> str:
+    """Make a new ULID string (message, checkpoint, event and default session ids)."""
+    return str(ULID())
+
+
+def is_session_id(value: str) -> bool:
+    """Tell whether a caller-given session id has the contract's shape."""
+    return bool(_SESSION_ID_RE.match(value))
+
+
+class EventMeta(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """Who caused an event, and the request context it came with."""
+
+    peer_uid: int | None = None
+    peer_pid: int | None = None
+    idempotency_key: str | None = None
+    correlation_id: str | None = None
+
+
+class Event(msgspec.Struct, kw_only=True, frozen=True):
+    """One stored event, exactly as the contract's envelope shows it."""
+
+    position: int
+    session_id: str
+    version: int
+    event_id: str
+    type: str
+    schema_version: int
+    recorded_at: str
+    data: dict[str, Any]
+    meta: EventMeta
+    hash: str
+
+
+# --- data of each event type --------------------------------------------------
+# Unknown fields are ignored here (the stored data keeps them); the fold reads
+# these Structs, never the raw dict, except for problem/decision records.
+
+
+class SessionCreated(msgspec.Struct, kw_only=True):
+    namespace: str = "local"
+    actor_name: ActorName | None = None
+    goal_id: str | None = None
+    agent_id: str | None = None
+    stream_id: str | None = None
+    correlation_id: str | None = None
+    entry_point: str = "start"
+    task: str | None = None
+    working_dir: str | None = None
+    model: str | None = None
+    adapter: str | None = None
+    source: str = "user"
+    automation_level: str | None = None
+    isolation_level: str = "shared"
+    checkpoint_enabled: bool = False
+    input_data: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    status: Literal["pending", "active"] = "active"
+
+
+class StatusChanged(msgspec.Struct, kw_only=True):
+    from_: Status = msgspec.field(name="from")
+    to: Status
+    reason: str | None = None
+    error: str | None = None
+    paused_at: str | None = None
+    resume_from: str | None = None
+
+
+class MessageFields(msgspec.Struct, kw_only=True):
+    """What a caller gives for one message (the daemon adds id and sequence)."""
+
+    role: Role
+    content: str
+    tool_call_id: str | None = None
+    metadata: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        if not self.content.strip():
+            raise ValueError("`content` must not be blank")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("`tool_call_id` is required when role is `tool`")
+
+
+class MessageAppended(MessageFields, kw_only=True):
+    message_id: str
+    sequence: NonNegInt
+
+
+class TokensRecorded(msgspec.Struct, kw_only=True):
+    input_tokens: NonNegInt = 0
+    output_tokens: NonNegInt = 0
+    estimated_cost: NonNegFloat = 0.0
+    model: str | None = None
+
+
+class ProgressRecorded(msgspec.Struct, kw_only=True):
+    node_id: Annotated[str, msgspec.Meta(min_length=1)]
+    edge: str | None = None
+    latency_ms: NonNegInt = 0
+    tokens: NonNegInt = 0
+    retries: NonNegInt = 0
+    failed: bool = False
+
+
+class CheckpointSaved(msgspec.Struct, kw_only=True):
+    checkpoint_id: str
+    node_id: str | None = None
+    resume_from: str | None = None
+    memory: dict[str, Any] = {}
+    size: NonNegInt
+
+
+class MemoryUpdated(msgspec.Struct, kw_only=True):
+    patch: dict[str, Any]
+
+
+class MetadataUpdated(msgspec.Struct, kw_only=True):
+    patch: dict[str, Any]
+
+
+class ResultRecorded(msgspec.Struct, kw_only=True):
+    success: bool | None = None
+    output: dict[str, Any] = {}
+    error: str | None = None
+
+
+class Record(msgspec.Struct, kw_only=True):
+    """A problem or a decision: any object, kept whole in the view."""
+
+
+class PlanLinked(msgspec.Struct, kw_only=True):
+    plan_id: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class ProcessStarted(msgspec.Struct, kw_only=True):
+    pid: int
+    argv: list[str]
+    cwd: str | None = None
+    turn: NonNegInt
+
+
+class ProcessOutput(msgspec.Struct, kw_only=True):
+    turn: NonNegInt
+    stream: Literal["stdout", "stderr"] = "stdout"
+    line: str
+
+
+class ProcessExited(msgspec.Struct, kw_only=True):
+    pid: int
+    turn: NonNegInt
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
+    "session.created": SessionCreated,
+    "session.status_changed": StatusChanged,
+    "message.appended": MessageAppended,
+    "tokens.recorded": TokensRecorded,
+    "progress.recorded": ProgressRecorded,
+    "checkpoint.saved": CheckpointSaved,
+    "memory.updated": MemoryUpdated,
+    "metadata.updated": MetadataUpdated,
+    "result.recorded": ResultRecorded,
+    "problem.recorded": Record,
+    "decision.recorded": Record,
+    "plan.linked": PlanLinked,
+    "process.started": ProcessStarted,
+    "process.output": ProcessOutput,
+    "process.exited": ProcessExited,
+}
+EVENT_TYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
+EventType = Literal[
+    "session.created", "session.status_changed", "message.appended", "tokens.recorded",
+    "progress.recorded", "checkpoint.saved", "memory.updated", "metadata.updated",
+    "result.recorded", "problem.recorded", "decision.recorded", "plan.linked",
+    "process.started", "process.output", "process.exited",
+]
+
+
+def decode_data(event_type: str, data: dict[str, Any]) -> msgspec.Struct:
+    """Type an event's stored data (tolerant: unknown fields are ignored)."""
+    return msgspec.convert(data, DATA_TYPES[event_type])

@@ -1,0 +1,17 @@
+"""Where the socket is by default: the contract's order of precedence, shared by daemon and client."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+
+def default_socket(env: Mapping[str, str] = os.environ) -> str:
+    """Return the socket path used when no flag names one."""
+    if env.get("SESSIOND_SOCKET"):
+        return env["SESSIOND_SOCKET"]
+    if env.get("RUNTIME_DIRECTORY"):
+        return os.path.join(env["RUNTIME_DIRECTORY"].split(":")[0], "sessiond.sock")
+    if env.get("XDG_RUNTIME_DIR"):
+        return os.path.join(env["XDG_RUNTIME_DIR"], "sessiond", "sessiond.sock")
+    return f"/tmp/sessiond-{os.getuid()}/sessiond.sock"

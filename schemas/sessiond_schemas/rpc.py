@@ -1,0 +1,342 @@
+"""JSON-RPC 2.0 envelopes and the params/result Struct of every method."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from .events import (
+    Event,
+    EventType,
+    MessageFields,
+    NonNegInt,
+    ProgressRecorded,
+    SessionCreated,
+    SessionId,
+    Status,
+    TokensRecorded,
+)
+from .state import Message, Progress, SessionState, SessionSummary, TokenUsage
+
+RequestId = int | str | None
+Version = Annotated[int, msgspec.Meta(ge=0)]
+IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Limit1000 = Annotated[int, msgspec.Meta(ge=1, le=1000)]
+ItemId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
+
+# --- envelopes ------------------------------------------------------------------
+
+
+class Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    jsonrpc: Literal["2.0"]
+    method: str
+    params: msgspec.Raw | UnsetType = UNSET
+    id: RequestId | UnsetType = UNSET
+
+
+class ErrorObject(msgspec.Struct, kw_only=True, omit_defaults=True):
+    code: int
+    message: str
+    data: dict[str, Any] | UnsetType = UNSET
+
+
+# No defaults on `id`/`result`: `"id": null` must be written (msgspec would omit it).
+class Success(msgspec.Struct, kw_only=True):
+    jsonrpc: str
+    id: RequestId
+    result: Any
+
+
+class Failure(msgspec.Struct, kw_only=True):
+    jsonrpc: str
+    id: RequestId
+    error: ErrorObject
+
+
+class Notification(msgspec.Struct, kw_only=True):
+    jsonrpc: str
+    method: str
+    params: Any
+
+
+class Response(msgspec.Struct, kw_only=True):
+    """What a client decodes: either `result` or `error` is set."""
+
+    jsonrpc: str = "2.0"
+    id: RequestId | UnsetType = UNSET
+    result: msgspec.Raw | UnsetType = UNSET
+    error: ErrorObject | UnsetType = UNSET
+    method: str | UnsetType = UNSET
+    params: msgspec.Raw | UnsetType = UNSET
+
+
+# --- params ----------------------------------------------------------------------
+
+
+class Params(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Base of every method's params: unknown fields are refused."""
+
+
+class NoParams(Params, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class BackupParams(Params, kw_only=True, forbid_unknown_fields=True):
+    path: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class SessionCreateParams(SessionCreated, kw_only=True, forbid_unknown_fields=True):
+    session_id: SessionId | None = None
+    expected_version: Version | None = None
+    idempotency_key: IdempotencyKey | None = None
+
+
+class SessionRef(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+
+
+class SessionGetParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    at_version: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class SessionResolveParams(Params, kw_only=True, forbid_unknown_fields=True):
+    prefix: Annotated[str, msgspec.Meta(min_length=4)]
+
+
+class SessionListParams(Params, kw_only=True, forbid_unknown_fields=True):
+    namespace: str | None = None
+    status: list[Status] | None = None
+    actor_name: str | None = None
+    source: str | None = None
+    created_after: str | None = None
+    created_before: str | None = None
+    limit: Limit1000 = 50
+    cursor: str | None = None
+
+
+class WriteParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    expected_version: Version | None = None
+    idempotency_key: IdempotencyKey | None = None
+
+
+class SessionTransitionParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
+    to: Status
+    reason: str | None = None
+    error: str | None = None
+    paused_at: str | None = None
+    resume_from: str | None = None
+
+
+class SessionResumeParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
+    checkpoint_id: str | None = None
+
+
+class SessionDeleteParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class MessageAppendParams(MessageFields, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    expected_version: Version | None = None
+    idempotency_key: IdempotencyKey | None = None
+
+
+class MessageAppendManyParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
+    messages: Annotated[list[MessageFields], msgspec.Meta(min_length=1, max_length=10_000)]
+
+
+class MessageListParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    limit: Limit1000 = 100
+    offset: NonNegInt = 0
+    after_sequence: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    order: Literal["asc", "desc"] = "asc"
+
+
+class TokensRecordParams(TokensRecorded, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    expected_version: Version | None = None
+    idempotency_key: IdempotencyKey | None = None
+
+
+class ProgressRecordParams(ProgressRecorded, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    expected_version: Version | None = None
+    idempotency_key: IdempotencyKey | None = None
+
+
+class CheckpointSaveParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
+    checkpoint_id: ItemId | None = None
+    node_id: str | None = None
+    resume_from: str | None = None
+    memory: dict[str, Any] = {}
+    payload: Any = None
+
+
+class CheckpointGetParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    checkpoint_id: str | None = None
+
+
+class MemoryUpdateParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
+    patch: dict[str, Any]
+
+
+class EventInput(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    type: EventType
+    data: dict[str, Any] = {}
+
+
+class EventsAppendParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
+    events: Annotated[list[EventInput], msgspec.Meta(min_length=1, max_length=10_000)]
+
+
+class EventsReadParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str | None = None
+    from_version: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    from_position: NonNegInt | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1000
+    types: list[EventType] | None = None
+
+
+# --- results ---------------------------------------------------------------------
+
+
+class PingResult(msgspec.Struct, kw_only=True):
+    pong: bool
+    version: str
+    uptime_s: float
+
+
+class StatsResult(msgspec.Struct, kw_only=True):
+    sessions: int
+    events: int
+    last_position: int
+    db_bytes: int
+    connections: int
+    subscriptions: int
+    write_queue_depth: int
+    appends_per_s: float
+    uptime_s: float
+    write_transactions: int
+    write_commands: int
+
+
+class WriteResult(msgspec.Struct, kw_only=True):
+    session_id: str
+    version: int
+    position: int
+
+
+class ResolveResult(msgspec.Struct, kw_only=True):
+    session_id: str
+
+
+class SessionListResult(msgspec.Struct, kw_only=True):
+    sessions: list[SessionSummary]
+    next_cursor: str | None
+
+
+class ResumeInfo(msgspec.Struct, kw_only=True):
+    paused_at: str | None
+    resume_from: str | None
+    memory: dict[str, Any]
+    next_node: str | None
+    checkpoint_id: str | None
+
+
+class SessionResumeResult(msgspec.Struct, kw_only=True):
+    state: SessionState
+    resume: ResumeInfo
+
+
+class DeleteResult(msgspec.Struct, kw_only=True):
+    deleted: bool
+
+
+class MessageAppendResult(WriteResult, kw_only=True):
+    message_id: str
+    sequence: int
+
+
+class MessageAppendManyResult(WriteResult, kw_only=True):
+    message_ids: list[str]
+    first_sequence: int
+
+
+class MessageListResult(msgspec.Struct, kw_only=True):
+    messages: list[Message]
+    total: int
+
+
+class TokensRecordResult(WriteResult, kw_only=True):
+    token_usage: TokenUsage
+
+
+class ProgressRecordResult(WriteResult, kw_only=True):
+    progress: Progress
+
+
+class CheckpointSaveResult(WriteResult, kw_only=True):
+    checkpoint_id: str
+
+
+class CheckpointGetResult(msgspec.Struct, kw_only=True):
+    checkpoint_id: str
+    node_id: str | None
+    resume_from: str | None
+    memory: dict[str, Any]
+    payload: Any
+    created_at: str
+    version: int
+
+
+class CheckpointInfo(msgspec.Struct, kw_only=True):
+    checkpoint_id: str
+    node_id: str | None
+    created_at: str
+    size: int
+    version: int
+
+
+class CheckpointListResult(msgspec.Struct, kw_only=True):
+    checkpoints: list[CheckpointInfo]
+
+
+class MemoryUpdateResult(WriteResult, kw_only=True):
+    memory: dict[str, Any]
+
+
+class EventsReadResult(msgspec.Struct, kw_only=True):
+    events: list[Event]
+    next: int | None
+
+
+# method name -> (params type, result type). The daemon decodes params with the
+# first; the client decodes results with the second.
+METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
+    "daemon.ping": (NoParams, PingResult),
+    "daemon.stats": (NoParams, StatsResult),
+    "session.create": (SessionCreateParams, SessionState),
+    "session.get": (SessionGetParams, SessionState),
+    "session.resolve": (SessionResolveParams, ResolveResult),
+    "session.list": (SessionListParams, SessionListResult),
+    "session.transition": (SessionTransitionParams, SessionState),
+    "session.resume": (SessionResumeParams, SessionResumeResult),
+    "session.delete": (SessionDeleteParams, DeleteResult),
+    "message.append": (MessageAppendParams, MessageAppendResult),
+    "message.append_many": (MessageAppendManyParams, MessageAppendManyResult),
+    "message.list": (MessageListParams, MessageListResult),
+    "tokens.record": (TokensRecordParams, TokensRecordResult),
+    "progress.record": (ProgressRecordParams, ProgressRecordResult),
+    "checkpoint.save": (CheckpointSaveParams, CheckpointSaveResult),
+    "checkpoint.get": (CheckpointGetParams, CheckpointGetResult),
+    "checkpoint.list": (SessionRef, CheckpointListResult),
+    "memory.update": (MemoryUpdateParams, MemoryUpdateResult),
+    "events.append": (EventsAppendParams, WriteResult),
+    "events.read": (EventsReadParams, EventsReadResult),
+}

@@ -1,0 +1,135 @@
+"""SessionState: the view of one session that the fold derives from its events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Timestamps(msgspec.Struct, kw_only=True):
+    created_at: str
+    updated_at: str
+    started_at: str | None = None
+    completed_at: str | None = None
+    paused_at_time: str | None = None
+
+
+class Progress(msgspec.Struct, kw_only=True):
+    current_node: str | None = None
+    paused_at: str | None = None
+    resume_from: str | None = None
+    steps_executed: int = 0
+    total_tokens: int = 0
+    total_latency_ms: int = 0
+    path: list[str] = []
+    total_retries: int = 0
+    nodes_with_failures: list[str] = []
+    retry_details: dict[str, int] = {}
+    had_partial_failures: bool = False
+    execution_quality: str = "clean"
+    node_visit_counts: dict[str, int] = {}
+
+
+class Result(msgspec.Struct, kw_only=True):
+    success: bool | None = None
+    error: str | None = None
+    output: dict[str, Any] = {}
+
+
+class TokenUsage(msgspec.Struct, kw_only=True):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    estimated_cost: float = 0.0
+
+
+class Metrics(msgspec.Struct, kw_only=True):
+    decision_count: int = 0
+    problem_count: int = 0
+    nodes_executed: list[str] = []
+    edges_traversed: list[str] = []
+
+
+class Message(msgspec.Struct, kw_only=True):
+    """One message of a session, as `message.list` and `last_message` show it."""
+
+    message_id: str
+    sequence: int
+    role: str
+    content: str
+    timestamp: str
+    tool_call_id: str | None = None
+    metadata: dict[str, Any] = {}
+
+
+class SessionState(msgspec.Struct, kw_only=True):
+    """Everything the seeds keep about a session, derived only from its events.
+
+    Mutable so the fold can build it cheaply; `projection` never changes a
+    state it was given.
+    """
+
+    session_id: str
+    version: int
+    namespace: str = "local"
+    actor_name: str | None = None
+    goal_id: str | None = None
+    agent_id: str | None = None
+    stream_id: str | None = None
+    correlation_id: str | None = None
+    entry_point: str = "start"
+    task: str | None = None
+    working_dir: str | None = None
+    model: str | None = None
+    adapter: str | None = None
+    source: str = "user"
+    automation_level: str | None = None
+    isolation_level: str = "shared"
+    status: str
+    timestamps: Timestamps
+    progress: Progress = msgspec.field(default_factory=Progress)
+    result: Result = msgspec.field(default_factory=Result)
+    token_usage: TokenUsage = msgspec.field(default_factory=TokenUsage)
+    metrics: Metrics = msgspec.field(default_factory=Metrics)
+    memory: dict[str, Any] = {}
+    input_data: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    problems: list[dict[str, Any]] = []
+    decisions: list[dict[str, Any]] = []
+    linked_plan_ids: list[str] = []
+    message_count: int = 0
+    last_message: Message | None = None
+    checkpoint_enabled: bool = False
+    latest_checkpoint_id: str | None = None
+    checkpoint_count: int = 0
+    turn: int = 0
+    pid: int | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    # Derived by the fold after every event (seed 000's computed fields).
+    duration_ms: int = 0
+    is_resumable: bool = False
+    is_resumable_from_checkpoint: bool = False
+
+    def to_session_state_dict(self) -> dict[str, Any]:
+        """Return the seed's executor resume dict (paused_at, resume_from, memory, next_node)."""
+        return {
+            "paused_at": self.progress.paused_at,
+            "resume_from": self.progress.resume_from,
+            "memory": self.memory,
+            "next_node": None,
+        }
+
+
+class SessionSummary(msgspec.Struct, kw_only=True):
+    """One row of `session.list`."""
+
+    session_id: str
+    status: str
+    namespace: str
+    actor_name: str | None
+    task: str | None
+    created_at: str
+    updated_at: str
+    message_count: int
+    token_usage: TokenUsage
