@@ -1,0 +1,414 @@
+"""`sessionctl`: the command-line client; human tables by default, `--json` for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from sessiond_schemas.errors import SessiondError
+from sessiond_schemas.events import STATUSES
+
+from ._async import ConnectionLostError
+from ._sync import Client
+
+Handler = Callable[[Client, argparse.Namespace], Any]
+_COMMANDS: dict[str, tuple[Handler, Callable[[Any], None] | None]] = {}
+
+
+def command(name: str, render: Callable[[Any], None] | None = None) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        _COMMANDS[name] = (fn, render)
+        return fn
+    return register
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
+
+
+def _read_text(arg: str | None) -> str:
+    """An argument, or standard input when it is '-' or missing."""
+    if arg is None or arg == "-":
+        return sys.stdin.read()
+    return arg
+
+
+def _read_json_items(source: str | None) -> list[Any]:
+    """A JSON array, or JSON lines, from a file or standard input."""
+    text = sys.stdin.read() if source in (None, "-") else open(source, encoding="utf-8").read()
+    text = text.strip()
+    if text.startswith("["):
+        items = json.loads(text)
+        assert isinstance(items, list)
+        return items
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _sid(client: Client, given: str) -> str:
+    """Accept a whole id or a unique prefix of one."""
+    if len(given) < 4:
+        return given
+    return str(client.resolve(given))
+
+
+def _write_opts(a: argparse.Namespace) -> dict[str, Any]:
+    return {"expected_version": a.expected_version, "idempotency_key": a.idempotency_key}
+
+
+def _console() -> Any:
+    from rich.console import Console
+    return Console()
+
+
+def _table(*columns: str) -> Any:
+    from rich.table import Table
+    table = Table(box=None, header_style="bold")
+    for c in columns:
+        table.add_column(c)
+    return table
+
+
+def _short(text: str | None, width: int = 60) -> str:
+    text = (text or "").replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _print_kv(obj: Any) -> None:
+    data = msgspec.to_builtins(obj)
+    console = _console()
+    for key, value in data.items():
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, ensure_ascii=False)
+        console.print(f"[bold]{key}[/bold]: {_short(str(value), 200)}", highlight=False)
+
+
+# --- renderers ---------------------------------------------------------------------------
+
+
+def _render_state(s: Any) -> None:
+    console = _console()
+    t, p, u = s.timestamps, s.progress, s.token_usage
+    rows = [
+        ("session", s.session_id), ("status", s.status), ("version", s.version),
+        ("namespace", s.namespace), ("actor", s.actor_name), ("task", _short(s.task, 100)),
+        ("goal / agent", f"{s.goal_id or '-'} / {s.agent_id or '-'}"),
+        ("model / adapter", f"{s.model or '-'} / {s.adapter or '-'}"), ("source", s.source),
+        ("created", t.created_at), ("updated", t.updated_at), ("started", t.started_at),
+        ("completed", t.completed_at), ("duration_ms", s.duration_ms),
+        ("messages", s.message_count),
+        ("tokens", f"in {u.input_tokens}  out {u.output_tokens}  cost {u.estimated_cost:.4f}"),
+        ("progress", f"node {p.current_node or '-'}  steps {p.steps_executed}  "
+                     f"retries {p.total_retries}  quality {p.execution_quality}"),
+        ("checkpoints", f"{s.checkpoint_count} (latest {s.latest_checkpoint_id or '-'})"),
+        ("resumable", f"{s.is_resumable} (from checkpoint: {s.is_resumable_from_checkpoint})"),
+        ("error", s.error),
+    ]
+    for key, value in rows:
+        if value not in (None, ""):
+            console.print(f"[bold]{key:>16}[/bold]  {value}", highlight=False)
+    if s.last_message is not None:
+        m = s.last_message
+        console.print(f"[bold]{'last message':>16}[/bold]  #{m.sequence} {m.role}: "
+                      f"{_short(m.content, 80)}", highlight=False)
+
+
+def _render_list(r: Any) -> None:
+    table = _table("id", "status", "actor", "task", "msgs", "tokens", "created")
+    for s in r.sessions:
+        u = s.token_usage
+        table.add_row(s.session_id, s.status, s.actor_name or "", _short(s.task, 40),
+                      str(s.message_count), str(u.input_tokens + u.output_tokens), s.created_at)
+    console = _console()
+    console.print(table)
+    if r.next_cursor:
+        console.print(f"more: --cursor {r.next_cursor}", highlight=False)
+
+
+def _render_messages(r: Any) -> None:
+    table = _table("#", "role", "time", "content")
+    for m in r.messages:
+        table.add_row(str(m.sequence), m.role, m.timestamp, _short(m.content, 80))
+    console = _console()
+    console.print(table)
+    console.print(f"{len(r.messages)} of {r.total}", highlight=False)
+
+
+def _render_events(r: Any) -> None:
+    table = _table("pos", "session", "v", "type", "time", "data")
+    for e in r.events:
+        table.add_row(str(e.position), e.session_id, str(e.version), e.type, e.recorded_at,
+                      _short(json.dumps(e.data, ensure_ascii=False), 60))
+    console = _console()
+    console.print(table)
+    if r.next is not None:
+        console.print(f"more from: {r.next}", highlight=False)
+
+
+def _render_checkpoints(r: Any) -> None:
+    table = _table("checkpoint", "node", "version", "size", "created")
+    for c in r:
+        table.add_row(c.checkpoint_id, c.node_id or "", str(c.version), str(c.size), c.created_at)
+    _console().print(table)
+
+
+# --- commands ----------------------------------------------------------------------------
+
+
+@command("ping", _print_kv)
+def _ping(c: Client, a: argparse.Namespace) -> Any:
+    return c.ping()
+
+
+@command("stats", _print_kv)
+def _stats(c: Client, a: argparse.Namespace) -> Any:
+    return c.stats()
+
+
+@command("create", _render_state)
+def _create(c: Client, a: argparse.Namespace) -> Any:
+    fields = {
+        "namespace": a.namespace, "actor_name": a.actor, "goal_id": a.goal, "agent_id": a.agent,
+        "task": a.task, "model": a.model, "adapter": a.adapter, "source": a.source,
+        "working_dir": a.working_dir, "automation_level": a.automation_level,
+        "metadata": a.metadata, "input_data": a.input, "entry_point": a.entry_point,
+        "checkpoint_enabled": True if a.checkpoint_enabled else None,
+        "status": "pending" if a.pending else None,
+    }
+    return c.create_session(a.id, **fields, idempotency_key=a.idempotency_key)
+
+
+@command("show", _render_state)
+def _show(c: Client, a: argparse.Namespace) -> Any:
+    return c.get_session(_sid(c, a.id), at_version=a.at_version)
+
+
+@command("resolve", lambda r: print(r["session_id"]))
+def _resolve(c: Client, a: argparse.Namespace) -> Any:
+    return {"session_id": c.resolve(a.prefix)}
+
+
+@command("list", _render_list)
+def _list(c: Client, a: argparse.Namespace) -> Any:
+    return c.list_sessions(namespace=a.namespace, status=a.status or None, actor_name=a.actor,
+                           source=a.source, created_after=a.since, created_before=a.until,
+                           limit=a.limit, cursor=a.cursor)
+
+
+@command("transition", _render_state)
+def _transition(c: Client, a: argparse.Namespace) -> Any:
+    return c.transition(_sid(c, a.id), a.to, reason=a.reason, error=a.error,
+                        paused_at=a.paused_at, resume_from=a.resume_from, **_write_opts(a))
+
+
+@command("resume", _print_kv)
+def _resume(c: Client, a: argparse.Namespace) -> Any:
+    r = c.resume(_sid(c, a.id), a.checkpoint, **_write_opts(a))
+    return r if a.json else r.resume
+
+
+@command("delete", lambda r: print(f"deleted {r['session_id']}"))
+def _delete(c: Client, a: argparse.Namespace) -> Any:
+    sid = _sid(c, a.id)
+    return {"deleted": c.delete_session(sid, **_write_opts(a)), "session_id": sid}
+
+
+@command("append", _print_kv)
+def _append(c: Client, a: argparse.Namespace) -> Any:
+    return c.append_message(_sid(c, a.id), a.role, _read_text(a.content),
+                            tool_call_id=a.tool_call_id, metadata=a.metadata, **_write_opts(a))
+
+
+@command("append-many", _print_kv)
+def _append_many(c: Client, a: argparse.Namespace) -> Any:
+    return c.append_messages(_sid(c, a.id), _read_json_items(a.file), **_write_opts(a))
+
+
+@command("messages", _render_messages)
+def _messages(c: Client, a: argparse.Namespace) -> Any:
+    return c.list_messages(_sid(c, a.id), limit=a.limit, offset=a.offset,
+                           after_sequence=a.after, order="desc" if a.desc else None)
+
+
+@command("tokens", _print_kv)
+def _tokens(c: Client, a: argparse.Namespace) -> Any:
+    return c.record_tokens(_sid(c, a.id), input_tokens=a.input, output_tokens=a.output,
+                           estimated_cost=a.cost, model=a.model, **_write_opts(a))
+
+
+@command("progress", _print_kv)
+def _progress(c: Client, a: argparse.Namespace) -> Any:
+    return c.record_progress(_sid(c, a.id), a.node, edge=a.edge, latency_ms=a.latency_ms,
+                             tokens=a.tokens, retries=a.retries,
+                             failed=True if a.failed else None, **_write_opts(a))
+
+
+@command("memory", _print_kv)
+def _memory(c: Client, a: argparse.Namespace) -> Any:
+    return c.update_memory(_sid(c, a.id), a.patch, **_write_opts(a))
+
+
+@command("checkpoint-save", _print_kv)
+def _checkpoint_save(c: Client, a: argparse.Namespace) -> Any:
+    payload = json.loads(_read_text(a.payload)) if a.payload is not None else None
+    return c.save_checkpoint(_sid(c, a.id), payload, checkpoint_id=a.checkpoint_id,
+                             node_id=a.node, resume_from=a.resume_from, memory=a.memory,
+                             **_write_opts(a))
+
+
+@command("checkpoint-get", _print_kv)
+def _checkpoint_get(c: Client, a: argparse.Namespace) -> Any:
+    return c.get_checkpoint(_sid(c, a.id), a.checkpoint_id)
+
+
+@command("checkpoints", _render_checkpoints)
+def _checkpoints(c: Client, a: argparse.Namespace) -> Any:
+    return c.list_checkpoints(_sid(c, a.id))
+
+
+@command("events-append", _print_kv)
+def _events_append(c: Client, a: argparse.Namespace) -> Any:
+    return c.append_events(_sid(c, a.id), _read_json_items(a.file), **_write_opts(a))
+
+
+@command("events", _render_events)
+def _events(c: Client, a: argparse.Namespace) -> Any:
+    return c.read_events(_sid(c, a.id) if a.id else None, from_version=a.from_version,
+                         from_position=a.from_position, limit=a.limit, types=a.type or None)
+
+
+# --- argument parsing --------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sessionctl", description="Talk to a sessiond daemon.")
+    p.add_argument("--socket", help="daemon socket (default: $SESSIOND_SOCKET or the runtime dir)")
+    p.add_argument("--json", action="store_true", help="print the JSON result")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, help: str, *, write: bool = False, sid: bool = True) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print the JSON result")
+        if sid:
+            sp.add_argument("id", help="session id or a unique prefix (>= 4 characters)")
+        if write:
+            sp.add_argument("--expected-version", type=int, help="refuse unless at this version")
+            sp.add_argument("--idempotency-key", help="a repeat with this key appends nothing")
+        return sp
+
+    cmd("ping", "check that the daemon answers", sid=False)
+    cmd("stats", "show the daemon's counters", sid=False)
+    sp = cmd("create", "create a session", sid=False)
+    sp.add_argument("--id", help="session id (default: a new ULID)")
+    sp.add_argument("--idempotency-key")
+    for flag in ("task", "namespace", "actor", "goal", "agent", "model", "adapter", "source",
+                 "working-dir", "automation-level", "entry-point"):
+        sp.add_argument("--" + flag)
+    sp.add_argument("--metadata", type=_json_arg, help="JSON object")
+    sp.add_argument("--input", type=_json_arg, help="input_data, a JSON object")
+    sp.add_argument("--checkpoint-enabled", action="store_true")
+    sp.add_argument("--pending", action="store_true", help="create in status pending")
+    sp = cmd("show", "show a session's state")
+    sp.add_argument("--at-version", type=int, help="the state as it was at this version")
+    sp = cmd("resolve", "print the whole id a prefix stands for", sid=False)
+    sp.add_argument("prefix")
+    sp = cmd("list", "list sessions, newest first", sid=False)
+    sp.add_argument("--namespace")
+    sp.add_argument("--status", action="append", choices=STATUSES)
+    sp.add_argument("--actor")
+    sp.add_argument("--source")
+    sp.add_argument("--since", help="created after this RFC 3339 time")
+    sp.add_argument("--until", help="created before this RFC 3339 time")
+    sp.add_argument("--limit", type=int)
+    sp.add_argument("--cursor")
+    sp = cmd("transition", "move a session to another status", write=True)
+    sp.add_argument("to", choices=STATUSES)
+    for flag in ("reason", "error", "paused-at", "resume-from"):
+        sp.add_argument("--" + flag)
+    sp = cmd("resume", "move a session back to active and print what to resume with", write=True)
+    sp.add_argument("--checkpoint", help="resume from this checkpoint")
+    cmd("delete", "delete a session and everything stored for it", write=True)
+    sp = cmd("append", "append a message (content from the argument or stdin)", write=True)
+    sp.add_argument("role", choices=["user", "assistant", "system", "tool"])
+    sp.add_argument("content", nargs="?", help="message text; '-' or nothing reads stdin")
+    sp.add_argument("--tool-call-id")
+    sp.add_argument("--metadata", type=_json_arg)
+    sp = cmd("append-many", "append messages atomically from a JSON array or JSON lines",
+             write=True)
+    sp.add_argument("file", nargs="?", help="file with [{role, content, ...}]; default stdin")
+    sp = cmd("messages", "list a session's messages")
+    sp.add_argument("--limit", type=int)
+    sp.add_argument("--offset", type=int)
+    sp.add_argument("--after", type=int, help="only messages after this sequence")
+    sp.add_argument("--desc", action="store_true", help="newest first")
+    sp = cmd("tokens", "record token usage", write=True)
+    sp.add_argument("--input", type=int)
+    sp.add_argument("--output", type=int)
+    sp.add_argument("--cost", type=float)
+    sp.add_argument("--model")
+    sp = cmd("progress", "record a graph step", write=True)
+    sp.add_argument("node")
+    sp.add_argument("--edge")
+    sp.add_argument("--latency-ms", type=int)
+    sp.add_argument("--tokens", type=int)
+    sp.add_argument("--retries", type=int)
+    sp.add_argument("--failed", action="store_true")
+    sp = cmd("memory", "apply a JSON merge patch to the session's memory", write=True)
+    sp.add_argument("patch", type=_json_arg)
+    sp = cmd("checkpoint-save", "save a checkpoint (payload JSON from the argument or stdin)",
+             write=True)
+    sp.add_argument("payload", nargs="?", help="payload JSON; '-' reads stdin")
+    sp.add_argument("--checkpoint-id")
+    sp.add_argument("--node")
+    sp.add_argument("--resume-from")
+    sp.add_argument("--memory", type=_json_arg)
+    sp = cmd("checkpoint-get", "print a checkpoint and its payload (latest by default)")
+    sp.add_argument("checkpoint_id", nargs="?")
+    cmd("checkpoints", "list a session's checkpoints")
+    sp = cmd("events-append", "append typed events [{type, data}] atomically", write=True)
+    sp.add_argument("file", nargs="?", help="JSON array or JSON lines; default stdin")
+    sp = cmd("events", "read stored events of one session or of all", sid=False)
+    sp.add_argument("id", nargs="?", help="session id or prefix; all sessions when left out")
+    sp.add_argument("--from-version", type=int)
+    sp.add_argument("--from-position", type=int, help="events after this global position")
+    sp.add_argument("--limit", type=int)
+    sp.add_argument("--type", action="append")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    handler, render = _COMMANDS[args.command]
+    client = Client(args.socket)
+    try:
+        with client:
+            result = handler(client, args)
+    except (ConnectionLostError, OSError) as exc:
+        print(f"sessionctl: cannot reach sessiond at {client.socket_path}: {exc}"
+              " (is it running? start it with `sessiond`)", file=sys.stderr)
+        sys.exit(2)
+    except SessiondError as exc:
+        if args.json:
+            error = {"code": exc.code, "message": exc.message, "data": exc.data}
+            print(json.dumps({"error": error}), file=sys.stderr)
+        else:
+            print(f"sessionctl: {exc.message}", file=sys.stderr)
+        sys.exit(1)
+    if args.json or render is None:
+        sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
+    else:
+        render(result)
+
+
+if __name__ == "__main__":
+    main()

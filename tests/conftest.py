@@ -1,0 +1,85 @@
+"""Shared fixtures: a real daemon on a temporary socket and database, and clients for it."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+import structlog
+from sessiond import AsyncClient
+from sessiond_daemon import lifecycle
+from sessiond_daemon.config import Config, load
+
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # aiosqlite runs on asyncio only
+
+
+@pytest.fixture
+def short_dir() -> Iterator[str]:
+    """A temporary directory with a short path (AF_UNIX paths stop at 108 bytes)."""
+    with tempfile.TemporaryDirectory(prefix="sd-") as path:
+        yield path
+
+
+@dataclass
+class Daemon:
+    config: Config
+    shutdown: anyio.Event
+
+    @property
+    def socket(self) -> str:
+        assert self.config.socket
+        return self.config.socket
+
+    @property
+    def db(self) -> str:
+        assert self.config.db
+        return self.config.db
+
+    def sql(self, query: str, *args: Any) -> list[Any]:
+        """Read the database file directly, behind the daemon's back."""
+        con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
+        try:
+            return con.execute(query, args).fetchall()
+        finally:
+            con.close()
+
+
+def daemon_config(directory: str, **overrides: Any) -> Config:
+    values = {"socket": os.path.join(directory, "s.sock"),
+              "db": os.path.join(directory, "sessiond.db"), "log_level": "warning"}
+    values.update(overrides)
+    return load(None, values, env={})
+
+
+@pytest.fixture
+def daemon_overrides() -> dict[str, Any]:
+    """Override in a test module to start the daemon with other settings."""
+    return {}
+
+
+@pytest.fixture
+async def daemon(short_dir: str, daemon_overrides: dict[str, Any]) -> AsyncIterator[Daemon]:
+    """A real daemon in this process, ready when the fixture yields."""
+    config = daemon_config(short_dir, **daemon_overrides)
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        await tg.start(lifecycle.run, config, shutdown)
+        yield Daemon(config, shutdown)
+        shutdown.set()
+
+
+@pytest.fixture
+async def client(daemon: Daemon) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(daemon.socket) as c:
+        yield c
