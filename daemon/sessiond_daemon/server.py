@@ -153,6 +153,8 @@ class Server:
             while True:
                 try:
                     line = await reader.receive_until(b"\n", self.limits.max_request_bytes)
+                    if len(line) > self.limits.max_request_bytes:  # arrived in one chunk
+                        raise anyio.DelimiterNotFound(self.limits.max_request_bytes)
                 except anyio.DelimiterNotFound:
                     log.warning("rpc.request_too_large", limit=self.limits.max_request_bytes)
                     reply = _encoder.encode(_failure(
@@ -200,18 +202,16 @@ class Server:
                     tg.start_soon(one, i, item)
             answered = [r for r in replies if r is not None]
             return _encoder.encode(answered) if answered else None
-        try:
-            msgspec.json.decode(line, type=msgspec.Raw)  # well-formed JSON at all?
-        except msgspec.DecodeError as exc:
-            return _encoder.encode(_failure(None, PARSE_ERROR, "parse error", {"detail": str(exc)}))
         reply = await self._handle_one(msgspec.Raw(line), peer)
         return _encoder.encode(reply) if reply is not None else None
 
     async def _handle_one(self, raw: msgspec.Raw, peer: Peer) -> rpc.Success | rpc.Failure | None:
         try:
             req = _request_decoder.decode(raw)
-        except msgspec.DecodeError as exc:
+        except msgspec.ValidationError as exc:  # JSON, but not a request
             return _failure(None, INVALID_REQUEST, "invalid request", {"detail": str(exc)})
+        except msgspec.DecodeError as exc:  # not JSON, or not UTF-8
+            return _failure(None, PARSE_ERROR, "parse error", {"detail": str(exc)})
         notification = req.id is msgspec.UNSET
         request_id = None if notification else req.id
         try:

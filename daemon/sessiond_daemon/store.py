@@ -386,13 +386,7 @@ class SqliteStore:
         self, session_id: str, *, first: int, limit: int, descending: bool
     ) -> list[Message]:
         """Read `limit` messages starting at sequence `first`, walking the primary key."""
-        op, order = ("<=", "DESC") if descending else (">=", "ASC")
-        rows = await self._all(
-            self._r(),
-            "SELECT e.data, e.recorded_at FROM messages m JOIN events e ON e.position = m.position"
-            f" WHERE m.session_id = ? AND m.sequence {op} ? ORDER BY m.sequence {order} LIMIT ?",
-            (session_id, first, limit),
-        )
+        rows = await self._all(self._r(), messages_page_sql(descending), (session_id, first, limit))
         messages = []
         for data, recorded_at in rows:
             m = _message_decoder.decode(data)
@@ -482,6 +476,15 @@ class SqliteStore:
             for suffix in ("", "-wal")
             if os.path.exists(self.path + suffix)
         )
+
+
+def messages_page_sql(descending: bool) -> str:
+    """The page query of message.list: a range on the (session_id, sequence) key, then LIMIT."""
+    op, order = ("<=", "DESC") if descending else (">=", "ASC")
+    return (
+        "SELECT e.data, e.recorded_at FROM messages m JOIN events e ON e.position = m.position"
+        f" WHERE m.session_id = ? AND m.sequence {op} ? ORDER BY m.sequence {order} LIMIT ?"
+    )
 
 
 def _view_row(entry: Entry) -> tuple[Any, ...]:
