@@ -63,42 +63,50 @@ async def run(config: Config, shutdown: anyio.Event, *,
         async with anyio.create_task_group() as core:
             # 2. The writer: the only task that writes.
             await core.start(writer.run)
-            service = Service(store, writer, Limits(
-                max_message_bytes=config.max_message_bytes,
-                max_event_bytes=config.max_event_bytes,
-                max_checkpoint_bytes=config.max_checkpoint_bytes))
-            server = Server(
-                service,
-                ServerLimits(max_request_bytes=config.max_request_bytes,
-                             max_connections=config.max_connections,
-                             max_inflight=config.max_inflight),
-                allowed_uids=frozenset(config.allowed_uids),
-                allowed_gids=frozenset(config.allowed_gids))
-            # 3. Serve.
-            listener = await bind_socket(config.socket, config.socket_mode)
             try:
-                async with anyio.create_task_group() as serving:
-                    await serving.start(server.serve, listener)
-                    log.info("daemon.ready", socket=config.socket, db=config.db,
-                             durability=config.durability, pid=os.getpid())
-                    task_status.started(config.socket)
-                    await shutdown.wait()
-                    # 4. Drain: refuse new requests, let in-flight ones finish.
-                    log.info("daemon.stopping", inflight=server.inflight)
-                    server.draining = True
-                    with anyio.move_on_after(config.drain_timeout_s):
-                        await server.wait_idle()
-                    serving.cancel_scope.cancel()
+                await _serve(config, store, writer, shutdown, task_status)
             finally:
-                with anyio.CancelScope(shield=True):
-                    await listener.aclose()
-                    _unlink_socket(config.socket)
-                    # 5. Flush: the writer commits what is queued, then returns.
-                    writer.close()
+                # 5. Flush: the writer commits what is queued, then returns.
+                writer.close()
     finally:
         with anyio.CancelScope(shield=True):
             await store.close()
         log.info("daemon.stopped")
+
+
+async def _serve(config: Config, store: SqliteStore, writer: Writer, shutdown: anyio.Event,
+                 task_status: TaskStatus[str]) -> None:
+    service = Service(store, writer, Limits(
+        max_message_bytes=config.max_message_bytes,
+        max_event_bytes=config.max_event_bytes,
+        max_checkpoint_bytes=config.max_checkpoint_bytes))
+    server = Server(
+        service,
+        ServerLimits(max_request_bytes=config.max_request_bytes,
+                     max_connections=config.max_connections,
+                     max_inflight=config.max_inflight),
+        allowed_uids=frozenset(config.allowed_uids),
+        allowed_gids=frozenset(config.allowed_gids))
+    assert config.socket
+    # 3. Serve.
+    listener = await bind_socket(config.socket, config.socket_mode)
+    try:
+        async with anyio.create_task_group() as serving:
+            await serving.start(server.serve, listener)
+            log.info("daemon.ready", socket=config.socket, db=config.db,
+                     durability=config.durability, pid=os.getpid())
+            task_status.started(config.socket)
+            await shutdown.wait()
+            # 4. Drain: refuse new requests, let in-flight ones finish.
+            log.info("daemon.stopping", inflight=server.inflight)
+            server.draining = True
+            with anyio.move_on_after(config.drain_timeout_s):
+                await server.wait_idle()
+            serving.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await listener.aclose()
+            _unlink_socket(config.socket)
 
 
 def _unlink_socket(path: str) -> None:

@@ -1,0 +1,139 @@
+"""`sessionctl` as a user runs it: a separate process against a real daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import anyio
+import pytest
+from sessiond import AsyncClient
+
+from conftest import Daemon
+
+pytestmark = pytest.mark.anyio
+
+
+async def ctl(daemon: Daemon, *args: str, stdin: str | None = None,
+              check: bool = True) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket, *args]
+    result = await anyio.run_process(cmd, input=stdin.encode() if stdin is not None else None,
+                                     check=False)
+    done = subprocess.CompletedProcess(cmd, result.returncode, result.stdout.decode(),
+                                       result.stderr.decode())
+    if check and done.returncode != 0:
+        raise AssertionError(f"{args} exited {done.returncode}: {done.stderr}")
+    return done
+
+
+async def ctl_json(daemon: Daemon, *args: str, stdin: str | None = None) -> Any:
+    return json.loads((await ctl(daemon, *args, "--json", stdin=stdin)).stdout)
+
+
+class TestSessionctl:
+    async def test_ping_human_and_json(self, daemon: Daemon) -> None:
+        """ping prints a readable answer, and JSON with --json."""
+        assert "pong" in (await ctl(daemon, "ping")).stdout
+        assert (await ctl_json(daemon, "ping"))["pong"] is True
+
+    async def test_session_workflow(self, daemon: Daemon, client: AsyncClient) -> None:
+        """create, append (argument and stdin), tokens, progress, show, list, messages by prefix."""
+        created = await ctl_json(daemon, "create", "--task", "demo", "--actor", "me/bot",
+                                 "--metadata", '{"k": 1}')
+        sid = created["session_id"]
+        prefix = sid[:10]
+        await ctl(daemon, "append", prefix, "user", "from an argument")
+        await ctl(daemon, "append", prefix, "assistant", stdin="from stdin\nsecond line")
+        await ctl(daemon, "append", prefix, "tool", "ok", "--tool-call-id", "c1")
+        await ctl(daemon, "tokens", prefix, "--input", "10", "--output", "3", "--cost", "0.2")
+        await ctl(daemon, "progress", prefix, "plan", "--retries", "1", "--edge", "a->plan")
+        await ctl(daemon, "memory", prefix, '{"x": {"y": 1}}')
+        state = await client.get_session(sid)
+        assert state.message_count == 3 and state.metadata == {"k": 1}
+        assert state.last_message is not None and state.last_message.tool_call_id == "c1"
+        assert state.token_usage.input_tokens == 10 and state.progress.path == ["plan"]
+        assert state.memory == {"x": {"y": 1}}
+        msgs = await ctl_json(daemon, "messages", prefix)
+        assert [m["content"] for m in msgs["messages"]][1] == "from stdin\nsecond line"
+        shown = await ctl(daemon, "show", prefix)
+        assert sid in shown.stdout and "demo" in shown.stdout and "degraded" in shown.stdout
+        listed = await ctl(daemon, "list")
+        assert "me/bot" in listed.stdout
+        assert (await ctl_json(daemon, "list", "--status", "active"))["sessions"][0]["session_id"] == sid
+        assert (await ctl(daemon, "resolve", prefix)).stdout.strip() == sid
+        assert "message.appended" in (await ctl(daemon, "events", prefix)).stdout
+        past = await ctl_json(daemon, "show", prefix, "--at-version", "2")
+        assert past["message_count"] == 1
+
+    async def test_transitions_checkpoints_and_delete(self, daemon: Daemon, client: AsyncClient) -> None:
+        """transition, checkpoint save/get/list, resume, append-many, events-append and delete."""
+        await client.create_session("cli-flow")
+        await ctl(daemon, "checkpoint-save", "cli-flow", '{"step": 3}', "--node", "n3",
+                  "--checkpoint-id", "cp1")
+        assert (await ctl_json(daemon, "checkpoint-get", "cli-flow"))["payload"] == {"step": 3}
+        assert "cp1" in (await ctl(daemon, "checkpoints", "cli-flow")).stdout
+        await ctl(daemon, "transition", "cli-flow", "failed", "--error", "boom")
+        resumed = await ctl_json(daemon, "resume", "cli-flow", "--checkpoint", "cp1")
+        assert resumed["resume"]["resume_from"] == "n3" and resumed["state"]["status"] == "active"
+        lines = "\n".join(json.dumps({"role": "user", "content": f"m{i}"}) for i in range(3))
+        assert (await ctl_json(daemon, "append-many", "cli-flow", stdin=lines))["first_sequence"] == 0
+        events = json.dumps([{"type": "plan.linked", "data": {"plan_id": "p9"}}])
+        await ctl(daemon, "events-append", "cli-flow", stdin=events)
+        state = await client.get_session("cli-flow")
+        assert state.message_count == 3 and state.linked_plan_ids == ["p9"]
+        await ctl(daemon, "delete", "cli-flow")
+        assert (await client.list_sessions()).sessions == []
+
+    async def test_errors_exit_non_zero(self, daemon: Daemon, client: AsyncClient) -> None:
+        """Contract errors exit 1 with the daemon's message; no daemon exits 2."""
+        await client.create_session("cli-err")
+        bad = await ctl(daemon, "transition", "cli-err", "pending", check=False)
+        assert bad.returncode == 1 and "cannot move from active to pending" in bad.stderr
+        blank = await ctl(daemon, "append", "cli-err", "user", "   ", check=False)
+        assert blank.returncode == 1 and "content" in blank.stderr
+        js = await ctl(daemon, "show", "nope-nope", "--json", check=False)
+        assert js.returncode == 1 and json.loads(js.stderr)["error"]["code"] == -32001
+        stale = await ctl(daemon, "append", "cli-err", "user", "x", "--expected-version", "9",
+                          check=False)
+        assert stale.returncode == 1 and "wrong expected version" in stale.stderr
+        gone = await anyio.run_process(
+            [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket + ".x", "ping"],
+            check=False)
+        assert gone.returncode == 2 and b"cannot reach sessiond" in gone.stderr
+
+
+class TestZeroConfig:
+    async def test_sessiond_starts_with_no_flags(self, short_dir: str) -> None:
+        """`sessiond` with no flags puts socket and db in the user's dirs; `sessionctl ping` answers."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")}
+        env.update(XDG_RUNTIME_DIR=os.path.join(short_dir, "run"),
+                   XDG_STATE_HOME=os.path.join(short_dir, "state"))
+        env.pop("RUNTIME_DIRECTORY", None)
+        env.pop("STATE_DIRECTORY", None)
+        sock = os.path.join(short_dir, "run", "sessiond", "sessiond.sock")
+        db = os.path.join(short_dir, "state", "sessiond", "sessiond.db")
+        proc = await anyio.open_process([sys.executable, "-m", "sessiond_daemon"], env=env)
+        try:
+            with anyio.fail_after(30):
+                while True:
+                    ping = await anyio.run_process([sys.executable, "-m", "sessiond.cli", "ping"],
+                                                   env=env, check=False)
+                    if ping.returncode == 0:
+                        break
+                    assert proc.returncode is None, "sessiond exited early"
+                    await anyio.sleep(0.05)
+            assert b"pong" in ping.stdout
+            assert os.path.exists(db)
+            assert oct(os.stat(os.path.dirname(sock)).st_mode & 0o777) == "0o700"
+            assert oct(os.stat(sock).st_mode & 0o777) == "0o600"
+            second = await anyio.run_process([sys.executable, "-m", "sessiond_daemon"], env=env,
+                                             check=False)
+            assert second.returncode == 75  # another daemon answers on the socket
+        finally:
+            proc.terminate()
+            with anyio.fail_after(30):
+                assert await proc.wait() == 0
+        assert not os.path.exists(sock)  # removed on a clean exit

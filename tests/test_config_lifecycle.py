@@ -1,0 +1,119 @@
+"""Configuration precedence, socket hygiene and a graceful drain."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import anyio
+import pytest
+from sessiond import AsyncClient, SessiondError
+from sessiond_daemon import lifecycle
+from sessiond_daemon.config import ConfigError, default_db, load
+from sessiond_schemas.paths import default_socket
+
+from conftest import daemon_config
+
+
+class TestDefaults:
+    def test_socket_precedence(self) -> None:
+        """$SESSIOND_SOCKET, then $RUNTIME_DIRECTORY, then $XDG_RUNTIME_DIR, then /tmp."""
+        env = {"SESSIOND_SOCKET": "/a.sock", "RUNTIME_DIRECTORY": "/run/sessiond",
+               "XDG_RUNTIME_DIR": "/run/user/1"}
+        assert default_socket(env) == "/a.sock"
+        del env["SESSIOND_SOCKET"]
+        assert default_socket(env) == "/run/sessiond/sessiond.sock"
+        del env["RUNTIME_DIRECTORY"]
+        assert default_socket(env) == "/run/user/1/sessiond/sessiond.sock"
+        assert default_socket({}) == f"/tmp/sessiond-{os.getuid()}/sessiond.sock"
+
+    def test_db_precedence(self) -> None:
+        """$SESSIOND_DB, then $STATE_DIRECTORY, then $XDG_STATE_HOME, then ~/.local/state."""
+        env = {"SESSIOND_DB": "/a.db", "STATE_DIRECTORY": "/var/lib/sessiond",
+               "XDG_STATE_HOME": "/h/state"}
+        assert default_db(env) == "/a.db"
+        del env["SESSIOND_DB"]
+        assert default_db(env) == "/var/lib/sessiond/sessiond.db"
+        del env["STATE_DIRECTORY"]
+        assert default_db(env) == "/h/state/sessiond/sessiond.db"
+        assert default_db({}).endswith("/.local/state/sessiond/sessiond.db")
+
+    def test_file_then_flags(self, tmp_path: os.PathLike[str]) -> None:
+        """The TOML file sets values, flags override them, unknown keys are refused."""
+        path = os.path.join(tmp_path, "sessiond.toml")
+        with open(path, "w") as f:
+            f.write('durability = "normal"\nmax_inflight = 8\nsocket_mode = "0660"\n')
+        config = load(path, {"max_inflight": 16}, env={})
+        assert (config.durability, config.max_inflight, config.socket_mode) == ("normal", 16, 0o660)
+        assert load(None, {}, env={"SESSIOND_CONFIG": path}).durability == "normal"
+        with open(path, "w") as f:
+            f.write("colour = 1\n")
+        with pytest.raises(ConfigError, match="colour"):
+            load(path, {}, env={})
+        with pytest.raises(ConfigError, match="cannot read"):
+            load(os.path.join(tmp_path, "missing.toml"), {}, env={})
+
+
+@pytest.mark.anyio
+class TestSocketHygiene:
+    async def test_stale_socket_is_replaced(self, short_dir: str) -> None:
+        """A socket file nobody answers on is removed and the daemon starts."""
+        config = daemon_config(short_dir)
+        assert config.socket
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(config.socket)
+        stale.close()  # the file stays, nobody listens
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            await tg.start(lifecycle.run, config, stop)
+            async with AsyncClient(config.socket) as c:
+                assert (await c.ping()).pong
+            stop.set()
+
+    async def test_non_socket_path_is_left_alone(self, short_dir: str) -> None:
+        """A regular file at the socket path is an error and is not deleted."""
+        config = daemon_config(short_dir)
+        assert config.socket
+        with open(config.socket, "w") as f:
+            f.write("precious")
+        with pytest.raises(BaseException) as err:
+            await lifecycle.run(config, anyio.Event())
+        assert "not a socket" in str(err.value.exceptions[0] if isinstance(err.value, BaseExceptionGroup) else err.value)
+        with open(config.socket) as f:
+            assert f.read() == "precious"
+
+
+@pytest.mark.anyio
+async def test_drain_keeps_every_acknowledged_write(short_dir: str) -> None:
+    """Shutdown mid-load: every acknowledged append is stored; later calls are refused cleanly."""
+    config = daemon_config(short_dir)
+    stop = anyio.Event()
+    acked: list[int] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(lifecycle.run, config, stop)
+        async with AsyncClient(config.socket) as c:
+            await c.create_session("drain")
+
+            async def writer(n: int) -> None:
+                for i in range(1000):
+                    try:
+                        r = await c.append_message("drain", "user", f"{n}-{i}")
+                    except SessiondError:
+                        return
+                    acked.append(r.sequence)
+
+            async with anyio.create_task_group() as writers:
+                for n in range(4):
+                    writers.start_soon(writer, n)
+                while len(acked) < 50:
+                    await anyio.sleep(0.01)
+                stop.set()
+    assert acked
+    stop2 = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        await tg.start(lifecycle.run, config, stop2)
+        async with AsyncClient(config.socket) as c:
+            stored = {m.sequence for m in (await c.list_messages("drain", limit=1000)).messages}
+            total = (await c.get_session("drain")).message_count
+        stop2.set()
+    assert set(acked) <= stored and len(stored) == total
