@@ -1,0 +1,1 @@
+"""sessiond's benchmarks: figures beside raw-SQLite baselines measured in the same run."""

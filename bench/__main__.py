@@ -1,0 +1,312 @@
+"""Run the benchmarks: `python -m bench [--quick] [--only B1,B4] [--out FILE]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import anyio
+from sessiond import AsyncClient
+
+from . import baseline
+from .daemon import DaemonProcess
+
+CONTENT = "x" * 200  # ~200 B messages, as the targets say
+
+
+@dataclass
+class Sizes:
+    b1_appends: int
+    b2_calls: int
+    b3_round_trips: int
+    b4_events: tuple[int, int]
+    b5_history: tuple[int, int]
+    b6_sessions: tuple[int, int]
+    b7_events: int
+    b7_sessions: int
+    b9_events: int
+    b10_runs: int
+    baseline_rows: int
+
+
+QUICK = Sizes(b1_appends=3_000, b2_calls=40, b3_round_trips=400, b4_events=(100, 10_000),
+              b5_history=(100, 10_000), b6_sessions=(1_000, 5_000), b7_events=100_000,
+              b7_sessions=1_000, b9_events=10_000, b10_runs=5, baseline_rows=1_000)
+FULL = Sizes(b1_appends=30_000, b2_calls=400, b3_round_trips=3_000, b4_events=(100, 100_000),
+             b5_history=(100, 100_000), b6_sessions=(10_000, 100_000), b7_events=1_000_000,
+             b7_sessions=10_000, b9_events=10_000, b10_runs=20, baseline_rows=5_000)
+
+
+@dataclass
+class Figure:
+    id: str
+    name: str
+    value: float
+    unit: str
+    baseline: float | None
+    ratio: float | None
+    target: str
+    met: bool | None
+    note: str = ""
+
+
+def median_s(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+async def timed(fn: Callable[[], Awaitable[Any]], n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await fn()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+async def fill_messages(c: AsyncClient, session_id: str, count: int) -> None:
+    """Append `count` messages in calls of up to 5,000."""
+    done = 0
+    while done < count:
+        n = min(5_000, count - done)
+        await c.append_messages(session_id, [{"role": "user", "content": CONTENT}] * n)
+        done += n
+
+
+async def concurrently(n: int, fn: Callable[[int], Awaitable[None]]) -> None:
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(fn, i)
+
+
+class Bench:
+    def __init__(self, sizes: Sizes, directory: str, only: set[str] | None) -> None:
+        self.sizes = sizes
+        self.dir = directory
+        self.only = only
+        self.figures: list[Figure] = []
+        self.per_row = baseline.write_rows(directory, sizes.baseline_rows, 1)
+        self.batched = baseline.write_rows(directory, sizes.baseline_rows * 10, 100)
+
+    def wanted(self, fid: str) -> bool:
+        return self.only is None or fid in self.only
+
+    def add(self, fig: Figure) -> None:
+        self.figures.append(fig)
+        ratio = f"{fig.ratio:.2f}" if fig.ratio is not None else "-"
+        base = f"{fig.baseline:,.3f}" if fig.baseline is not None else "-"
+        mark = {True: "met", False: "MISSED", None: "-"}[fig.met]
+        print(f"{fig.id:<4} {fig.name:<44} {fig.value:>12,.3f} {fig.unit:<10} base {base:>12}"
+              f"  ratio {ratio:>6}  target {fig.target:<28} {mark}", flush=True)
+
+    async def run(self) -> None:
+        d = DaemonProcess(self.dir)
+        await d.start()
+        try:
+            async with AsyncClient(d.socket) as c:
+                for fid, fn in (("B1", self.b1), ("B2", self.b2), ("B3", self.b3),
+                                ("B4", self.b4), ("B5", self.b5), ("B6", self.b6),
+                                ("B8", self.b8), ("B9", self.b9), ("B10", self.b10)):
+                    if self.wanted(fid):
+                        await fn(c, d)
+        finally:
+            d.stop()
+        if self.wanted("B7"):
+            await self.b7()
+
+    async def b1(self, c: AsyncClient, d: DaemonProcess) -> None:
+        per = self.sizes.b1_appends // 16
+        ids = [(await c.create_session()).session_id for _ in range(16)]
+        cpu0 = d.cpu_s()
+
+        async def client(i: int) -> None:
+            async with AsyncClient(d.socket) as own:
+                for _ in range(per):
+                    await own.append_message(ids[0], "user", CONTENT)
+
+        t0 = time.perf_counter()
+        await concurrently(16, client)
+        elapsed = time.perf_counter() - t0
+        rate = per * 16 / elapsed
+        cpu = (d.cpu_s() - cpu0) / elapsed
+        ratio = rate / self.per_row.rows_per_s
+        self.add(Figure("B1", "16 clients, message.append, one session", rate, "appends/s",
+                        self.per_row.rows_per_s, ratio, ">= 15,000/s and >= 6x per-row",
+                        rate >= 15_000 and ratio >= 6, f"daemon CPU {cpu:.0%} of one core"))
+
+    async def b2(self, c: AsyncClient, d: DaemonProcess) -> None:
+        per = self.sizes.b2_calls // 4
+        ids = [(await c.create_session()).session_id for _ in range(4)]
+        batch = [{"role": "user", "content": CONTENT}] * 100
+
+        async def client(i: int) -> None:
+            async with AsyncClient(d.socket) as own:
+                for _ in range(per):
+                    await own.append_messages(ids[i], batch)
+
+        t0 = time.perf_counter()
+        await concurrently(4, client)
+        rate = per * 4 * 100 / (time.perf_counter() - t0)
+        ratio = rate / self.batched.rows_per_s
+        self.add(Figure("B2", "4 clients, message.append_many x100", rate, "msgs/s",
+                        self.batched.rows_per_s, ratio, ">= 50% of batched-100", ratio >= 0.5))
+
+    async def b3(self, c: AsyncClient, d: DaemonProcess) -> None:
+        sid = (await c.create_session()).session_id
+        samples = await timed(lambda: c.append_message(sid, "user", CONTENT),
+                              self.sizes.b3_round_trips)
+        med = median_s(samples) * 1000
+        base = self.per_row.median_row_s * 1000
+        self.add(Figure("B3", "1 client, sequential message.append", med, "ms median",
+                        base, med / base, "<= 1.6x per-row time", med / base <= 1.6))
+
+    async def b4(self, c: AsyncClient, d: DaemonProcess) -> None:
+        small, large = self.sizes.b4_events
+        meds = {}
+        for n in (small, large):
+            sid = (await c.create_session()).session_id
+            await fill_messages(c, sid, n - 1)
+            meds[n] = median_s(await timed(lambda: c.get_session(sid), 500)) * 1000
+        base = baseline.point_read_s(self.dir) * 1000
+        flat = meds[large] / meds[small]
+        self.add(Figure("B4", f"session.get, {small:,} events", meds[small], "ms median", base,
+                        meds[small] / base, "<= 0.3 ms", meds[small] <= 0.3))
+        self.add(Figure("B4", f"session.get, {large:,} events", meds[large], "ms median",
+                        meds[small], flat, "<= 0.3 ms, <= 1.5x the small",
+                        meds[large] <= 0.3 and flat <= 1.5))
+
+    async def b5(self, c: AsyncClient, d: DaemonProcess) -> None:
+        small, large = self.sizes.b5_history
+        results: dict[tuple[int, str], float] = {}
+        for n in (small, large):
+            sid = (await c.create_session()).session_id
+            await fill_messages(c, sid, n)
+            results[(n, "latest")] = median_s(await timed(
+                lambda: c.list_messages(sid, limit=20, order="desc"), 300)) * 1000
+            results[(n, "middle")] = median_s(await timed(
+                lambda: c.list_messages(sid, limit=20, after_sequence=n // 2), 300)) * 1000
+        for page in ("latest", "middle"):
+            flat = results[(large, page)] / results[(small, page)]
+            self.add(Figure("B5", f"message.list {page} 20 of {large:,}", results[(large, page)],
+                            "ms median", results[(small, page)], flat,
+                            f"<= 1.5x the same on {small}", flat <= 1.5))
+
+    async def b6(self, c: AsyncClient, d: DaemonProcess) -> None:
+        small, large = self.sizes.b6_sessions
+        meds = {}
+        namespace = f"b6-{time.monotonic_ns()}"
+        made = 0
+        for n in (small, large):
+            todo = n - made
+
+            async def client(i: int) -> None:
+                async with AsyncClient(d.socket) as own:
+                    for _ in range(todo // 16 + (1 if i < todo % 16 else 0)):
+                        await own.create_session(namespace=namespace)
+
+            await concurrently(16, client)
+            made = n
+            meds[n] = median_s(await timed(lambda: c.list_sessions(
+                namespace=namespace, status=["active"], limit=50), 200)) * 1000
+        flat = meds[large] / meds[small]
+        self.add(Figure("B6", f"session.list 50 of {large:,}, status filter", meds[large],
+                        "ms median", meds[small], flat, f"<= 1.5x the same among {small:,}",
+                        flat <= 1.5))
+
+    async def b7(self) -> None:
+        directory = tempfile.mkdtemp(dir=self.dir)
+        d = DaemonProcess(directory)
+        await d.start()
+        sessions, events = self.sizes.b7_sessions, self.sizes.b7_events
+        per_session = events // sessions
+        try:
+            async def client(i: int) -> None:
+                async with AsyncClient(d.socket) as own:
+                    for _ in range(i, sessions, 16):
+                        sid = (await own.create_session()).session_id
+                        await own.append_messages(
+                            sid, [{"role": "user", "content": CONTENT}] * (per_session - 1))
+
+            await concurrently(16, client)
+        finally:
+            d.stop()
+        starts, rss = [], []
+        for _ in range(3):
+            starts.append(await d.start())
+            rss.append(d.rss_mb())
+            d.stop()
+        start = median_s(starts)
+        self.add(Figure("B7", f"start on {events:,} events / {sessions:,} sessions", start, "s",
+                        None, None, "<= 1.5 s", start <= 1.5))
+        self.add(Figure("B7", "RSS after start", max(rss), "MB", None, None, "<= 100 MB",
+                        max(rss) <= 100))
+
+    async def b8(self, c: AsyncClient, d: DaemonProcess) -> None:
+        self.add(Figure("B8", "B1 with 16 live subscribers", float("nan"), "appends/s", None,
+                        None, ">= 80% of B1", None, "events.subscribe is not built yet"))
+
+    async def b9(self, c: AsyncClient, d: DaemonProcess) -> None:
+        n = self.sizes.b9_events
+        sid = (await c.create_session()).session_id
+        await fill_messages(c, sid, n - 1)
+        med = median_s(await timed(lambda: c.get_session(sid, at_version=n // 2), 20)) * 1000
+        self.add(Figure("B9", f"session.get at_version {n // 2:,} of {n:,}", med, "ms median",
+                        None, None, "<= 20 ms", med <= 20))
+
+    async def b10(self, c: AsyncClient, d: DaemonProcess) -> None:
+        sid = (await c.create_session(task="b10")).session_id
+        ctl = [sys.executable, "-m", "sessiond.cli", "--socket", d.socket, "show", sid, "--json"]
+
+        def run(cmd: list[str]) -> float:
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            return time.perf_counter() - t0
+
+        runs = self.sizes.b10_runs
+        show = median_s([await anyio.to_thread.run_sync(run, ctl) for _ in range(runs)]) * 1000
+        bare = median_s([await anyio.to_thread.run_sync(run, [sys.executable, "-c", "pass"])
+                         for _ in range(runs)]) * 1000
+        self.add(Figure("B10", "sessionctl show --json, fresh process", show, "ms median", bare,
+                        show / bare, "<= 150 ms and <= 6x python -c pass",
+                        show <= 150 and show / bare <= 6))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small sizes, about a minute")
+    p.add_argument("--only", help="comma-separated figure ids, e.g. B1,B4")
+    p.add_argument("--out", help="JSON results file (default bench/results-{quick,full}.json)")
+    args = p.parse_args()
+    sizes = QUICK if args.quick else FULL
+    only = set(args.only.split(",")) if args.only else None
+    with tempfile.TemporaryDirectory(prefix="sdb-") as directory:
+        bench = Bench(sizes, directory, only)
+        print(f"baseline per-row: {bench.per_row.rows_per_s:,.0f} rows/s, "
+              f"{bench.per_row.median_row_s * 1000:.3f} ms/row; batched-100: "
+              f"{bench.batched.rows_per_s:,.0f} rows/s", flush=True)
+        anyio.run(bench.run, backend="asyncio")
+    out = args.out or os.path.join(os.path.dirname(__file__),
+                                   f"results-{'quick' if args.quick else 'full'}.json")
+    with open(out, "w") as f:
+        json.dump({"mode": "quick" if args.quick else "full",
+                   "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                   "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                              f"Python {platform.python_version()}",
+                   "baseline": {"per_row_rows_per_s": bench.per_row.rows_per_s,
+                                "per_row_median_s": bench.per_row.median_row_s,
+                                "batched100_rows_per_s": bench.batched.rows_per_s},
+                   "figures": [asdict(f) for f in bench.figures]}, f, indent=2)
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Start and stop a real `sessiond` process for a benchmark, and read its memory use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import anyio
+from sessiond import AsyncClient
+
+
+class DaemonProcess:
+    """A sessiond subprocess on a socket and database inside `directory`."""
+
+    def __init__(self, directory: str, *extra: str) -> None:
+        self.socket = os.path.join(directory, "bench.sock")
+        self.db = os.path.join(directory, "bench.db")
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> float:
+        """Start the daemon; return seconds until its first answered daemon.ping."""
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sessiond_daemon", "--socket", self.socket, "--db", self.db,
+             "--log-level", "warning", *self.extra])
+        while True:
+            try:
+                async with AsyncClient(self.socket) as c:
+                    await c.ping()
+                return time.perf_counter() - t0
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"sessiond exited with {self.proc.returncode}") from None
+                await anyio.sleep(0.005)
+
+    def rss_mb(self) -> float:
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds the daemon has used so far."""
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+        self.proc = None
