@@ -117,3 +117,21 @@ async def test_drain_keeps_every_acknowledged_write(short_dir: str) -> None:
             total = (await c.get_session("drain")).message_count
         stop2.set()
     assert set(acked) <= stored and len(stored) == total
+
+
+@pytest.mark.anyio
+async def test_exit_leaves_a_newer_daemons_socket(short_dir: str) -> None:
+    """A daemon whose socket file was replaced does not delete the new one on exit."""
+    config = daemon_config(short_dir)
+    assert config.socket
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        await tg.start(lifecycle.run, config, stop)
+        os.unlink(config.socket)
+        other = socket.socket(socket.AF_UNIX)
+        other.bind(config.socket)  # another daemon's socket at the same path
+        stop.set()
+    try:
+        assert os.path.exists(config.socket)
+    finally:
+        other.close()

@@ -90,6 +90,7 @@ async def _serve(config: Config, store: SqliteStore, writer: Writer, shutdown: a
     assert config.socket
     # 3. Serve.
     listener = await bind_socket(config.socket, config.socket_mode)
+    bound = os.lstat(config.socket)
     try:
         async with anyio.create_task_group() as serving:
             await serving.start(server.serve, listener)
@@ -106,12 +107,14 @@ async def _serve(config: Config, store: SqliteStore, writer: Writer, shutdown: a
     finally:
         with anyio.CancelScope(shield=True):
             await listener.aclose()
-            _unlink_socket(config.socket)
+            _unlink_socket(config.socket, bound)
 
 
-def _unlink_socket(path: str) -> None:
+def _unlink_socket(path: str, bound: os.stat_result) -> None:
+    """Remove our socket file, never one that another daemon has put at the path since."""
     try:
-        if stat.S_ISSOCK(os.lstat(path).st_mode):
-            os.unlink(path)
+        st = os.lstat(path)
     except FileNotFoundError:
-        pass
+        return
+    if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == (bound.st_dev, bound.st_ino):
+        os.unlink(path)
