@@ -1,5 +1,7 @@
 """sessiond's client: `sessiond.Client` (blocking) and `sessiond.AsyncClient`, errors and types."""
 
+from typing import TYPE_CHECKING, Any
+
 from sessiond_schemas.errors import *  # noqa: F403
 from sessiond_schemas.events import Event, EventMeta
 from sessiond_schemas.rpc import (
@@ -22,8 +24,20 @@ from sessiond_schemas.state import (
     TokenUsage,
 )
 
-from ._async import AsyncClient, ConnectionLostError
 from ._sync import Client
+from ._wire import ConnectionLostError
+
+if TYPE_CHECKING:
+    from ._async import AsyncClient
+
+
+def __getattr__(name: str) -> Any:
+    # AsyncClient brings in anyio and asyncio; a blocking user (and sessionctl) never pays.
+    if name == "AsyncClient":
+        from ._async import AsyncClient
+
+        return AsyncClient
+    raise AttributeError(f"module 'sessiond' has no attribute {name!r}")
 
 __all__ = [
     "AsyncClient", "CheckpointGetResult", "CheckpointInfo", "Client", "ConnectionLostError",

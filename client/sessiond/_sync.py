@@ -1,55 +1,58 @@
-"""The blocking client: the async client run on a private event loop thread."""
+"""The blocking client: the same methods as AsyncClient over a plain socket, no event loop."""
 
 from __future__ import annotations
 
-import functools
-import inspect
+import itertools
+import socket
+import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO, TypeVar
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+import msgspec
+from sessiond_schemas import rpc
+from sessiond_schemas.paths import default_socket
 
-from ._async import AsyncClient
+from ._methods import Methods, request_line
+from ._wire import ConnectionLostError, raise_for
+
+T = TypeVar("T")
+_encoder = msgspec.json.Encoder()
+_response_decoder = msgspec.json.Decoder(rpc.Response)
 
 
-class Client:
-    """Blocking twin of AsyncClient: the same methods, called without await.
+class Client(Methods):
+    """Blocking twin of AsyncClient: `with Client() as c: c.ping()`.
 
-    `with Client() as c: c.ping()`.
+    Calls on one Client are serialised by a lock, so it may be shared by
+    threads; give busy threads a Client each to keep their calls concurrent.
     """
 
-    def __init__(self, socket_path: str | None = None) -> None:
-        self._async = AsyncClient(socket_path)
-        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
-        self._portal: BlockingPortal | None = None
-        self._session_cm: AbstractContextManager[AsyncClient] | None = None
-
-    @property
-    def socket_path(self) -> str:
-        return self._async.socket_path
+    def __init__(self, socket_path: str | None = None, timeout: float | None = None) -> None:
+        self.socket_path = socket_path or default_socket()
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._file: BinaryIO | None = None
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
 
     def connect(self) -> None:
-        """Start the private event loop and connect to the daemon."""
-        self._portal_cm = start_blocking_portal(backend="asyncio")
-        self._portal = self._portal_cm.__enter__()
-        # The async client's task group must be entered and left by one task.
-        self._session_cm = self._portal.wrap_async_context_manager(self._async)
+        """Connect to the daemon (the first call does it by itself)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
         try:
-            self._session_cm.__enter__()
-        except BaseException:
-            self._session_cm = None
-            self.close()
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
             raise
+        self._sock, self._file = sock, sock.makefile("rb")
 
     def close(self) -> None:
-        """Disconnect and stop the private event loop."""
-        if self._session_cm is not None:
-            self._session_cm.__exit__(None, None, None)
-        if self._portal_cm is not None:
-            self._portal_cm.__exit__(None, None, None)
-        self._portal = self._portal_cm = self._session_cm = None
+        if self._file is not None:
+            self._file.close()
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._file = None
 
     def __enter__(self) -> Client:
         self.connect()
@@ -59,23 +62,28 @@ class Client:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._portal is None:
-            self.connect()
-        assert self._portal is not None
-        return self._portal.call(functools.partial(fn, *args, **kwargs))
+    def _call(self, method: str, result_type: Any, pick: Callable[[Any], Any] | None = None,
+              **params: Any) -> Any:
+        with self._lock:
+            if self._sock is None:
+                self.connect()
+            assert self._sock is not None and self._file is not None
+            request_id = next(self._ids)
+            try:
+                self._sock.sendall(_encoder.encode(request_line(request_id, method, params)) + b"\n")
+                while True:
+                    line = self._file.readline()
+                    if not line:
+                        raise ConnectionLostError("the daemon closed the connection")
+                    reply = _response_decoder.decode(line)
+                    if reply.id == request_id or reply.id is None:
+                        break  # id None: the daemon refused the connection itself
+            except OSError as exc:
+                self.close()
+                raise ConnectionLostError(f"lost the daemon: {exc}") from exc
+        result = msgspec.json.decode(raise_for(reply), type=result_type)
+        return pick(result) if pick else result
 
-
-def _blocking(name: str) -> Callable[..., Any]:
-    target = getattr(AsyncClient, name)
-
-    @functools.wraps(target)
-    def method(self: Client, *args: Any, **kwargs: Any) -> Any:
-        return self._run(getattr(self._async, name), *args, **kwargs)
-
-    return method
-
-
-for _name, _fn in inspect.getmembers(AsyncClient, inspect.iscoroutinefunction):
-    if not _name.startswith("_") and _name not in ("connect", "aclose", "__aenter__", "__aexit__"):
-        setattr(Client, _name, _blocking(_name))
+    def call(self, method: str, result_type: type[T] | Any = Any, **params: Any) -> T:
+        """Call any method; `None` params are left out, so the daemon's defaults apply."""
+        return self._call(method, result_type, **params)  # type: ignore[no-any-return]

@@ -12,8 +12,8 @@ import msgspec
 from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import STATUSES
 
-from ._async import ConnectionLostError
 from ._sync import Client
+from ._wire import ConnectionLostError
 
 Handler = Callable[[Client, argparse.Namespace], Any]
 _COMMANDS: dict[str, tuple[Handler, Callable[[Any], None] | None]] = {}
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with client:
             result = handler(client, args)
-    except (ConnectionLostError, OSError) as exc:
+    except (ConnectionLostError, OSError) as exc:  # no daemon, or it went away
         print(f"sessionctl: cannot reach sessiond at {client.socket_path}: {exc}"
               " (is it running? start it with `sessiond`)", file=sys.stderr)
         sys.exit(2)

@@ -79,8 +79,7 @@ class Server:
         self.subscriptions = 0
         self.draining = False
         self.inflight = 0
-        self._idle = anyio.Event()
-        self._idle.set()
+        self._idle: anyio.Event | None = None  # made only while someone waits for it
         self._methods: dict[str, tuple[msgspec.json.Decoder[Any], Handler]] = {
             name: (msgspec.json.Decoder(params_type), getattr(service, name.replace(".", "_")))
             for name, (params_type, _) in rpc.METHODS.items()
@@ -106,6 +105,7 @@ class Server:
     async def wait_idle(self) -> None:
         """Return once no request is being executed."""
         while self.inflight:
+            self._idle = self._idle or anyio.Event()
             await self._idle.wait()
 
     def _allowed(self, peer: Peer) -> bool:
@@ -176,7 +176,10 @@ class Server:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
                 # Back-pressure: past max_inflight we stop reading, never buffer.
-                await gate.acquire()
+                try:
+                    gate.acquire_nowait()  # no checkpoint (a loop iteration) when free
+                except anyio.WouldBlock:
+                    await gate.acquire()
                 tg.start_soon(run, line)
 
     @staticmethod
@@ -244,7 +247,6 @@ class Server:
             raise invalid_params(exc, context=f"invalid params for {req.method}") from exc
         meta = EventMeta(peer_uid=peer.uid, peer_pid=peer.pid)
         self.inflight += 1
-        self._idle = anyio.Event() if self._idle.is_set() else self._idle
         try:
             result = await handler(params, meta)
         except SessiondError:
@@ -255,8 +257,9 @@ class Server:
             raise InternalError("internal error", {"error_id": error_id}) from exc
         finally:
             self.inflight -= 1
-            if not self.inflight:
+            if not self.inflight and self._idle is not None:
                 self._idle.set()
+                self._idle = None
         if req.method == "daemon.stats":
             result.update(connections=self.connections, subscriptions=self.subscriptions)
         return result

@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
-from ulid import ULID
 
 Status = Literal["pending", "active", "paused", "completed", "failed", "cancelled", "killed"]
 Role = Literal["user", "assistant", "system", "tool"]
@@ -37,7 +36,7 @@ _SESSION_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 def now() -> str:
     """Return the current UTC time as the contract's RFC 3339 string with microseconds."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def parse_time(value: str) -> datetime:
@@ -48,6 +47,8 @@ def parse_time(value: str) -> datetime:
 
 def new_id() -> str:
     """Make a new ULID string (message, checkpoint, event and default session ids)."""
+    from ulid import ULID  # imported on first use: clients never need it (25 ms)
+
     return str(ULID())
 
 

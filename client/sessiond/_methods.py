@@ -1,0 +1,153 @@
+"""The API, written once: each method names its RPC method and result type.
+
+`Client._call` answers at once; `AsyncClient._call` returns an awaitable. So
+every method here is blocking on `Client` and awaitable on `AsyncClient`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sessiond_schemas import rpc
+from sessiond_schemas.state import SessionState
+
+
+class Methods:
+    """One method per RPC method; results are the schema Structs named in each docstring."""
+
+    def _call(self, method: str, result_type: Any, pick: Callable[[Any], Any] | None = None,
+              **params: Any) -> Any:
+        raise NotImplementedError
+
+    # --- daemon -------------------------------------------------------------------------
+
+    def ping(self) -> Any:
+        """Check the daemon answers. -> PingResult (version, uptime)."""
+        return self._call("daemon.ping", rpc.PingResult)
+
+    def stats(self) -> Any:
+        """The daemon's counters. -> StatsResult."""
+        return self._call("daemon.stats", rpc.StatsResult)
+
+    # --- sessions -----------------------------------------------------------------------
+
+    def create_session(self, session_id: str | None = None, **fields: Any) -> Any:
+        """Create a session (fields as `session.created` data; write options). -> SessionState."""
+        return self._call("session.create", SessionState, session_id=session_id, **fields)
+
+    def get_session(self, session_id: str, at_version: int | None = None) -> Any:
+        """A session's state, or its state at an earlier version. -> SessionState."""
+        return self._call("session.get", SessionState, session_id=session_id,
+                          at_version=at_version)
+
+    def resolve(self, prefix: str) -> Any:
+        """The one session id starting with `prefix` (>= 4 characters). -> str."""
+        return self._call("session.resolve", rpc.ResolveResult, lambda r: r.session_id,
+                          prefix=prefix)
+
+    def list_sessions(self, **filters: Any) -> Any:
+        """Sessions newest first (namespace, status, actor_name, source, created_after,
+        created_before, limit, cursor). -> SessionListResult."""
+        return self._call("session.list", rpc.SessionListResult, **filters)
+
+    def transition(self, session_id: str, to: str, **options: Any) -> Any:
+        """Move a session to another status (reason, error, paused_at, resume_from).
+        -> SessionState."""
+        return self._call("session.transition", SessionState, session_id=session_id, to=to,
+                          **options)
+
+    def resume(self, session_id: str, checkpoint_id: str | None = None, **options: Any) -> Any:
+        """Move a session back to active. -> SessionResumeResult (state, resume)."""
+        return self._call("session.resume", rpc.SessionResumeResult, session_id=session_id,
+                          checkpoint_id=checkpoint_id, **options)
+
+    def delete_session(self, session_id: str, **options: Any) -> Any:
+        """Delete a session with all its events, messages and checkpoints. -> bool."""
+        return self._call("session.delete", rpc.DeleteResult, lambda r: r.deleted,
+                          session_id=session_id, **options)
+
+    # --- messages -----------------------------------------------------------------------
+
+    def append_message(self, session_id: str, role: str, content: str, **options: Any) -> Any:
+        """Append one message (tool_call_id, metadata, expected_version, idempotency_key).
+        -> MessageAppendResult."""
+        return self._call("message.append", rpc.MessageAppendResult, session_id=session_id,
+                          role=role, content=content, **options)
+
+    def append_messages(self, session_id: str, messages: list[dict[str, Any]],
+                        **options: Any) -> Any:
+        """Append several messages atomically. -> MessageAppendManyResult."""
+        return self._call("message.append_many", rpc.MessageAppendManyResult,
+                          session_id=session_id, messages=messages, **options)
+
+    def list_messages(self, session_id: str, **page: Any) -> Any:
+        """A page of messages (limit, offset, after_sequence, order). -> MessageListResult."""
+        return self._call("message.list", rpc.MessageListResult, session_id=session_id, **page)
+
+    # --- tokens, progress, memory, checkpoints ------------------------------------------
+
+    def record_tokens(self, session_id: str, **usage: Any) -> Any:
+        """Add token usage (input_tokens, output_tokens, estimated_cost, model).
+        -> TokensRecordResult."""
+        return self._call("tokens.record", rpc.TokensRecordResult, session_id=session_id,
+                          **usage)
+
+    def record_progress(self, session_id: str, node_id: str, **step: Any) -> Any:
+        """Record one graph step (edge, latency_ms, tokens, retries, failed).
+        -> ProgressRecordResult."""
+        return self._call("progress.record", rpc.ProgressRecordResult, session_id=session_id,
+                          node_id=node_id, **step)
+
+    def update_memory(self, session_id: str, patch: dict[str, Any], **options: Any) -> Any:
+        """Apply a JSON merge patch to the session's memory. -> MemoryUpdateResult."""
+        return self._call("memory.update", rpc.MemoryUpdateResult, session_id=session_id,
+                          patch=patch, **options)
+
+    def save_checkpoint(self, session_id: str, payload: Any = None, **fields: Any) -> Any:
+        """Save a checkpoint (checkpoint_id, node_id, resume_from, memory) with its payload.
+        -> CheckpointSaveResult."""
+        return self._call("checkpoint.save", rpc.CheckpointSaveResult, session_id=session_id,
+                          payload=payload, **fields)
+
+    def get_checkpoint(self, session_id: str, checkpoint_id: str | None = None) -> Any:
+        """A checkpoint with its payload (the latest when no id is given).
+        -> CheckpointGetResult."""
+        return self._call("checkpoint.get", rpc.CheckpointGetResult, session_id=session_id,
+                          checkpoint_id=checkpoint_id)
+
+    def list_checkpoints(self, session_id: str) -> Any:
+        """A session's checkpoints, oldest first. -> list[CheckpointInfo]."""
+        return self._call("checkpoint.list", rpc.CheckpointListResult, lambda r: r.checkpoints,
+                          session_id=session_id)
+
+    # --- raw events ---------------------------------------------------------------------
+
+    def append_events(self, session_id: str, events: list[dict[str, Any]], **options: Any) -> Any:
+        """Append typed events [{type, data}] atomically. -> WriteResult."""
+        return self._call("events.append", rpc.WriteResult, session_id=session_id,
+                          events=events, **options)
+
+    def read_events(self, session_id: str | None = None, **options: Any) -> Any:
+        """Stored events (from_version, from_position, limit, types). -> EventsReadResult."""
+        return self._call("events.read", rpc.EventsReadResult, session_id=session_id, **options)
+
+    def link_plan(self, session_id: str, plan_id: str, **options: Any) -> Any:
+        """Link a plan to the session (duplicates are ignored in the view). -> WriteResult."""
+        return self.append_events(
+            session_id, [{"type": "plan.linked", "data": {"plan_id": plan_id}}], **options)
+
+    def record_result(self, session_id: str, *, success: bool | None = None,
+                      output: dict[str, Any] | None = None, error: str | None = None,
+                      **options: Any) -> Any:
+        """Record the session's result (success, output, error). -> WriteResult."""
+        data = {k: v for k, v in (("success", success), ("output", output), ("error", error))
+                if v is not None}
+        return self.append_events(
+            session_id, [{"type": "result.recorded", "data": data}], **options)
+
+
+def request_line(request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The request object; `None` params are left out so the daemon's defaults apply."""
+    return {"jsonrpc": "2.0", "id": request_id, "method": method,
+            "params": {k: v for k, v in params.items() if v is not None}}

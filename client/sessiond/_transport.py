@@ -1,0 +1,78 @@
+"""Line transports for the async client: asyncio streams when on asyncio, anyio otherwise.
+
+anyio's Unix stream re-registers its fd with the selector on every receive;
+asyncio's transport registers once, which roughly halves the client's CPU
+per call. Under trio the anyio stream is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+import anyio
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+MAX_LINE = 1 << 30
+
+
+class Transport(Protocol):
+    async def receive_line(self) -> bytes:
+        """The next line without its newline; EOFError when the peer closed."""
+
+    async def send(self, data: bytes) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _AsyncioTransport:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+
+    async def receive_line(self) -> bytes:
+        try:
+            return (await self._reader.readuntil(b"\n"))[:-1]
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise EOFError from exc
+
+    async def send(self, data: bytes) -> None:
+        self._writer.write(data)  # one write per line keeps concurrent lines whole
+        await self._writer.drain()
+
+    async def aclose(self) -> None:
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except ConnectionError:
+            pass
+
+
+class _AnyioTransport:
+    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+        self._stream = stream
+        self._reader = BufferedByteReceiveStream(stream)
+        self._lock = anyio.Lock()
+
+    async def receive_line(self) -> bytes:
+        try:
+            return await self._reader.receive_until(b"\n", MAX_LINE)
+        except (anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError,
+                anyio.BrokenResourceError) as exc:
+            raise EOFError from exc
+
+    async def send(self, data: bytes) -> None:
+        async with self._lock:
+            await self._stream.send(data)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+async def open_transport(path: str) -> Transport:
+    """Connect to the daemon's socket with the fastest transport for this event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio (trio)
+        return _AnyioTransport(await anyio.connect_unix(path))
+    reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE)
+    return _AsyncioTransport(reader, writer)
