@@ -22,6 +22,7 @@ from . import baseline
 from .daemon import DaemonProcess
 
 CONTENT = "x" * 200  # ~200 B messages, as the targets say
+SNAPSHOT_EVERY = 1000  # the daemon's default
 
 
 @dataclass
@@ -258,9 +259,12 @@ class Bench:
         n = self.sizes.b9_events
         sid = (await c.create_session()).session_id
         await fill_messages(c, sid, n - 1)
-        med = median_s(await timed(lambda: c.get_session(sid, at_version=n // 2), 20)) * 1000
-        self.add(Figure("B9", f"session.get at_version {n // 2:,} of {n:,}", med, "ms median",
-                        None, None, "<= 20 ms", med <= 20))
+        # The worst case near the middle: 999 events past the snapshot at n/2.
+        at = n // 2 + SNAPSHOT_EVERY - 1
+        med = median_s(await timed(lambda: c.get_session(sid, at_version=at), 20)) * 1000
+        self.add(Figure("B9", f"session.get at_version {at:,} of {n:,}", med, "ms median",
+                        None, None, "<= 20 ms", med <= 20,
+                        f"snapshots every {SNAPSHOT_EVERY}: folds {SNAPSHOT_EVERY - 1} events"))
 
     async def b10(self, c: AsyncClient, d: DaemonProcess) -> None:
         sid = (await c.create_session(task="b10")).session_id

@@ -56,8 +56,10 @@ class Daemon:
 
 
 def daemon_config(directory: str, **overrides: Any) -> Config:
+    # Snapshots every 4 versions, so tests exercise folding from one.
     values = {"socket": os.path.join(directory, "s.sock"),
-              "db": os.path.join(directory, "sessiond.db"), "log_level": "warning"}
+              "db": os.path.join(directory, "sessiond.db"), "log_level": "warning",
+              "snapshot_every": 4}
     values.update(overrides)
     return load(None, values, env={})
 

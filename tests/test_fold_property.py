@@ -116,9 +116,16 @@ async def test_stored_view_equals_fresh_fold(daemon: Daemon, client: AsyncClient
         "SELECT last_hash, message_count FROM sessions WHERE session_id = ?", sid)
     assert last_hash == prev and message_count == fresh.message_count
 
-    for k in sorted({1, len(events) // 2 or 1, len(events)}):
+    n = len(events)
+    for k in sorted({v for v in (1, 2, n // 2, n - 1, n) if 1 <= v <= n}):
         past = await client.get_session(sid, at_version=k)
         assert msgspec.to_builtins(past) == msgspec.to_builtins(fold(None, events[:k]))
+
+    # Snapshots (every 4 versions in tests) are a cache of the fold too.
+    for version, snap in daemon.sql(
+            "SELECT version, state FROM snapshots WHERE session_id = ?", sid):
+        snapshot = msgspec.json.decode(snap, type=SessionState)
+        assert msgspec.to_builtins(snapshot) == msgspec.to_builtins(fold(None, events[:version]))
 
     messages = (await client.list_messages(sid, limit=1000)).messages
     assert [m.sequence for m in messages] == list(range(fresh.message_count))

@@ -17,6 +17,8 @@ from sessiond import (
     VersionConflictError,
 )
 
+from sessiond_daemon.store import SESSION_TABLES
+
 from conftest import Daemon
 
 pytestmark = pytest.mark.anyio
@@ -274,8 +276,10 @@ class TestSessionDelete:
         s = await client.create_session("gone")
         await client.append_message("gone", "user", "x")
         await client.save_checkpoint("gone", {"p": 1})
+        await client.append_message("gone", "user", "y", idempotency_key="k")
+        assert daemon.sql("SELECT COUNT(*) FROM snapshots WHERE session_id = 'gone'") == [(1,)]
         assert await client.delete_session("gone") is True
-        for table in ("events", "sessions", "messages", "checkpoints", "idempotency"):
+        for table in SESSION_TABLES:
             assert daemon.sql(f"SELECT COUNT(*) FROM {table} WHERE session_id = 'gone'") == [(0,)]
         with pytest.raises(SessionNotFoundError):
             await client.get_session("gone")

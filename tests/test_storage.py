@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 from sessiond import AsyncClient
-from sessiond_daemon.store import messages_page_sql
+from sessiond_daemon.store import MIGRATIONS, messages_page_sql
 
 from conftest import Daemon
 
@@ -56,7 +56,7 @@ async def test_message_page_reads_only_the_page(daemon: Daemon, client: AsyncCli
 async def test_database_is_wal_and_migrated(daemon: Daemon) -> None:
     """The file is in WAL mode and carries its schema version."""
     assert daemon.sql("PRAGMA journal_mode") == [("wal",)]
-    assert daemon.sql("SELECT value FROM meta WHERE key = 'schema_version'") == [("1",)]
+    assert daemon.sql("SELECT value FROM meta WHERE key = 'schema_version'") == [(str(len(MIGRATIONS)),)]
 
 
 async def test_database_and_socket_modes(daemon: Daemon) -> None:
@@ -65,3 +65,16 @@ async def test_database_and_socket_modes(daemon: Daemon) -> None:
     import stat
 
     assert stat.S_IMODE(os.stat(daemon.socket).st_mode) == 0o600
+
+
+async def test_snapshots_at_every_boundary(daemon: Daemon, client: AsyncClient) -> None:
+    """One command crossing several snapshot boundaries stores a snapshot at each."""
+    assert daemon.config.snapshot_every == 4
+    await client.create_session("snap")
+    await client.append_messages("snap", [{"role": "user", "content": f"m{i}"} for i in range(10)])
+    versions = [v for (v,) in daemon.sql(
+        "SELECT version FROM snapshots WHERE session_id = 'snap' ORDER BY version")]
+    assert versions == [4, 8]
+    past = await client.get_session("snap", at_version=6)
+    assert past.version == 6 and past.message_count == 5
+    assert past.last_message is not None and past.last_message.content == "m4"

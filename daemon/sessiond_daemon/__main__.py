@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", choices=["auto", "json", "console"])
     for name in Config.__struct_fields__:
-        if name.startswith("max_") or name in ("view_cache_size",):
+        if name.startswith("max_") or name in ("view_cache_size", "snapshot_every"):
             p.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
     p.add_argument("--drain-timeout-s", type=float, dest="drain_timeout_s")
     p.add_argument("--allowed-uids", type=_int_list, help="comma-separated uids let in besides ours")

@@ -29,6 +29,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_queue: int = 4096
     max_batch: int = 512
     view_cache_size: int = 4096
+    snapshot_every: int = 1000
     max_message_bytes: int = 1 << 20
     max_event_bytes: int = 1 << 20
     max_checkpoint_bytes: int = 8 << 20

@@ -59,7 +59,7 @@ async def run(config: Config, shutdown: anyio.Event, *,
     await store.open()
     try:
         writer = Writer(store, max_queue=config.max_queue, max_batch=config.max_batch,
-                        cache_size=config.view_cache_size)
+                        cache_size=config.view_cache_size, snapshot_every=config.snapshot_every)
         async with anyio.create_task_group() as core:
             # 2. The writer: the only task that writes.
             await core.start(writer.run)

@@ -191,9 +191,13 @@ class Service:
                 f"at_version {p.at_version} is past session {p.session_id}'s version {current.version}",
                 {"detail": "at_version too large", "path": "$.at_version"},
             )
-        events = await self.store.read_events(session_id=p.session_id, from_version=1,
-                                              after_position=0, limit=p.at_version, types=None)
-        return projection.fold(None, events)
+        # Fold forward from the nearest snapshot: at most snapshot_every events to read.
+        base = await self.store.snapshot(p.session_id, p.at_version)
+        start = base.version + 1 if base is not None else 1
+        events = await self.store.read_events(
+            session_id=p.session_id, from_version=start, after_position=0,
+            limit=p.at_version - start + 1, types=None)
+        return projection.fold(base, events) if events else base
 
     async def session_resolve(self, p: rpc.SessionResolveParams, meta: EventMeta) -> rpc.ResolveResult:
         if self.writer.cached(p.prefix) is not None or await self.store.state_json(p.prefix):

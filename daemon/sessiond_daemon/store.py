@@ -93,7 +93,19 @@ MIGRATIONS: Final[list[list[str]]] = [
             PRIMARY KEY (session_id, key)
         ) WITHOUT ROWID""",
     ],
+    [
+        # Views at every snapshot_every-th version: time travel folds from the nearest.
+        """CREATE TABLE snapshots (
+            session_id TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            state BLOB NOT NULL,
+            PRIMARY KEY (session_id, version)
+        ) WITHOUT ROWID""",
+    ],
 ]
+
+
+SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots", "sessions")
 
 
 @dataclass(slots=True)
@@ -114,12 +126,14 @@ class Batch:
     views: dict[str, Entry] = field(default_factory=dict)
     payloads: dict[str, bytes] = field(default_factory=dict)  # checkpoint event_id -> payload
     idempotency: list[tuple[str, str, bytes]] = field(default_factory=list)
+    snapshots: list[SessionState] = field(default_factory=list)
 
     def drop_session(self, session_id: str) -> None:
         """Forget what this batch would write for a session that a later command deletes."""
         self.events = [e for e in self.events if e.session_id != session_id]
         self.views.pop(session_id, None)
         self.idempotency = [i for i in self.idempotency if i[0] != session_id]
+        self.snapshots = [v for v in self.snapshots if v.session_id != session_id]
 
 
 def _storage_error(exc: sqlite3.Error) -> StorageError:
@@ -291,7 +305,7 @@ class SqliteStore:
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
         for sid in batch.deletes:
-            for table in ("events", "messages", "checkpoints", "idempotency", "sessions"):
+            for table in SESSION_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
         if batch.events:
             db.executemany(
@@ -341,6 +355,11 @@ class SqliteStore:
                 "INSERT INTO idempotency (session_id, key, result) VALUES (?, ?, ?)",
                 batch.idempotency,
             )
+        if batch.snapshots:
+            db.executemany(
+                "INSERT OR REPLACE INTO snapshots (session_id, version, state) VALUES (?, ?, ?)",
+                [(v.session_id, v.version, _json.encode(v)) for v in batch.snapshots],
+            )
 
     # --- reads (read connections; one statement each, so no transaction spans awaits) ---
 
@@ -349,6 +368,16 @@ class SqliteStore:
             self._r(), "SELECT state FROM sessions WHERE session_id = ?", (session_id,)
         )
         return bytes(row[0]) if row else None
+
+    async def snapshot(self, session_id: str, at_most: int) -> SessionState | None:
+        """The latest stored view of a session at or before version `at_most`."""
+        row = await self._one(
+            self._r(),
+            "SELECT state FROM snapshots WHERE session_id = ? AND version <= ?"
+            " ORDER BY version DESC LIMIT 1",
+            (session_id, at_most),
+        )
+        return _state_decoder.decode(row[0]) if row else None
 
     async def resolve(self, prefix: str) -> list[str]:
         # A range scan on the primary key; GLOB-free so '_' and '%' stay literal.

@@ -87,10 +87,11 @@ class Writer:
     """Owns the write connection; the only code that appends events."""
 
     def __init__(self, store: SqliteStore, *, max_queue: int, max_batch: int,
-                 cache_size: int) -> None:
+                 cache_size: int, snapshot_every: int = 1000) -> None:
         self.store = store
         self.max_batch = max_batch
         self.cache_size = cache_size
+        self.snapshot_every = snapshot_every
         self._send, self._receive = anyio.create_memory_object_stream[Command](max_queue)
         self._cache: OrderedDict[str, Entry] = OrderedDict()
         self.next_position = 1
@@ -235,7 +236,7 @@ class Writer:
             cmd.result = _json.encode(plan.result)
             return
         events = self._make_events(cmd, entry, plan)
-        state = projection.fold(entry.state if entry else None, events)
+        state = self._fold_with_snapshots(entry.state if entry else None, events, batch)
         new_entry = Entry(state, events[-1].hash, events[-1].position)
         for index, payload in plan.payloads.items():
             batch.payloads[events[index].event_id] = payload
@@ -246,6 +247,19 @@ class Writer:
         if key is not None:
             batch.idempotency.append((sid, key, cmd.result))
             repeats[(sid, key)] = cmd.result
+
+    def _fold_with_snapshots(self, state: SessionState | None, events: list[Event],
+                             batch: Batch) -> SessionState:
+        """Fold `events`, keeping the view at each multiple of snapshot_every as a snapshot."""
+        every, done = self.snapshot_every, 0
+        base = state.version if state is not None else 0
+        for cut in range((base // every + 1) * every, base + len(events) + 1, every):
+            state = projection.fold(state, events[done:cut - base])
+            batch.snapshots.append(state)
+            done = cut - base
+        if done < len(events) or state is None:
+            state = projection.fold(state, events[done:])
+        return state
 
     def _make_events(self, cmd: Command, entry: Entry | None, plan: Plan) -> list[Event]:
         version = entry.state.version if entry else 0
