@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -20,6 +21,8 @@ from sessiond import AsyncClient
 
 from . import baseline
 from .daemon import DaemonProcess
+
+anyio_open = asyncio.open_unix_connection
 
 CONTENT = "x" * 200  # ~200 B messages, as the targets say
 SNAPSHOT_EVERY = 1000  # the daemon's default
@@ -74,6 +77,35 @@ async def timed(fn: Callable[[], Awaitable[Any]], n: int) -> list[float]:
     return samples
 
 
+async def paired(fa: Callable[[], Awaitable[Any]], fb: Callable[[], Awaitable[Any]],
+                 n: int) -> tuple[float, float]:
+    """Median seconds of a and of b, sampled alternately so noise hits both alike."""
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(n):
+        a += await timed(fa, 1)
+        b += await timed(fb, 1)
+    return median_s(a), median_s(b)
+
+
+ECHO_SERVER = """
+import asyncio, sys
+async def handle(r, w):
+    while True:
+        try:
+            line = await r.readuntil(b"\\n")
+        except Exception:
+            return
+        w.write(line)
+        await w.drain()
+async def main():
+    server = await asyncio.start_unix_server(handle, sys.argv[1])
+    print("ready", flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
 async def fill_messages(c: AsyncClient, session_id: str, count: int) -> None:
     """Append `count` messages in calls of up to 5,000."""
     done = 0
@@ -95,6 +127,7 @@ class Bench:
         self.dir = directory
         self.only = only
         self.figures: list[Figure] = []
+        self.floor_ms = float("nan")
         self.per_row = baseline.write_rows(directory, sizes.baseline_rows, 1)
         self.batched = baseline.write_rows(directory, sizes.baseline_rows * 10, 100)
 
@@ -109,7 +142,32 @@ class Bench:
         print(f"{fig.id:<4} {fig.name:<44} {fig.value:>12,.3f} {fig.unit:<10} base {base:>12}"
               f"  ratio {ratio:>6}  target {fig.target:<28} {mark}", flush=True)
 
+    async def floor(self) -> None:
+        """A bare asyncio echo server's round trip: what any local RPC costs on this machine."""
+        path = os.path.join(self.dir, "echo.sock")
+        proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, path], stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().startswith(b"ready")
+            reader, writer = await anyio_open(path)
+            line = b'{"jsonrpc":"2.0","id":1,"method":"message.append","params":{"content":"' + \
+                CONTENT.encode() + b'"}}\n'
+
+            async def echo() -> None:
+                writer.write(line)
+                await writer.drain()
+                await reader.readuntil(b"\n")
+
+            med = median_s(await timed(echo, 2000)) * 1000
+            writer.close()
+        finally:
+            proc.terminate()
+            proc.wait()
+        self.floor_ms = med
+        self.add(Figure("F0", "floor: bare asyncio echo round trip", med, "ms median", None,
+                        None, "(context for B3, B4)", None))
+
     async def run(self) -> None:
+        await self.floor()
         d = DaemonProcess(self.dir)
         await d.start()
         try:
@@ -172,11 +230,13 @@ class Bench:
 
     async def b4(self, c: AsyncClient, d: DaemonProcess) -> None:
         small, large = self.sizes.b4_events
-        meds = {}
+        ids = {}
         for n in (small, large):
-            sid = (await c.create_session()).session_id
-            await fill_messages(c, sid, n - 1)
-            meds[n] = median_s(await timed(lambda: c.get_session(sid), 500)) * 1000
+            ids[n] = (await c.create_session()).session_id
+            await fill_messages(c, ids[n], n - 1)
+        a, b = await paired(lambda: c.get_session(ids[small]), lambda: c.get_session(ids[large]),
+                            1000)
+        meds = {small: a * 1000, large: b * 1000}
         base = baseline.point_read_s(self.dir) * 1000
         flat = meds[large] / meds[small]
         self.add(Figure("B4", f"session.get, {small:,} events", meds[small], "ms median", base,
@@ -187,14 +247,18 @@ class Bench:
 
     async def b5(self, c: AsyncClient, d: DaemonProcess) -> None:
         small, large = self.sizes.b5_history
-        results: dict[tuple[int, str], float] = {}
+        ids = {}
         for n in (small, large):
-            sid = (await c.create_session()).session_id
-            await fill_messages(c, sid, n)
-            results[(n, "latest")] = median_s(await timed(
-                lambda: c.list_messages(sid, limit=20, order="desc"), 300)) * 1000
-            results[(n, "middle")] = median_s(await timed(
-                lambda: c.list_messages(sid, limit=20, after_sequence=n // 2), 300)) * 1000
+            ids[n] = (await c.create_session()).session_id
+            await fill_messages(c, ids[n], n)
+        results: dict[tuple[int, str], float] = {}
+        a, b = await paired(lambda: c.list_messages(ids[small], limit=20, order="desc"),
+                            lambda: c.list_messages(ids[large], limit=20, order="desc"), 500)
+        results[(small, "latest")], results[(large, "latest")] = a * 1000, b * 1000
+        a, b = await paired(
+            lambda: c.list_messages(ids[small], limit=20, after_sequence=small // 2),
+            lambda: c.list_messages(ids[large], limit=20, after_sequence=large // 2), 500)
+        results[(small, "middle")], results[(large, "middle")] = a * 1000, b * 1000
         for page in ("latest", "middle"):
             flat = results[(large, page)] / results[(small, page)]
             self.add(Figure("B5", f"message.list {page} 20 of {large:,}", results[(large, page)],
@@ -203,21 +267,18 @@ class Bench:
 
     async def b6(self, c: AsyncClient, d: DaemonProcess) -> None:
         small, large = self.sizes.b6_sessions
-        meds = {}
-        namespace = f"b6-{time.monotonic_ns()}"
-        made = 0
+        spaces = {n: f"b6-{n}" for n in (small, large)}
         for n in (small, large):
-            todo = n - made
-
             async def client(i: int) -> None:
                 async with AsyncClient(d.socket) as own:
-                    for _ in range(todo // 16 + (1 if i < todo % 16 else 0)):
-                        await own.create_session(namespace=namespace)
+                    for _ in range(n // 16 + (1 if i < n % 16 else 0)):
+                        await own.create_session(namespace=spaces[n])
 
             await concurrently(16, client)
-            made = n
-            meds[n] = median_s(await timed(lambda: c.list_sessions(
-                namespace=namespace, status=["active"], limit=50), 200)) * 1000
+        a, b = await paired(
+            lambda: c.list_sessions(namespace=spaces[small], status=["active"], limit=50),
+            lambda: c.list_sessions(namespace=spaces[large], status=["active"], limit=50), 300)
+        meds = {small: a * 1000, large: b * 1000}
         flat = meds[large] / meds[small]
         self.add(Figure("B6", f"session.list 50 of {large:,}, status filter", meds[large],
                         "ms median", meds[small], flat, f"<= 1.5x the same among {small:,}",

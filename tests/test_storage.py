@@ -78,3 +78,22 @@ async def test_snapshots_at_every_boundary(daemon: Daemon, client: AsyncClient) 
     past = await client.get_session("snap", at_version=6)
     assert past.version == 6 and past.message_count == 5
     assert past.last_message is not None and past.last_message.content == "m4"
+
+
+async def test_session_list_stays_flat_with_filters(daemon: Daemon, client: AsyncClient) -> None:
+    """A page of an old, small namespace costs no more than one of a big, new one."""
+    from sessiond_daemon.store import SessionFilters, list_sessions_sql
+
+    for i in range(50):
+        await client.create_session(namespace="old")
+    await client.call("session.list")  # warm
+    for i in range(1500):
+        await client.create_session(namespace="new")
+    for statuses in ((), ("active",)):
+        steps = {}
+        for ns in ("old", "new"):
+            sql, args = list_sessions_sql(SessionFilters(namespace=ns, statuses=statuses), 21, None)
+            plan = " ".join(str(r) for r in daemon.sql("EXPLAIN QUERY PLAN " + sql, *args))
+            assert "USING INDEX sessions_by_namespace" in plan and "TEMP B-TREE" not in plan
+            steps[ns] = vm_steps(daemon.db, sql, args)
+        assert steps["old"] <= steps["new"] * 1.5

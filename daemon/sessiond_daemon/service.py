@@ -33,7 +33,7 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import SessionState
 
 from . import projection
-from .store import SqliteStore
+from .store import SessionFilters, SqliteStore
 from .writer import Command, Delete, Plan, Writer
 
 try:
@@ -214,13 +214,12 @@ class Service:
         return rpc.ResolveResult(session_id=candidates[0])
 
     async def session_list(self, p: rpc.SessionListParams, meta: EventMeta) -> rpc.SessionListResult:
-        sessions, cursor = await self.store.list_sessions(
-            namespace=p.namespace, statuses=list(p.status) if p.status else None,
-            actor_name=p.actor_name, source=p.source,
+        filters = SessionFilters(
+            namespace=p.namespace, statuses=tuple(p.status or ()), actor_name=p.actor_name,
+            source=p.source,
             created_after=_normalise_time(p.created_after, "$.created_after"),
-            created_before=_normalise_time(p.created_before, "$.created_before"),
-            limit=p.limit, cursor=p.cursor,
-        )
+            created_before=_normalise_time(p.created_before, "$.created_before"))
+        sessions, cursor = await self.store.list_sessions(filters, p.limit, p.cursor)
         return rpc.SessionListResult(sessions=sessions, next_cursor=cursor)
 
     async def session_transition(self, p: rpc.SessionTransitionParams, meta: EventMeta) -> msgspec.Raw:

@@ -66,8 +66,13 @@ MIGRATIONS: Final[list[list[str]]] = [
             last_hash TEXT NOT NULL,
             state BLOB NOT NULL
         ) WITHOUT ROWID""",
+        # session.list is newest first; each index leads with a filter users combine.
         "CREATE INDEX sessions_by_created ON sessions (created_at, session_id)",
         "CREATE INDEX sessions_by_status ON sessions (status, created_at, session_id)",
+        "CREATE INDEX sessions_by_namespace ON sessions (namespace, created_at, session_id)",
+        """CREATE INDEX sessions_by_namespace_status
+            ON sessions (namespace, status, created_at, session_id)""",
+        "CREATE INDEX sessions_by_actor ON sessions (actor_name, created_at, session_id)",
         """CREATE TABLE messages (
             session_id TEXT NOT NULL,
             sequence INTEGER NOT NULL,
@@ -92,8 +97,6 @@ MIGRATIONS: Final[list[list[str]]] = [
             result BLOB NOT NULL,
             PRIMARY KEY (session_id, key)
         ) WITHOUT ROWID""",
-    ],
-    [
         # Views at every snapshot_every-th version: time travel folds from the nearest.
         """CREATE TABLE snapshots (
             session_id TEXT NOT NULL,
@@ -390,43 +393,10 @@ class SqliteStore:
         return [r[0] for r in rows]
 
     async def list_sessions(
-        self,
-        *,
-        namespace: str | None,
-        statuses: list[str] | None,
-        actor_name: str | None,
-        source: str | None,
-        created_after: str | None,
-        created_before: str | None,
-        limit: int,
-        cursor: str | None,
+        self, filters: SessionFilters, limit: int, cursor: str | None
     ) -> tuple[list[SessionSummary], str | None]:
-        where: list[str] = []
-        args: list[Any] = []
-        for column, value in (("namespace", namespace), ("actor_name", actor_name),
-                              ("source", source)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if statuses:
-            where.append(f"status IN ({', '.join('?' * len(statuses))})")
-            args.extend(statuses)
-        if created_after is not None:
-            where.append("created_at > ?")
-            args.append(created_after)
-        if created_before is not None:
-            where.append("created_at < ?")
-            args.append(created_before)
-        if cursor is not None:
-            where.append("(created_at, session_id) < (?, ?)")
-            args.extend(_decode_cursor(cursor))
-        sql = (
-            "SELECT session_id, status, namespace, actor_name, task, created_at, updated_at,"
-            " message_count, input_tokens, output_tokens, estimated_cost FROM sessions"
-            + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY created_at DESC, session_id DESC LIMIT ?"
-        )
-        rows = await self._all(self._r(), sql, (*args, limit + 1))
+        sql, args = list_sessions_sql(filters, limit + 1, cursor)
+        rows = await self._all(self._r(), sql, args)
         page = [
             SessionSummary(
                 session_id=r[0], status=r[1], namespace=r[2], actor_name=r[3], task=r[4],
@@ -534,6 +504,48 @@ class SqliteStore:
             for suffix in ("", "-wal")
             if os.path.exists(self.path + suffix)
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFilters:
+    """What session.list may filter on; None means any."""
+
+    namespace: str | None = None
+    statuses: tuple[str, ...] = ()
+    actor_name: str | None = None
+    source: str | None = None
+    created_after: str | None = None
+    created_before: str | None = None
+
+
+def list_sessions_sql(f: SessionFilters, limit: int, cursor: str | None) -> tuple[str, tuple[Any, ...]]:
+    """The session.list query: newest first, resumed after the cursor's (created_at, id)."""
+    where: list[str] = []
+    args: list[Any] = []
+    for column, value in (("namespace", f.namespace), ("actor_name", f.actor_name),
+                          ("source", f.source)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    if f.statuses:
+        where.append(f"status IN ({', '.join('?' * len(f.statuses))})")
+        args.extend(f.statuses)
+    if f.created_after is not None:
+        where.append("created_at > ?")
+        args.append(f.created_after)
+    if f.created_before is not None:
+        where.append("created_at < ?")
+        args.append(f.created_before)
+    if cursor is not None:
+        where.append("(created_at, session_id) < (?, ?)")
+        args.extend(_decode_cursor(cursor))
+    sql = (
+        "SELECT session_id, status, namespace, actor_name, task, created_at, updated_at,"
+        " message_count, input_tokens, output_tokens, estimated_cost FROM sessions"
+        + (" WHERE " + " AND ".join(where) if where else "")
+        + " ORDER BY created_at DESC, session_id DESC LIMIT ?"
+    )
+    return sql, (*args, limit)
 
 
 def messages_page_sql(descending: bool) -> str:
