@@ -159,12 +159,30 @@ class Bench:
 
             med = median_s(await timed(echo, 2000)) * 1000
             writer.close()
+            done = 0
+
+            async def echo_client(i: int) -> None:
+                nonlocal done
+                r, w = await anyio_open(path)
+                for _ in range(self.sizes.b1_appends // 16):
+                    w.write(line)
+                    await w.drain()
+                    await r.readuntil(b"\n")
+                    done += 1
+                w.close()
+
+            t0 = time.perf_counter()
+            await concurrently(16, echo_client)
+            echo_rate = done / (time.perf_counter() - t0)
         finally:
             proc.terminate()
             proc.wait()
         self.floor_ms = med
         self.add(Figure("F0", "floor: bare asyncio echo round trip", med, "ms median", None,
                         None, "(context for B3, B4)", None))
+        self.add(Figure("F1", "ceiling: bare asyncio echo, 16 clients", echo_rate, "req/s",
+                        None, None, "(context for B1)", None,
+                        "a server doing no work, on the same 2 cores as its clients"))
 
     async def run(self) -> None:
         await self.floor()
