@@ -6,6 +6,7 @@ import os
 import sqlite3
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,16 @@ def daemon_config(directory: str, **overrides: Any) -> Config:
     return load(None, values, env={})
 
 
+@asynccontextmanager
+async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
+    """Run a daemon on `config` for the block; it stops (and drains) when the block ends."""
+    shutdown = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        await tg.start(lifecycle.run, config, shutdown)
+        yield Daemon(config, shutdown)
+        shutdown.set()
+
+
 @pytest.fixture
 def daemon_overrides() -> dict[str, Any]:
     """Override in a test module to start the daemon with other settings."""
@@ -73,12 +84,8 @@ def daemon_overrides() -> dict[str, Any]:
 @pytest.fixture
 async def daemon(short_dir: str, daemon_overrides: dict[str, Any]) -> AsyncIterator[Daemon]:
     """A real daemon in this process, ready when the fixture yields."""
-    config = daemon_config(short_dir, **daemon_overrides)
-    shutdown = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        await tg.start(lifecycle.run, config, shutdown)
-        yield Daemon(config, shutdown)
-        shutdown.set()
+    async with running_daemon(daemon_config(short_dir, **daemon_overrides)) as d:
+        yield d
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.paths import default_socket
 
 from ._methods import Methods, request_line
+from ._subscription import Subscription
 from ._wire import ConnectionLostError, raise_for
 from ._transport import Transport, open_transport
 
@@ -108,15 +109,27 @@ class AsyncClient(Methods):
         line = _encoder.encode(request_line(request_id, method, params)) + b"\n"
         try:
             await self._transport.send(line)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+        except EOFError as exc:
             self._pending.pop(request_id, None)
-            raise ConnectionLostError(f"cannot send to the daemon: {exc}") from exc
+            raise ConnectionLostError("the connection to the daemon is closed") from exc
         await pending.done.wait()
         if isinstance(pending.reply, SessiondError):
             raise pending.reply
         assert pending.reply is not None
         result = msgspec.json.decode(raise_for(pending.reply), type=result_type)
         return pick(result) if pick else result
+
+    def subscribe(self, session_id: str | None = None, *, from_position: int | None = None,
+                  from_version: int | None = None, types: list[str] | None = None,
+                  retry_for: float | None = None) -> Subscription:
+        """Follow events (of one session, or all) on a connection of their own.
+
+        Without from_position/from_version it starts from now. It resubscribes by
+        itself after a drop or a daemon restart (retrying for `retry_for` seconds,
+        for ever when None); each matching event is yielded once, in order.
+        """
+        return Subscription(self.socket_path, session_id=session_id, from_position=from_position,
+                            from_version=from_version, types=types, retry_for=retry_for)
 
     async def call(self, method: str, result_type: type[T] | Any = Any, **params: Any) -> T:
         """Call any method; `None` params are left out, so the daemon's defaults apply."""

@@ -5,15 +5,17 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 from sessiond_schemas import rpc
+from sessiond_schemas.events import Event
 from sessiond_schemas.paths import default_socket
 
 from ._methods import Methods, request_line
+from ._follow import follow
 from ._wire import ConnectionLostError, raise_for
 
 T = TypeVar("T")
@@ -83,6 +85,13 @@ class Client(Methods):
                 raise ConnectionLostError(f"lost the daemon: {exc}") from exc
         result = msgspec.json.decode(raise_for(reply), type=result_type)
         return pick(result) if pick else result
+
+    def subscribe(self, session_id: str | None = None, *, from_position: int | None = None,
+                  from_version: int | None = None, types: list[str] | None = None,
+                  retry_for: float | None = None) -> Iterator[Event]:
+        """Follow events on a connection of their own: a generator (see AsyncClient.subscribe)."""
+        return follow(self.socket_path, session_id=session_id, from_position=from_position,
+                      from_version=from_version, types=types, retry_for=retry_for)
 
     def call(self, method: str, result_type: type[T] | Any = Any, **params: Any) -> T:
         """Call any method; `None` params are left out, so the daemon's defaults apply."""

@@ -20,7 +20,8 @@ class Transport(Protocol):
     async def receive_line(self) -> bytes:
         """The next line without its newline; EOFError when the peer closed."""
 
-    async def send(self, data: bytes) -> None: ...
+    async def send(self, data: bytes) -> None:
+        """Send bytes; EOFError when the connection is gone."""
 
     async def aclose(self) -> None: ...
 
@@ -36,8 +37,11 @@ class _AsyncioTransport:
             raise EOFError from exc
 
     async def send(self, data: bytes) -> None:
-        self._writer.write(data)  # one write per line keeps concurrent lines whole
-        await self._writer.drain()
+        try:
+            self._writer.write(data)  # one write per line keeps concurrent lines whole
+            await self._writer.drain()
+        except ConnectionError as exc:
+            raise EOFError from exc
 
     async def aclose(self) -> None:
         self._writer.close()
@@ -61,8 +65,11 @@ class _AnyioTransport:
             raise EOFError from exc
 
     async def send(self, data: bytes) -> None:
-        async with self._lock:
-            await self._stream.send(data)
+        try:
+            async with self._lock:
+                await self._stream.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            raise EOFError from exc
 
     async def aclose(self) -> None:
         await self._stream.aclose()

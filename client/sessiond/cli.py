@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ _COMMANDS: dict[str, tuple[Handler, Callable[[Any], None] | None]] = {}
 
 
 def command(name: str, render: Callable[[Any], None] | None = None) -> Callable[[Handler], Handler]:
+    """Register a sessionctl command; `render` prints its result for people."""
     def register(fn: Handler) -> Handler:
         _COMMANDS[name] = (fn, render)
         return fn
@@ -286,6 +288,55 @@ def _events(c: Client, a: argparse.Namespace) -> Any:
                          from_position=a.from_position, limit=a.limit, types=a.type or None)
 
 
+_STREAMED = object()  # a command that printed as it went
+
+
+def summarize(event: Any) -> str:
+    """One short, readable line about an event's data."""
+    d, t = event.data, event.type
+    if t == "message.appended":
+        return f"#{d.get('sequence')} {d.get('role')}: {_short(d.get('content'), 70)}"
+    if t == "session.status_changed":
+        why = d.get("reason") or d.get("error")
+        return f"{d.get('from')} -> {d.get('to')}" + (f" ({_short(why, 50)})" if why else "")
+    if t == "session.created":
+        return f"{d.get('status', 'active')} {_short(d.get('task'), 60)}".rstrip()
+    if t == "tokens.recorded":
+        return (f"+{d.get('input_tokens', 0)} in +{d.get('output_tokens', 0)} out"
+                f" ${d.get('estimated_cost', 0):.4f}")
+    if t == "progress.recorded":
+        extra = [f"edge {d['edge']}"] if d.get("edge") else []
+        extra += [f"{d['retries']} retries"] if d.get("retries") else []
+        extra += ["FAILED"] if d.get("failed") else []
+        return " ".join([f"node {d.get('node_id')}", *extra])
+    if t == "checkpoint.saved":
+        return f"{d.get('checkpoint_id')} node {d.get('node_id') or '-'} {d.get('size')} B"
+    if t in ("memory.updated", "metadata.updated"):
+        return "keys " + ", ".join(sorted(d.get("patch", {})))
+    if t == "plan.linked":
+        return str(d.get("plan_id"))
+    if t == "process.output":
+        return f"[{d.get('stream', 'stdout')}] {_short(d.get('line'), 70)}"
+    return _short(json.dumps(d, ensure_ascii=False), 80)
+
+
+@command("watch")
+def _watch(c: Client, a: argparse.Namespace) -> Any:
+    sid = _sid(c, a.id) if a.id else None
+    start = 0 if a.from_start else a.from_position
+    try:
+        for event in c.subscribe(sid, from_position=start, types=a.type or None):
+            if a.json:
+                line = msgspec.json.encode(event).decode()
+            else:
+                line = (f"{event.recorded_at[11:23]}  {event.session_id[:16]:<16} "
+                        f"v{event.version:<5} {event.type:<22} {summarize(event)}")
+            print(line, flush=True)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C ends a watch; that is not an error
+    return _STREAMED
+
+
 # --- argument parsing --------------------------------------------------------------------
 
 
@@ -377,6 +428,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmd("checkpoints", "list a session's checkpoints")
     sp = cmd("events-append", "append typed events [{type, data}] atomically", write=True)
     sp.add_argument("file", nargs="?", help="JSON array or JSON lines; default stdin")
+    sp = cmd("watch", "follow events live, like tail -f (Ctrl-C to stop)", sid=False)
+    sp.add_argument("id", nargs="?", help="session id or prefix; all sessions when left out")
+    start = sp.add_mutually_exclusive_group()
+    start.add_argument("--from", dest="from_position", type=int, metavar="POSITION",
+                       help="start after this global position (default: from now)")
+    start.add_argument("--from-start", action="store_true", help="start with the first event")
+    sp.add_argument("--type", action="append", help="only events of this type (repeatable)")
     sp = cmd("events", "read stored events of one session or of all", sid=False)
     sp.add_argument("id", nargs="?", help="session id or prefix; all sessions when left out")
     sp.add_argument("--from-version", type=int)
@@ -393,6 +451,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with client:
             result = handler(client, args)
+    except BrokenPipeError:  # our reader (say, `head`) has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return
     except (ConnectionLostError, OSError) as exc:  # no daemon, or it went away
         print(f"sessionctl: cannot reach sessiond at {client.socket_path}: {exc}"
               " (is it running? start it with `sessiond`)", file=sys.stderr)
@@ -404,6 +465,8 @@ def main(argv: list[str] | None = None) -> None:
         else:
             print(f"sessionctl: {exc.message}", file=sys.stderr)
         sys.exit(1)
+    if result is _STREAMED:
+        return
     if args.json or render is None:
         sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
     else:

@@ -26,6 +26,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_request_bytes: int = 16 << 20
     max_connections: int = 1024
     max_inflight: int = 256
+    max_subscriptions: int = 64
+    max_subscription_buffer: int = 1 << 20
     max_queue: int = 4096
     max_batch: int = 512
     view_cache_size: int = 4096

@@ -84,7 +84,9 @@ async def _serve(config: Config, store: SqliteStore, writer: Writer, shutdown: a
         service,
         ServerLimits(max_request_bytes=config.max_request_bytes,
                      max_connections=config.max_connections,
-                     max_inflight=config.max_inflight),
+                     max_inflight=config.max_inflight,
+                     max_subscriptions=config.max_subscriptions,
+                     max_subscription_buffer=config.max_subscription_buffer),
         allowed_uids=frozenset(config.allowed_uids),
         allowed_gids=frozenset(config.allowed_gids))
     assert config.socket

@@ -29,6 +29,7 @@ from sessiond_schemas.errors import (
 from sessiond_schemas.events import EventMeta, new_id
 
 from .service import Service, invalid_params
+from .subscriptions import Subscriptions
 
 log = structlog.get_logger("sessiond.rpc")
 
@@ -37,6 +38,7 @@ _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(rpc.Request)
 _batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _EMPTY_PARAMS = msgspec.Raw(b"{}")
+_CONNECTION_METHODS = frozenset({"events.subscribe", "events.unsubscribe"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ class ServerLimits:
     max_request_bytes: int = 16 << 20
     max_connections: int = 1024
     max_inflight: int = 256
+    max_subscriptions: int = 64  # per connection
+    max_subscription_buffer: int = 1 << 20  # unread bytes before a live subscriber is dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,14 @@ class Peer:
     pid: int
     uid: int
     gid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """What a request may need of the connection it came on."""
+
+    peer: Peer
+    subscriptions: Subscriptions
 
 
 def _failure(request_id: Any, code: int, message: str, data: dict[str, Any] | None = None) -> rpc.Failure:
@@ -80,9 +92,12 @@ class Server:
         self.draining = False
         self.inflight = 0
         self._idle: anyio.Event | None = None  # made only while someone waits for it
-        self._methods: dict[str, tuple[msgspec.json.Decoder[Any], Handler]] = {
-            name: (msgspec.json.Decoder(params_type), getattr(service, name.replace(".", "_")))
-            for name, (params_type, _) in rpc.METHODS.items()
+        self._decoders = {name: msgspec.json.Decoder(params_type)
+                          for name, (params_type, _) in rpc.METHODS.items()}
+        # Methods of the service; the subscription methods belong to a connection.
+        self._handlers: dict[str, Handler] = {
+            name: getattr(service, name.replace(".", "_"))
+            for name in rpc.METHODS if name not in _CONNECTION_METHODS
         }
 
     # --- accepting ------------------------------------------------------------------
@@ -144,13 +159,17 @@ class Server:
             with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
                 await writer.wait_closed()
 
+    def _count_subscriptions(self, delta: int) -> None:
+        self.subscriptions += delta
+
     async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          peer: Peer) -> None:
         gate = anyio.Semaphore(self.limits.max_inflight)
+        conn: Connection
 
         async def run(line: bytes) -> None:
             try:
-                reply = await self.handle_line(line, peer)
+                reply = await self.handle_line(line, conn)
                 if reply is not None:
                     # One write() call per line keeps lines whole; drain() waits while the
                     # client is not reading (a bounded buffer, never an unbounded one).
@@ -162,6 +181,11 @@ class Server:
                 gate.release()
 
         async with anyio.create_task_group() as tg:
+            conn = Connection(peer, Subscriptions(
+                self.service.store, self.service.writer, writer, tg,
+                max_buffer=self.limits.max_subscription_buffer,
+                max_subscriptions=self.limits.max_subscriptions,
+                on_count=self._count_subscriptions))
             while True:
                 try:
                     line = await reader.readuntil(b"\n")  # the reader's limit is max_request_bytes
@@ -181,6 +205,9 @@ class Server:
                 except anyio.WouldBlock:
                     await gate.acquire()
                 tg.start_soon(run, line)
+            # The client stopped sending: its subscriptions end; requests in flight still
+            # get their answers before the task group (and the connection) closes.
+            conn.subscriptions.close()
 
     @staticmethod
     async def _send_quietly(writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -192,7 +219,7 @@ class Server:
 
     # --- dispatch -------------------------------------------------------------------
 
-    async def handle_line(self, line: bytes, peer: Peer) -> bytes | None:
+    async def handle_line(self, line: bytes, conn: Connection) -> bytes | None:
         """Answer one NDJSON line: a request or a batch; None when nothing is to be sent."""
         line = line.strip()
         if not line:
@@ -208,17 +235,17 @@ class Server:
             replies: list[Any] = [None] * len(items)
 
             async def one(i: int, item: msgspec.Raw) -> None:
-                replies[i] = await self._handle_one(item, peer)
+                replies[i] = await self._handle_one(item, conn)
 
             async with anyio.create_task_group() as tg:
                 for i, item in enumerate(items):
                     tg.start_soon(one, i, item)
             answered = [r for r in replies if r is not None]
             return _encoder.encode(answered) if answered else None
-        reply = await self._handle_one(msgspec.Raw(line), peer)
+        reply = await self._handle_one(msgspec.Raw(line), conn)
         return _encoder.encode(reply) if reply is not None else None
 
-    async def _handle_one(self, raw: msgspec.Raw, peer: Peer) -> rpc.Success | rpc.Failure | None:
+    async def _handle_one(self, raw: msgspec.Raw, conn: Connection) -> rpc.Success | rpc.Failure | None:
         try:
             req = _request_decoder.decode(raw)
         except msgspec.ValidationError as exc:  # JSON, but not a request
@@ -228,18 +255,25 @@ class Server:
         notification = req.id is msgspec.UNSET
         request_id = None if notification else req.id
         try:
-            result = await self._dispatch(req, peer)
+            result = await self._dispatch(req, conn)
         except SessiondError as exc:
             return None if notification else self._error(request_id, exc)
         return None if notification else rpc.Success(jsonrpc="2.0", id=request_id, result=result)
 
-    async def _dispatch(self, req: rpc.Request, peer: Peer) -> Any:
-        entry = self._methods.get(req.method)
-        if entry is None:
+    async def _dispatch(self, req: rpc.Request, conn: Connection) -> Any:
+        decoder = self._decoders.get(req.method)
+        if decoder is None:
             raise MethodNotFoundError(f"method not found: {req.method}", {"method": req.method})
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down")
-        decoder, handler = entry
+        handler: Callable[..., Awaitable[Any]]
+        if req.method == "events.subscribe":
+            handler = lambda p, meta: conn.subscriptions.subscribe(p)  # noqa: E731
+        elif req.method == "events.unsubscribe":
+            handler = lambda p, meta: conn.subscriptions.unsubscribe(p)  # noqa: E731
+        else:
+            handler = self._handlers[req.method]
+        peer = conn.peer
         params_raw = req.params if isinstance(req.params, msgspec.Raw) else _EMPTY_PARAMS
         try:
             params = decoder.decode(params_raw)

@@ -152,7 +152,7 @@ class Service:
         sessions, events = await self.store.counts()
         return {
             "sessions": sessions, "events": events,
-            "last_position": self.writer.next_position - 1,
+            "last_position": self.writer.committed_position,
             "db_bytes": self.store.db_bytes(),
             "write_queue_depth": self.writer.queue_depth,
             "appends_per_s": self.writer.appends_per_s(),

@@ -67,6 +67,9 @@ MIGRATIONS: Final[list[list[str]]] = [
             state BLOB NOT NULL
         ) WITHOUT ROWID""",
         # session.list is newest first; each index leads with a filter users combine.
+        # (session_id, rowid = position): a session's events in position order, for
+        # subscriptions that follow one session.
+        "CREATE INDEX events_by_session ON events (session_id)",
         "CREATE INDEX sessions_by_created ON sessions (created_at, session_id)",
         "CREATE INDEX sessions_by_status ON sessions (status, created_at, session_id)",
         "CREATE INDEX sessions_by_namespace ON sessions (namespace, created_at, session_id)",
@@ -453,6 +456,34 @@ class SqliteStore:
             (*args, limit),
         )
         return [_event_from_row(r) for r in rows]
+
+    async def read_after(self, after: int, upto: int, session_id: str | None,
+                         types: frozenset[str] | None, limit: int) -> list[Event]:
+        """Events with after < position <= upto, in position order (what subscribers read)."""
+        where, args = ["position > ? AND position <= ?"], [after, upto]  # type: tuple[list[str], list[Any]]
+        if session_id is not None:
+            where.append("session_id = ?")
+            args.append(session_id)
+        if types:
+            where.append(f"type IN ({', '.join('?' * len(types))})")
+            args.extend(sorted(types))
+        rows = await self._all(
+            self._r(),
+            "SELECT position, session_id, version, event_id, type, schema_version, recorded_at,"
+            f" data, meta, hash FROM events WHERE {' AND '.join(where)} ORDER BY position LIMIT ?",
+            (*args, limit),
+        )
+        return [_event_from_row(r) for r in rows]
+
+    async def first_position(self, session_id: str, from_version: int) -> int | None:
+        """Position of a session's first event at or after `from_version`."""
+        row = await self._one(
+            self._r(),
+            "SELECT position FROM events WHERE session_id = ? AND version >= ?"
+            " ORDER BY version LIMIT 1",
+            (session_id, from_version),
+        )
+        return int(row[0]) if row else None
 
     async def checkpoint(self, session_id: str, checkpoint_id: str | None) -> CheckpointGetResult | None:
         columns = "checkpoint_id, node_id, resume_from, created_at, version, payload, position"

@@ -83,6 +83,19 @@ class Command:
 _DELETED = object()
 
 
+class Bell:
+    """One committed batch, rung for subscribers: its events, the sessions it deleted, and
+    the bell of the batch after it. Old bells are freed once no subscriber holds them."""
+
+    __slots__ = ("rung", "events", "deleted", "next")
+
+    def __init__(self) -> None:
+        self.rung = anyio.Event()
+        self.events: list[Event] = []
+        self.deleted: frozenset[str] = frozenset()
+        self.next: Bell | None = None
+
+
 class Writer:
     """Owns the write connection; the only code that appends events."""
 
@@ -95,7 +108,10 @@ class Writer:
         self._send, self._receive = anyio.create_memory_object_stream[Command](max_queue)
         self._cache: OrderedDict[str, Entry] = OrderedDict()
         self.next_position = 1
-        self.doorbell = anyio.Event()
+        # Position of the last committed event, and the bell the next commit rings: read
+        # together (no await between) they tell a subscriber where the store ends.
+        self.committed_position = 0
+        self.bell = Bell()
         self.transactions = 0
         self.commands = 0
         self.events = 0
@@ -141,7 +157,8 @@ class Writer:
     # --- the writer task --------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self.next_position = await self.store.last_position() + 1
+        self.committed_position = await self.store.last_position()
+        self.next_position = self.committed_position + 1
         task_status.started()
         async with self._receive:
             while True:
@@ -196,8 +213,16 @@ class Writer:
         self.commands += len(commands)
         self._finish(commands)
         self.last_progress = time.monotonic()
-        bell, self.doorbell = self.doorbell, anyio.Event()
-        bell.set()
+        if batch.events or batch.deletes:
+            self._ring(batch)
+
+    def _ring(self, batch: Batch) -> None:
+        bell = self.bell
+        bell.events, bell.deleted = batch.events, frozenset(batch.deletes)
+        bell.next = self.bell = Bell()
+        if batch.events:
+            self.committed_position = batch.events[-1].position
+        bell.rung.set()
 
     async def _decide(self, cmd: Command, batch: Batch, overlay: dict[str, Entry | object],
                       repeats: dict[tuple[str, str], bytes]) -> None:

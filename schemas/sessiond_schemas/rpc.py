@@ -203,6 +203,17 @@ class EventsReadParams(Params, kw_only=True, forbid_unknown_fields=True):
     types: list[EventType] | None = None
 
 
+class EventsSubscribeParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str | None = None
+    from_position: NonNegInt | None = None
+    from_version: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    types: list[EventType] | None = None
+
+
+class EventsUnsubscribeParams(Params, kw_only=True, forbid_unknown_fields=True):
+    subscription: str
+
+
 # --- results ---------------------------------------------------------------------
 
 
@@ -316,6 +327,31 @@ class EventsReadResult(msgspec.Struct, kw_only=True):
     next: int | None
 
 
+class SubscribeResult(msgspec.Struct, kw_only=True):
+    subscription: str
+    position: int  # events after this position follow
+
+
+class UnsubscribeResult(msgspec.Struct, kw_only=True):
+    ok: bool
+
+
+class SubscriptionEvent(msgspec.Struct, kw_only=True):
+    subscription: str
+    event: Event
+
+
+class SubscriptionCaughtUp(msgspec.Struct, kw_only=True):
+    subscription: str
+    position: int
+
+
+class SubscriptionDropped(msgspec.Struct, kw_only=True):
+    subscription: str
+    reason: str
+    last_position: int
+
+
 # method name -> (params type, result type). The daemon decodes params with the
 # first; the client decodes results with the second.
 METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
@@ -339,4 +375,6 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "memory.update": (MemoryUpdateParams, MemoryUpdateResult),
     "events.append": (EventsAppendParams, WriteResult),
     "events.read": (EventsReadParams, EventsReadResult),
+    "events.subscribe": (EventsSubscribeParams, SubscribeResult),
+    "events.unsubscribe": (EventsUnsubscribeParams, UnsubscribeResult),
 }

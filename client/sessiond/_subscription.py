@@ -1,0 +1,68 @@
+"""Following events from async code: an async iterator on its own connection."""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+import anyio
+from sessiond_schemas.events import Event
+
+from ._follow import RESUBSCRIBE_PAUSE, Follower
+from ._transport import Transport, open_transport
+
+
+class Subscription(Follower):
+    """`async with client.subscribe(...) as events: async for event in events: ...`"""
+
+    def __init__(self, socket_path: str, *, session_id: str | None = None,
+                 from_position: int | None = None, from_version: int | None = None,
+                 types: list[str] | None = None, retry_for: float | None = None) -> None:
+        super().__init__(session_id, from_position, from_version, types)
+        self.socket_path = socket_path
+        self.retry_for = retry_for  # seconds to keep reconnecting; None: for ever
+        self._transport: Transport | None = None
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._transport is not None:
+            await self._transport.aclose()
+            self._transport = None
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        while self.ended is None:
+            try:
+                if self._transport is None:
+                    self._transport = await self._connect()
+                    await self._transport.send(self.subscribe_line())
+                line = await self._transport.receive_line()
+            except EOFError:
+                line = b""
+            outcome = self.on_line(line) if line else False
+            if isinstance(outcome, Event):
+                return outcome
+            if outcome is False:  # dropped, or the daemon went away: resubscribe
+                await self.aclose()
+                await anyio.sleep(RESUBSCRIBE_PAUSE)
+        raise StopAsyncIteration
+
+    async def _connect(self) -> Transport:
+        deadline = None if self.retry_for is None else time.monotonic() + self.retry_for
+        delay = 0.05
+        while True:
+            try:
+                return await open_transport(self.socket_path)
+            except OSError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 1.0)

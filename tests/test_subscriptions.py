@@ -1,0 +1,251 @@
+"""Live subscriptions: catch-up then live with no gap or duplicate, drops, restarts, watch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import anyio
+import pytest
+from sessiond import AsyncClient, InvalidParamsError, SessionNotFoundError
+from sessiond_schemas.events import Event
+
+from conftest import Daemon, daemon_config, running_daemon
+
+pytestmark = pytest.mark.anyio
+
+
+async def all_events(c: AsyncClient) -> list[Event]:
+    events: list[Event] = []
+    after: int | None = 0
+    while after is not None:
+        page = await c.read_events(from_position=after, limit=5000)
+        events += page.events
+        after = page.next
+    return events
+
+
+async def test_catch_up_then_live_under_load(daemon: Daemon, client: AsyncClient) -> None:
+    """8 writers, 5,000 events; 4 subscribers each get exactly their events, in order, once."""
+    sessions = [(await client.create_session(f"w{i}")).session_id for i in range(8)]
+    subs: dict[str, Any] = {
+        "all_from_0": client.subscribe(from_position=0),
+        "tokens_only": client.subscribe(from_position=0, types=["tokens.recorded"]),
+        "one_session": client.subscribe("w3", from_version=1),
+    }
+    got: dict[str, list[Event]] = {name: [] for name in [*subs, "all_from_now"]}
+    writes_started = anyio.Event()
+    expected: dict[str, list[int]] = {}
+
+    async def consume(name: str, sub: Any) -> None:
+        async with sub:
+            async for event in sub:
+                got[name].append(event)
+                if name in expected and len(got[name]) >= len(expected[name]):
+                    return
+
+    async def writer(i: int) -> None:
+        async with AsyncClient(daemon.socket) as c:
+            for n in range(312):  # 8 x 312 x 2 = 4,992 events + 8 creations = 5,000
+                await c.append_message(sessions[i], "user", f"{i}-{n}")
+                await c.record_tokens(sessions[i], input_tokens=1)
+                if n == 50:
+                    writes_started.set()
+
+    async with anyio.create_task_group() as tg:
+        for name, sub in subs.items():
+            tg.start_soon(consume, name, sub)
+        async with anyio.create_task_group() as writers:
+            for i in range(8):
+                writers.start_soon(writer, i)
+            await writes_started.wait()
+            subs["all_from_now"] = client.subscribe()
+            tg.start_soon(consume, "all_from_now", subs["all_from_now"])
+        stored = await all_events(client)
+        assert len(stored) == 5000
+        with anyio.fail_after(60):
+            while subs["all_from_now"].start_position is None:
+                await anyio.sleep(0.01)
+        now = subs["all_from_now"].start_position
+        assert 0 < now < stored[-1].position  # it really started mid-stream
+        expected.update({
+            "all_from_0": [e.position for e in stored],
+            "tokens_only": [e.position for e in stored if e.type == "tokens.recorded"],
+            "one_session": [e.position for e in stored if e.session_id == "w3"],
+            "all_from_now": [e.position for e in stored if e.position > now],
+        })
+        with anyio.fail_after(60):
+            while any(len(got[n]) < len(expected[n]) for n in expected):
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    for name, positions in expected.items():
+        assert [e.position for e in got[name]] == positions, name
+    assert all(e.type == "tokens.recorded" for e in got["tokens_only"])
+
+
+async def test_subscribe_errors_and_unsubscribe(daemon: Daemon, client: AsyncClient) -> None:
+    """Unknown session -32001; both starts -32602; unsubscribe ends it and is counted."""
+    with pytest.raises(SessionNotFoundError):
+        await client.call("events.subscribe", session_id="missing")
+    await client.create_session("u1")
+    with pytest.raises(InvalidParamsError):
+        await client.call("events.subscribe", session_id="u1", from_position=0, from_version=1)
+    with pytest.raises(InvalidParamsError):
+        await client.call("events.subscribe", from_version=1)
+    started = await client.call("events.subscribe", session_id="u1")
+    assert (await client.stats()).subscriptions == 1
+    assert await client.call("events.unsubscribe", subscription=started["subscription"]) == {"ok": True}
+    assert (await client.stats()).subscriptions == 0
+    with pytest.raises(InvalidParamsError):
+        await client.call("events.unsubscribe", subscription=started["subscription"])
+
+
+async def test_deleted_session_ends_the_subscription(daemon: Daemon, client: AsyncClient) -> None:
+    """Deleting the followed session ends it with subscription.dropped saying so."""
+    await client.create_session("doomed")
+    async with client.subscribe("doomed", from_version=1) as sub:
+        first = await sub.__anext__()
+        assert first.type == "session.created"
+        await client.append_message("doomed", "user", "last words")
+        assert (await sub.__anext__()).type == "message.appended"
+        await client.delete_session("doomed")
+        with anyio.fail_after(10):
+            rest = [e async for e in sub]
+        assert rest == [] and sub.ended is not None and "session deleted" in sub.ended
+
+
+async def test_stalled_consumer_is_dropped_and_bounded(short_dir: str) -> None:
+    """A subscriber that never reads is dropped at its buffer bound, with last_position."""
+    bound = 64 * 1024
+    config = daemon_config(short_dir, max_subscription_buffer=bound)
+    async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+        await c.create_session("flood")
+        raw = socket.socket(socket.AF_UNIX)
+        raw.connect(d.socket)
+        raw.sendall(b'{"jsonrpc":"2.0","id":1,"method":"events.subscribe","params":{}}\n')
+        with anyio.fail_after(10):
+            while (await c.stats()).subscriptions != 1:
+                await anyio.sleep(0.01)
+        for _ in range(60):  # 6,000 events, several MB of notifications, none read
+            await c.append_messages("flood", [{"role": "user", "content": "x" * 300}] * 100)
+        assert (await c.stats()).subscriptions == 0  # dropped; the writers never waited
+        last = (await c.stats()).last_position
+        received = bytearray()
+        raw.settimeout(5)
+        while b"subscription.dropped" not in received:
+            chunk = await anyio.to_thread.run_sync(raw.recv, 1 << 20)
+            assert chunk, "connection closed before the drop notice"
+            received += chunk
+        raw.close()
+        lines = [json.loads(x) for x in bytes(received).splitlines() if x.strip()]
+        events = [m["params"]["event"]["position"] for m in lines if m.get("method") == "subscription.event"]
+        dropped = [m["params"] for m in lines if m.get("method") == "subscription.dropped"]
+        assert len(dropped) == 1 and "too slow" in dropped[0]["reason"]
+        # Every event up to last_position was sent, in order, and no more: resuming is exact.
+        assert events == list(range(events[0], dropped[0]["last_position"] + 1))
+        assert dropped[0]["last_position"] < last // 2  # dropped near the bound, not at the end
+        # What the daemon buffered stayed near the bound: one batch past it at most
+        # (the rest of what we read sat in the kernel's socket buffers).
+        assert len(received) < bound + 100 * 700 + 4 * 1024 * 1024
+
+
+async def test_iterator_survives_a_daemon_restart(short_dir: str) -> None:
+    """The client's iterator reconnects after a restart and loses nothing, doubles nothing."""
+    config = daemon_config(short_dir)
+    got: list[Event] = []
+    async with anyio.create_task_group() as outer:
+        async def consume() -> None:
+            async with AsyncClient(config.socket).subscribe(from_position=0, retry_for=30) as sub:
+                async for event in sub:
+                    got.append(event)
+                    if len(got) == 101:
+                        return
+
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            await c.create_session("phoenix")
+            outer.start_soon(consume)
+            for i in range(50):
+                await c.append_message("phoenix", "user", f"before {i}")
+            with anyio.fail_after(20):
+                while len(got) < 51:
+                    await anyio.sleep(0.01)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            for i in range(50):
+                await c.append_message("phoenix", "user", f"after {i}")
+            with anyio.fail_after(30):
+                while len(got) < 101:
+                    await anyio.sleep(0.01)
+    assert [e.version for e in got] == list(range(1, 102))
+
+
+async def test_blocking_follow(daemon: Daemon, client: AsyncClient) -> None:
+    """Client.subscribe is a blocking generator with the same guarantees."""
+    from sessiond import Client
+
+    await client.create_session("sync-follow")
+    await client.append_messages("sync-follow", [{"role": "user", "content": f"m{i}"} for i in range(5)])
+
+    def run() -> list[int]:
+        with Client(daemon.socket) as c:
+            gen = c.subscribe("sync-follow", from_version=1)
+            versions = [next(gen).version for _ in range(6)]
+            gen.close()
+            return versions
+
+    assert await anyio.to_thread.run_sync(run) == [1, 2, 3, 4, 5, 6]
+
+
+async def test_sessionctl_watch(daemon: Daemon, client: AsyncClient) -> None:
+    """`sessionctl watch` prints each event as it comes and ends cleanly on Ctrl-C."""
+    await client.create_session("watched", task="demo")
+    await client.append_message("watched", "user", "hello")
+    proc = await anyio.open_process(
+        [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket, "watch", "watched",
+         "--from-start"])
+    assert proc.stdout is not None and proc.stderr is not None
+    lines: list[str] = []
+    buffer = b""
+
+    async def read_lines(n: int) -> None:
+        nonlocal buffer
+        while len(lines) < n:
+            buffer += await proc.stdout.receive()  # type: ignore[union-attr]
+            *done, buffer = buffer.split(b"\n")
+            lines.extend(x.decode() for x in done)
+
+    with anyio.fail_after(30):
+        await read_lines(2)
+        await client.transition("watched", "paused", reason="lunch")
+        await read_lines(3)
+    assert "session.created" in lines[0] and "demo" in lines[0]
+    assert "message.appended" in lines[1] and "user: hello" in lines[1]
+    assert "active -> paused (lunch)" in lines[2]
+    proc.send_signal(signal.SIGINT)
+    with anyio.fail_after(30):
+        assert await proc.wait() == 0
+    await proc.aclose()
+
+
+async def test_sessionctl_watch_json_and_type_filter(daemon: Daemon, client: AsyncClient) -> None:
+    """--json prints envelopes; --type filters."""
+    await client.create_session("wj")
+    await client.record_tokens("wj", input_tokens=7)
+    proc = await anyio.open_process(
+        [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket, "watch", "--from-start",
+         "--type", "tokens.recorded", "--json"])
+    assert proc.stdout is not None
+    with anyio.fail_after(30):
+        data = b""
+        while b"\n" not in data:
+            data += await proc.stdout.receive()
+    event = json.loads(data.split(b"\n")[0])
+    assert event["type"] == "tokens.recorded" and event["data"]["input_tokens"] == 7
+    proc.send_signal(signal.SIGINT)
+    with anyio.fail_after(30):
+        assert await proc.wait() == 0
+    await proc.aclose()
+    assert os.path.exists(daemon.socket)
