@@ -11,6 +11,13 @@ import anyio
 from sessiond import AsyncClient
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class DaemonProcess:
     """A sessiond subprocess on a socket and database inside `directory`."""
 
@@ -47,9 +54,7 @@ class DaemonProcess:
     def cpu_s(self) -> float:
         """User + system CPU seconds the daemon has used so far."""
         assert self.proc is not None
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_s(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

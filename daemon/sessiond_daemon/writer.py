@@ -87,13 +87,20 @@ class Bell:
     """One committed batch, rung for subscribers: its events, the sessions it deleted, and
     the bell of the batch after it. Old bells are freed once no subscriber holds them."""
 
-    __slots__ = ("rung", "events", "deleted", "next")
+    __slots__ = ("rung", "events", "deleted", "next", "_encoded")
 
     def __init__(self) -> None:
         self.rung = anyio.Event()
         self.events: list[Event] = []
         self.deleted: frozenset[str] = frozenset()
         self.next: Bell | None = None
+        self._encoded: list[bytes] | None = None
+
+    def encoded(self) -> list[bytes]:
+        """The events as JSON, encoded once however many subscribers send them."""
+        if self._encoded is None:
+            self._encoded = [_json.encode(e) for e in self.events]
+        return self._encoded
 
 
 class Writer:
