@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -290,13 +291,13 @@ class Bench:
     async def b6(self, c: AsyncClient, d: DaemonProcess) -> None:
         small, large = self.sizes.b6_sessions
         spaces = {n: f"b6-{n}" for n in (small, large)}
-        for n in (small, large):
-            async def client(i: int) -> None:
-                async with AsyncClient(d.socket) as own:
-                    for _ in range(n // 16 + (1 if i < n % 16 else 0)):
-                        await own.create_session(namespace=spaces[n])
+        async def make(n: int, i: int) -> None:
+            async with AsyncClient(d.socket) as own:
+                for _ in range(n // 16 + (1 if i < n % 16 else 0)):
+                    await own.create_session(namespace=spaces[n])
 
-            await concurrently(16, client)
+        for n in (small, large):
+            await concurrently(16, functools.partial(make, n))
         a, b = await paired(
             lambda: c.list_sessions(namespace=spaces[small], status=["active"], limit=50),
             lambda: c.list_sessions(namespace=spaces[large], status=["active"], limit=50), 300)

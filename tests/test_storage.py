@@ -84,10 +84,10 @@ async def test_session_list_stays_flat_with_filters(daemon: Daemon, client: Asyn
     """A page of an old, small namespace costs no more than one of a big, new one."""
     from sessiond_daemon.store import SessionFilters, list_sessions_sql
 
-    for i in range(50):
+    for _ in range(50):
         await client.create_session(namespace="old")
     await client.call("session.list")  # warm
-    for i in range(1500):
+    for _ in range(1500):
         await client.create_session(namespace="new")
     for statuses in ((), ("active",)):
         steps = {}

@@ -8,6 +8,7 @@ per call. Under trio the anyio stream is used.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Protocol
 
 import anyio
@@ -45,10 +46,8 @@ class _AsyncioTransport:
 
     async def aclose(self) -> None:
         self._writer.close()
-        try:
+        with contextlib.suppress(ConnectionError):
             await self._writer.wait_closed()
-        except ConnectionError:
-            pass
 
 
 class _AnyioTransport:

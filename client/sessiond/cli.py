@@ -47,7 +47,11 @@ def _read_text(arg: str | None) -> str:
 
 def _read_json_items(source: str | None) -> list[Any]:
     """A JSON array, or JSON lines, from a file or standard input."""
-    text = sys.stdin.read() if source in (None, "-") else open(source, encoding="utf-8").read()
+    if source in (None, "-"):
+        text = sys.stdin.read()
+    else:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
     text = text.strip()
     if text.startswith("["):
         items = json.loads(text)

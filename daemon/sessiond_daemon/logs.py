@@ -47,9 +47,3 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         cache_logger_on_first_use=False,
     )
 
-
-def set_level(level: str) -> None:
-    """Change the level of an already configured process."""
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper()))
-    )

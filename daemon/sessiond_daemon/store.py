@@ -449,8 +449,7 @@ class SqliteStore:
         order = "version" if session_id is not None else "position"
         rows = await self._all(
             self._r(),
-            "SELECT position, session_id, version, event_id, type, schema_version, recorded_at,"
-            " data, meta, hash FROM events"
+            f"SELECT {_EVENT_COLUMNS} FROM events"
             + (" WHERE " + " AND ".join(where) if where else "")
             + f" ORDER BY {order} LIMIT ?",
             (*args, limit),
@@ -469,8 +468,8 @@ class SqliteStore:
             args.extend(sorted(types))
         rows = await self._all(
             self._r(),
-            "SELECT position, session_id, version, event_id, type, schema_version, recorded_at,"
-            f" data, meta, hash FROM events WHERE {' AND '.join(where)} ORDER BY position LIMIT ?",
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)}"
+            " ORDER BY position LIMIT ?",
             (*args, limit),
         )
         return [_event_from_row(r) for r in rows]
@@ -596,6 +595,11 @@ def _view_row(entry: Entry) -> tuple[Any, ...]:
         s.timestamps.created_at, s.timestamps.updated_at, s.message_count, u.input_tokens,
         u.output_tokens, u.estimated_cost, entry.last_position, entry.last_hash, _json.encode(s),
     )
+
+
+# The columns _event_from_row reads, in its order.
+_EVENT_COLUMNS: Final = (
+    "position, session_id, version, event_id, type, schema_version, recorded_at, data, meta, hash")
 
 
 def _event_from_row(r: Any) -> Event:

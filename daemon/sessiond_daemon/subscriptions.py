@@ -157,7 +157,7 @@ class Subscriptions:
         while True:
             await bell.rung.wait()
             self._send_events(sub, [
-                event_json for event, event_json in zip(bell.events, bell.encoded())
+                event_json for event, event_json in zip(bell.events, bell.encoded(), strict=True)
                 if event.position > sub.cursor and sub.wants(event)])
             if bell.events:
                 sub.cursor = max(sub.cursor, bell.events[-1].position)

@@ -121,8 +121,6 @@ class Writer:
         self.bell = Bell()
         self.transactions = 0
         self.commands = 0
-        self.events = 0
-        self.last_progress = time.monotonic()
         self._rate: deque[tuple[float, int]] = deque()
 
     # --- the callers' side ------------------------------------------------------------
@@ -190,15 +188,18 @@ class Writer:
         repeats: dict[tuple[str, str], bytes] = {}
         first_position = self.next_position
         for cmd in commands:
+            numbered = self.next_position
             try:
                 await self._decide(cmd, batch, overlay, repeats)
             except SessiondError as exc:
                 cmd.error = exc
-            except Exception as exc:  # a bug: answer -32603, keep the writer alive
+            except Exception:  # a bug: answer -32603, keep the writer alive
                 error_id = new_id()
                 log.exception("writer.command_failed", error_id=error_id,
                               session_id=cmd.session_id)
                 cmd.error = InternalError("internal error", {"error_id": error_id})
+            if cmd.error is not None:
+                self.next_position = numbered  # a refused command leaves no gap
         if batch.events or batch.deletes:
             try:
                 await self.store.commit(batch)
@@ -212,14 +213,12 @@ class Writer:
                 return
             self._adopt(overlay)
             self.transactions += 1
-            self.events += len(batch.events)
             now_m = time.monotonic()
             self._rate.append((now_m, len(batch.events)))
             self._trim_rate(now_m)
             log.debug("store.batch_committed", commands=len(commands), events=len(batch.events))
         self.commands += len(commands)
         self._finish(commands)
-        self.last_progress = time.monotonic()
         if batch.events or batch.deletes:
             self._ring(batch)
 
@@ -268,30 +267,33 @@ class Writer:
             cmd.result = _json.encode(plan.result)
             return
         events = self._make_events(cmd, entry, plan)
-        state = self._fold_with_snapshots(entry.state if entry else None, events, batch)
+        state, snapshots = self._fold_with_snapshots(entry.state if entry else None, events)
+        result = _json.encode(plan.result(state, events))
+        # Everything is decided; nothing below can fail, so the command joins whole.
         new_entry = Entry(state, events[-1].hash, events[-1].position)
         for index, payload in plan.payloads.items():
             batch.payloads[events[index].event_id] = payload
         batch.events.extend(events)
+        batch.snapshots.extend(snapshots)
         batch.views[sid] = new_entry
         overlay[sid] = new_entry
-        cmd.result = _json.encode(plan.result(state, events))
+        cmd.result = result
         if key is not None:
-            batch.idempotency.append((sid, key, cmd.result))
-            repeats[(sid, key)] = cmd.result
+            batch.idempotency.append((sid, key, result))
+            repeats[(sid, key)] = result
 
-    def _fold_with_snapshots(self, state: SessionState | None, events: list[Event],
-                             batch: Batch) -> SessionState:
-        """Fold `events`, keeping the view at each multiple of snapshot_every as a snapshot."""
-        every, done = self.snapshot_every, 0
+    def _fold_with_snapshots(self, state: SessionState | None,
+                             events: list[Event]) -> tuple[SessionState, list[SessionState]]:
+        """Fold `events`; also return the view at each multiple of snapshot_every passed."""
+        every, done, snapshots = self.snapshot_every, 0, []
         base = state.version if state is not None else 0
         for cut in range((base // every + 1) * every, base + len(events) + 1, every):
             state = projection.fold(state, events[done:cut - base])
-            batch.snapshots.append(state)
+            snapshots.append(state)
             done = cut - base
         if done < len(events) or state is None:
             state = projection.fold(state, events[done:])
-        return state
+        return state, snapshots
 
     def _make_events(self, cmd: Command, entry: Entry | None, plan: Plan) -> list[Event]:
         version = entry.state.version if entry else 0

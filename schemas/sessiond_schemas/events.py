@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
 
@@ -31,7 +30,6 @@ ALLOWED_TRANSITIONS: Final[dict[str, tuple[str, ...]]] = {
 }
 
 CURRENT_SCHEMA_VERSION: Final = 1
-_SESSION_ID_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
 def now() -> str:
@@ -51,10 +49,6 @@ def new_id() -> str:
 
     return str(ULID())
 
-
-def is_session_id(value: str) -> bool:
-    """Tell whether a caller-given session id has the contract's shape."""
-    return bool(_SESSION_ID_RE.match(value))
 
 
 class EventMeta(msgspec.Struct, kw_only=True, omit_defaults=False):
