@@ -17,9 +17,11 @@ import structlog
 from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskStatus
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import (
+    INTERNAL_ERROR,
     INVALID_REQUEST,
     PARSE_ERROR,
     InternalError,
+    InvalidParamsError,
     MethodNotFoundError,
     OverloadedError,
     PermissionDeniedError,
@@ -115,7 +117,7 @@ class Server:
                     log.warning("rpc.accept_failed", error=str(exc))
                     await anyio.sleep(0.1)
                     continue
-                tg.start_soon(self._connection, stream)
+                tg.start_soon(self._guarded_connection, stream)
 
     async def wait_idle(self) -> None:
         """Return once no request is being executed."""
@@ -126,6 +128,12 @@ class Server:
     def _allowed(self, peer: Peer) -> bool:
         return (peer.uid in (os.getuid(), 0) or peer.uid in self.allowed_uids
                 or peer.gid in self.allowed_gids)
+
+    async def _guarded_connection(self, stream: SocketStream) -> None:
+        try:
+            await self._connection(stream)
+        except Exception:  # a bug in one connection must not end the accept loop
+            log.exception("rpc.connection_failed", error_id=new_id())
 
     async def _connection(self, stream: SocketStream) -> None:
         # anyio's Unix stream re-registers its fd with epoll on every receive; an
@@ -169,7 +177,13 @@ class Server:
 
         async def run(line: bytes) -> None:
             try:
-                reply = await self.handle_line(line, conn)
+                try:
+                    reply = await self.handle_line(line, conn)
+                except Exception:  # a bug: no line may take down the connection or daemon
+                    error_id = new_id()
+                    log.exception("rpc.line_failed", error_id=error_id)
+                    reply = _encoder.encode(_failure(None, INTERNAL_ERROR, "internal error",
+                                                     {"error_id": error_id}))
                 if reply is not None:
                     # One write() call per line keeps lines whole; drain() waits while the
                     # client is not reading (a bounded buffer, never an unbounded one).
@@ -227,7 +241,7 @@ class Server:
         if line[:1] == b"[":
             try:
                 items = _batch_decoder.decode(line)
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, RecursionError) as exc:
                 return _encoder.encode(_failure(None, PARSE_ERROR, "parse error", {"detail": str(exc)}))
             if not items:
                 return _encoder.encode(_failure(None, INVALID_REQUEST, "invalid request",
@@ -250,7 +264,7 @@ class Server:
             req = _request_decoder.decode(raw)
         except msgspec.ValidationError as exc:  # JSON, but not a request
             return _failure(None, INVALID_REQUEST, "invalid request", {"detail": str(exc)})
-        except msgspec.DecodeError as exc:  # not JSON, or not UTF-8
+        except (msgspec.DecodeError, RecursionError) as exc:  # not JSON, not UTF-8, too deep
             return _failure(None, PARSE_ERROR, "parse error", {"detail": str(exc)})
         notification = req.id is msgspec.UNSET
         request_id = None if notification else req.id
@@ -279,6 +293,9 @@ class Server:
             params = decoder.decode(params_raw)
         except msgspec.ValidationError as exc:
             raise invalid_params(exc, context=f"invalid params for {req.method}") from exc
+        except RecursionError as exc:
+            raise InvalidParamsError(f"invalid params for {req.method}: nested too deeply",
+                                     {"detail": "nested too deeply", "path": "$"}) from exc
         meta = EventMeta(peer_uid=peer.uid, peer_pid=peer.pid)
         self.inflight += 1
         try:
