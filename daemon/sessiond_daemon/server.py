@@ -149,10 +149,12 @@ class Server:
                 log.warning("rpc.peer_refused", uid=peer.uid, pid=peer.pid)
                 err = PermissionDeniedError(f"uid {peer.uid} may not use this daemon", {"uid": peer.uid})
                 await self._send_quietly(writer, _encoder.encode(self._error(None, err)))
+                await self._linger(reader, writer)
                 return
             if self.connections >= self.limits.max_connections:
                 err = OverloadedError("too many connections; retry later", {"retry_after_ms": 100})
                 await self._send_quietly(writer, _encoder.encode(self._error(None, err)))
+                await self._linger(reader, writer)
                 return
             self.connections += 1
             structlog.contextvars.bind_contextvars(peer_pid=peer.pid, peer_uid=peer.uid)
@@ -210,6 +212,7 @@ class Server:
                         None, INVALID_REQUEST, "request too large",
                         {"detail": f"a line may hold at most {limit} bytes"}))
                     await self._send_quietly(writer, reply)
+                    await self._linger(reader, writer)
                     break
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
@@ -222,6 +225,15 @@ class Server:
             # The client stopped sending: its subscriptions end; requests in flight still
             # get their answers before the task group (and the connection) closes.
             conn.subscriptions.close()
+
+    @staticmethod
+    async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Close gently: closing on unread input resets the connection, and the client
+        would lose our last answer. So end our side, then discard its input for a moment."""
+        with contextlib.suppress(ConnectionError, OSError), anyio.move_on_after(1):
+            writer.write_eof()
+            while await reader.read(1 << 16):
+                pass
 
     @staticmethod
     async def _send_quietly(writer: asyncio.StreamWriter, data: bytes) -> None:
