@@ -38,7 +38,8 @@ commands = st.one_of(
     st.tuples(st.just("transition"), st.sampled_from(STATUSES), st.one_of(st.none(), names)),
     st.tuples(st.just("resume")),
     st.tuples(st.just("events"), st.lists(st.sampled_from(
-        ["plan", "problem", "decision", "result", "metadata"]), min_size=1, max_size=3), names),
+        ["plan", "problem", "decision", "result", "metadata", "started", "output", "exited"]),
+        min_size=1, max_size=3), names),
 )
 
 
@@ -65,7 +66,10 @@ async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
                  "problem": ("problem.recorded", {"what": cmd[2]}),
                  "decision": ("decision.recorded", {"pick": cmd[2]}),
                  "result": ("result.recorded", {"success": True, "output": {"o": cmd[2]}}),
-                 "metadata": ("metadata.updated", {"patch": {cmd[2]: 1}})}
+                 "metadata": ("metadata.updated", {"patch": {cmd[2]: 1}}),
+                 "started": ("process.started", {"pid": 4242, "argv": [cmd[2]], "turn": 1}),
+                 "output": ("process.output", {"turn": 1, "line": cmd[2]}),
+                 "exited": ("process.exited", {"pid": 4242, "turn": 1, "exit_code": 3})}
         await c.append_events(sid, [{"type": datas[k][0], "data": datas[k][1]} for k in cmd[1]])
 
 

@@ -188,6 +188,13 @@ class TestFoldRules:
         with pytest.raises(FoldError):
             fold(fold(None, h.events[:1]), h.events[2:] + h.events[1:2][:0] + [h.events[0]])
 
+    def test_every_event_type_has_a_branch(self) -> None:
+        """Each event type of the schemas has its own branch in the fold."""
+        from sessiond_daemon.projection import _BRANCHES
+        from sessiond_schemas.events import DATA_TYPES
+
+        assert set(_BRANCHES) == set(DATA_TYPES)
+
     def test_merge_patch_rfc7396(self) -> None:
         """RFC 7396 examples: null removes, objects merge, others replace."""
         target = {"a": "b", "c": {"d": "e", "f": "g"}}

@@ -114,9 +114,18 @@ def follow(socket_path: str, *, session_id: str | None = None, from_position: in
             sock.close()
 
 
-def _connect_blocking(path: str, retry_for: float | None) -> socket.socket:
+def backoff(retry_for: float | None) -> Iterator[float]:
+    """Pauses between reconnection attempts: 50 ms doubling to 1 s, for `retry_for` seconds
+    (None: for ever). When it runs out, the caller gives up with the last error."""
     deadline = None if retry_for is None else time.monotonic() + retry_for
     delay = 0.05
+    while deadline is None or time.monotonic() < deadline:
+        yield delay
+        delay = min(delay * 2, 1.0)
+
+
+def _connect_blocking(path: str, retry_for: float | None) -> socket.socket:
+    pauses = backoff(retry_for)
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -124,7 +133,7 @@ def _connect_blocking(path: str, retry_for: float | None) -> socket.socket:
             return sock
         except OSError:
             sock.close()
-            if deadline is not None and time.monotonic() >= deadline:
+            pause = next(pauses, None)
+            if pause is None:
                 raise
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            time.sleep(pause)

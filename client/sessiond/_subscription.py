@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from types import TracebackType
 
 import anyio
 from sessiond_schemas.events import Event
 
-from ._follow import RESUBSCRIBE_PAUSE, Follower
+from ._follow import RESUBSCRIBE_PAUSE, Follower, backoff
 from ._transport import Transport, open_transport
 
 
@@ -56,13 +55,12 @@ class Subscription(Follower):
         raise StopAsyncIteration
 
     async def _connect(self) -> Transport:
-        deadline = None if self.retry_for is None else time.monotonic() + self.retry_for
-        delay = 0.05
+        pauses = backoff(self.retry_for)
         while True:
             try:
                 return await open_transport(self.socket_path)
             except OSError:
-                if deadline is not None and time.monotonic() >= deadline:
+                pause = next(pauses, None)
+                if pause is None:
                     raise
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await anyio.sleep(pause)
