@@ -34,7 +34,7 @@ from sessiond_schemas.state import SessionState
 
 from . import projection
 from .store import SessionFilters, SqliteStore
-from .writer import Command, Delete, Plan, Writer
+from .writer import Command, Delete, Plan, Planner, Writer
 
 try:
     VERSION = version("sessiond")
@@ -121,7 +121,8 @@ class Service:
         self.limits = limits
         self.started = time.monotonic()
 
-    async def _submit(self, p: Any, meta: EventMeta, plan: Any, session_id: str | None = None) -> msgspec.Raw:
+    async def _submit(self, p: Any, meta: EventMeta, plan: Planner,
+                      session_id: str | None = None) -> msgspec.Raw:
         key = getattr(p, "idempotency_key", None)
         cmd = Command(
             session_id=session_id or p.session_id, plan=plan,
