@@ -179,3 +179,53 @@ class TestPipelining:
         await client.create_session("who")
         [event] = (await client.read_events("who")).events
         assert event.meta.peer_uid == os.getuid() and event.meta.peer_pid == os.getpid()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a client as another uid")
+class TestPeerCheck:
+    async def _ping_as_nobody(self, socket_path: str) -> dict[str, Any]:
+        """Ping from a forked child running as `nobody` (it cannot run our interpreter)."""
+        import pwd
+
+        nobody = pwd.getpwnam("nobody")
+
+        def run() -> dict[str, Any]:
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: drop to nobody, ping, hand back the answer
+                try:
+                    os.setgroups([])
+                    os.setgid(nobody.pw_gid)
+                    os.setuid(nobody.pw_uid)
+                    s = socket.socket(socket.AF_UNIX)
+                    s.connect(socket_path)
+                    s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.ping"}\n')
+                    os.write(w, s.makefile("rb").readline())
+                finally:
+                    os._exit(0)
+            os.close(w)
+            with os.fdopen(r, "rb") as answer:
+                data = answer.read()
+            os.waitpid(pid, 0)
+            return json.loads(data)  # type: ignore[no-any-return]
+
+        return await anyio.to_thread.run_sync(run)
+
+    async def test_other_uid_is_refused_then_allowed(self) -> None:
+        """Another uid gets -32006 with its uid; listed in allowed_uids it is served."""
+        import pwd
+        import tempfile
+
+        from conftest import daemon_config, running_daemon
+
+        uid = pwd.getpwnam("nobody").pw_uid
+        with tempfile.TemporaryDirectory(prefix="sd-") as d:
+            os.chmod(d, 0o755)  # let nobody reach the socket, so the daemon is what says no
+            refused = daemon_config(d, socket_mode=0o666)
+            async with running_daemon(refused):
+                reply = await self._ping_as_nobody(refused.socket or "")
+            assert reply["error"]["code"] == -32006 and reply["error"]["data"] == {"uid": uid}
+            allowed = daemon_config(d, socket_mode=0o666, allowed_uids=[uid])
+            async with running_daemon(allowed):
+                reply = await self._ping_as_nobody(allowed.socket or "")
+            assert reply["result"]["pong"] is True
