@@ -21,6 +21,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     db: str | None = None
     socket_mode: int = 0o600
     durability: Literal["full", "normal"] = "full"
+    max_db_bytes: int = 0  # 0: no cap
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     max_request_bytes: int = 16 << 20

@@ -55,7 +55,7 @@ async def run(config: Config, shutdown: anyio.Event, *,
     """Run a daemon until `shutdown` is set; `task_status.started` gets the socket path."""
     assert config.socket and config.db
     # 1. The database: open, WAL, migrations.
-    store = SqliteStore(config.db, config.durability)
+    store = SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
     await store.open()
     try:
         writer = Writer(store, max_queue=config.max_queue, max_batch=config.max_batch,

@@ -165,9 +165,11 @@ class SqliteStore:
     it one hop per statement (measured ~150 us each here). Reads use aiosqlite.
     """
 
-    def __init__(self, path: str, durability: str = "full", readers: int = 2) -> None:
+    def __init__(self, path: str, durability: str = "full", readers: int = 2,
+                 max_bytes: int = 0) -> None:
         self.path = path
         self.synchronous = "FULL" if durability == "full" else "NORMAL"
+        self.max_bytes = max_bytes  # 0: no cap; else writes past it fail with "disk full"
         self._reader_count = readers
         self._pool: ThreadPoolExecutor | None = None
         self._con: sqlite3.Connection | None = None
@@ -190,7 +192,9 @@ class SqliteStore:
         except sqlite3.DatabaseError as exc:
             await self.close()
             raise StorageError(
-                f"cannot open database {self.path}: {exc}", {"detail": str(exc)}
+                f"cannot open database {self.path}: {exc}. The file is left untouched: restore"
+                " it from a backup, or move it aside to start with an empty database.",
+                {"detail": str(exc)},
             ) from exc
         log.info("store.opened", path=self.path, synchronous=synchronous)
 
@@ -217,6 +221,9 @@ class SqliteStore:
         # synchronous is per connection and never stored in the file: set it on each.
         con.execute(f"PRAGMA synchronous = {self.synchronous}")
         con.execute("PRAGMA journal_mode = WAL")
+        if self.max_bytes:
+            page = con.execute("PRAGMA page_size").fetchone()[0]
+            con.execute(f"PRAGMA max_page_count = {max(1, self.max_bytes // page)}")
         self._migrate(con)
         return int(con.execute("PRAGMA synchronous").fetchone()[0])
 

@@ -1,0 +1,119 @@
+"""Storage faults: each is answered with -32012, nothing partial is stored, service goes on."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import sys
+import time
+from typing import Any
+
+import anyio
+import pytest
+from sessiond import AsyncClient, StorageError
+from sessiond_daemon.store import SqliteStore
+
+from conftest import Daemon, daemon_config, running_daemon
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_io_error_inside_a_batch(daemon: Daemon, client: AsyncClient,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An I/O error after the batch's rows were written: rolled back, -32012, then recovery."""
+    await client.create_session("io")
+    await client.append_message("io", "user", "before")
+    before = daemon.sql("SELECT COUNT(*), MAX(position) FROM events")
+    real_write = SqliteStore._write
+    failing = {"on": True}
+
+    def write_then_fail(db: sqlite3.Connection, batch: Any) -> None:
+        real_write(db, batch)  # the rows are in the transaction...
+        if failing["on"]:
+            raise sqlite3.OperationalError("disk I/O error")  # ...and then the disk fails
+
+    monkeypatch.setattr(SqliteStore, "_write", staticmethod(write_then_fail))
+    with pytest.raises(StorageError) as err:
+        await client.append_messages("io", [{"role": "user", "content": "lost"}] * 3,
+                                     idempotency_key="retry-me")
+    assert err.value.code == -32012 and "disk I/O error" in err.value.data["detail"]
+    assert daemon.sql("SELECT COUNT(*), MAX(position) FROM events") == before  # nothing partial
+    state = await client.get_session("io")  # reads go on, and show what was committed
+    assert (state.version, state.message_count) == (2, 1)
+    failing["on"] = False
+    r = await client.append_messages("io", [{"role": "user", "content": "kept"}] * 3,
+                                     idempotency_key="retry-me")
+    assert (r.first_sequence, r.version) == (1, 5)
+    positions = [p for (p,) in daemon.sql("SELECT position FROM events ORDER BY position")]
+    assert positions == list(range(1, len(positions) + 1))  # no gap where the failure was
+
+
+async def test_disk_full_then_space_again(short_dir: str) -> None:
+    """Past max_db_bytes writes get -32012 "full"; reads work; deleting frees room."""
+    config = daemon_config(short_dir, max_db_bytes=512 * 1024)
+    async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+        await c.create_session("big")
+        await c.create_session("keep")
+        with pytest.raises(StorageError) as err:
+            for i in range(1000):
+                await c.append_message("big", "user", f"{i} " + "x" * 4000)
+        assert "full" in err.value.data["detail"]
+        full_at = (await c.get_session("big")).version
+        assert d.sql("SELECT MAX(version) FROM events WHERE session_id = 'big'") == [(full_at,)]
+        large = "y" * 100_000  # needs new pages; a small write may still fit in old ones
+        with pytest.raises(StorageError):
+            await c.append_message("keep", "user", large)
+        assert (await c.get_session("keep")).message_count == 0
+        assert await c.delete_session("big") is True  # frees pages inside the cap
+        await c.append_message("keep", "user", large)
+        assert (await c.get_session("keep")).message_count == 1
+
+
+async def test_corrupt_database_at_start(short_dir: str) -> None:
+    """A corrupt file: a message naming it and the next step, exit 1, the file untouched."""
+    db = os.path.join(short_dir, "corrupt.db")
+    garbage = b"this is not a database, " * 4000
+    with open(db, "wb") as f:
+        f.write(garbage)
+    result = await anyio.run_process(
+        [sys.executable, "-m", "sessiond_daemon", "--db", db,
+         "--socket", os.path.join(short_dir, "s.sock"), "--log-format", "json"], check=False)
+    assert result.returncode == 1
+    err = result.stderr.decode()
+    assert db in err and "not a database" in err and "backup" in err
+    with open(db, "rb") as f:
+        assert f.read() == garbage
+    assert not os.path.exists(os.path.join(short_dir, "s.sock"))
+
+
+async def test_slow_sender_does_not_hold_others(daemon: Daemon, client: AsyncClient) -> None:
+    """A client that sends a request a byte at a time is served at the end; others meanwhile."""
+    request = b'{"jsonrpc":"2.0","id":7,"method":"daemon.ping"}\n'
+    done = anyio.Event()
+
+    def dribble() -> bytes:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(daemon.socket)
+        try:
+            for byte in request:
+                s.sendall(bytes([byte]))
+                time.sleep(0.01)
+            return s.makefile("rb").readline()
+        finally:
+            s.close()
+            anyio.from_thread.run_sync(done.set)
+
+    async with anyio.create_task_group() as tg:
+        reply: list[bytes] = []
+
+        async def slow() -> None:
+            reply.append(await anyio.to_thread.run_sync(dribble))
+
+        tg.start_soon(slow)
+        served = 0
+        while not done.is_set():
+            assert (await client.ping()).pong
+            served += 1
+            await anyio.sleep(0.01)
+    assert b'"id":7' in reply[0] and served > 5
