@@ -60,7 +60,7 @@ def assert_valid_reply(msg: Any) -> None:
             assert isinstance(item["error"]["message"], str)
 
 
-async def served(daemon: Daemon) -> None:
+async def served_ok(daemon: Daemon) -> None:
     async with AsyncClient(daemon.socket) as c:
         assert (await c.ping()).pong
 
@@ -90,7 +90,7 @@ class TestHostileInput:
                  for r in replies]
         assert all(code in (-32700, -32600, -32602) for code in codes), codes
         assert (await client.get_session("deep")).message_count == 0
-        await served(daemon)
+        await served_ok(daemon)
 
     async def test_huge_line_is_cut_off(self, daemon: Daemon) -> None:
         """A 20 MiB line (over the 16 MiB default) gets -32600 and a close."""
@@ -108,7 +108,7 @@ class TestHostileInput:
 
         first, rest = await anyio.to_thread.run_sync(run)
         assert first["error"]["code"] == -32600 and rest == b""
-        await served(daemon)
+        await served_ok(daemon)
 
     async def test_half_request_then_gone(self, daemon: Daemon) -> None:
         """Half a request and a disconnect leave nothing behind."""
@@ -118,7 +118,7 @@ class TestHostileInput:
             raw.close()
 
         await anyio.to_thread.run_sync(run)
-        await served(daemon)
+        await served_ok(daemon)
         async with AsyncClient(daemon.socket) as c:
             with anyio.fail_after(10):
                 while (await c.stats()).connections != 1:
@@ -145,7 +145,7 @@ class TestHostileInput:
                     await client.append_message("quiet", "user", f"still served {i}")
         finally:
             raw.close()
-        await served(daemon)
+        await served_ok(daemon)
 
 
 async def test_connection_limit(short_dir: str) -> None:
@@ -171,7 +171,7 @@ async def test_connection_limit(short_dir: str) -> None:
 
         [reply] = await anyio.to_thread.run_sync(run)
         assert reply["error"]["code"] == -32008
-        await served(d)
+        await served_ok(d)
 
 
 json_values = st.recursive(
@@ -208,3 +208,44 @@ async def test_fuzzed_lines_get_valid_answers(daemon: Daemon, line: bytes) -> No
 
     for msg in await anyio.to_thread.run_sync(run):
         assert_valid_reply(msg)
+
+
+async def test_thousands_of_connections_at_once(daemon: Daemon) -> None:
+    """1,500 connections at once: max_connections are served, the rest get -32008; no harm."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4000:
+        pytest.skip(f"needs 4,000 file descriptors, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4000), hard))
+    limit = daemon.config.max_connections
+
+    def flood() -> tuple[int, int]:
+        socks = []
+        try:
+            for _ in range(limit + 476):
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(daemon.socket)
+                s.settimeout(30)
+                socks.append(s)
+            for s in socks:
+                s.sendall(PING)
+            served = refused = 0
+            for s in socks:
+                reply = json.loads(s.makefile("rb").readline())
+                if "result" in reply:
+                    served += 1
+                else:
+                    assert reply["error"]["code"] == -32008
+                    refused += 1
+            return served, refused
+        finally:
+            for s in socks:
+                s.close()
+
+    try:
+        served, refused = await anyio.to_thread.run_sync(flood)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert served == limit and refused == 476
+    await served_ok(daemon)
