@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sqlite3
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -117,3 +121,52 @@ async def test_slow_sender_does_not_hold_others(daemon: Daemon, client: AsyncCli
             served += 1
             await anyio.sleep(0.01)
     assert b'"id":7' in reply[0] and served > 5
+
+
+@contextlib.contextmanager
+def tmpfs(size: str, *, read_only: bool = False) -> Iterator[str]:
+    """A small filesystem of our own (root only); skips where mounting is not allowed."""
+    point = tempfile.mkdtemp(prefix="sd-fs-")
+    opts = f"size={size}" + (",ro" if read_only else "")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", point],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        os.rmdir(point)
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", "-l", point], check=False)
+        os.rmdir(point)
+
+
+async def test_filesystem_fills_then_grows() -> None:
+    """A real full filesystem: -32012, reads go on, writes recover once there is room."""
+    with tmpfs("2m") as point:
+        async with running_daemon(daemon_config(point)) as d, AsyncClient(d.socket) as c:
+            await c.create_session("fs")
+            with pytest.raises(StorageError) as err:
+                for _ in range(1000):
+                    await c.append_message("fs", "user", "q" * 50_000)
+            assert "full" in err.value.data["detail"]
+            stored = (await c.get_session("fs")).message_count
+            assert d.sql("SELECT COUNT(*) FROM messages") == [(stored,)]
+            subprocess.run(["mount", "-o", "remount,size=16m", point], check=True)
+            await c.append_message("fs", "user", "q" * 50_000)
+            assert (await c.get_session("fs")).message_count == stored + 1
+
+
+async def test_database_on_a_read_only_filesystem() -> None:
+    """A database that cannot be written: the daemon says so and exits 1; nothing changes."""
+    with tmpfs("1m") as point:
+        db = os.path.join(point, "ro.db")
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE t (x)")
+        con.close()
+        subprocess.run(["mount", "-o", "remount,ro", point], check=True)
+        with tempfile.TemporaryDirectory(prefix="sd-") as run:
+            result = await anyio.run_process(
+                [sys.executable, "-m", "sessiond_daemon", "--db", db,
+                 "--socket", os.path.join(run, "s.sock"), "--log-format", "json"], check=False)
+        assert result.returncode == 1
+        assert db in result.stderr.decode() and "readonly" in result.stderr.decode()
