@@ -170,3 +170,25 @@ async def test_database_on_a_read_only_filesystem() -> None:
                  "--socket", os.path.join(run, "s.sock"), "--log-format", "json"], check=False)
         assert result.returncode == 1
         assert db in result.stderr.decode() and "readonly" in result.stderr.decode()
+
+
+async def test_database_turns_read_only(daemon: Daemon, client: AsyncClient,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite refusing to write (as for an unwritable file): -32012, reads go on, recovery."""
+    await client.create_session("ro")
+    real_commit = SqliteStore._commit
+    readonly = {"on": True}
+
+    def commit_read_only(self: SqliteStore, batch: Any) -> None:
+        self._w.execute(f"PRAGMA query_only = {'ON' if readonly['on'] else 'OFF'}")
+        real_commit(self, batch)
+
+    monkeypatch.setattr(SqliteStore, "_commit", commit_read_only)
+    with pytest.raises(StorageError) as err:
+        await client.append_message("ro", "user", "refused")
+    assert "readonly" in err.value.data["detail"]
+    assert daemon.sql("SELECT COUNT(*) FROM events WHERE session_id = 'ro'") == [(1,)]
+    assert (await client.get_session("ro")).version == 1
+    readonly["on"] = False
+    await client.append_message("ro", "user", "accepted")
+    assert (await client.get_session("ro")).message_count == 1

@@ -93,12 +93,12 @@ class TestHostileInput:
         await served_ok(daemon)
 
     async def test_huge_line_is_cut_off(self, daemon: Daemon) -> None:
-        """A 20 MiB line (over the 16 MiB default) gets -32600 and a close."""
+        """A 64 MiB line (over the 16 MiB default) gets -32600 and a close."""
         def run() -> tuple[Any, bytes]:
             raw = Raw(daemon.socket)
             try:
                 try:
-                    raw.sock.sendall(b'{"x":"' + b"a" * (20 << 20) + b'"}\n')
+                    raw.sock.sendall(b'{"x":"' + b"a" * (64 << 20) + b'"}\n')
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the daemon may close before we finish sending
                 first = json.loads(raw.file.readline())
