@@ -30,6 +30,15 @@ class Methods:
         """The daemon's counters. -> StatsResult."""
         return self._call("daemon.stats", rpc.StatsResult)
 
+    def verify(self) -> Any:
+        """Check the database, every hash chain and every view against the fold.
+        -> VerifyResult (ok, checked_sessions, problems)."""
+        return self._call("daemon.verify", rpc.VerifyResult)
+
+    def backup(self, path: str) -> Any:
+        """Copy the database online to a new file (an absolute path). -> BackupResult."""
+        return self._call("daemon.backup", rpc.BackupResult, path=path)
+
     # --- sessions -----------------------------------------------------------------------
 
     def create_session(self, session_id: str | None = None, **fields: Any) -> Any:
@@ -66,6 +75,10 @@ class Methods:
         """Delete a session with all its events, messages and checkpoints. -> bool."""
         return self._call("session.delete", rpc.DeleteResult, lambda r: r.deleted,
                           session_id=session_id, **options)
+
+    def cleanup(self, **options: Any) -> Any:
+        """Delete ended sessions idle for older_than_days (statuses, dry_run). -> CleanupResult."""
+        return self._call("session.cleanup", rpc.CleanupResult, **options)
 
     # --- messages -----------------------------------------------------------------------
 

@@ -180,6 +180,49 @@ def _stats(c: Client, a: argparse.Namespace) -> Any:
     return c.stats()
 
 
+def _render_verify(r: Any) -> None:
+    for p in r.problems:
+        print(f"{p.session_id or '(database)'}: {p.problem}")
+    print(f"{'ok' if r.ok else 'PROBLEMS'}: {r.checked_sessions} sessions checked,"
+          f" {len(r.problems)} problems")
+
+
+@command("verify", _render_verify)
+def _verify(c: Client, a: argparse.Namespace) -> Any:
+    result = c.verify()
+    if not result.ok:  # print, then exit non-zero
+        (print(msgspec.json.encode(result).decode()) if a.json else _render_verify(result))
+        sys.exit(1)
+    return result
+
+
+@command("backup", _print_kv)
+def _backup(c: Client, a: argparse.Namespace) -> Any:
+    return c.backup(os.path.abspath(a.path))
+
+
+def _days(text: str) -> float:
+    """7d, 12h, 30m, or a number of days."""
+    units = {"d": 1.0, "h": 1 / 24, "m": 1 / 1440}
+    try:
+        if text[-1:] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a duration like 7d, 12h or 30m: {text}") from exc
+
+
+@command("cleanup")
+def _cleanup(c: Client, a: argparse.Namespace) -> Any:
+    result = c.cleanup(older_than_days=a.older_than, statuses=a.status or None,
+                       dry_run=True if a.dry_run else None)
+    if a.json:
+        return result
+    verb = "would delete" if a.dry_run else "deleted"
+    print(f"{verb} {result.deleted} sessions" + "".join(f"\n  {s}" for s in result.session_ids))
+    return _STREAMED
+
+
 @command("create", _render_state)
 def _create(c: Client, a: argparse.Namespace) -> Any:
     fields = {
@@ -362,6 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     cmd("ping", "check that the daemon answers", sid=False)
+    cmd("verify", "check the database, hash chains and views; exit 1 on problems", sid=False)
+    sp = cmd("backup", "copy the database online to a new file", sid=False)
+    sp.add_argument("path")
+    sp = cmd("cleanup", "delete ended sessions idle for a while", sid=False)
+    sp.add_argument("--older-than", type=_days, default=7.0, help="7d, 12h, 30m (default 7d)")
+    sp.add_argument("--status", action="append", choices=STATUSES,
+                    help="statuses to clean (default: completed failed cancelled killed)")
+    sp.add_argument("--dry-run", action="store_true", help="only list what would go")
     cmd("stats", "show the daemon's counters", sid=False)
     sp = cmd("create", "create a session", sid=False)
     sp.add_argument("--id", help="session id (default: a new ULID)")

@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if name.startswith("max_") or name in ("view_cache_size", "snapshot_every"):
             p.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
     p.add_argument("--drain-timeout-s", type=float, dest="drain_timeout_s")
+    p.add_argument("--cleanup-older-than-days", type=float, dest="cleanup_older_than_days",
+                   help="delete ended sessions idle this long, every --cleanup-every-s (0: never)")
+    p.add_argument("--cleanup-every-s", type=float, dest="cleanup_every_s")
     p.add_argument("--allowed-uids", type=_int_list, help="comma-separated uids let in besides ours")
     p.add_argument("--allowed-gids", type=_int_list, help="comma-separated gids let in")
     return p.parse_args(argv)

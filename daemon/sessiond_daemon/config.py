@@ -39,6 +39,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     allowed_uids: list[int] = []
     allowed_gids: list[int] = []
     drain_timeout_s: float = 10.0
+    cleanup_older_than_days: float = 0  # 0: no periodic retention
+    cleanup_every_s: float = 3600
 
 
 def default_db(env: Mapping[str, str] = os.environ) -> str:

@@ -10,6 +10,9 @@ import stat
 import anyio
 import structlog
 from anyio.abc import SocketListener, TaskStatus
+from sessiond_schemas.errors import SessiondError
+from sessiond_schemas.events import EventMeta
+from sessiond_schemas.rpc import SessionCleanupParams
 
 from .config import Config
 from .server import Server, ServerLimits
@@ -96,6 +99,8 @@ async def _serve(config: Config, store: SqliteStore, writer: Writer, shutdown: a
     try:
         async with anyio.create_task_group() as serving:
             await serving.start(server.serve, listener)
+            if config.cleanup_older_than_days > 0:
+                serving.start_soon(_retention, service, config)
             log.info("daemon.ready", socket=config.socket, db=config.db,
                      durability=config.durability, pid=os.getpid())
             task_status.started(config.socket)
@@ -110,6 +115,18 @@ async def _serve(config: Config, store: SqliteStore, writer: Writer, shutdown: a
         with anyio.CancelScope(shield=True):
             await listener.aclose()
             _unlink_socket(config.socket, bound)
+
+
+async def _retention(service: Service, config: Config) -> None:
+    """Delete ended sessions idle for cleanup_older_than_days, every cleanup_every_s."""
+    params = SessionCleanupParams(older_than_days=config.cleanup_older_than_days)
+    meta = EventMeta(peer_uid=os.getuid(), peer_pid=os.getpid())
+    while True:
+        try:
+            await service.session_cleanup(params, meta)
+        except SessiondError as exc:  # say so, and try again next time
+            log.warning("retention.failed", error=exc.message)
+        await anyio.sleep(config.cleanup_every_s)
 
 
 def _unlink_socket(path: str, bound: os.stat_result) -> None:

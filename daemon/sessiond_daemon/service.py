@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
+from datetime import UTC, datetime, timedelta
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import anyio
 import msgspec
+import structlog
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import (
     AmbiguousIdError,
@@ -16,7 +20,9 @@ from sessiond_schemas.errors import (
     InvalidParamsError,
     InvalidTransitionError,
     SessionExistsError,
+    SessiondError,
     SessionNotFoundError,
+    StorageError,
     TooLargeError,
 )
 from sessiond_schemas.events import (
@@ -34,6 +40,7 @@ from sessiond_schemas.state import SessionState
 
 from . import projection
 from .store import SessionFilters, SqliteStore
+from .verify import SessionCheck
 from .writer import Command, Delete, Plan, Planner, Writer
 
 try:
@@ -42,6 +49,7 @@ except PackageNotFoundError:  # running from a source tree
     VERSION = "0+unknown"
 
 _json = msgspec.json.Encoder()
+log = structlog.get_logger("sessiond.service")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +79,10 @@ _APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
     "session.status_changed": StatusChangeInput,
 }
 _INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint.save"}
+
+
+class _NoLongerStale(SessiondError):
+    """Cleanup found this session active again by the time the writer decided."""
 
 
 def _require(state: SessionState | None, session_id: str) -> SessionState:
@@ -161,6 +173,42 @@ class Service:
             "write_transactions": self.writer.transactions,
             "write_commands": self.writer.commands,
         }
+
+    async def daemon_verify(self, p: rpc.NoParams, meta: EventMeta) -> rpc.VerifyResult:
+        problems = [rpc.VerifyProblem(session_id=None, problem=f"integrity_check: {line}")
+                    for line in await self.store.integrity_check() if line != "ok"]
+        checked, after = 0, ""
+        while ids := await self.store.session_ids(after, 500):
+            for sid in ids:
+                check = SessionCheck(sid, await self.store.snapshots(sid))
+                version: int | None = 1
+                while version is not None:
+                    page = await self.store.read_events(session_id=sid, from_version=version,
+                                                        after_position=0, limit=1000, types=None)
+                    check.feed(page)
+                    version = page[-1].version + 1 if len(page) == 1000 else None
+                raw = await self.store.state_json(sid)
+                stored = msgspec.json.decode(raw, type=SessionState) if raw else None
+                problems += [rpc.VerifyProblem(session_id=sid, problem=text)
+                             for text in check.finish(stored)]
+                checked += 1
+            after = ids[-1]
+        return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems)
+
+    async def daemon_backup(self, p: rpc.BackupParams, meta: EventMeta) -> rpc.BackupResult:
+        if not os.path.isabs(p.path):
+            raise InvalidParamsError("the backup path must be absolute (the daemon's working"
+                                     " directory is not yours)", {"detail": "relative path",
+                                                                   "path": "$.path"})
+        try:
+            size, position = await self.store.backup(p.path)
+        except FileExistsError as exc:
+            raise InvalidParamsError(f"{p.path} exists; a backup never overwrites a file",
+                                     {"detail": "exists", "path": "$.path"}) from exc
+        except OSError as exc:
+            raise StorageError(f"cannot write the backup {p.path}: {exc.strerror}",
+                               {"detail": str(exc)}) from exc
+        return rpc.BackupResult(path=p.path, bytes=size, position=position)
 
     # --- sessions -------------------------------------------------------------------
 
@@ -268,6 +316,38 @@ class Service:
             return Delete(rpc.DeleteResult(deleted=True))
 
         return await self._submit(p, meta, plan)
+
+    async def session_cleanup(self, p: rpc.SessionCleanupParams, meta: EventMeta) -> rpc.CleanupResult:
+        cutoff = (datetime.now(UTC) - timedelta(days=p.older_than_days)).strftime(
+            "%Y-%m-%dT%H:%M:%S.%fZ")
+        statuses = list(p.statuses)
+        if not statuses:
+            return rpc.CleanupResult(deleted=0, session_ids=[])
+        stale = await self.store.stale_sessions(statuses, cutoff, 10_000)
+        if p.dry_run:
+            return rpc.CleanupResult(deleted=len(stale), session_ids=stale)
+        deleted: list[str] = []
+
+        async def delete(sid: str) -> None:
+            # Decided again in the writer: a session resumed meanwhile is kept.
+            def plan(state: SessionState | None) -> Delete:
+                if (state is None or state.status not in statuses
+                        or state.timestamps.updated_at >= cutoff):
+                    raise _NoLongerStale(sid)
+                return Delete(rpc.DeleteResult(deleted=True))
+
+            try:
+                await self.writer.submit(Command(session_id=sid, plan=plan, meta=meta))
+                deleted.append(sid)
+            except _NoLongerStale:
+                pass
+
+        async with anyio.create_task_group() as tg:  # submitted together: group-committed
+            for sid in stale:
+                tg.start_soon(delete, sid)
+        if deleted:
+            log.info("session.cleanup", deleted=len(deleted), older_than_days=p.older_than_days)
+        return rpc.CleanupResult(deleted=len(deleted), session_ids=sorted(deleted))
 
     # --- messages -------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 import aiosqlite
+import anyio
 import msgspec
 import structlog
 from sessiond_schemas.errors import InvalidParamsError, StorageError
@@ -381,6 +382,52 @@ class SqliteStore:
             self._r(), "SELECT state FROM sessions WHERE session_id = ?", (session_id,)
         )
         return bytes(row[0]) if row else None
+
+    async def integrity_check(self) -> list[str]:
+        """SQLite's own check of the file: ["ok"] when sound."""
+        return [r[0] for r in await self._all(self._r(), "PRAGMA integrity_check")]
+
+    async def session_ids(self, after: str, limit: int) -> list[str]:
+        """Session ids in id order, after `after` (for walking every session)."""
+        rows = await self._all(self._r(), "SELECT session_id FROM sessions WHERE session_id > ?"
+                               " ORDER BY session_id LIMIT ?", (after, limit))
+        return [r[0] for r in rows]
+
+    async def snapshots(self, session_id: str) -> dict[int, SessionState]:
+        rows = await self._all(self._r(), "SELECT version, state FROM snapshots"
+                               " WHERE session_id = ?", (session_id,))
+        return {r[0]: _state_decoder.decode(r[1]) for r in rows}
+
+    async def stale_sessions(self, statuses: list[str], before: str, limit: int) -> list[str]:
+        """Sessions in one of `statuses` whose last event is older than `before`."""
+        rows = await self._all(
+            self._r(),
+            f"SELECT session_id FROM sessions WHERE status IN ({', '.join('?' * len(statuses))})"
+            " AND updated_at < ? ORDER BY updated_at LIMIT ?",
+            (*statuses, before, limit))
+        return [r[0] for r in rows]
+
+    async def backup(self, target: str) -> tuple[int, int]:
+        """Copy the database online (SQLite's backup API: one consistent snapshot while
+        writers go on) to a new file; return (bytes, last position in the copy)."""
+        def copy() -> tuple[int, int]:
+            source = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never overwrite
+            os.close(fd)
+            dest = sqlite3.connect(target)
+            try:
+                source.backup(dest)
+                dest.execute("PRAGMA journal_mode = WAL")
+                position = dest.execute("SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0]
+            finally:
+                dest.close()
+                source.close()
+            return os.path.getsize(target), int(position)
+
+        try:
+            return await anyio.to_thread.run_sync(copy)
+        except sqlite3.Error as exc:
+            raise _storage_error(exc) from exc
 
     async def snapshot(self, session_id: str, at_most: int) -> SessionState | None:
         """The latest stored view of a session at or before version `at_most`."""

@@ -203,6 +203,13 @@ class EventsReadParams(Params, kw_only=True, forbid_unknown_fields=True):
     types: list[EventType] | None = None
 
 
+class SessionCleanupParams(Params, kw_only=True, forbid_unknown_fields=True):
+    older_than_days: Annotated[float, msgspec.Meta(ge=0)] = 7
+    statuses: list[Status] = msgspec.field(
+        default_factory=lambda: ["completed", "failed", "cancelled", "killed"])
+    dry_run: bool = False
+
+
 class EventsSubscribeParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str | None = None
     from_position: NonNegInt | None = None
@@ -327,6 +334,28 @@ class EventsReadResult(msgspec.Struct, kw_only=True):
     next: int | None
 
 
+class VerifyProblem(msgspec.Struct, kw_only=True):
+    session_id: str | None
+    problem: str
+
+
+class VerifyResult(msgspec.Struct, kw_only=True):
+    ok: bool
+    checked_sessions: int
+    problems: list[VerifyProblem]
+
+
+class BackupResult(msgspec.Struct, kw_only=True):
+    path: str
+    bytes: int
+    position: int
+
+
+class CleanupResult(msgspec.Struct, kw_only=True):
+    deleted: int
+    session_ids: list[str]
+
+
 class SubscribeResult(msgspec.Struct, kw_only=True):
     subscription: str
     position: int  # events after this position follow
@@ -357,6 +386,8 @@ class SubscriptionDropped(msgspec.Struct, kw_only=True):
 METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "daemon.ping": (NoParams, PingResult),
     "daemon.stats": (NoParams, StatsResult),
+    "daemon.verify": (NoParams, VerifyResult),
+    "daemon.backup": (BackupParams, BackupResult),
     "session.create": (SessionCreateParams, SessionState),
     "session.get": (SessionGetParams, SessionState),
     "session.resolve": (SessionResolveParams, ResolveResult),
@@ -364,6 +395,7 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "session.transition": (SessionTransitionParams, SessionState),
     "session.resume": (SessionResumeParams, SessionResumeResult),
     "session.delete": (SessionDeleteParams, DeleteResult),
+    "session.cleanup": (SessionCleanupParams, CleanupResult),
     "message.append": (MessageAppendParams, MessageAppendResult),
     "message.append_many": (MessageAppendManyParams, MessageAppendManyResult),
     "message.list": (MessageListParams, MessageListResult),
