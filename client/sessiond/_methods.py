@@ -76,6 +76,16 @@ class Methods:
         return self._call("session.delete", rpc.DeleteResult, lambda r: r.deleted,
                           session_id=session_id, **options)
 
+    def export_session(self, session_id: str) -> Any:
+        """The export document of a session (events, view, checkpoints, checksum). -> dict."""
+        return self._call("session.export", Any, session_id=session_id)
+
+    def import_session(self, document: Any, on_conflict: str | None = None) -> Any:
+        """Store an export document (a dict, or its JSON text); on_conflict: error, skip,
+        replace. -> SessionState."""
+        return self._call("session.import", SessionState, document=document,
+                          on_conflict=on_conflict)
+
     def cleanup(self, **options: Any) -> Any:
         """Delete ended sessions idle for older_than_days (statuses, dry_run). -> CleanupResult."""
         return self._call("session.cleanup", rpc.CleanupResult, **options)

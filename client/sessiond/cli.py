@@ -223,6 +223,51 @@ def _cleanup(c: Client, a: argparse.Namespace) -> Any:
     return _STREAMED
 
 
+@command("export")
+def _export(c: Client, a: argparse.Namespace) -> Any:
+    document = c.export_session(_sid(c, a.id))
+    text = json.dumps(document, ensure_ascii=False, indent=1) + "\n"
+    if a.output:
+        with open(a.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return _STREAMED
+
+
+@command("import")
+def _import(c: Client, a: argparse.Namespace) -> Any:
+    imported, failed = [], []
+
+    def one(path: str) -> None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()  # sent as text: the daemon judges even invalid JSON
+            state = c.import_session(text, on_conflict=a.on_conflict)
+            imported.append({"file": path, "session_id": state.session_id,
+                             "version": state.version})
+        except (SessiondError, OSError) as exc:
+            failed.append({"file": path, "error": getattr(exc, "message", str(exc))})
+
+    if a.json or len(a.files) == 1:
+        for path in a.files:
+            one(path)
+    else:
+        from rich.progress import track
+        for path in track(a.files, description="importing"):
+            one(path)
+    if a.json:
+        print(json.dumps({"imported": imported, "failed": failed}))
+    else:
+        for item in imported:
+            print(f"imported {item['session_id']} (v{item['version']}) from {item['file']}")
+        for item in failed:
+            print(f"FAILED {item['file']}: {item['error']}", file=sys.stderr)
+    if failed:
+        sys.exit(1)
+    return _STREAMED
+
+
 @command("create", _render_state)
 def _create(c: Client, a: argparse.Namespace) -> Any:
     fields = {
@@ -406,6 +451,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd("ping", "check that the daemon answers", sid=False)
     cmd("verify", "check the database, hash chains and views; exit 1 on problems", sid=False)
+    sp = cmd("export", "write a session's export document (JSON with a checksum)")
+    sp.add_argument("-o", "--output", help="file to write (default: stdout)")
+    sp = cmd("import", "import export documents; exit 1 if any fails", sid=False)
+    sp.add_argument("files", nargs="+")
+    sp.add_argument("--on-conflict", choices=["error", "skip", "replace"])
     sp = cmd("backup", "copy the database online to a new file", sid=False)
     sp.add_argument("path")
     sp = cmd("cleanup", "delete ended sessions idle for a while", sid=False)

@@ -383,6 +383,22 @@ class SqliteStore:
         )
         return bytes(row[0]) if row else None
 
+    async def checkpoint_payloads(self, session_id: str) -> dict[str, bytes]:
+        rows = await self._all(self._r(), "SELECT checkpoint_id, payload FROM checkpoints"
+                               " WHERE session_id = ?", (session_id,))
+        return {r[0]: bytes(r[1]) for r in rows}
+
+    async def foreign_event_ids(self, session_id: str, event_ids: list[str]) -> list[str]:
+        """Which of these event ids another session already holds."""
+        found: list[str] = []
+        for i in range(0, len(event_ids), 500):
+            chunk = event_ids[i:i + 500]
+            rows = await self._all(
+                self._r(), f"SELECT event_id FROM events WHERE event_id IN"
+                f" ({', '.join('?' * len(chunk))}) AND session_id != ?", (*chunk, session_id))
+            found += [r[0] for r in rows]
+        return found
+
     async def integrity_check(self) -> list[str]:
         """SQLite's own check of the file: ["ok"] when sound."""
         return [r[0] for r in await self._all(self._r(), "PRAGMA integrity_check")]

@@ -63,7 +63,17 @@ class Delete:
     result: Any
 
 
-Planner = Callable[[SessionState | None], Plan | Delete]
+@dataclass(slots=True)
+class Import:
+    """A plan that stores another daemon's events as they are: ids, versions, times and
+    hashes kept, new positions given. With `replace`, the session's old history goes first."""
+
+    events: list[Event]
+    payloads: dict[str, bytes]  # checkpoint event_id -> payload
+    replace: bool = False
+
+
+Planner = Callable[[SessionState | None], Plan | Delete | Import]
 
 
 @dataclass(slots=True, eq=False)
@@ -259,20 +269,27 @@ class Writer:
             )
         plan = cmd.plan(entry.state if entry else None)
         if isinstance(plan, Delete):
-            batch.drop_session(sid)
-            for k in [k for k in repeats if k[0] == sid]:
-                del repeats[k]
-            batch.deletes.append(sid)
-            overlay[sid] = _DELETED
+            self._delete(sid, batch, overlay, repeats)
             cmd.result = _json.encode(plan.result)
             return
-        events = self._make_events(cmd, entry, plan)
-        state, snapshots = self._fold_with_snapshots(entry.state if entry else None, events)
-        result = _json.encode(plan.result(state, events))
+        payloads: dict[str, bytes]
+        if isinstance(plan, Import):
+            events = [msgspec.structs.replace(e, position=self.next_position + i)
+                      for i, e in enumerate(plan.events)]
+            self.next_position += len(events)
+            state, snapshots = self._fold_with_snapshots(None, events)
+            result = _json.encode(state)
+            payloads = plan.payloads
+            if plan.replace and entry is not None:
+                self._delete(sid, batch, overlay, repeats)
+        else:
+            events = self._make_events(cmd, entry, plan)
+            state, snapshots = self._fold_with_snapshots(entry.state if entry else None, events)
+            result = _json.encode(plan.result(state, events))
+            payloads = {events[i].event_id: payload for i, payload in plan.payloads.items()}
         # Everything is decided; nothing below can fail, so the command joins whole.
         new_entry = Entry(state, events[-1].hash, events[-1].position)
-        for index, payload in plan.payloads.items():
-            batch.payloads[events[index].event_id] = payload
+        batch.payloads.update(payloads)
         batch.events.extend(events)
         batch.snapshots.extend(snapshots)
         batch.views[sid] = new_entry
@@ -281,6 +298,16 @@ class Writer:
         if key is not None:
             batch.idempotency.append((sid, key, result))
             repeats[(sid, key)] = result
+
+    @staticmethod
+    def _delete(sid: str, batch: Batch, overlay: dict[str, Entry | object],
+                repeats: dict[tuple[str, str], bytes]) -> None:
+        """Take a session out of this batch and the store (its deletes run first)."""
+        batch.drop_session(sid)
+        for k in [k for k in repeats if k[0] == sid]:
+            del repeats[k]
+        batch.deletes.append(sid)
+        overlay[sid] = _DELETED
 
     def _fold_with_snapshots(self, state: SessionState | None,
                              events: list[Event]) -> tuple[SessionState, list[SessionState]]:

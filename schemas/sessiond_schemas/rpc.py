@@ -210,6 +210,11 @@ class SessionCleanupParams(Params, kw_only=True, forbid_unknown_fields=True):
     dry_run: bool = False
 
 
+class SessionImportParams(Params, kw_only=True, forbid_unknown_fields=True):
+    document: Any
+    on_conflict: Literal["error", "skip", "replace"] = "error"
+
+
 class EventsSubscribeParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str | None = None
     from_position: NonNegInt | None = None
@@ -396,6 +401,8 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "session.resume": (SessionResumeParams, SessionResumeResult),
     "session.delete": (SessionDeleteParams, DeleteResult),
     "session.cleanup": (SessionCleanupParams, CleanupResult),
+    "session.export": (SessionRef, Any),
+    "session.import": (SessionImportParams, SessionState),
     "message.append": (MessageAppendParams, MessageAppendResult),
     "message.append_many": (MessageAppendManyParams, MessageAppendManyResult),
     "message.list": (MessageListParams, MessageListResult),

@@ -1,0 +1,36 @@
+"""The export document: one session's events, view and checkpoints, with a checksum."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Final
+
+import msgspec
+
+from .events import Event
+from .state import SessionState
+
+FORMAT: Final = "sessiond.export"
+FORMAT_VERSION: Final = 1
+_canonical = msgspec.json.Encoder(order="sorted")
+
+
+class CheckpointPayload(msgspec.Struct, kw_only=True):
+    checkpoint_id: str
+    payload: Any
+
+
+class ExportDocument(msgspec.Struct, kw_only=True):
+    format: str
+    format_version: int
+    exported_at: str
+    session: SessionState
+    events: list[Event]
+    checkpoints: list[CheckpointPayload]
+    checksum: str
+
+
+def checksum(document: dict[str, Any]) -> str:
+    """sha256 over the canonical JSON (sorted keys, no spaces, UTF-8) without `checksum`."""
+    body = {k: v for k, v in document.items() if k != "checksum"}
+    return "sha256:" + hashlib.sha256(_canonical.encode(body)).hexdigest()

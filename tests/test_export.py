@@ -1,0 +1,129 @@
+"""Export and import: round trips, and every kind of damaged document refused whole."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from typing import Any
+
+import anyio
+import pytest
+from sessiond import AsyncClient, SessionExistsError, SessionImportError, SessionNotFoundError
+from sessiond_schemas.export import checksum
+
+from conftest import Daemon, daemon_config, running_daemon
+
+pytestmark = pytest.mark.anyio
+
+
+async def rich_session(c: AsyncClient, sid: str = "trip") -> None:
+    await c.create_session(sid, task="round trip", actor_name="ns/bot", metadata={"k": 1})
+    await c.append_messages(sid, [{"role": "user", "content": "hi"},
+                                  {"role": "assistant", "content": "hello", "metadata": {"m": 2}}])
+    await c.record_tokens(sid, input_tokens=10, output_tokens=3, estimated_cost=0.25)
+    await c.record_progress(sid, "plan", edge="start->plan", retries=1)
+    await c.save_checkpoint(sid, {"cursor": [1, 2, 3]}, node_id="plan", memory={"a": 1})
+    await c.update_memory(sid, {"x": {"y": True}})
+    await c.link_plan(sid, "p1")
+    await c.transition(sid, "paused", reason="lunch")
+
+
+def resealed(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document with a checksum that matches its (changed) content."""
+    doc = copy.deepcopy(doc)
+    doc["checksum"] = checksum(doc)
+    return doc
+
+
+async def test_round_trip_into_a_fresh_daemon(daemon: Daemon, client: AsyncClient,
+                                              short_dir: str) -> None:
+    """export -> import elsewhere -> export: same events, same view; checksums differ only by
+    exported_at. Checkpoints come along."""
+    await rich_session(client)
+    first = await client.export_session("trip")
+    assert first["format"] == "sessiond.export" and first["checksum"] == checksum(first)
+    other = os.path.join(short_dir, "other")
+    os.mkdir(other)
+    async with running_daemon(daemon_config(other)) as d2, AsyncClient(d2.socket) as c2:
+        state = await c2.import_session(first)
+        assert state == await client.get_session("trip")
+        second = await c2.export_session("trip")
+        assert (await c2.get_checkpoint("trip")).payload == {"cursor": [1, 2, 3]}
+        assert (await c2.verify()).ok
+        await c2.append_message("trip", "user", "goes on after import")
+    assert second["events"] == first["events"] and second["session"] == first["session"]
+    assert second["checksum"] != first["checksum"]
+    second["exported_at"] = first["exported_at"]
+    assert checksum(second) == first["checksum"]
+
+
+async def test_damaged_documents_are_refused_whole(daemon: Daemon, client: AsyncClient) -> None:
+    """Flipped byte, missing or reordered event, unknown version, invalid JSON, forged data."""
+    await rich_session(client, "src")
+    doc = await client.export_session("src")
+    await client.delete_session("src")
+    flipped = json.dumps(doc).replace('"hello"', '"hellp"')
+    missing = copy.deepcopy(doc)
+    del missing["events"][3]
+    reordered = copy.deepcopy(doc)
+    reordered["events"][2], reordered["events"][3] = reordered["events"][3], reordered["events"][2]
+    future = dict(doc, format_version=2)
+    forged = copy.deepcopy(doc)
+    forged["events"][1]["data"]["content"] = "forged"
+    wrong_view = copy.deepcopy(doc)
+    wrong_view["session"]["message_count"] = 7
+    cases = [
+        (flipped, "checksum mismatch"),
+        (resealed(missing), "version 4 is missing or out of order"),
+        (resealed(reordered), "version 3 is missing or out of order"),
+        (resealed(future), "unknown format_version 2"),
+        ("{not json", "invalid JSON"),
+        (resealed(forged), "hash chain broken at version 2"),
+        (resealed(wrong_view), "view does not match its events"),
+        ([1, 2], "not an export document"),
+    ]
+    for document, reason in cases:
+        with pytest.raises(SessionImportError) as err:
+            await client.import_session(document)
+        assert err.value.code == -32007 and reason in err.value.data["reason"], reason
+        with pytest.raises(SessionNotFoundError):
+            await client.get_session("src")  # nothing of it was stored
+    assert daemon.sql("SELECT COUNT(*) FROM events") == [(0,)]
+    assert (await client.import_session(doc)).session_id == "src"  # the intact one goes in
+
+
+async def test_on_conflict(daemon: Daemon, client: AsyncClient) -> None:
+    """error: -32004; skip: the session as it is; replace: the document's history, whole."""
+    await rich_session(client, "c")
+    doc = await client.export_session("c")
+    await client.append_message("c", "user", "newer than the export")
+    with pytest.raises(SessionExistsError):
+        await client.import_session(doc)
+    kept = await client.import_session(doc, on_conflict="skip")
+    assert kept.message_count == 3
+    replaced = await client.import_session(doc, on_conflict="replace")
+    assert replaced.message_count == 2 and replaced.version == len(doc["events"])
+    assert (await client.verify()).ok
+
+
+async def test_cli_export_and_import(daemon: Daemon, client: AsyncClient, short_dir: str) -> None:
+    """`sessionctl export -o` and `sessionctl import` of several files, with a JSON summary."""
+    paths = []
+    for sid in ("e1", "e2", "e3"):
+        await rich_session(client, sid)
+        path = os.path.join(short_dir, f"{sid}.json")
+        await anyio.run_process([sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket,
+                                 "export", sid, "-o", path])
+        paths.append(path)
+        await client.delete_session(sid)
+    with open(paths[2], "a") as f:
+        f.write("garbage")
+    result = await anyio.run_process(
+        [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket, "import", *paths,
+         "--json"], check=False)
+    summary = json.loads(result.stdout)
+    assert result.returncode == 1
+    assert [i["session_id"] for i in summary["imported"]] == ["e1", "e2"]
+    assert summary["failed"][0]["file"] == paths[2] and "invalid JSON" in summary["failed"][0]["error"]
