@@ -152,6 +152,9 @@ async def test_sigkill_cycles_lose_and_double_nothing(short_dir: str) -> None:
                 await daemon.start()
             await anyio.sleep(0.2)
             stop.set()
+        async with AsyncClient(daemon.socket) as c:
+            verified = await c.verify()  # the daemon's own check agrees
+        assert verified.ok and verified.checked_sessions == WORKERS, verified.problems
         daemon.stop()
         check_store(daemon.db, acked)
         assert len(acked) > CYCLES * WORKERS  # the workers made real progress

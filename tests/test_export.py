@@ -127,3 +127,29 @@ async def test_cli_export_and_import(daemon: Daemon, client: AsyncClient, short_
     assert result.returncode == 1
     assert [i["session_id"] for i in summary["imported"]] == ["e1", "e2"]
     assert summary["failed"][0]["file"] == paths[2] and "invalid JSON" in summary["failed"][0]["error"]
+
+
+async def test_old_schema_events_import_and_read_as_stored(daemon: Daemon,
+                                                          client: AsyncClient) -> None:
+    """A version-0 event is stored as written (its hash holds) and folded upcast."""
+    import msgspec
+    from sessiond_daemon.projection import fold
+    from sessiond_daemon.writer import chain_hash
+    from sessiond_schemas.events import Event
+
+    await client.create_session("old")
+    await client.record_tokens("old", input_tokens=1)
+    doc = await client.export_session("old")
+    await client.delete_session("old")
+    doc["events"][1]["schema_version"] = 0
+    doc["events"][1]["data"] = {"total_input_tokens": 40, "total_output_tokens": 2}
+    prev = ""
+    for raw in doc["events"]:
+        prev = raw["hash"] = chain_hash(prev, msgspec.convert(raw, Event))
+    doc["session"] = msgspec.to_builtins(fold(None, [msgspec.convert(e, Event) for e in doc["events"]]))
+    state = await client.import_session(resealed(doc))
+    assert (state.token_usage.input_tokens, state.token_usage.output_tokens) == (40, 2)
+    [stored] = (await client.read_events("old", types=["tokens.recorded"])).events
+    assert stored.schema_version == 0 and stored.data == {"total_input_tokens": 40,
+                                                           "total_output_tokens": 2}
+    assert (await client.verify()).ok

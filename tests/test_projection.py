@@ -195,6 +195,16 @@ class TestFoldRules:
 
         assert set(_BRANCHES) == set(DATA_TYPES)
 
+    def test_old_event_shapes_are_upcast(self) -> None:
+        """A version-0 tokens.recorded (Hive's field names) folds as today's shape."""
+        from msgspec.structs import replace
+
+        h = History()
+        old = h.add("tokens.recorded", {"total_input_tokens": 5, "total_output_tokens": 2})
+        h.events[-1] = replace(old, schema_version=0)
+        s = fold(None, h.events)
+        assert (s.token_usage.input_tokens, s.token_usage.output_tokens) == (5, 2)
+
     def test_merge_patch_rfc7396(self) -> None:
         """RFC 7396 examples: null removes, objects merge, others replace."""
         target = {"a": "b", "c": {"d": "e", "f": "g"}}

@@ -101,7 +101,7 @@ def _thaw(s: SessionState) -> SessionState:
 
 
 def _created(event: Event) -> SessionState:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, SessionCreated)
     at = event.recorded_at
     return SessionState(
@@ -136,7 +136,7 @@ def _session_created(s: SessionState, event: Event) -> None:
 
 
 def _status_changed(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, StatusChanged)
     t, p = s.timestamps, s.progress
     s.status = d.to
@@ -163,7 +163,7 @@ def _status_changed(s: SessionState, event: Event) -> None:
 
 
 def _message_appended(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, MessageAppended)
     s.message_count += 1
     s.last_message = Message(
@@ -178,7 +178,7 @@ def _message_appended(s: SessionState, event: Event) -> None:
 
 
 def _tokens_recorded(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, TokensRecorded)
     u = s.token_usage
     u.input_tokens += d.input_tokens
@@ -188,7 +188,7 @@ def _tokens_recorded(s: SessionState, event: Event) -> None:
 
 
 def _progress_recorded(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, ProgressRecorded)
     p, m, node = s.progress, s.metrics, d.node_id
     p.current_node = node
@@ -211,7 +211,7 @@ def _progress_recorded(s: SessionState, event: Event) -> None:
 
 
 def _checkpoint_saved(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, CheckpointSaved)
     s.latest_checkpoint_id = d.checkpoint_id
     s.checkpoint_count += 1
@@ -219,19 +219,19 @@ def _checkpoint_saved(s: SessionState, event: Event) -> None:
 
 
 def _memory_updated(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, MemoryUpdated)
     s.memory = merge_patch(s.memory, d.patch)
 
 
 def _metadata_updated(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, MetadataUpdated)
     s.metadata = merge_patch(s.metadata, d.patch)
 
 
 def _result_recorded(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, ResultRecorded)
     s.result.success, s.result.output, s.result.error = d.success, d.output, d.error
     if d.error is not None:
@@ -249,14 +249,14 @@ def _decision_recorded(s: SessionState, event: Event) -> None:
 
 
 def _plan_linked(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, PlanLinked)
     if d.plan_id not in s.linked_plan_ids:
         s.linked_plan_ids.append(d.plan_id)
 
 
 def _process_started(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, ProcessStarted)
     s.pid, s.turn, s.exit_code = d.pid, d.turn, None
 
@@ -266,7 +266,7 @@ def _process_output(s: SessionState, event: Event) -> None:
 
 
 def _process_exited(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data)
+    d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, ProcessExited)
     s.exit_code = d.exit_code
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -222,6 +223,30 @@ EventType = Literal[
 ]
 
 
-def decode_data(event_type: str, data: dict[str, Any]) -> msgspec.Struct:
-    """Type an event's stored data (tolerant: unknown fields are ignored)."""
-    return msgspec.convert(data, DATA_TYPES[event_type])
+def _tokens_v0(data: dict[str, Any]) -> dict[str, Any]:
+    # Version 0 used Hive's metric names (seed 000): total_input/output_tokens.
+    renamed = {"total_input_tokens": "input_tokens", "total_output_tokens": "output_tokens"}
+    return {renamed.get(k, k): v for k, v in data.items()}
+
+
+# (type, schema_version) -> the data in the next version's shape. Changing an event
+# type is adding a function here, never migrating stored rows: events stay as they
+# were written (their hashes cover that), and are brought up to date when read.
+UPCASTERS: Final[dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]]] = {
+    ("tokens.recorded", 0): _tokens_v0,
+}
+
+
+def upcast(event_type: str, schema_version: int, data: dict[str, Any]) -> dict[str, Any]:
+    """Bring stored event data up to the current schema version."""
+    for version in range(schema_version, CURRENT_SCHEMA_VERSION):
+        step = UPCASTERS.get((event_type, version))
+        if step is not None:
+            data = step(data)
+    return data
+
+
+def decode_data(event_type: str, data: dict[str, Any],
+                schema_version: int = CURRENT_SCHEMA_VERSION) -> msgspec.Struct:
+    """Type an event's stored data, upcast first (tolerant: unknown fields are ignored)."""
+    return msgspec.convert(upcast(event_type, schema_version, data), DATA_TYPES[event_type])
