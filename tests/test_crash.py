@@ -19,7 +19,7 @@ import msgspec
 import pytest
 from sessiond import AsyncClient, ConnectionLostError, SessiondError, ShuttingDownError
 from sessiond_daemon.projection import fold
-from sessiond_daemon.writer import chain_hash
+from sessiond_schemas.export import chain_hash
 from sessiond_schemas.events import Event, EventMeta
 from sessiond_schemas.state import SessionState
 

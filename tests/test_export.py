@@ -134,7 +134,7 @@ async def test_old_schema_events_import_and_read_as_stored(daemon: Daemon,
     """A version-0 event is stored as written (its hash holds) and folded upcast."""
     import msgspec
     from sessiond_daemon.projection import fold
-    from sessiond_daemon.writer import chain_hash
+    from sessiond_schemas.export import chain_hash
     from sessiond_schemas.events import Event
 
     await client.create_session("old")

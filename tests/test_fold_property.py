@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sessiond import AsyncClient, SessiondError
 from sessiond_daemon.projection import fold
-from sessiond_daemon.writer import chain_hash
+from sessiond_schemas.export import chain_hash
 from sessiond_schemas.events import STATUSES, Event
 from sessiond_schemas.state import SessionState
 

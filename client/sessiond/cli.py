@@ -239,15 +239,27 @@ def _export(c: Client, a: argparse.Namespace) -> Any:
 def _import(c: Client, a: argparse.Namespace) -> Any:
     imported, failed = [], []
 
+    def send(path: str, document: Any, warnings: list[str]) -> None:
+        try:
+            state = c.import_session(document, on_conflict=a.on_conflict)
+            imported.append({"file": path, "session_id": state.session_id,
+                             "version": state.version, "warnings": warnings})
+        except SessiondError as exc:
+            failed.append({"file": path, "error": exc.message})
+
     def one(path: str) -> None:
         try:
+            if a.format:  # a seed's own store: each importer yields export documents
+                from .importers import FORMATS
+                for source, document, warnings in FORMATS[a.format](path):
+                    send(source, document, warnings)
+                return
             with open(path, encoding="utf-8") as f:
                 text = f.read()  # sent as text: the daemon judges even invalid JSON
-            state = c.import_session(text, on_conflict=a.on_conflict)
-            imported.append({"file": path, "session_id": state.session_id,
-                             "version": state.version})
-        except (SessiondError, OSError) as exc:
-            failed.append({"file": path, "error": getattr(exc, "message", str(exc))})
+        except (OSError, ValueError, KeyError) as exc:
+            failed.append({"file": path, "error": f"cannot read it: {exc!r}"})
+            return
+        send(path, text, [])
 
     if a.json or len(a.files) == 1:
         for path in a.files:
@@ -261,6 +273,8 @@ def _import(c: Client, a: argparse.Namespace) -> Any:
     else:
         for item in imported:
             print(f"imported {item['session_id']} (v{item['version']}) from {item['file']}")
+            for warning in item["warnings"]:
+                print(f"  note: {warning}", file=sys.stderr)
         for item in failed:
             print(f"FAILED {item['file']}: {item['error']}", file=sys.stderr)
     if failed:
@@ -453,8 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmd("verify", "check the database, hash chains and views; exit 1 on problems", sid=False)
     sp = cmd("export", "write a session's export document (JSON with a checksum)")
     sp.add_argument("-o", "--output", help="file to write (default: stdout)")
-    sp = cmd("import", "import export documents; exit 1 if any fails", sid=False)
-    sp.add_argument("files", nargs="+")
+    sp = cmd("import", "import export documents, or a seed's store with --format;"
+             " exit 1 if any fails", sid=False)
+    sp.add_argument("files", nargs="+", metavar="PATH")
+    sp.add_argument("--format", choices=["hive", "cleveragents", "zwarm"],
+                    help="hive: a storage root, its sessions/ or one session folder;"
+                         " cleveragents: an as_export_dict() file; zwarm: a project, .zwarm/"
+                         " or one session folder")
     sp.add_argument("--on-conflict", choices=["error", "skip", "replace"])
     sp = cmd("backup", "copy the database online to a new file", sid=False)
     sp.add_argument("path")

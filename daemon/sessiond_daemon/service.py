@@ -14,6 +14,7 @@ import anyio
 import msgspec
 import structlog
 from sessiond_schemas import export, rpc
+from sessiond_schemas.export import chain_hash
 from sessiond_schemas.errors import (
     AmbiguousIdError,
     CheckpointNotFoundError,
@@ -43,7 +44,7 @@ from sessiond_schemas.state import SessionState
 from . import projection
 from .store import SessionFilters, SqliteStore
 from .verify import SessionCheck
-from .writer import Command, Delete, Import, Plan, Planner, Writer, chain_hash
+from .writer import Command, Delete, Import, Plan, Planner, Writer
 
 try:
     VERSION = version("sessiond")
@@ -381,8 +382,8 @@ class Service:
 
     async def session_import(self, p: rpc.SessionImportParams, meta: EventMeta) -> msgspec.Raw:
         doc = _read_document(p.document)
-        sid = doc.session.session_id
         events = doc.events
+        sid = events[0].session_id
         clash = await self.store.foreign_event_ids(sid, [e.event_id for e in events])
         if clash:
             raise _import_failed(f"event {clash[0]} is already stored in another session")
@@ -587,9 +588,9 @@ def _read_document(raw: Any) -> export.ExportDocument:
         doc = msgspec.convert(raw, export.ExportDocument)
     except msgspec.ValidationError as exc:
         raise _import_failed(f"corrupt document: {exc}") from exc
-    sid, prev = doc.session.session_id, ""
     if not doc.events:
         raise _import_failed("the document holds no events")
+    sid, prev = doc.events[0].session_id, ""
     for expected, e in enumerate(doc.events, start=1):
         if e.session_id != sid:
             raise _import_failed(f"event {e.event_id} belongs to session {e.session_id}")
@@ -603,7 +604,7 @@ def _read_document(raw: Any) -> export.ExportDocument:
         folded = projection.fold(None, doc.events)
     except projection.FoldError as exc:
         raise _import_failed(f"events do not make a history: {exc}") from exc
-    if msgspec.to_builtins(folded) != msgspec.to_builtins(doc.session):
+    if doc.session is not None and msgspec.to_builtins(folded) != msgspec.to_builtins(doc.session):
         raise _import_failed("the session view does not match its events")
     return doc
 

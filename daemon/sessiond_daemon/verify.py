@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import msgspec
 from sessiond_schemas.events import Event
+from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from .projection import FoldError, fold
-from .writer import chain_hash
 
 
 class SessionCheck:

@@ -7,7 +7,6 @@ views in its cache. One transaction per batch means one fsync per batch.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from sessiond_schemas.errors import (
     VersionConflictError,
 )
 from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
+from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
@@ -33,18 +33,7 @@ from .store import Batch, Entry, SqliteStore
 
 log = structlog.get_logger("sessiond.writer")
 
-_canonical = msgspec.json.Encoder(order="sorted")
 _json = msgspec.json.Encoder()
-
-
-def chain_hash(prev_hash: str, event: Event) -> str:
-    """Hash an event onto its session's chain (position excluded: it changes on import)."""
-    body = _canonical.encode({
-        "session_id": event.session_id, "version": event.version, "event_id": event.event_id,
-        "type": event.type, "schema_version": event.schema_version,
-        "recorded_at": event.recorded_at, "data": event.data, "meta": event.meta,
-    })
-    return hashlib.sha256(prev_hash.encode() + body).hexdigest()
 
 
 @dataclass(slots=True)

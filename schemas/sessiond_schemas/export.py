@@ -15,6 +15,16 @@ FORMAT_VERSION: Final = 1
 _canonical = msgspec.json.Encoder(order="sorted")
 
 
+def chain_hash(prev_hash: str, event: Event) -> str:
+    """Hash an event onto its session's chain (position excluded: it changes on import)."""
+    body = _canonical.encode({
+        "session_id": event.session_id, "version": event.version, "event_id": event.event_id,
+        "type": event.type, "schema_version": event.schema_version,
+        "recorded_at": event.recorded_at, "data": event.data, "meta": event.meta,
+    })
+    return hashlib.sha256(prev_hash.encode() + body).hexdigest()
+
+
 class CheckpointPayload(msgspec.Struct, kw_only=True):
     checkpoint_id: str
     payload: Any
@@ -24,7 +34,7 @@ class ExportDocument(msgspec.Struct, kw_only=True):
     format: str
     format_version: int
     exported_at: str
-    session: SessionState
+    session: SessionState | None  # None: built by an importer; the daemon folds the view
     events: list[Event]
     checkpoints: list[CheckpointPayload]
     checksum: str
