@@ -15,6 +15,7 @@ from sessiond_schemas.events import EventMeta
 from sessiond_schemas.rpc import SessionCleanupParams
 
 from .config import Config
+from .maintenance import Maintenance
 from .server import Server, ServerLimits
 from .service import Limits, Service
 from .store import SqliteStore
@@ -121,9 +122,10 @@ async def _retention(service: Service, config: Config) -> None:
     """Delete ended sessions idle for cleanup_older_than_days, every cleanup_every_s."""
     params = SessionCleanupParams(older_than_days=config.cleanup_older_than_days)
     meta = EventMeta(peer_uid=os.getuid(), peer_pid=os.getpid())
+    maintenance = Maintenance(service)
     while True:
         try:
-            await service.session_cleanup(params, meta)
+            await maintenance.session_cleanup(params, meta)
         except SessiondError as exc:  # say so, and try again next time
             log.warning("retention.failed", error=exc.message)
         await anyio.sleep(config.cleanup_every_s)

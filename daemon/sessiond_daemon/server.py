@@ -30,6 +30,7 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.events import EventMeta, new_id
 
+from .maintenance import Maintenance
 from .service import Service, invalid_params
 from .subscriptions import Subscriptions
 
@@ -86,6 +87,7 @@ class Server:
                  allowed_uids: frozenset[int] = frozenset(),
                  allowed_gids: frozenset[int] = frozenset()) -> None:
         self.service = service
+        maintenance = Maintenance(service)
         self.limits = limits
         self.allowed_uids = allowed_uids
         self.allowed_gids = allowed_gids
@@ -98,8 +100,9 @@ class Server:
                           for name, (params_type, _) in rpc.METHODS.items()}
         # Methods of the service; the subscription methods belong to a connection.
         self._handlers: dict[str, Handler] = {
-            name: getattr(service, name.replace(".", "_"))
+            name: getattr(service, attr, None) or getattr(maintenance, attr)
             for name in rpc.METHODS if name not in _CONNECTION_METHODS
+            for attr in [name.replace(".", "_")]
         }
 
     # --- accepting ------------------------------------------------------------------

@@ -1,0 +1,211 @@
+"""Keeping the data whole over time: verify, backup, retention, export and import."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import msgspec
+import structlog
+from sessiond_schemas import export, rpc
+from sessiond_schemas.errors import (
+    InvalidParamsError,
+    SessiondError,
+    SessionExistsError,
+    SessionImportError,
+    StorageError,
+)
+from sessiond_schemas.events import Event, EventMeta, now
+from sessiond_schemas.export import chain_hash
+from sessiond_schemas.state import SessionState
+
+from . import projection
+from .service import Service
+from .verify import SessionCheck
+from .writer import Command, Delete, Import
+
+log = structlog.get_logger("sessiond.maintenance")
+_json = msgspec.json.Encoder()
+
+
+class _NoLongerStale(SessiondError):
+    """Cleanup found this session active again by the time the writer decided."""
+
+
+class Maintenance:
+    """The contract's data-lifecycle methods, beside the Service they write through."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.store = service.store
+        self.writer = service.writer
+
+    async def daemon_verify(self, p: rpc.NoParams, meta: EventMeta) -> rpc.VerifyResult:
+        problems = [rpc.VerifyProblem(session_id=None, problem=f"integrity_check: {line}")
+                    for line in await self.store.integrity_check() if line != "ok"]
+        checked, after = 0, ""
+        while ids := await self.store.session_ids(after, 500):
+            for sid in ids:
+                check = SessionCheck(sid, await self.store.snapshots(sid))
+                version: int | None = 1
+                while version is not None:
+                    page = await self.store.read_events(session_id=sid, from_version=version,
+                                                        after_position=0, limit=1000, types=None)
+                    check.feed(page)
+                    version = page[-1].version + 1 if len(page) == 1000 else None
+                raw = await self.store.state_json(sid)
+                stored = msgspec.json.decode(raw, type=SessionState) if raw else None
+                problems += [rpc.VerifyProblem(session_id=sid, problem=text)
+                             for text in check.finish(stored)]
+                checked += 1
+            after = ids[-1]
+        return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems)
+
+    async def daemon_backup(self, p: rpc.BackupParams, meta: EventMeta) -> rpc.BackupResult:
+        if not os.path.isabs(p.path):
+            raise InvalidParamsError("the backup path must be absolute (the daemon's working"
+                                     " directory is not yours)", {"detail": "relative path",
+                                                                   "path": "$.path"})
+        try:
+            size, position = await self.store.backup(p.path)
+        except FileExistsError as exc:
+            raise InvalidParamsError(f"{p.path} exists; a backup never overwrites a file",
+                                     {"detail": "exists", "path": "$.path"}) from exc
+        except OSError as exc:
+            raise StorageError(f"cannot write the backup {p.path}: {exc.strerror}",
+                               {"detail": str(exc)}) from exc
+        return rpc.BackupResult(path=p.path, bytes=size, position=position)
+
+    async def session_cleanup(self, p: rpc.SessionCleanupParams, meta: EventMeta) -> rpc.CleanupResult:
+        cutoff = (datetime.now(UTC) - timedelta(days=p.older_than_days)).strftime(
+            "%Y-%m-%dT%H:%M:%S.%fZ")
+        statuses = list(p.statuses)
+        if not statuses:
+            return rpc.CleanupResult(deleted=0, session_ids=[])
+        stale = await self.store.stale_sessions(statuses, cutoff, 10_000)
+        if p.dry_run:
+            return rpc.CleanupResult(deleted=len(stale), session_ids=stale)
+        deleted: list[str] = []
+
+        async def delete(sid: str) -> None:
+            # Decided again in the writer: a session resumed meanwhile is kept.
+            def plan(state: SessionState | None) -> Delete:
+                if (state is None or state.status not in statuses
+                        or state.timestamps.updated_at >= cutoff):
+                    raise _NoLongerStale(sid)
+                return Delete(rpc.DeleteResult(deleted=True))
+
+            try:
+                await self.writer.submit(Command(session_id=sid, plan=plan, meta=meta))
+                deleted.append(sid)
+            except _NoLongerStale:
+                pass
+
+        async with anyio.create_task_group() as tg:  # submitted together: group-committed
+            for sid in stale:
+                tg.start_soon(delete, sid)
+        if deleted:
+            log.info("session.cleanup", deleted=len(deleted), older_than_days=p.older_than_days)
+        return rpc.CleanupResult(deleted=len(deleted), session_ids=sorted(deleted))
+
+    async def _events(self, session_id: str) -> list[Event]:
+        events: list[Event] = []
+        version: int | None = 1
+        while version is not None:
+            page = await self.store.read_events(session_id=session_id, from_version=version,
+                                                after_position=0, limit=1000, types=None)
+            events += page
+            version = page[-1].version + 1 if len(page) == 1000 else None
+        return events
+
+    async def session_export(self, p: rpc.SessionRef, meta: EventMeta) -> dict[str, Any]:
+        await self.service._state(p.session_id)
+        events = await self._events(p.session_id)
+        # The view is folded from exactly these events, so the document is consistent
+        # even if the session moves on while it is read.
+        state = projection.fold(None, events)
+        saved = {e.data["checkpoint_id"] for e in events if e.type == "checkpoint.saved"}
+        payloads = await self.store.checkpoint_payloads(p.session_id)
+        document: dict[str, Any] = {
+            "format": export.FORMAT, "format_version": export.FORMAT_VERSION,
+            "exported_at": now(), "session": msgspec.to_builtins(state),
+            "events": msgspec.to_builtins(events),
+            "checkpoints": [{"checkpoint_id": cid, "payload": msgspec.json.decode(payloads[cid])}
+                            for cid in sorted(saved) if cid in payloads],
+        }
+        document["checksum"] = export.checksum(document)
+        return document
+
+    async def session_import(self, p: rpc.SessionImportParams, meta: EventMeta) -> msgspec.Raw:
+        doc = _read_document(p.document)
+        events = doc.events
+        sid = events[0].session_id
+        clash = await self.store.foreign_event_ids(sid, [e.event_id for e in events])
+        if clash:
+            raise _import_failed(f"event {clash[0]} is already stored in another session")
+        payloads = {cp.checkpoint_id: _json.encode(cp.payload) for cp in doc.checkpoints}
+        by_event = {}
+        for e in events:
+            if e.type == "checkpoint.saved":
+                cid = e.data.get("checkpoint_id")
+                if cid not in payloads:
+                    raise _import_failed(f"the payload of checkpoint {cid} is missing")
+                by_event[e.event_id] = payloads[cid]
+
+        def plan(state: SessionState | None) -> Import:
+            if state is not None and p.on_conflict != "replace":
+                raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
+            return Import(events, by_event, replace=p.on_conflict == "replace")
+
+        try:
+            return await self.service._submit(p, meta, plan, session_id=sid)
+        except SessionExistsError:
+            if p.on_conflict != "skip":
+                raise
+            return msgspec.Raw(_json.encode(await self.service._state(sid)))
+
+
+def _import_failed(reason: str) -> SessionImportError:
+    return SessionImportError(f"import failed: {reason}", {"reason": reason})
+
+
+def _read_document(raw: Any) -> export.ExportDocument:
+    """Check an export document whole before anything of it is stored."""
+    if isinstance(raw, str):  # the file's text, so that invalid JSON is ours to report
+        try:
+            raw = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise _import_failed(f"invalid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise _import_failed("not an export document (expected a JSON object)")
+    if raw.get("format") != export.FORMAT:
+        raise _import_failed(f"unknown format {raw.get('format')!r}")
+    if raw.get("format_version") != export.FORMAT_VERSION:
+        raise _import_failed(f"unknown format_version {raw.get('format_version')!r}")
+    if raw.get("checksum") != export.checksum(raw):
+        raise _import_failed("checksum mismatch: the document was changed after export")
+    try:
+        doc = msgspec.convert(raw, export.ExportDocument)
+    except msgspec.ValidationError as exc:
+        raise _import_failed(f"corrupt document: {exc}") from exc
+    if not doc.events:
+        raise _import_failed("the document holds no events")
+    sid, prev = doc.events[0].session_id, ""
+    for expected, e in enumerate(doc.events, start=1):
+        if e.session_id != sid:
+            raise _import_failed(f"event {e.event_id} belongs to session {e.session_id}")
+        if e.version != expected:
+            raise _import_failed(f"event at version {expected} is missing or out of order"
+                                 f" (found version {e.version})")
+        prev = chain_hash(prev, e)
+        if e.hash != prev:
+            raise _import_failed(f"hash chain broken at version {e.version}")
+    try:
+        folded = projection.fold(None, doc.events)
+    except projection.FoldError as exc:
+        raise _import_failed(f"events do not make a history: {exc}") from exc
+    if doc.session is not None and msgspec.to_builtins(folded) != msgspec.to_builtins(doc.session):
+        raise _import_failed("the session view does not match its events")
+    return doc
