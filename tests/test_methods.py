@@ -17,7 +17,7 @@ from sessiond import (
     VersionConflictError,
 )
 
-from sessiond_daemon.store import SESSION_TABLES
+from sessiond_daemon.migrations import SESSION_TABLES
 
 from conftest import Daemon
 

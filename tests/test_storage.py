@@ -6,7 +6,8 @@ import sqlite3
 
 import pytest
 from sessiond import AsyncClient
-from sessiond_daemon.store import MIGRATIONS, messages_page_sql
+from sessiond_daemon.migrations import MIGRATIONS
+from sessiond_daemon.store import messages_page_sql
 
 from conftest import Daemon
 

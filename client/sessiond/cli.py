@@ -13,6 +13,15 @@ import msgspec
 from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import STATUSES
 
+from ._render import (
+    print_kv,
+    render_checkpoints,
+    render_events,
+    render_list,
+    render_messages,
+    render_state,
+    summarize,
+)
 from ._sync import Client
 from ._wire import ConnectionLostError
 
@@ -71,132 +80,36 @@ def _write_opts(a: argparse.Namespace) -> dict[str, Any]:
     return {"expected_version": a.expected_version, "idempotency_key": a.idempotency_key}
 
 
-def _console() -> Any:
-    from rich.console import Console
-    return Console()
-
-
-def _table(*columns: str) -> Any:
-    from rich.table import Table
-    table = Table(box=None, header_style="bold")
-    for c in columns:
-        table.add_column(c)
-    return table
-
-
-def _short(text: str | None, width: int = 60) -> str:
-    text = (text or "").replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _print_kv(obj: Any) -> None:
-    data = msgspec.to_builtins(obj)
-    console = _console()
-    for key, value in data.items():
-        if isinstance(value, (dict, list)):
-            value = json.dumps(value, ensure_ascii=False)
-        console.print(f"[bold]{key}[/bold]: {_short(str(value), 200)}", highlight=False)
-
-
-# --- renderers ---------------------------------------------------------------------------
-
-
-def _render_state(s: Any) -> None:
-    console = _console()
-    t, p, u = s.timestamps, s.progress, s.token_usage
-    rows = [
-        ("session", s.session_id), ("status", s.status), ("version", s.version),
-        ("namespace", s.namespace), ("actor", s.actor_name), ("task", _short(s.task, 100)),
-        ("goal / agent", f"{s.goal_id or '-'} / {s.agent_id or '-'}"),
-        ("model / adapter", f"{s.model or '-'} / {s.adapter or '-'}"), ("source", s.source),
-        ("created", t.created_at), ("updated", t.updated_at), ("started", t.started_at),
-        ("completed", t.completed_at), ("duration_ms", s.duration_ms),
-        ("messages", s.message_count),
-        ("tokens", f"in {u.input_tokens}  out {u.output_tokens}  cost {u.estimated_cost:.4f}"),
-        ("progress", f"node {p.current_node or '-'}  steps {p.steps_executed}  "
-                     f"retries {p.total_retries}  quality {p.execution_quality}"),
-        ("checkpoints", f"{s.checkpoint_count} (latest {s.latest_checkpoint_id or '-'})"),
-        ("resumable", f"{s.is_resumable} (from checkpoint: {s.is_resumable_from_checkpoint})"),
-        ("error", s.error),
-    ]
-    for key, value in rows:
-        if value not in (None, ""):
-            console.print(f"[bold]{key:>16}[/bold]  {value}", highlight=False)
-    if s.last_message is not None:
-        m = s.last_message
-        console.print(f"[bold]{'last message':>16}[/bold]  #{m.sequence} {m.role}: "
-                      f"{_short(m.content, 80)}", highlight=False)
-
-
-def _render_list(r: Any) -> None:
-    table = _table("id", "status", "actor", "task", "msgs", "tokens", "created")
-    for s in r.sessions:
-        u = s.token_usage
-        table.add_row(s.session_id, s.status, s.actor_name or "", _short(s.task, 40),
-                      str(s.message_count), str(u.input_tokens + u.output_tokens), s.created_at)
-    console = _console()
-    console.print(table)
-    if r.next_cursor:
-        console.print(f"more: --cursor {r.next_cursor}", highlight=False)
-
-
-def _render_messages(r: Any) -> None:
-    table = _table("#", "role", "time", "content")
-    for m in r.messages:
-        table.add_row(str(m.sequence), m.role, m.timestamp, _short(m.content, 80))
-    console = _console()
-    console.print(table)
-    console.print(f"{len(r.messages)} of {r.total}", highlight=False)
-
-
-def _render_events(r: Any) -> None:
-    table = _table("pos", "session", "v", "type", "time", "data")
-    for e in r.events:
-        table.add_row(str(e.position), e.session_id, str(e.version), e.type, e.recorded_at,
-                      _short(json.dumps(e.data, ensure_ascii=False), 60))
-    console = _console()
-    console.print(table)
-    if r.next is not None:
-        console.print(f"more from: {r.next}", highlight=False)
-
-
-def _render_checkpoints(r: Any) -> None:
-    table = _table("checkpoint", "node", "version", "size", "created")
-    for c in r:
-        table.add_row(c.checkpoint_id, c.node_id or "", str(c.version), str(c.size), c.created_at)
-    _console().print(table)
-
-
 # --- commands ----------------------------------------------------------------------------
 
 
-@command("ping", _print_kv)
+@command("ping", print_kv)
 def _ping(c: Client, a: argparse.Namespace) -> Any:
     return c.ping()
 
 
-@command("stats", _print_kv)
+@command("stats", print_kv)
 def _stats(c: Client, a: argparse.Namespace) -> Any:
     return c.stats()
 
 
-def _render_verify(r: Any) -> None:
+def render_verify(r: Any) -> None:
     for p in r.problems:
         print(f"{p.session_id or '(database)'}: {p.problem}")
     print(f"{'ok' if r.ok else 'PROBLEMS'}: {r.checked_sessions} sessions checked,"
           f" {len(r.problems)} problems")
 
 
-@command("verify", _render_verify)
+@command("verify", render_verify)
 def _verify(c: Client, a: argparse.Namespace) -> Any:
     result = c.verify()
     if not result.ok:  # print, then exit non-zero
-        (print(msgspec.json.encode(result).decode()) if a.json else _render_verify(result))
+        (print(msgspec.json.encode(result).decode()) if a.json else render_verify(result))
         sys.exit(1)
     return result
 
 
-@command("backup", _print_kv)
+@command("backup", print_kv)
 def _backup(c: Client, a: argparse.Namespace) -> Any:
     return c.backup(os.path.abspath(a.path))
 
@@ -282,7 +195,7 @@ def _import(c: Client, a: argparse.Namespace) -> Any:
     return _STREAMED
 
 
-@command("create", _render_state)
+@command("create", render_state)
 def _create(c: Client, a: argparse.Namespace) -> Any:
     fields = {
         "namespace": a.namespace, "actor_name": a.actor, "goal_id": a.goal, "agent_id": a.agent,
@@ -295,7 +208,7 @@ def _create(c: Client, a: argparse.Namespace) -> Any:
     return c.create_session(a.id, **fields, idempotency_key=a.idempotency_key)
 
 
-@command("show", _render_state)
+@command("show", render_state)
 def _show(c: Client, a: argparse.Namespace) -> Any:
     return c.get_session(_sid(c, a.id), at_version=a.at_version)
 
@@ -305,20 +218,20 @@ def _resolve(c: Client, a: argparse.Namespace) -> Any:
     return {"session_id": c.resolve(a.prefix)}
 
 
-@command("list", _render_list)
+@command("list", render_list)
 def _list(c: Client, a: argparse.Namespace) -> Any:
     return c.list_sessions(namespace=a.namespace, status=a.status or None, actor_name=a.actor,
                            source=a.source, created_after=a.since, created_before=a.until,
                            limit=a.limit, cursor=a.cursor)
 
 
-@command("transition", _render_state)
+@command("transition", render_state)
 def _transition(c: Client, a: argparse.Namespace) -> Any:
     return c.transition(_sid(c, a.id), a.to, reason=a.reason, error=a.error,
                         paused_at=a.paused_at, resume_from=a.resume_from, **_write_opts(a))
 
 
-@command("resume", _print_kv)
+@command("resume", print_kv)
 def _resume(c: Client, a: argparse.Namespace) -> Any:
     r = c.resume(_sid(c, a.id), a.checkpoint, **_write_opts(a))
     return r if a.json else r.resume
@@ -330,42 +243,42 @@ def _delete(c: Client, a: argparse.Namespace) -> Any:
     return {"deleted": c.delete_session(sid, **_write_opts(a)), "session_id": sid}
 
 
-@command("append", _print_kv)
+@command("append", print_kv)
 def _append(c: Client, a: argparse.Namespace) -> Any:
     return c.append_message(_sid(c, a.id), a.role, _read_text(a.content),
                             tool_call_id=a.tool_call_id, metadata=a.metadata, **_write_opts(a))
 
 
-@command("append-many", _print_kv)
+@command("append-many", print_kv)
 def _append_many(c: Client, a: argparse.Namespace) -> Any:
     return c.append_messages(_sid(c, a.id), _read_json_items(a.file), **_write_opts(a))
 
 
-@command("messages", _render_messages)
+@command("messages", render_messages)
 def _messages(c: Client, a: argparse.Namespace) -> Any:
     return c.list_messages(_sid(c, a.id), limit=a.limit, offset=a.offset,
                            after_sequence=a.after, order="desc" if a.desc else None)
 
 
-@command("tokens", _print_kv)
+@command("tokens", print_kv)
 def _tokens(c: Client, a: argparse.Namespace) -> Any:
     return c.record_tokens(_sid(c, a.id), input_tokens=a.input, output_tokens=a.output,
                            estimated_cost=a.cost, model=a.model, **_write_opts(a))
 
 
-@command("progress", _print_kv)
+@command("progress", print_kv)
 def _progress(c: Client, a: argparse.Namespace) -> Any:
     return c.record_progress(_sid(c, a.id), a.node, edge=a.edge, latency_ms=a.latency_ms,
                              tokens=a.tokens, retries=a.retries,
                              failed=True if a.failed else None, **_write_opts(a))
 
 
-@command("memory", _print_kv)
+@command("memory", print_kv)
 def _memory(c: Client, a: argparse.Namespace) -> Any:
     return c.update_memory(_sid(c, a.id), a.patch, **_write_opts(a))
 
 
-@command("checkpoint-save", _print_kv)
+@command("checkpoint-save", print_kv)
 def _checkpoint_save(c: Client, a: argparse.Namespace) -> Any:
     payload = json.loads(_read_text(a.payload)) if a.payload is not None else None
     return c.save_checkpoint(_sid(c, a.id), payload, checkpoint_id=a.checkpoint_id,
@@ -373,57 +286,28 @@ def _checkpoint_save(c: Client, a: argparse.Namespace) -> Any:
                              **_write_opts(a))
 
 
-@command("checkpoint-get", _print_kv)
+@command("checkpoint-get", print_kv)
 def _checkpoint_get(c: Client, a: argparse.Namespace) -> Any:
     return c.get_checkpoint(_sid(c, a.id), a.checkpoint_id)
 
 
-@command("checkpoints", _render_checkpoints)
+@command("checkpoints", render_checkpoints)
 def _checkpoints(c: Client, a: argparse.Namespace) -> Any:
     return c.list_checkpoints(_sid(c, a.id))
 
 
-@command("events-append", _print_kv)
+@command("events-append", print_kv)
 def _events_append(c: Client, a: argparse.Namespace) -> Any:
     return c.append_events(_sid(c, a.id), _read_json_items(a.file), **_write_opts(a))
 
 
-@command("events", _render_events)
+@command("events", render_events)
 def _events(c: Client, a: argparse.Namespace) -> Any:
     return c.read_events(_sid(c, a.id) if a.id else None, from_version=a.from_version,
                          from_position=a.from_position, limit=a.limit, types=a.type or None)
 
 
 _STREAMED = object()  # a command that printed as it went
-
-
-def summarize(event: Any) -> str:
-    """One short, readable line about an event's data."""
-    d, t = event.data, event.type
-    if t == "message.appended":
-        return f"#{d.get('sequence')} {d.get('role')}: {_short(d.get('content'), 70)}"
-    if t == "session.status_changed":
-        why = d.get("reason") or d.get("error")
-        return f"{d.get('from')} -> {d.get('to')}" + (f" ({_short(why, 50)})" if why else "")
-    if t == "session.created":
-        return f"{d.get('status', 'active')} {_short(d.get('task'), 60)}".rstrip()
-    if t == "tokens.recorded":
-        return (f"+{d.get('input_tokens', 0)} in +{d.get('output_tokens', 0)} out"
-                f" ${d.get('estimated_cost', 0):.4f}")
-    if t == "progress.recorded":
-        extra = [f"edge {d['edge']}"] if d.get("edge") else []
-        extra += [f"{d['retries']} retries"] if d.get("retries") else []
-        extra += ["FAILED"] if d.get("failed") else []
-        return " ".join([f"node {d.get('node_id')}", *extra])
-    if t == "checkpoint.saved":
-        return f"{d.get('checkpoint_id')} node {d.get('node_id') or '-'} {d.get('size')} B"
-    if t in ("memory.updated", "metadata.updated"):
-        return "keys " + ", ".join(sorted(d.get("patch", {})))
-    if t == "plan.linked":
-        return str(d.get("plan_id"))
-    if t == "process.output":
-        return f"[{d.get('stream', 'stdout')}] {_short(d.get('line'), 70)}"
-    return _short(json.dumps(d, ensure_ascii=False), 80)
 
 
 @command("watch")

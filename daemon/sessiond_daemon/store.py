@@ -1,7 +1,8 @@
-"""The SQLite store: schema and migrations, the writer's batch commit, and the read queries.
+"""The SQLite store: opening and migrating, the writer's batch commit, and the read queries.
 
-Everything that knows it is talking to SQLite lives here; the writer and the
-service see only `Batch`, `Entry`, Structs and the contract's errors.
+Everything that knows it is talking to SQLite lives here and in migrations.py
+(the schema); the writer and the service see only `Batch`, `Entry`, Structs and
+the contract's errors.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from sessiond_schemas.events import Event, EventMeta, MessageAppended
 from sessiond_schemas.rpc import CheckpointGetResult, CheckpointInfo
 from sessiond_schemas.state import Message, SessionState, SessionSummary, TokenUsage
 
+from .migrations import MIGRATIONS, SESSION_TABLES
+
 log = structlog.get_logger("sessiond.store")
 T = TypeVar("T")
 
@@ -33,87 +36,6 @@ _state_decoder = msgspec.json.Decoder(SessionState)
 _meta_decoder = msgspec.json.Decoder(EventMeta)
 _message_decoder = msgspec.json.Decoder(MessageAppended)
 _dict_decoder = msgspec.json.Decoder(dict[str, Any])
-
-MIGRATIONS: Final[list[list[str]]] = [
-    [
-        """CREATE TABLE events (
-            position INTEGER PRIMARY KEY,
-            session_id TEXT NOT NULL,
-            version INTEGER NOT NULL,
-            event_id TEXT NOT NULL UNIQUE,
-            type TEXT NOT NULL,
-            schema_version INTEGER NOT NULL,
-            recorded_at TEXT NOT NULL,
-            data BLOB NOT NULL,
-            meta BLOB NOT NULL,
-            hash TEXT NOT NULL,
-            UNIQUE (session_id, version)
-        )""",
-        """CREATE TABLE sessions (
-            session_id TEXT PRIMARY KEY,
-            version INTEGER NOT NULL,
-            status TEXT NOT NULL,
-            namespace TEXT NOT NULL,
-            actor_name TEXT,
-            source TEXT NOT NULL,
-            task TEXT,
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL,
-            message_count INTEGER NOT NULL,
-            input_tokens INTEGER NOT NULL,
-            output_tokens INTEGER NOT NULL,
-            estimated_cost REAL NOT NULL,
-            last_position INTEGER NOT NULL,
-            last_hash TEXT NOT NULL,
-            state BLOB NOT NULL
-        ) WITHOUT ROWID""",
-        # session.list is newest first; each index leads with a filter users combine.
-        # (session_id, rowid = position): a session's events in position order, for
-        # subscriptions that follow one session.
-        "CREATE INDEX events_by_session ON events (session_id)",
-        "CREATE INDEX sessions_by_created ON sessions (created_at, session_id)",
-        "CREATE INDEX sessions_by_status ON sessions (status, created_at, session_id)",
-        "CREATE INDEX sessions_by_namespace ON sessions (namespace, created_at, session_id)",
-        """CREATE INDEX sessions_by_namespace_status
-            ON sessions (namespace, status, created_at, session_id)""",
-        "CREATE INDEX sessions_by_actor ON sessions (actor_name, created_at, session_id)",
-        """CREATE TABLE messages (
-            session_id TEXT NOT NULL,
-            sequence INTEGER NOT NULL,
-            position INTEGER NOT NULL,
-            PRIMARY KEY (session_id, sequence)
-        ) WITHOUT ROWID""",
-        """CREATE TABLE checkpoints (
-            session_id TEXT NOT NULL,
-            checkpoint_id TEXT NOT NULL,
-            position INTEGER NOT NULL,
-            version INTEGER NOT NULL,
-            node_id TEXT,
-            resume_from TEXT,
-            created_at TEXT NOT NULL,
-            size INTEGER NOT NULL,
-            payload BLOB NOT NULL,
-            PRIMARY KEY (session_id, checkpoint_id)
-        ) WITHOUT ROWID""",
-        """CREATE TABLE idempotency (
-            session_id TEXT NOT NULL,
-            key TEXT NOT NULL,
-            result BLOB NOT NULL,
-            PRIMARY KEY (session_id, key)
-        ) WITHOUT ROWID""",
-        # Views at every snapshot_every-th version: time travel folds from the nearest.
-        """CREATE TABLE snapshots (
-            session_id TEXT NOT NULL,
-            version INTEGER NOT NULL,
-            state BLOB NOT NULL,
-            PRIMARY KEY (session_id, version)
-        ) WITHOUT ROWID""",
-    ],
-]
-
-
-SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots", "sessions")
-
 
 @dataclass(slots=True)
 class Entry:
