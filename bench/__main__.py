@@ -128,7 +128,6 @@ class Bench:
         self.dir = directory
         self.only = only
         self.figures: list[Figure] = []
-        self.floor_ms = float("nan")
         self.per_row = baseline.write_rows(directory, sizes.baseline_rows, 1)
         self.batched = baseline.write_rows(directory, sizes.baseline_rows * 10, 100)
 
@@ -178,7 +177,6 @@ class Bench:
         finally:
             proc.terminate()
             proc.wait()
-        self.floor_ms = med
         self.add(Figure("F0", "floor: bare asyncio echo round trip", med, "ms median", None,
                         None, "(context for B3, B4)", None))
         self.add(Figure("F1", "ceiling: bare asyncio echo, 16 clients", echo_rate, "req/s",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime, timedelta
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -49,12 +50,8 @@ class Maintenance:
         while ids := await self.store.session_ids(after, 500):
             for sid in ids:
                 check = SessionCheck(sid, await self.store.snapshots(sid))
-                version: int | None = 1
-                while version is not None:
-                    page = await self.store.read_events(session_id=sid, from_version=version,
-                                                        after_position=0, limit=1000, types=None)
+                async for page in self._pages(sid):  # page by page: memory stays flat
                     check.feed(page)
-                    version = page[-1].version + 1 if len(page) == 1000 else None
                 raw = await self.store.state_json(sid)
                 stored = msgspec.json.decode(raw, type=SessionState) if raw else None
                 problems += [rpc.VerifyProblem(session_id=sid, problem=text)
@@ -110,19 +107,21 @@ class Maintenance:
             log.info("session.cleanup", deleted=len(deleted), older_than_days=p.older_than_days)
         return rpc.CleanupResult(deleted=len(deleted), session_ids=sorted(deleted))
 
-    async def _events(self, session_id: str) -> list[Event]:
-        events: list[Event] = []
-        version: int | None = 1
-        while version is not None:
+    async def _pages(self, session_id: str, size: int = 1000) -> AsyncIterator[list[Event]]:
+        """A session's events in version order, a page at a time."""
+        version = 1
+        while True:
             page = await self.store.read_events(session_id=session_id, from_version=version,
-                                                after_position=0, limit=1000, types=None)
-            events += page
-            version = page[-1].version + 1 if len(page) == 1000 else None
-        return events
+                                                after_position=0, limit=size, types=None)
+            if page:
+                yield page
+            if len(page) < size:
+                return
+            version = page[-1].version + 1
 
     async def session_export(self, p: rpc.SessionRef, meta: EventMeta) -> dict[str, Any]:
         await self.service._state(p.session_id)
-        events = await self._events(p.session_id)
+        events = [e async for page in self._pages(p.session_id) for e in page]
         # The view is folded from exactly these events, so the document is consistent
         # even if the session moves on while it is read.
         state = projection.fold(None, events)
