@@ -9,7 +9,7 @@ import anyio
 import pytest
 from sessiond import AsyncClient, SessiondError
 from sessiond_daemon import lifecycle
-from sessiond_daemon.config import ConfigError, default_db, load
+from sessiond_daemon.config import ConfigError, default_config_file, default_db, load
 from sessiond_schemas.paths import default_socket
 
 from conftest import daemon_config
@@ -52,6 +52,23 @@ class TestDefaults:
             load(path, {}, env={})
         with pytest.raises(ConfigError, match="cannot read"):
             load(os.path.join(tmp_path, "missing.toml"), {}, env={})
+
+    def test_default_config_file_is_read_when_present(self, tmp_path: os.PathLike[str]) -> None:
+        """Unnamed, the file is $CONFIGURATION_DIRECTORY's (systemd), else ~/.config's, if it exists."""
+        home, etc = os.path.join(tmp_path, "home"), os.path.join(tmp_path, "etc")
+        env = {"HOME": home, "CONFIGURATION_DIRECTORY": etc}
+        assert default_config_file(env) is None
+        assert load(None, {}, env=env).durability == "full"
+        os.makedirs(os.path.join(home, ".config", "sessiond"))
+        with open(os.path.join(home, ".config", "sessiond", "sessiond.toml"), "w") as f:
+            f.write('durability = "normal"\n')
+        assert default_config_file(env) is None  # systemd named a directory: only that one
+        assert load(None, {}, env={"HOME": home}).durability == "normal"
+        os.makedirs(etc)
+        with open(os.path.join(etc, "sessiond.toml"), "w") as f:
+            f.write("max_inflight = 7\n")
+        assert load(None, {}, env=env).max_inflight == 7
+        assert default_config_file({}) is None
 
 
 @pytest.mark.anyio

@@ -6,13 +6,14 @@ import argparse
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import anyio
 import structlog
 from sessiond_schemas.errors import StorageError
 
-from . import lifecycle, logs
+from . import lifecycle, logs, systemd
 from .config import Config, ConfigError, load
 
 EX_CONFIG = 78
@@ -46,35 +47,63 @@ def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-async def _serve(config: Config) -> None:
+async def _serve(daemon: lifecycle.Daemon, args: argparse.Namespace) -> None:
     shutdown = anyio.Event()
+    log = structlog.get_logger("sessiond")
     async with anyio.create_task_group() as tg:
         async def on_signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        _reload(daemon, args)
+                        continue
                     if shutdown.is_set():
-                        structlog.get_logger("sessiond").warning("daemon.forced_exit")
+                        log.warning("daemon.forced_exit")
                         os._exit(1)  # a second signal: stop waiting for the drain
-                    structlog.get_logger("sessiond").info("daemon.signal", signal=signum.name)
+                    log.info("daemon.signal", signal=signum.name)
                     shutdown.set()
 
         tg.start_soon(on_signals)
-        await lifecycle.run(config, shutdown)
+        await daemon.run(shutdown)
         tg.cancel_scope.cancel()
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if k != "config"}
+
+
+def _reload(daemon: lifecycle.Daemon, args: argparse.Namespace) -> None:
+    """SIGHUP: read the config file again (flags still win) and apply what can change live."""
+    notifier = daemon.notifier
+    notifier.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+    try:
+        config = load(args.config, _overrides(args))
+    except ConfigError as exc:
+        structlog.get_logger("sessiond").error("config.reload_failed", detail=str(exc))
+    else:
+        daemon.reload(config)
+    notifier.notify("READY=1")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "config"}
     try:
-        config = load(args.config, overrides)
+        config = load(args.config, _overrides(args))
     except ConfigError as exc:
         print(f"sessiond: {exc}", file=sys.stderr)
         sys.exit(EX_CONFIG)
     logs.configure(config.log_level, config.log_format)
     log = structlog.get_logger("sessiond")
+    # Read (and clear) systemd's variables before anything could start a child process.
+    notifier = systemd.Notifier.from_environment()
     try:
-        anyio.run(_serve, config, backend="asyncio")
+        inherited = systemd.inherited_listener()
+    except (systemd.ActivationError, OSError) as exc:
+        log.error("daemon.activation_failed", detail=str(exc))
+        sys.exit(EX_CONFIG)
+    daemon = lifecycle.Daemon(config, notifier=notifier, inherited=inherited)
+    try:
+        anyio.run(_serve, daemon, args, backend="asyncio")
     except BaseException as group:  # task groups wrap what they raise
         exc = _sole(group)
         if isinstance(exc, lifecycle.AlreadyRunning):

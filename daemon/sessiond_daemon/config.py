@@ -43,6 +43,21 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cleanup_every_s: float = 3600
 
 
+# Settings SIGHUP applies to a running daemon; the rest take effect at the next start.
+# Limits that size a connection's buffers apply to connections opened after the reload.
+RELOADABLE = frozenset({
+    "log_level", "log_format", "max_request_bytes", "max_connections", "max_inflight",
+    "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
+    "max_checkpoint_bytes", "allowed_uids", "allowed_gids", "drain_timeout_s",
+})
+
+
+def differences(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
+    """Settings whose value differs between two configs: name -> (old, new)."""
+    return {name: (getattr(old, name), getattr(new, name))
+            for name in Config.__struct_fields__ if getattr(old, name) != getattr(new, name)}
+
+
 def default_db(env: Mapping[str, str] = os.environ) -> str:
     """The contract's database path when no flag names one."""
     if env.get("SESSIOND_DB"):
@@ -54,11 +69,24 @@ def default_db(env: Mapping[str, str] = os.environ) -> str:
     return str(Path.home() / ".local" / "state" / "sessiond" / "sessiond.db")
 
 
+def default_config_file(env: Mapping[str, str] = os.environ) -> str | None:
+    """The config file read when none is named, if it exists: systemd's
+    $CONFIGURATION_DIRECTORY, else $XDG_CONFIG_HOME (~/.config), then sessiond/sessiond.toml."""
+    if env.get("CONFIGURATION_DIRECTORY"):
+        candidate = os.path.join(env["CONFIGURATION_DIRECTORY"].split(":")[0], "sessiond.toml")
+    elif env.get("XDG_CONFIG_HOME") or env.get("HOME"):
+        base = env.get("XDG_CONFIG_HOME") or os.path.join(env["HOME"], ".config")
+        candidate = os.path.join(base, "sessiond", "sessiond.toml")
+    else:
+        return None
+    return candidate if os.path.isfile(candidate) else None
+
+
 def load(path: str | None, overrides: dict[str, Any],
          env: Mapping[str, str] = os.environ) -> Config:
     """Build the config: the file (if any), then flags; fill the default paths last."""
     values: dict[str, Any] = {}
-    path = path or env.get("SESSIOND_CONFIG") or None
+    path = path or env.get("SESSIOND_CONFIG") or default_config_file(env)
     if path:
         try:
             with open(path, "rb") as f:

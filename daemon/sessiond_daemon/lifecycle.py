@@ -1,27 +1,35 @@
-"""The daemon's whole life in one function: open db, writer, serve, wait, drain, close."""
+"""The daemon's whole life: open db, writer, serve, wait, drain, close; reload on request."""
 
 from __future__ import annotations
 
 import errno
 import os
+import resource
 import socket
 import stat
+from typing import Any
 
 import anyio
+import msgspec
 import structlog
 from anyio.abc import SocketListener, TaskStatus
 from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EventMeta
 from sessiond_schemas.rpc import SessionCleanupParams
 
-from .config import Config
+from . import logs
+from .config import RELOADABLE, Config, differences
 from .maintenance import Maintenance
 from .server import Server, ServerLimits
 from .service import Limits, Service
 from .store import SqliteStore
+from .systemd import Notifier
 from .writer import Writer
 
 log = structlog.get_logger("sessiond.lifecycle")
+
+STATUS_EVERY_S = 5.0  # how often STATUS= is refreshed without a watchdog
+FD_RESERVE = 64  # descriptors besides connections: database, readers, executors' pipes
 
 
 class AlreadyRunning(Exception):
@@ -54,68 +62,183 @@ async def bind_socket(path: str, mode: int) -> SocketListener:
     return await anyio.create_unix_listener(path, mode=mode)
 
 
+class Daemon:
+    """One daemon's life: open the database, start the writer, serve, drain, close.
+
+    `reload` applies a new config's reloadable settings while it serves (SIGHUP).
+    """
+
+    def __init__(self, config: Config, *, notifier: Notifier | None = None,
+                 inherited: socket.socket | None = None) -> None:
+        assert config.socket and config.db
+        self.config = config
+        self.notifier = notifier or Notifier(None)
+        self.inherited = inherited  # a listening socket from systemd, if activated
+        self.server: Server | None = None
+        self.service: Service | None = None
+        self.writer: Writer | None = None
+
+    async def run(self, shutdown: anyio.Event, *,
+                  task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until `shutdown` is set; `task_status.started` gets the socket path."""
+        config = self.config
+        assert config.db
+        _raise_fd_limit(config.max_connections)
+        # 1. The database: open, WAL, migrations.
+        store = SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
+        await store.open()
+        try:
+            self.writer = Writer(store, max_queue=config.max_queue, max_batch=config.max_batch,
+                                 cache_size=config.view_cache_size,
+                                 snapshot_every=config.snapshot_every)
+            async with anyio.create_task_group() as core:
+                # 2. The writer: the only task that writes.
+                await core.start(self.writer.run)
+                try:
+                    await self._serve(store, self.writer, shutdown, task_status)
+                finally:
+                    # 5. Flush: the writer commits what is queued, then returns.
+                    self.writer.close()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await store.close()
+            self.notifier.close()
+            log.info("daemon.stopped")
+
+    async def _serve(self, store: SqliteStore, writer: Writer, shutdown: anyio.Event,
+                     task_status: TaskStatus[str]) -> None:
+        config = self.config
+        self.service = service = Service(store, writer, _service_limits(config))
+        self.server = server = Server(
+            service, _server_limits(config),
+            allowed_uids=frozenset(config.allowed_uids),
+            allowed_gids=frozenset(config.allowed_gids))
+        # 3. Serve: on systemd's socket if it passed one, else on our own.
+        if self.inherited is not None:
+            listener = await SocketListener.from_socket(self.inherited)
+            socket_path = self.inherited.getsockname() or "(unnamed)"
+            bound = None  # systemd's socket: the socket unit owns the path
+        else:
+            assert config.socket
+            listener = await bind_socket(config.socket, config.socket_mode)
+            socket_path, bound = config.socket, os.lstat(config.socket)
+        try:
+            async with anyio.create_task_group() as serving:
+                await serving.start(server.serve, listener)
+                if config.cleanup_older_than_days > 0:
+                    serving.start_soon(_retention, service, config)
+                log.info("daemon.ready", socket=socket_path, db=config.db,
+                         durability=config.durability, pid=os.getpid(),
+                         activated=self.inherited is not None)
+                self.notifier.notify("READY=1", f"STATUS=serving on {socket_path}",
+                                     f"MAINPID={os.getpid()}")
+                if self.notifier.enabled:
+                    serving.start_soon(self._heartbeat, writer, server)
+                task_status.started(socket_path)
+                await shutdown.wait()
+                # 4. Drain: refuse new requests, let in-flight ones finish.
+                log.info("daemon.stopping", inflight=server.inflight)
+                self.notifier.notify("STOPPING=1", f"STATUS=draining {server.inflight} requests")
+                server.draining = True
+                with anyio.move_on_after(self.config.drain_timeout_s):
+                    await server.wait_idle()
+                serving.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await listener.aclose()
+                if bound is not None:
+                    _unlink_socket(socket_path, bound)
+
+    async def _heartbeat(self, writer: Writer, server: Server) -> None:
+        """Tell systemd how we are: STATUS= lines, and WATCHDOG=1 only while healthy.
+
+        This task runs on the event loop, so a ping proves the loop turns; it is
+        withheld while the writer has been stuck on one batch longer than systemd's
+        watchdog timeout, so that systemd restarts a daemon that can no longer write.
+        """
+        interval = self.notifier.watchdog_interval
+        tick = min(interval or STATUS_EVERY_S, STATUS_EVERY_S)
+        next_ping = 0.0
+        stuck = False
+        status = ""
+        while True:
+            stalled = writer.stalled_for()
+            if interval is not None:
+                was_stuck, stuck = stuck, stalled >= 2 * interval  # systemd's whole timeout
+                if stuck and not was_stuck:
+                    log.error("watchdog.writer_stuck", stalled_s=round(stalled, 1),
+                              queue=writer.queue_depth)
+                elif not stuck and anyio.current_time() >= next_ping:
+                    self.notifier.notify("WATCHDOG=1")
+                    next_ping = anyio.current_time() + interval
+            line = (f"STATUS={server.connections} connections, "
+                    f"{writer.appends_per_s()} appends/s, queue {writer.queue_depth}"
+                    + (f", writer stuck for {stalled:.0f} s" if stuck else ""))
+            if line != status:
+                self.notifier.notify(line)
+                status = line
+            await anyio.sleep(tick)
+
+    def reload(self, new: Config) -> dict[str, tuple[Any, Any]]:
+        """Apply `new`'s reloadable settings; return what changed. Others wait for a restart."""
+        changed = differences(self.config, new)
+        applied = {k: v for k, v in changed.items() if k in RELOADABLE}
+        pending = sorted(k for k in changed if k not in RELOADABLE)
+        if "log_level" in applied or "log_format" in applied:
+            logs.configure(new.log_level, new.log_format)
+        if self.server is not None:
+            self.server.limits = _server_limits(new)
+            self.server.allowed_uids = frozenset(new.allowed_uids)
+            self.server.allowed_gids = frozenset(new.allowed_gids)
+        if self.service is not None:
+            self.service.limits = _service_limits(new)
+        # Keep the settings that need a restart as they are running.
+        self.config = msgspec.structs.replace(
+            self.config, **{k: getattr(new, k) for k in applied})
+        log.info("config.reloaded", changed={k: list(v) for k, v in applied.items()},
+                 needs_restart=pending)
+        return applied
+
+
 async def run(config: Config, shutdown: anyio.Event, *,
               task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Run a daemon until `shutdown` is set; `task_status.started` gets the socket path."""
-    assert config.socket and config.db
-    # 1. The database: open, WAL, migrations.
-    store = SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
-    await store.open()
-    try:
-        writer = Writer(store, max_queue=config.max_queue, max_batch=config.max_batch,
-                        cache_size=config.view_cache_size, snapshot_every=config.snapshot_every)
-        async with anyio.create_task_group() as core:
-            # 2. The writer: the only task that writes.
-            await core.start(writer.run)
-            try:
-                await _serve(config, store, writer, shutdown, task_status)
-            finally:
-                # 5. Flush: the writer commits what is queued, then returns.
-                writer.close()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await store.close()
-        log.info("daemon.stopped")
+    """Run a daemon on `config` until `shutdown` is set (no systemd, no reloads)."""
+    await Daemon(config).run(shutdown, task_status=task_status)
 
 
-async def _serve(config: Config, store: SqliteStore, writer: Writer, shutdown: anyio.Event,
-                 task_status: TaskStatus[str]) -> None:
-    service = Service(store, writer, Limits(
-        max_message_bytes=config.max_message_bytes,
-        max_event_bytes=config.max_event_bytes,
-        max_checkpoint_bytes=config.max_checkpoint_bytes))
-    server = Server(
-        service,
-        ServerLimits(max_request_bytes=config.max_request_bytes,
-                     max_connections=config.max_connections,
-                     max_inflight=config.max_inflight,
-                     max_subscriptions=config.max_subscriptions,
-                     max_subscription_buffer=config.max_subscription_buffer),
-        allowed_uids=frozenset(config.allowed_uids),
-        allowed_gids=frozenset(config.allowed_gids))
-    assert config.socket
-    # 3. Serve.
-    listener = await bind_socket(config.socket, config.socket_mode)
-    bound = os.lstat(config.socket)
-    try:
-        async with anyio.create_task_group() as serving:
-            await serving.start(server.serve, listener)
-            if config.cleanup_older_than_days > 0:
-                serving.start_soon(_retention, service, config)
-            log.info("daemon.ready", socket=config.socket, db=config.db,
-                     durability=config.durability, pid=os.getpid())
-            task_status.started(config.socket)
-            await shutdown.wait()
-            # 4. Drain: refuse new requests, let in-flight ones finish.
-            log.info("daemon.stopping", inflight=server.inflight)
-            server.draining = True
-            with anyio.move_on_after(config.drain_timeout_s):
-                await server.wait_idle()
-            serving.cancel_scope.cancel()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await listener.aclose()
-            _unlink_socket(config.socket, bound)
+def _server_limits(config: Config) -> ServerLimits:
+    return ServerLimits(max_request_bytes=config.max_request_bytes,
+                        max_connections=config.max_connections,
+                        max_inflight=config.max_inflight,
+                        max_subscriptions=config.max_subscriptions,
+                        max_subscription_buffer=config.max_subscription_buffer)
+
+
+def _service_limits(config: Config) -> Limits:
+    return Limits(max_message_bytes=config.max_message_bytes,
+                  max_event_bytes=config.max_event_bytes,
+                  max_checkpoint_bytes=config.max_checkpoint_bytes)
+
+
+def _raise_fd_limit(max_connections: int) -> None:
+    """Raise the soft descriptor limit toward what max_connections needs (never past hard).
+
+    A hardened unit cannot raise the hard limit; LimitNOFILE= must. When even the hard
+    limit is short, say so once: connections past it wait in the accept queue.
+    """
+    want = max_connections + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(hard, want)
+        try:
+            if target > soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+        except OSError:  # a seccomp filter may forbid setrlimit: LimitNOFILE= decides
+            pass
+        if soft < want:
+            log.warning("daemon.fd_limit_low", limit=soft, max_connections=max_connections,
+                        needed=want, hint="raise LimitNOFILE= (systemd) or ulimit -n")
 
 
 async def _retention(service: Service, config: Config) -> None:

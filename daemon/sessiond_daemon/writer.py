@@ -121,6 +121,7 @@ class Writer:
         self.transactions = 0
         self.commands = 0
         self._rate: deque[tuple[float, int]] = deque()
+        self._busy_since: float | None = None  # monotonic start of the batch in hand
 
     # --- the callers' side ------------------------------------------------------------
 
@@ -154,6 +155,10 @@ class Writer:
         self._trim_rate(time.monotonic())
         return round(sum(n for _, n in self._rate) / 10.0, 1)
 
+    def stalled_for(self) -> float:
+        """Seconds the writer has spent on the batch in hand (0 when it waits for work)."""
+        return 0.0 if self._busy_since is None else time.monotonic() - self._busy_since
+
     def close(self) -> None:
         """Stop taking commands; the writer drains what is queued, then returns."""
         self._send.close()
@@ -178,8 +183,10 @@ class Writer:
                         break
                 # Shielded: a cancelled writer must not leave a half-run transaction
                 # queued on the connection's thread.
+                self._busy_since = time.monotonic()
                 with anyio.CancelScope(shield=True):
                     await self._process(batch)
+                self._busy_since = None
 
     async def _process(self, commands: list[Command]) -> None:
         batch = Batch()
