@@ -137,3 +137,37 @@ class TestZeroConfig:
             with anyio.fail_after(30):
                 assert await proc.wait() == 0
         assert not os.path.exists(sock)  # removed on a clean exit
+
+
+class TestExecutorCommands:
+    async def test_spawn_output_trajectory_inject_kill(self, daemon: Daemon, client: AsyncClient,
+                                                       tmp_path: Any) -> None:
+        """spawn -- CMD runs in the caller's directory; output, trajectory, inject and kill by prefix."""
+        fakes = os.path.join(os.path.dirname(__file__), "executors")
+        spawned = await ctl(daemon, "--json", "spawn", "--adapter", "codex", "--id", "cli-codex",
+                            "--task", "fix it", "--",
+                            os.path.join(fakes, "codex"), "exec", "--json", "fix it")
+        state = json.loads(spawned.stdout)
+        assert state["status"] == "active" and state["adapter"] == "codex"
+        assert state["working_dir"] == os.getcwd()
+        with anyio.fail_after(30):
+            while (await client.get_session("cli-codex")).status == "active":
+                await anyio.sleep(0.02)
+        out = (await ctl(daemon, "output", "cli-c")).stdout.splitlines()
+        assert json.loads(out[0])["type"] == "thread.started" and len(out) == 10
+        steps = (await ctl(daemon, "trajectory", "cli-c")).stdout
+        assert "reasoning" in steps and "file_change" in steps
+        full = await ctl_json(daemon, "trajectory", "cli-c", "--full")
+        assert full[0] == {"type": "user", "summary": "fix it", "details": {}, "turn": 1}
+        await ctl(daemon, "inject", "cli-c", stdin="and now?")
+        with anyio.fail_after(30):
+            while (await client.get_session("cli-codex")).status == "active":
+                await anyio.sleep(0.02)
+        assert (await client.get_session("cli-codex")).turn == 2
+
+        quiet = [sys.executable, os.path.join(fakes, "tool.py"), "quiet"]
+        await ctl(daemon, "spawn", "--id", "cli-quiet", "--cwd", str(tmp_path), "--", *quiet)
+        killed = await ctl_json(daemon, "kill", "cli-q")
+        assert killed["status"] == "killed"
+        refused = await ctl(daemon, "spawn", "--adapter", "codex", check=False)
+        assert refused.returncode != 0 and "give the command after --" in refused.stderr

@@ -38,7 +38,7 @@ commands = st.one_of(
     st.tuples(st.just("transition"), st.sampled_from(STATUSES), st.one_of(st.none(), names)),
     st.tuples(st.just("resume")),
     st.tuples(st.just("events"), st.lists(st.sampled_from(
-        ["plan", "problem", "decision", "result", "metadata", "started", "output", "exited"]),
+        ["plan", "problem", "decision", "result", "metadata", "started", "output", "exited", "detached"]),
         min_size=1, max_size=3), names),
 )
 
@@ -69,7 +69,9 @@ async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
                  "metadata": ("metadata.updated", {"patch": {cmd[2]: 1}}),
                  "started": ("process.started", {"pid": 4242, "argv": [cmd[2]], "turn": 1}),
                  "output": ("process.output", {"turn": 1, "line": cmd[2]}),
-                 "exited": ("process.exited", {"pid": 4242, "turn": 1, "exit_code": 3})}
+                 "exited": ("process.exited", {"pid": 4242, "turn": 1, "exit_code": 3}),
+                 "detached": ("process.detached", {"pid": 4242, "turn": 1, "alive": False,
+                                                   "reason": cmd[2]})}
         await c.append_events(sid, [{"type": datas[k][0], "data": datas[k][1]} for k in cmd[1]])
 
 

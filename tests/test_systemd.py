@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -170,10 +170,8 @@ class TestSocketActivation:
              sys.executable, "-m", "sessiond_daemon", "--db", db, "--log-level", "warning"],
             stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 30
-            while not os.path.exists(path):
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.02)
+            wait_until(lambda: os.path.exists(path) or proc.poll() is not None, "the socket")
+            assert proc.poll() is None
             with Client(path, timeout=30) as client:  # this connection starts the daemon
                 session = client.create_session(session_id="activated")
                 assert session.session_id == "activated"
@@ -373,24 +371,29 @@ def installed_sessiond() -> str:
     return found
 
 
+def wait_until(ready: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    """Poll `ready` until it returns something true; fail naming `what` if it never does."""
+    end = time.monotonic() + timeout
+    while not (result := ready()):
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+    return result
+
+
 def wait_for_daemon(sock: str, proc: subprocess.Popen[Any]) -> Client:
-    deadline = time.monotonic() + 30
-    while True:
+    def answered() -> Client | None:
+        assert proc.poll() is None, "the daemon exited"
         try:
             client = Client(sock, timeout=10)
             client.ping()
             return client
         except OSError:
-            assert proc.poll() is None, "the daemon exited"
-            assert time.monotonic() < deadline, "the daemon did not start"
-            time.sleep(0.02)
+            return None
+
+    return wait_until(answered, "the daemon to answer")
 
 
-def wait_for_log(path: Path, needle: str, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        text = path.read_text()
-        if needle in text:
-            return text
-        assert time.monotonic() < deadline, f"{needle} not logged:\n{text}"
-        time.sleep(0.02)
+def wait_for_log(path: Path, needle: str) -> str:
+    return wait_until(lambda: text if needle in (text := path.read_text()) else None,
+                      f"{needle} in the log {path}")

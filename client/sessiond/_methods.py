@@ -169,6 +169,33 @@ class Methods:
         return self.append_events(
             session_id, [{"type": "result.recorded", "data": data}], **options)
 
+    # --- executors ------------------------------------------------------------------------
+
+    def spawn(self, argv: list[str], **options: Any) -> Any:
+        """Start an executor process as a new session (cwd, env, adapter, task, model,
+        source, session_id, namespace, metadata). -> SessionState (active, or failed if it
+        could not start)."""
+        return self._call("session.spawn", SessionState, argv=argv, **options)
+
+    def inject(self, session_id: str, message: str) -> Any:
+        """Run a follow-up turn with `message` (the session must not be running). -> SessionState."""
+        return self._call("session.inject", SessionState, session_id=session_id, message=message)
+
+    def kill(self, session_id: str) -> Any:
+        """End the session's process group (SIGTERM, then SIGKILL). -> SessionState (killed)."""
+        return self._call("session.kill", SessionState, session_id=session_id)
+
+    def output(self, session_id: str, turn: int | None = None, stream: str | None = None) -> Any:
+        """Raw output lines of one turn (default: the latest). -> OutputResult (turn, lines)."""
+        return self._call("session.output", rpc.OutputResult, session_id=session_id, turn=turn,
+                          stream=stream)
+
+    def trajectory(self, session_id: str, full: bool = False,
+                   max_output_len: int | None = None) -> Any:
+        """The session's steps (user, message, reasoning, command, tool_call, ...). -> list[Step]."""
+        return self._call("session.trajectory", rpc.TrajectoryResult, lambda r: r.steps,
+                          session_id=session_id, full=full, max_output_len=max_output_len)
+
 
 def request_line(request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
     """The request object; `None` params are left out so the daemon's defaults apply."""

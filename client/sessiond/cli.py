@@ -307,6 +307,42 @@ def _events(c: Client, a: argparse.Namespace) -> Any:
                          from_position=a.from_position, limit=a.limit, types=a.type or None)
 
 
+@command("spawn", render_state)
+def _spawn(c: Client, a: argparse.Namespace) -> Any:
+    argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+    if not argv:
+        raise SystemExit("sessionctl spawn: give the command after --, e.g. -- codex exec --json TASK")
+    env = dict(kv.split("=", 1) for kv in a.env or [])
+    return c.spawn(argv, cwd=os.path.abspath(a.cwd or os.getcwd()), env=env or None,
+                   adapter=a.adapter, task=a.task, model=a.model, session_id=a.id,
+                   source=a.source)
+
+
+@command("inject", render_state)
+def _inject(c: Client, a: argparse.Namespace) -> Any:
+    return c.inject(_sid(c, a.id), _read_text(a.message))
+
+
+@command("kill", render_state)
+def _kill(c: Client, a: argparse.Namespace) -> Any:
+    return c.kill(_sid(c, a.id))
+
+
+@command("output", lambda r: print("\n".join(r.lines)))
+def _output(c: Client, a: argparse.Namespace) -> Any:
+    return c.output(_sid(c, a.id), turn=a.turn, stream=a.stream)
+
+
+def _render_steps(steps: Any) -> None:
+    for s in steps:
+        print(f"[{s.turn}] {s.type:<12} {s.summary}")
+
+
+@command("trajectory", _render_steps)
+def _trajectory(c: Client, a: argparse.Namespace) -> Any:
+    return c.trajectory(_sid(c, a.id), full=a.full, max_output_len=a.max_output_len)
+
+
 _STREAMED = object()  # a command that printed as it went
 
 
@@ -443,6 +479,26 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start after this global position (default: from now)")
     start.add_argument("--from-start", action="store_true", help="start with the first event")
     sp.add_argument("--type", action="append", help="only events of this type (repeatable)")
+    sp = cmd("spawn", "run an agent CLI as a supervised session: spawn [opts] -- CMD ARGS...",
+             sid=False)
+    sp.add_argument("--adapter", choices=["jsonl", "codex", "claude"],
+                    help="how to read its output (default jsonl)")
+    sp.add_argument("--cwd", help="working directory (default: here)")
+    sp.add_argument("--env", action="append", metavar="KEY=VALUE", help="extra environment")
+    sp.add_argument("--task", help="the first user message, written to its stdin")
+    sp.add_argument("--model")
+    sp.add_argument("--source")
+    sp.add_argument("--id", help="session id (default: a new ULID)")
+    sp.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    sp = cmd("inject", "run a follow-up turn of an executor session")
+    sp.add_argument("message", nargs="?", help="the message; '-' or nothing reads stdin")
+    cmd("kill", "end an executor session's processes (SIGTERM, then SIGKILL)")
+    sp = cmd("output", "print an executor turn's raw output lines")
+    sp.add_argument("--turn", type=int, help="which turn (default: the latest)")
+    sp.add_argument("--stream", choices=["stdout", "stderr"], help="one stream only")
+    sp = cmd("trajectory", "list an executor session's steps")
+    sp.add_argument("--full", action="store_true", help="do not truncate long text")
+    sp.add_argument("--max-output-len", type=int, help="truncate text past this (default 200)")
     sp = cmd("events", "read stored events of one session or of all", sid=False)
     sp.add_argument("id", nargs="?", help="session id or prefix; all sessions when left out")
     sp.add_argument("--from-version", type=int)

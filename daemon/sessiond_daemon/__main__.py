@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cleanup-older-than-days", type=float, dest="cleanup_older_than_days",
                    help="delete ended sessions idle this long, every --cleanup-every-s (0: never)")
     p.add_argument("--cleanup-every-s", type=float, dest="cleanup_every_s")
+    p.add_argument("--kill-grace-s", type=float, dest="kill_grace_s",
+                   help="seconds session.kill waits after SIGTERM before SIGKILL")
     p.add_argument("--allowed-uids", type=_int_list, help="comma-separated uids let in besides ours")
     p.add_argument("--allowed-gids", type=_int_list, help="comma-separated gids let in")
     return p.parse_args(argv)

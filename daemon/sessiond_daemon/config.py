@@ -41,6 +41,12 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     drain_timeout_s: float = 10.0
     cleanup_older_than_days: float = 0  # 0: no periodic retention
     cleanup_every_s: float = 3600
+    # Executors (session.spawn): processes at once, longest output line kept whole,
+    # output lines per second per process before it is throttled, SIGTERM-to-SIGKILL wait.
+    max_processes: int = 16
+    max_line_bytes: int = 256 << 10
+    max_output_lines_per_s: int = 2000
+    kill_grace_s: float = 5.0
 
 
 # Settings SIGHUP applies to a running daemon; the rest take effect at the next start.

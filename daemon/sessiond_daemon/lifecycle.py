@@ -7,6 +7,7 @@ import os
 import resource
 import socket
 import stat
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -19,6 +20,8 @@ from sessiond_schemas.rpc import SessionCleanupParams
 
 from . import logs
 from .config import RELOADABLE, Config, differences
+from .executors import Executors
+from .executors import Settings as ExecutorSettings
 from .maintenance import Maintenance
 from .server import Server, ServerLimits
 from .service import Limits, Service
@@ -109,8 +112,12 @@ class Daemon:
                      task_status: TaskStatus[str]) -> None:
         config = self.config
         self.service = service = Service(store, writer, _service_limits(config))
+        executors = Executors(service, ExecutorSettings(
+            max_processes=config.max_processes, max_line_bytes=config.max_line_bytes,
+            max_output_lines_per_s=config.max_output_lines_per_s,
+            kill_grace_s=config.kill_grace_s))
         self.server = server = Server(
-            service, _server_limits(config),
+            service, _server_limits(config), executors=executors,
             allowed_uids=frozenset(config.allowed_uids),
             allowed_gids=frozenset(config.allowed_gids))
         # 3. Serve: on systemd's socket if it passed one, else on our own.
@@ -123,7 +130,10 @@ class Daemon:
             listener = await bind_socket(config.socket, config.socket_mode)
             socket_path, bound = config.socket, os.lstat(config.socket)
         try:
+            executors.settings = replace(executors.settings, socket=socket_path)
             async with anyio.create_task_group() as serving:
+                # Executors a previous daemon left are marked before anyone is served.
+                await serving.start(executors.run)
                 await serving.start(server.serve, listener)
                 if config.cleanup_older_than_days > 0:
                     serving.start_soon(_retention, service, config)
@@ -142,6 +152,8 @@ class Daemon:
                 server.draining = True
                 with anyio.move_on_after(self.config.drain_timeout_s):
                     await server.wait_idle()
+                # Executors end with the daemon; their turns are recorded as failed.
+                await executors.stop()
                 serving.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):

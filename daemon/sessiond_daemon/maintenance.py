@@ -120,7 +120,7 @@ class Maintenance:
             version = page[-1].version + 1
 
     async def session_export(self, p: rpc.SessionRef, meta: EventMeta) -> dict[str, Any]:
-        await self.service._state(p.session_id)
+        await self.service.state(p.session_id)
         events = [e async for page in self._pages(p.session_id) for e in page]
         # The view is folded from exactly these events, so the document is consistent
         # even if the session moves on while it is read.
@@ -163,7 +163,7 @@ class Maintenance:
         except SessionExistsError:
             if p.on_conflict != "skip":
                 raise
-            return msgspec.Raw(_json.encode(await self.service._state(sid)))
+            return msgspec.Raw(_json.encode(await self.service.state(sid)))
 
 
 def _import_failed(reason: str) -> SessionImportError:

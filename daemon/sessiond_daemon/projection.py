@@ -14,6 +14,7 @@ from sessiond_schemas.events import (
     MessageAppended,
     MetadataUpdated,
     PlanLinked,
+    ProcessDetached,
     ProcessExited,
     ProcessStarted,
     ProgressRecorded,
@@ -258,7 +259,8 @@ def _plan_linked(s: SessionState, event: Event) -> None:
 def _process_started(s: SessionState, event: Event) -> None:
     d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, ProcessStarted)
-    s.pid, s.turn, s.exit_code = d.pid, d.turn, None
+    # A new turn starts clean: the last turn's error belongs to that turn's history.
+    s.pid, s.turn, s.exit_code, s.error = d.pid, d.turn, None, None
 
 
 def _process_output(s: SessionState, event: Event) -> None:
@@ -269,6 +271,13 @@ def _process_exited(s: SessionState, event: Event) -> None:
     d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, ProcessExited)
     s.exit_code = d.exit_code
+
+
+def _process_detached(s: SessionState, event: Event) -> None:
+    """A restart found the turn unsupervised: say why (the status change, if any, follows)."""
+    d = decode_data(event.type, event.data, event.schema_version)
+    assert isinstance(d, ProcessDetached)
+    s.error = d.reason
 
 
 def _derive(s: SessionState) -> None:
@@ -308,4 +317,5 @@ _BRANCHES: dict[str, Callable[[SessionState, Event], None]] = {
     "process.started": _process_started,
     "process.output": _process_output,
     "process.exited": _process_exited,
+    "process.detached": _process_detached,
 }

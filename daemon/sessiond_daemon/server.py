@@ -31,6 +31,7 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.events import EventMeta, new_id
 
+from .executors import Executors
 from .maintenance import Maintenance
 from .service import Service, invalid_params
 from .subscriptions import Subscriptions
@@ -89,10 +90,11 @@ class Server:
     """Serves the contract's methods to every connection on a listener."""
 
     def __init__(self, service: Service, limits: ServerLimits, *,
+                 executors: Executors | None = None,
                  allowed_uids: frozenset[int] = frozenset(),
                  allowed_gids: frozenset[int] = frozenset()) -> None:
         self.service = service
-        maintenance = Maintenance(service)
+        providers = [service, Maintenance(service), executors]
         self.limits = limits
         self.allowed_uids = allowed_uids
         self.allowed_gids = allowed_gids
@@ -104,10 +106,13 @@ class Server:
         self._decoders = {name: msgspec.json.Decoder(params_type)
                           for name, (params_type, _) in rpc.METHODS.items()}
         # Methods of the service; the subscription methods belong to a connection.
+        # A method without a provider (no executors) is answered "method not found".
         self._handlers: dict[str, Handler] = {
-            name: getattr(service, attr, None) or getattr(maintenance, attr)
+            name: handler
             for name in rpc.METHODS if name not in _CONNECTION_METHODS
-            for attr in [name.replace(".", "_")]
+            for handler in [next((getattr(p, name.replace(".", "_")) for p in providers
+                                  if hasattr(p, name.replace(".", "_"))), None)]
+            if handler is not None
         }
 
     # --- accepting ------------------------------------------------------------------
@@ -309,7 +314,8 @@ class Server:
 
     async def _dispatch(self, req: rpc.Request, conn: Connection) -> Any:
         decoder = self._decoders.get(req.method)
-        if decoder is None:
+        if decoder is None or (req.method not in self._handlers
+                               and req.method not in _CONNECTION_METHODS):
             raise MethodNotFoundError(f"method not found: {req.method}", {"method": req.method})
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down")

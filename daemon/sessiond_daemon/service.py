@@ -63,7 +63,7 @@ class StatusChangeInput(msgspec.Struct, kw_only=True):
 
 
 # What events.append validates each type's data with; None: not appendable that way.
-_APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
+APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
     **DATA_TYPES,
     "session.created": None,
     "checkpoint.saved": None,
@@ -73,13 +73,13 @@ _APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
 _INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint.save"}
 
 
-def _require(state: SessionState | None, session_id: str) -> SessionState:
+def require(state: SessionState | None, session_id: str) -> SessionState:
     if state is None:
         raise SessionNotFoundError(f"session {session_id} not found", {"session_id": session_id})
     return state
 
 
-def _check_transition(session_id: str, current: str, to: str) -> None:
+def check_transition(session_id: str, current: str, to: str) -> None:
     allowed = ALLOWED_TRANSITIONS[current]
     if to not in allowed:
         raise InvalidTransitionError(
@@ -131,17 +131,25 @@ class Service:
         )
         return msgspec.Raw(await self.writer.submit(cmd))
 
+    async def write(self, session_id: str, meta: EventMeta, plan: Planner) -> msgspec.Raw:
+        """Submit a plan for one session to the writer (no idempotency key, no expected version)."""
+        return msgspec.Raw(await self.writer.submit(Command(session_id=session_id, plan=plan,
+                                                            meta=meta)))
+
+    def check_event_size(self, data: Any, what: str) -> None:
+        self._check_size(len(_json.encode(data)), self.limits.max_event_bytes, what)
+
     def _check_size(self, size: int, limit: int, what: str) -> None:
         if size > limit:
             raise TooLargeError(f"{what} is {size} bytes, over the limit of {limit}",
                                 {"limit": limit, "size": size})
 
-    async def _state(self, session_id: str) -> SessionState:
+    async def state(self, session_id: str) -> SessionState:
         state = self.writer.cached(session_id)
         if state is None:
             raw = await self.store.state_json(session_id)
             state = msgspec.json.decode(raw, type=SessionState) if raw is not None else None
-        return _require(state, session_id)
+        return require(state, session_id)
 
     # --- daemon ---------------------------------------------------------------------
 
@@ -184,9 +192,9 @@ class Service:
                 return state
             raw = await self.store.state_json(p.session_id)
             if raw is None:
-                _require(None, p.session_id)
+                require(None, p.session_id)
             return msgspec.Raw(raw)
-        current = await self._state(p.session_id)
+        current = await self.state(p.session_id)
         if p.at_version > current.version:
             raise InvalidParamsError(
                 f"at_version {p.at_version} is past session {p.session_id}'s version {current.version}",
@@ -225,8 +233,8 @@ class Service:
 
     async def session_transition(self, p: rpc.SessionTransitionParams, meta: EventMeta) -> msgspec.Raw:
         def plan(state: SessionState | None) -> Plan:
-            s = _require(state, p.session_id)
-            _check_transition(p.session_id, s.status, p.to)
+            s = require(state, p.session_id)
+            check_transition(p.session_id, s.status, p.to)
             data = {"from": s.status, "to": p.to, **_not_none(
                 reason=p.reason, error=p.error, paused_at=p.paused_at, resume_from=p.resume_from)}
             return Plan([("session.status_changed", data)], lambda s, ev: s)
@@ -236,7 +244,7 @@ class Service:
     async def session_resume(self, p: rpc.SessionResumeParams, meta: EventMeta) -> msgspec.Raw:
         checkpoint = None
         if p.checkpoint_id is not None:
-            await self._state(p.session_id)
+            await self.state(p.session_id)
             checkpoint = await self.store.checkpoint(p.session_id, p.checkpoint_id)
             if checkpoint is None:
                 raise CheckpointNotFoundError(
@@ -244,8 +252,8 @@ class Service:
                     {"checkpoint_id": p.checkpoint_id})
 
         def plan(state: SessionState | None) -> Plan:
-            s = _require(state, p.session_id)
-            _check_transition(p.session_id, s.status, "active")
+            s = require(state, p.session_id)
+            check_transition(p.session_id, s.status, "active")
             pr = s.progress
             resume_from = pr.resume_from or pr.paused_at
             memory = s.memory
@@ -264,7 +272,7 @@ class Service:
 
     async def session_delete(self, p: rpc.SessionDeleteParams, meta: EventMeta) -> msgspec.Raw:
         def plan(state: SessionState | None) -> Delete:
-            _require(state, p.session_id)
+            require(state, p.session_id)
             return Delete(rpc.DeleteResult(deleted=True))
 
         return await self._submit(p, meta, plan)
@@ -278,7 +286,7 @@ class Service:
         self._check_message(p)
 
         def plan(state: SessionState | None) -> Plan:
-            data = _message_data(p, _require(state, p.session_id).message_count)
+            data = _message_data(p, require(state, p.session_id).message_count)
             return Plan([("message.appended", data)], lambda s, ev: _write_result(
                 s, ev, message_id=data["message_id"], sequence=data["sequence"]))
 
@@ -289,7 +297,7 @@ class Service:
             self._check_message(m)
 
         def plan(state: SessionState | None) -> Plan:
-            first = _require(state, p.session_id).message_count
+            first = require(state, p.session_id).message_count
             datas = [_message_data(m, first + i) for i, m in enumerate(p.messages)]
             return Plan([("message.appended", d) for d in datas], lambda s, ev: _write_result(
                 s, ev, message_ids=[d["message_id"] for d in datas], first_sequence=first))
@@ -297,7 +305,7 @@ class Service:
         return await self._submit(p, meta, plan)
 
     async def message_list(self, p: rpc.MessageListParams, meta: EventMeta) -> rpc.MessageListResult:
-        total = (await self._state(p.session_id)).message_count
+        total = (await self.state(p.session_id)).message_count
         after = p.after_sequence
         if p.order == "asc":
             first = (after + 1 if after is not None else 0) + p.offset
@@ -318,7 +326,7 @@ class Service:
                          estimated_cost=p.estimated_cost, model=p.model)
 
         def plan(state: SessionState | None) -> Plan:
-            _require(state, p.session_id)
+            require(state, p.session_id)
             return Plan([("tokens.recorded", data)],
                         lambda s, ev: _write_result(s, ev, token_usage=s.token_usage))
 
@@ -329,7 +337,7 @@ class Service:
                          tokens=p.tokens, retries=p.retries, failed=p.failed)
 
         def plan(state: SessionState | None) -> Plan:
-            _require(state, p.session_id)
+            require(state, p.session_id)
             return Plan([("progress.recorded", data)],
                         lambda s, ev: _write_result(s, ev, progress=s.progress))
 
@@ -339,7 +347,7 @@ class Service:
         self._check_size(len(_json.encode(p.patch)), self.limits.max_event_bytes, "memory patch")
 
         def plan(state: SessionState | None) -> Plan:
-            _require(state, p.session_id)
+            require(state, p.session_id)
             return Plan([("memory.updated", {"patch": p.patch})],
                         lambda s, ev: _write_result(s, ev, memory=s.memory))
 
@@ -354,7 +362,7 @@ class Service:
                 **_not_none(node_id=p.node_id, resume_from=p.resume_from)}
 
         def plan(state: SessionState | None) -> Plan:
-            _require(state, p.session_id)
+            require(state, p.session_id)
             return Plan([("checkpoint.saved", data)],
                         lambda s, ev: _write_result(s, ev, checkpoint_id=cid),
                         payloads={0: payload})
@@ -362,7 +370,7 @@ class Service:
         return await self._submit(p, meta, plan)
 
     async def checkpoint_get(self, p: rpc.CheckpointGetParams, meta: EventMeta) -> rpc.CheckpointGetResult:
-        await self._state(p.session_id)
+        await self.state(p.session_id)
         found = await self.store.checkpoint(p.session_id, p.checkpoint_id)
         if found is None:
             cid = p.checkpoint_id or "latest"
@@ -371,7 +379,7 @@ class Service:
         return found
 
     async def checkpoint_list(self, p: rpc.SessionRef, meta: EventMeta) -> rpc.CheckpointListResult:
-        await self._state(p.session_id)
+        await self.state(p.session_id)
         return rpc.CheckpointListResult(checkpoints=await self.store.checkpoints(p.session_id))
 
     # --- raw events -----------------------------------------------------------------
@@ -380,7 +388,7 @@ class Service:
         inputs: list[tuple[str, Any, dict[str, Any]]] = []
         for i, item in enumerate(p.events):
             path = f"$.events[{i}].data"
-            shape = _APPEND_INPUTS[item.type]
+            shape = APPEND_INPUTS[item.type]
             if shape is None:
                 raise InvalidParamsError(
                     f"events[{i}]: {item.type} cannot be appended with events.append;"
@@ -394,13 +402,13 @@ class Service:
             inputs.append((item.type, typed, item.data))
 
         def plan(state: SessionState | None) -> Plan:
-            s = _require(state, p.session_id)
+            s = require(state, p.session_id)
             status, sequence = s.status, s.message_count
             events: list[tuple[str, dict[str, Any]]] = []
             for event_type, typed, raw in inputs:
                 data = dict(raw)
                 if isinstance(typed, StatusChangeInput):
-                    _check_transition(p.session_id, status, typed.to)
+                    check_transition(p.session_id, status, typed.to)
                     data["from"], status = status, typed.to
                 elif isinstance(typed, MessageFields):
                     data.update(message_id=new_id(), sequence=sequence)
@@ -415,7 +423,7 @@ class Service:
             raise InvalidParamsError("from_version needs a session_id",
                                      {"detail": "from_version without session_id", "path": "$.from_version"})
         if p.session_id is not None:
-            await self._state(p.session_id)
+            await self.state(p.session_id)
         events = await self.store.read_events(
             session_id=p.session_id, from_version=p.from_version or 1,
             after_position=p.from_position or 0, limit=p.limit,

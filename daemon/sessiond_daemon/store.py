@@ -345,6 +345,23 @@ class SqliteStore:
             (*statuses, before, limit))
         return [r[0] for r in rows]
 
+    async def events_of_types(self, session_id: str,
+                              types: tuple[str, ...]) -> list[tuple[str, Any]]:
+        """A session's events of the given types, in order, as (type, decoded data)."""
+        rows = await self._all(
+            self._r(),
+            f"SELECT type, data FROM events WHERE session_id = ?"
+            f" AND type IN ({', '.join('?' * len(types))}) ORDER BY position",
+            (session_id, *types))
+        return [(r[0], msgspec.json.decode(r[1])) for r in rows]
+
+    async def sessions_with_process(self) -> list[str]:
+        """Active sessions whose view names a process: candidates for restart recovery."""
+        rows = await self._all(
+            self._r(), "SELECT session_id FROM sessions WHERE status = 'active'"
+            " AND json_extract(state, '$.pid') IS NOT NULL")
+        return [r[0] for r in rows]
+
     async def backup(self, target: str) -> tuple[int, int]:
         """Copy the database online (SQLite's backup API: one consistent snapshot while
         writers go on) to a new file; return (bytes, last position in the copy)."""

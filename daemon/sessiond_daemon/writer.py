@@ -278,6 +278,11 @@ class Writer:
             payloads = plan.payloads
             if plan.replace and entry is not None:
                 self._delete(sid, batch, overlay, repeats)
+        elif not plan.events:  # the plan found nothing to record: answer with the view
+            if entry is None:
+                raise InternalError("a plan with no events for a missing session")
+            cmd.result = _json.encode(plan.result(entry.state, []))
+            return
         else:
             events = self._make_events(cmd, entry, plan)
             state, snapshots = self._fold_with_snapshots(entry.state if entry else None, events)

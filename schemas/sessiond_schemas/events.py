@@ -195,6 +195,17 @@ class ProcessExited(msgspec.Struct, kw_only=True):
     turn: NonNegInt
     exit_code: int | None = None
     signal: int | None = None
+    lines: NonNegInt | None = None  # output lines the turn wrote (stdout and stderr)
+    truncated_lines: NonNegInt | None = None  # of them, cut at max_line_bytes
+
+
+class ProcessDetached(msgspec.Struct, kw_only=True):
+    """A daemon start found a turn it no longer supervises (sessiond extension)."""
+
+    pid: int
+    turn: NonNegInt
+    alive: bool  # the process still runs (its output is no longer captured)
+    reason: str
 
 
 DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
@@ -213,13 +224,14 @@ DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "process.started": ProcessStarted,
     "process.output": ProcessOutput,
     "process.exited": ProcessExited,
+    "process.detached": ProcessDetached,
 }
 EVENT_TYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
 EventType = Literal[
     "session.created", "session.status_changed", "message.appended", "tokens.recorded",
     "progress.recorded", "checkpoint.saved", "memory.updated", "metadata.updated",
     "result.recorded", "problem.recorded", "decision.recorded", "plan.linked",
-    "process.started", "process.output", "process.exited",
+    "process.started", "process.output", "process.exited", "process.detached",
 ]
 
 

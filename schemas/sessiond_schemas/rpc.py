@@ -388,6 +388,57 @@ class SubscriptionDropped(msgspec.Struct, kw_only=True):
 
 # method name -> (params type, result type). The daemon decodes params with the
 # first; the client decodes results with the second.
+# --- executors -----------------------------------------------------------------
+
+Adapter = Literal["jsonl", "codex", "claude"]
+
+
+class SessionSpawnParams(Params, kw_only=True, forbid_unknown_fields=True):
+    argv: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)]
+    cwd: str | None = None  # absolute; default: the daemon's working directory
+    env: dict[str, str] = {}  # added to the daemon's environment
+    adapter: Adapter = "jsonl"
+    task: str | None = None  # the first user message, written to the process's stdin
+    model: str | None = None
+    source: str = "user"
+    session_id: SessionId | None = None
+    namespace: str | None = None
+    metadata: dict[str, Any] = {}
+
+
+class SessionInjectParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    message: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class SessionOutputParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    turn: Annotated[int, msgspec.Meta(ge=1)] | None = None  # default: the latest turn
+    stream: Literal["stdout", "stderr"] | None = None  # default: both, in arrival order
+
+
+class OutputResult(msgspec.Struct, kw_only=True):
+    turn: int
+    lines: list[str]
+
+
+class SessionTrajectoryParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    full: bool = False
+    max_output_len: Annotated[int, msgspec.Meta(ge=1)] = 200
+
+
+class Step(msgspec.Struct, kw_only=True):
+    type: str
+    summary: str
+    details: dict[str, Any] = {}
+    turn: int = 0
+
+
+class TrajectoryResult(msgspec.Struct, kw_only=True):
+    steps: list[Step]
+
+
 METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "daemon.ping": (NoParams, PingResult),
     "daemon.stats": (NoParams, StatsResult),
@@ -416,4 +467,9 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "events.read": (EventsReadParams, EventsReadResult),
     "events.subscribe": (EventsSubscribeParams, SubscribeResult),
     "events.unsubscribe": (EventsUnsubscribeParams, UnsubscribeResult),
+    "session.spawn": (SessionSpawnParams, SessionState),
+    "session.inject": (SessionInjectParams, SessionState),
+    "session.kill": (SessionRef, SessionState),
+    "session.output": (SessionOutputParams, OutputResult),
+    "session.trajectory": (SessionTrajectoryParams, TrajectoryResult),
 }

@@ -1,0 +1,314 @@
+"""The executor runner: fake agent CLIs (tests/executors) through a real daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from sessiond import AsyncClient
+from sessiond_schemas.errors import (
+    InvalidParamsError,
+    InvalidTransitionError,
+    OverloadedError,
+    SessiondError,
+)
+
+pytestmark = pytest.mark.anyio
+
+FAKES = Path(__file__).resolve().parent / "executors"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "executors"
+TOOL = [sys.executable, str(FAKES / "tool.py")]
+
+
+@pytest.fixture
+def daemon_overrides() -> dict[str, Any]:
+    return {"kill_grace_s": 0.5, "max_processes": 4, "max_line_bytes": 1000}
+
+
+async def finished(client: AsyncClient, sid: str, timeout: float = 30) -> Any:
+    """Wait until the session's turn has ended (status left active and the exit is recorded)."""
+    with anyio.fail_after(timeout):
+        while True:
+            state = await client.get_session(sid)
+            if state.status != "active":
+                return state
+            await anyio.sleep(0.02)
+
+
+async def events_of(client: AsyncClient, sid: str, kind: str) -> list[Any]:
+    page = await client.read_events(sid, types=[kind], limit=1000)
+    return [e.data for e in page.events]
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+class TestAdapters:
+    async def test_codex_turn_then_resume(self, client: AsyncClient, tmp_path: Path) -> None:
+        """codex: messages, tokens, steps and every line in order; inject resumes the thread."""
+        state = await client.spawn([str(FAKES / "codex"), "exec", "--json", "fix the bug"],
+                                   adapter="codex", task="fix the bug", cwd=str(tmp_path),
+                                   model="gpt-5-codex", session_id="codex-1")
+        assert (state.status, state.turn, state.adapter) == ("active", 1, "codex")
+        assert state.pid and state.working_dir == str(tmp_path)
+        state = await finished(client, "codex-1")
+        assert state.status == "completed" and state.error is None
+        assert state.exit_code == 0
+        assert (state.token_usage.input_tokens, state.token_usage.output_tokens) == (24763, 122)
+        messages = (await client.list_messages("codex-1")).messages
+        assert [(m.role, m.content) for m in messages] == [
+            ("user", "fix the bug"), ("assistant", "I updated src/app.py to handle empty input.")]
+        recorded = (FIXTURES / "codex_turn1.jsonl").read_text().splitlines()
+        assert (await client.output("codex-1")).lines == recorded
+        exited = await events_of(client, "codex-1", "process.exited")
+        assert exited[0]["lines"] == len(recorded) and exited[0]["truncated_lines"] == 0
+        steps = await client.trajectory("codex-1")
+        assert [s.type for s in steps] == ["user", "reasoning", "command", "file_change",
+                                           "todo_list", "message"]
+        assert steps[2].details["output"] == "README.md\nsrc\n"
+
+        state = await client.inject("codex-1", "now add a test")
+        assert (state.status, state.turn) == ("active", 2)
+        state = await finished(client, "codex-1")
+        assert state.status == "completed"
+        last = (await client.list_messages("codex-1")).messages[-2:]
+        assert [(m.role, m.content) for m in last] == [
+            ("user", "now add a test"),
+            ("assistant", "resumed 0199a213-81c0-7800-8aa1-bbab2a035a53: now add a test")]
+        started = await events_of(client, "codex-1", "process.started")
+        assert started[1]["argv"][1:] == ["exec", "--json", "-m", "gpt-5-codex", "resume",
+                                          "0199a213-81c0-7800-8aa1-bbab2a035a53", "now add a test"]
+        assert (await client.output("codex-1", turn=1)).lines == recorded
+        assert state.token_usage.input_tokens == 24763 + 10
+
+    async def test_claude_turn_then_resume(self, client: AsyncClient) -> None:
+        """claude: task on stdin, assistant and tool messages, cost; inject uses --resume."""
+        await client.spawn([str(FAKES / "claude"), "-p", "--output-format", "stream-json",
+                            "--verbose"], adapter="claude", task="what is here?",
+                           session_id="claude-1")
+        state = await finished(client, "claude-1")
+        assert state.status == "completed", state.error
+        assert (state.token_usage.input_tokens, state.token_usage.output_tokens) == (12, 95)
+        assert state.token_usage.estimated_cost == pytest.approx(0.0123)
+        messages = (await client.list_messages("claude-1")).messages
+        assert [(m.role, m.content, m.tool_call_id) for m in messages] == [
+            ("user", "what is here?", None),
+            ("assistant", "Let me look at the files.", None),
+            ("tool", "README.md\nsrc", "toolu_01"),
+            ("assistant", "The repository has a README and a src folder.", None)]
+        recorded = (FIXTURES / "claude_turn1.jsonl").read_text().splitlines()
+        assert (await client.output("claude-1", stream="stdout")).lines == recorded
+        types = [s.type for s in await client.trajectory("claude-1")]
+        assert types == ["user", "message", "tool_call", "tool_result", "message", "result"]
+
+        await client.inject("claude-1", "and the tests?")
+        state = await finished(client, "claude-1")
+        assert state.status == "completed"
+        assert (await client.list_messages("claude-1")).messages[-1].content == (
+            "resumed 8f0c6a52-6a7e-4a4f-9d0e-2b0f3f1c9a11: and the tests?")
+
+    async def test_jsonl_events_pass_through_and_bad_lines_stay_output(
+            self, client: AsyncClient) -> None:
+        """jsonl: valid events are stored as sent; junk and refused events stay raw output."""
+        await client.spawn([*TOOL, "jsonl"], task="plan it", session_id="jsonl-1")
+        state = await finished(client, "jsonl-1")
+        assert state.status == "completed"
+        messages = (await client.list_messages("jsonl-1")).messages
+        assert [m.content for m in messages] == ["plan it", "got: plan it", "Planning done."]
+        assert state.memory == {"plan": ["a", "b"]}
+        assert state.progress.path == ["plan", "act"]
+        assert (state.token_usage.input_tokens, state.token_usage.output_tokens) == (100, 20)
+        problems = await events_of(client, "jsonl-1", "problem.recorded")
+        assert [p["type"] for p in problems] == ["message.appended", "session.created"]
+        stdout = (await client.output("jsonl-1", stream="stdout")).lines
+        assert stdout[1:] == (FIXTURES / "jsonl_turn.jsonl").read_text().splitlines()
+        assert (await client.output("jsonl-1", stream="stderr")).lines == [
+            "fake jsonl executor: done"]
+        # A follow-up turn reruns the command with the message on stdin.
+        await client.inject("jsonl-1", "go on")
+        state = await finished(client, "jsonl-1")
+        assert (await client.list_messages("jsonl-1")).messages[-1].content == "got: go on"
+        assert state.turn == 2
+
+
+class TestOutcomes:
+    @pytest.mark.parametrize(("mode", "status", "error"), [
+        ("error_with_reply", "completed",
+         "Completed with error: stream disconnected before completion"),
+        ("error_only", "failed", "model overloaded"),
+    ])
+    async def test_seed_rules_for_errors(self, client: AsyncClient, mode: str, status: str,
+                                         error: str) -> None:
+        """An error with an assistant reply still completes, with the error kept; without, fails."""
+        sid = f"codex-{mode}"
+        await client.spawn([str(FAKES / "codex"), "exec", "--json", "x"], adapter="codex",
+                           env={"FAKE_MODE": mode}, session_id=sid)
+        state = await finished(client, sid)
+        assert (state.status, state.error, state.exit_code) == (status, error, 1)
+
+    async def test_nonzero_exit_without_reply_fails(self, client: AsyncClient) -> None:
+        await client.spawn([*TOOL, "fail"], session_id="fail-1")
+        state = await finished(client, "fail-1")
+        assert (state.status, state.error, state.exit_code) == ("failed", "exited with code 3", 3)
+        assert (await client.output("fail-1")).lines == ["starting", "boom: something went wrong"]
+        steps = await client.trajectory("fail-1")
+        assert steps[-1].type == "exit" and steps[-1].summary == "exit code 3"
+
+    @pytest.mark.parametrize(("argv", "cwd", "error"), [
+        (["no-such-agent-cli-xyz", "run"], None, "executable not found on PATH: no-such-agent-cli-xyz"),
+        (["/nonexistent/bin/agent"], None, "executable not found: /nonexistent/bin/agent"),
+        (["true"], "/nonexistent/dir", "working directory does not exist: /nonexistent/dir"),
+    ])
+    async def test_what_cannot_start_is_a_failed_session(self, client: AsyncClient, argv: list[str],
+                                                         cwd: str | None, error: str) -> None:
+        """No such program or directory: the session exists, failed, with the reason."""
+        state = await client.spawn(argv, cwd=cwd)
+        assert (state.status, state.error, state.pid) == ("failed", error, None)
+        assert (await client.ping()).pong  # the daemon is fine
+
+    async def test_bad_spawn_params_are_refused(self, client: AsyncClient) -> None:
+        with pytest.raises(InvalidParamsError, match="cwd must be an absolute path") as info:
+            await client.spawn(["true"], cwd="relative/dir")
+        assert info.value.data["path"] == "$.cwd"
+        with pytest.raises(InvalidParamsError, match="argv"):
+            await client.spawn([])
+        with pytest.raises(InvalidParamsError, match="adapter"):
+            await client.spawn(["true"], adapter="gemini")
+
+    async def test_inject_while_running_and_too_many(self, client: AsyncClient) -> None:
+        """A running turn refuses inject (-32003); past max_processes, spawn gets -32008."""
+        for i in range(4):
+            await client.spawn([*TOOL, "quiet"], session_id=f"q{i}")
+        with pytest.raises(InvalidTransitionError, match="is running turn 1"):
+            await client.inject("q0", "hello?")
+        with pytest.raises(OverloadedError, match="max_processes"):
+            await client.spawn([*TOOL, "quiet"])
+        await client.create_session("plain")
+        await client.transition("plain", "completed")
+        with pytest.raises(InvalidParamsError, match="no executor"):
+            await client.inject("plain", "hello")
+        for i in range(4):
+            assert (await client.kill(f"q{i}")).status == "killed"
+        with pytest.raises(InvalidTransitionError):
+            await client.kill("q0")  # killed is final
+
+
+class TestLimits:
+    async def test_kill_ends_a_process_that_ignores_sigterm_and_its_children(
+            self, client: AsyncClient) -> None:
+        """SIGTERM is ignored by both; after the grace period SIGKILL ends the group."""
+        state = await client.spawn([*TOOL, "stubborn"], session_id="stub")
+        with anyio.fail_after(30):
+            while not (lines := (await client.output("stub")).lines):
+                await anyio.sleep(0.02)
+        child = json.loads(lines[0])["child"]
+        state = await client.kill("stub")
+        assert (state.status, state.error) == ("killed", "Manually killed")
+        exited = await events_of(client, "stub", "process.exited")
+        assert exited[0]["signal"] == signal.SIGKILL
+        assert gone(state.pid) and gone(child)
+
+    async def test_a_flood_is_throttled_and_every_line_kept_in_order(
+            self, client: AsyncClient) -> None:
+        """5,000 lines fast, one of 50,000 bytes, one unterminated: all there, the long one cut."""
+        await client.spawn([*TOOL, "flood", "5000", "50000"], session_id="flood")
+        state = await finished(client, "flood", timeout=120)
+        assert state.status == "completed"
+        lines = (await client.output("flood")).lines
+        assert lines[:5000] == [f"line {i}" for i in range(5000)]
+        assert lines[5000] == "x" * 1000 + " …[truncated 49000 bytes]"
+        assert lines[5001] == "last line without a newline"
+        exited = await events_of(client, "flood", "process.exited")
+        assert (exited[0]["lines"], exited[0]["truncated_lines"]) == (5002, 1)
+
+    async def test_children_left_holding_the_pipes_are_ended(self, client: AsyncClient) -> None:
+        """The leader exits, a child keeps stdout open: the turn still ends, the child with it."""
+        await client.spawn([*TOOL, "leftover"], session_id="left")
+        state = await finished(client, "left")
+        assert state.status == "completed"
+        child = json.loads((await client.output("left")).lines[0])["child"]
+        assert gone(child)
+
+
+class TestShutdownAndRestart:
+    async def test_stopping_the_daemon_ends_executors_as_failed(self, short_dir: str) -> None:
+        from conftest import daemon_config, running_daemon
+
+        config = daemon_config(short_dir, kill_grace_s=0.5)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            state = await c.spawn([*TOOL, "stubborn"], session_id="s")
+            pid = state.pid
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            state = await c.get_session("s")
+            assert (state.status, state.error) == ("failed", "daemon stopped; executor terminated")
+            assert gone(pid)
+            # A failed executor session takes a follow-up turn.
+            assert (await c.inject("s", "again")).turn == 2
+            await c.kill("s")
+
+    async def test_sigkilled_daemon_recovers_executors(self, short_dir: str) -> None:
+        """After SIGKILL: acknowledged lines are all kept; a lost process fails the session,
+        a surviving one is reported with its pid and can still be killed."""
+        sock, db = os.path.join(short_dir, "k.sock"), os.path.join(short_dir, "k.db")
+        argv = [sys.executable, "-m", "sessiond_daemon", "--socket", sock, "--db", db,
+                "--log-level", "error", "--kill-grace-s", "0.5"]
+        proc = subprocess.Popen(argv)
+        try:
+            async with await connect(sock, proc) as c:
+                await c.spawn([*TOOL, "slow", "10000", "0.01"], session_id="slow")
+                quiet = await c.spawn([*TOOL, "quiet"], session_id="quiet")
+                with anyio.fail_after(30):
+                    while len(acked := (await c.output("slow")).lines) < 20 or \
+                            len((await c.output("quiet")).lines) < 3:
+                        await anyio.sleep(0.02)
+                slow_pid = (await c.get_session("slow")).pid
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            # Its stdout has no reader now: the next write kills the slow executor.
+            with anyio.fail_after(30):
+                while not gone(slow_pid):
+                    await anyio.sleep(0.02)
+            proc = subprocess.Popen(argv)
+            async with await connect(sock, proc) as c:
+                slow = await c.get_session("slow")
+                assert (slow.status, slow.error) == ("failed", "daemon restarted; executor process lost")
+                lines = (await c.output("slow")).lines
+                assert lines[:len(acked)] == acked
+                assert lines == [f"tick {i}" for i in range(len(lines))]
+                q = await c.get_session("quiet")
+                assert q.status == "active" and q.pid == quiet.pid
+                assert f"still running as pid {quiet.pid}" in (q.error or "")
+                assert not gone(quiet.pid)
+                state = await c.kill("quiet")
+                assert state.status == "killed" and gone(quiet.pid)
+                detached = await events_of(c, "quiet", "process.detached")
+                assert detached == [{"pid": quiet.pid, "turn": 1, "alive": True,
+                                     "reason": q.error}]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+async def connect(sock: str, proc: subprocess.Popen[bytes]) -> AsyncClient:
+    """Wait until the daemon answers; return a client to use with `async with`."""
+    with anyio.fail_after(30):
+        while True:
+            try:
+                async with AsyncClient(sock) as probe:
+                    await probe.ping()
+                return AsyncClient(sock)
+            except (OSError, SessiondError):
+                assert proc.poll() is None, "the daemon exited"
+                await anyio.sleep(0.02)
