@@ -37,6 +37,8 @@ commands = st.one_of(
     st.tuples(st.just("memory"), patches),
     st.tuples(st.just("transition"), st.sampled_from(STATUSES), st.one_of(st.none(), names)),
     st.tuples(st.just("resume")),
+    st.tuples(st.just("pop")),
+    st.tuples(st.just("clear")),
     st.tuples(st.just("events"), st.lists(st.sampled_from(
         ["plan", "problem", "decision", "result", "metadata", "started", "output", "exited", "detached"]),
         min_size=1, max_size=3), names),
@@ -61,6 +63,10 @@ async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
         await c.transition(sid, cmd[1], paused_at=cmd[2])
     elif kind == "resume":
         await c.resume(sid)
+    elif kind == "pop":
+        await c.pop_message(sid)
+    elif kind == "clear":
+        await c.clear_messages(sid)
     else:
         datas = {"plan": ("plan.linked", {"plan_id": cmd[2]}),
                  "problem": ("problem.recorded", {"what": cmd[2]}),
@@ -135,7 +141,14 @@ async def test_stored_view_equals_fresh_fold(daemon: Daemon, client: AsyncClient
 
     messages = (await client.list_messages(sid, limit=1000)).messages
     assert [m.sequence for m in messages] == list(range(fresh.message_count))
-    stored_contents = [json.loads(d)["content"] for (d,) in daemon.sql(
-        "SELECT data FROM events WHERE session_id = ? AND type = 'message.appended'"
-        " ORDER BY version", sid)]
-    assert [m.content for m in messages] == stored_contents
+    # The conversation is what the message events say, after each truncation's cut.
+    conversation: list[str] = []
+    for kind, raw in daemon.sql(
+            "SELECT type, data FROM events WHERE session_id = ? AND type IN"
+            " ('message.appended', 'messages.truncated') ORDER BY version", sid):
+        data = json.loads(raw)
+        if kind == "message.appended":
+            conversation.append(data["content"])
+        else:
+            del conversation[data["from_sequence"]:]
+    assert [m.content for m in messages] == conversation

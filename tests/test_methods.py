@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import anyio
 import pytest
 from sessiond import (
     AmbiguousIdError,
@@ -367,6 +368,63 @@ class TestMessages:
             await client.list_messages("missing")
         with pytest.raises(InvalidParamsError):
             await client.list_messages(s.session_id, order="sideways")
+
+
+class TestPopAndClear:
+    async def test_pop_takes_the_last_message_and_history_keeps_it(
+            self, client: AsyncClient, daemon: Daemon) -> None:
+        """pop returns the last message; list, count and last_message move back; events stay."""
+        await client.create_session("pc")
+        await client.append_messages("pc", [{"role": "user", "content": t} for t in "abc"])
+        popped = await client.pop_message("pc")
+        assert (popped.message.content, popped.message.sequence, popped.version) == ("c", 2, 5)
+        state = await client.get_session("pc")
+        assert state.message_count == 2 and state.last_message.content == "b"
+        assert [m.content for m in (await client.list_messages("pc")).messages] == ["a", "b"]
+        appended = await client.append_message("pc", "assistant", "d")
+        assert appended.sequence == 2  # the popped sequence is taken again
+        assert [m.content for m in (await client.list_messages("pc", order="desc")).messages] \
+            == ["d", "b", "a"]
+        rows = daemon.sql("SELECT type, data FROM events WHERE session_id = 'pc' ORDER BY version")
+        assert [r[0] for r in rows] == ["session.created"] + ["message.appended"] * 3 + [
+            "messages.truncated", "message.appended"]
+        assert json.loads(rows[4][1])["from_sequence"] == 2
+        assert daemon.sql("SELECT sequence FROM messages WHERE session_id = 'pc'"
+                          " ORDER BY sequence") == [(0,), (1,), (2,)]
+
+    async def test_clear_then_pop_on_empty(self, client: AsyncClient, daemon: Daemon) -> None:
+        """clear empties the conversation; popping or clearing nothing writes nothing."""
+        await client.create_session("cl")
+        await client.append_messages("cl", [{"role": "user", "content": t} for t in "ab"])
+        cleared = await client.clear_messages("cl")
+        assert (cleared.removed, cleared.version) == (2, 4)
+        state = await client.get_session("cl")
+        assert (state.message_count, state.last_message) == (0, None)
+        empty = await client.pop_message("cl")
+        assert (empty.message, empty.position, empty.version) == (None, None, 4)
+        assert (await client.clear_messages("cl")).removed == 0
+        assert daemon.sql("SELECT count(*) FROM events WHERE session_id = 'cl'") == [(4,)]
+        with pytest.raises(InvalidParamsError, match="message.pop or message.clear"):
+            await client.append_events("cl", [{"type": "messages.truncated",
+                                               "data": {"from_sequence": 0}}])
+
+    async def test_concurrent_pops_take_different_messages(self, client: AsyncClient,
+                                                           daemon: Daemon) -> None:
+        """Pops racing each other each take one message: none twice, none lost."""
+        await client.create_session("race")
+        await client.append_messages("race", [{"role": "user", "content": str(i)}
+                                              for i in range(20)])
+        taken: list[str] = []
+
+        async def pop() -> None:
+            async with AsyncClient(daemon.socket) as c:
+                taken.append((await c.pop_message("race")).message.content)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(pop)
+        assert sorted(taken, key=int) == [str(i) for i in range(12, 20)]
+        assert (await client.get_session("race")).message_count == 12
 
 
 class TestTokensProgressMemory:

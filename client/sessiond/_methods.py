@@ -110,6 +110,16 @@ class Methods:
 
     # --- tokens, progress, memory, checkpoints ------------------------------------------
 
+    def pop_message(self, session_id: str, **options: Any) -> Any:
+        """Take the last message out of the conversation (its events stay). -> MessagePopResult
+        (`message` is None when there was none)."""
+        return self._call("message.pop", rpc.MessagePopResult, session_id=session_id, **options)
+
+    def clear_messages(self, session_id: str, **options: Any) -> Any:
+        """Take every message out of the conversation (its events stay). -> MessageClearResult."""
+        return self._call("message.clear", rpc.MessageClearResult, session_id=session_id,
+                          **options)
+
     def record_tokens(self, session_id: str, **usage: Any) -> Any:
         """Add token usage (input_tokens, output_tokens, estimated_cost, model).
         -> TokensRecordResult."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgspec
 from msgspec.structs import replace
 from sessiond_schemas.events import (
     TERMINAL_STATUSES,
@@ -14,6 +15,7 @@ from sessiond_schemas.events import (
     MessageAppended,
     MetadataUpdated,
     PlanLinked,
+    MessagesTruncated,
     ProcessDetached,
     ProcessExited,
     ProcessStarted,
@@ -178,6 +180,14 @@ def _message_appended(s: SessionState, event: Event) -> None:
     )
 
 
+def _messages_truncated(s: SessionState, event: Event) -> None:
+    d = decode_data(event.type, event.data, event.schema_version)
+    assert isinstance(d, MessagesTruncated)
+    s.message_count = min(s.message_count, d.from_sequence)
+    s.last_message = (msgspec.convert(d.last_message, Message)
+                      if d.last_message is not None and s.message_count else None)
+
+
 def _tokens_recorded(s: SessionState, event: Event) -> None:
     d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, TokensRecorded)
@@ -305,6 +315,7 @@ _BRANCHES: dict[str, Callable[[SessionState, Event], None]] = {
     "session.created": _session_created,
     "session.status_changed": _status_changed,
     "message.appended": _message_appended,
+    "messages.truncated": _messages_truncated,
     "tokens.recorded": _tokens_recorded,
     "progress.recorded": _progress_recorded,
     "checkpoint.saved": _checkpoint_saved,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -18,6 +19,7 @@ from sessiond_schemas.errors import (
     SessionExistsError,
     SessionNotFoundError,
     TooLargeError,
+    VersionConflictError,
 )
 from sessiond_schemas.events import (
     ALLOWED_TRANSITIONS,
@@ -30,7 +32,7 @@ from sessiond_schemas.events import (
     new_id,
     parse_time,
 )
-from sessiond_schemas.state import SessionState
+from sessiond_schemas.state import Message, SessionState
 
 from . import projection
 from .store import SessionFilters, SqliteStore
@@ -69,8 +71,10 @@ APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
     "checkpoint.saved": None,
     "message.appended": MessageFields,
     "session.status_changed": StatusChangeInput,
+    "messages.truncated": None,
 }
-_INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint.save"}
+_INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint.save",
+            "messages.truncated": "message.pop or message.clear"}
 
 
 def require(state: SessionState | None, session_id: str) -> SessionState:
@@ -95,6 +99,14 @@ def _not_none(**fields: Any) -> dict[str, Any]:
 def _write_result(state: SessionState, events: list[Event], **extra: Any) -> dict[str, Any]:
     return {"session_id": state.session_id, "version": state.version,
             "position": events[-1].position, **extra}
+
+
+def _cut_result(state: SessionState, events: list[Event], popped: Message | None,
+                removed: int, pop: bool) -> dict[str, Any]:
+    """message.pop answers with the message taken out; message.clear with how many."""
+    return {"session_id": state.session_id, "version": state.version,
+            "position": events[-1].position if events else None,
+            **({"message": popped} if pop else {"removed": removed})}
 
 
 def _message_data(m: MessageFields, sequence: int) -> dict[str, Any]:
@@ -318,6 +330,47 @@ class Service:
             if after is not None:
                 messages = [m for m in messages if m.sequence > after]
         return rpc.MessageListResult(messages=messages, total=total)
+
+    async def message_pop(self, p: rpc.WriteParams, meta: EventMeta) -> msgspec.Raw:
+        """Take the last message out of the conversation and return it (history keeps it)."""
+        return await self._truncate(p, meta, keep=lambda count: count - 1, reason="popped")
+
+    async def message_clear(self, p: rpc.WriteParams, meta: EventMeta) -> msgspec.Raw:
+        """Take every message out of the conversation (history keeps them)."""
+        return await self._truncate(p, meta, keep=lambda count: 0, reason="cleared")
+
+    async def _truncate(self, p: rpc.WriteParams, meta: EventMeta,
+                        keep: Callable[[int], int], reason: str) -> msgspec.Raw:
+        # The messages around the cut are read first; the write then requires the
+        # version they were read at, and is retried if another write came between.
+        pop = reason == "popped"
+        while True:
+            state = await self.state(p.session_id)
+            count, kept = state.message_count, max(0, keep(state.message_count))
+            edge = await self.store.list_messages(p.session_id, first=kept - 1, limit=2,
+                                                  descending=False) if count else []
+            new_last = edge[0] if kept and edge else None
+            popped = edge[-1] if pop and edge else None
+
+            def plan(s: SessionState | None, kept: int = kept, count: int = count,
+                     new_last: Message | None = new_last, popped: Message | None = popped) -> Plan:
+                s = require(s, p.session_id)
+                if kept >= count:  # nothing to take out: nothing is written
+                    return Plan([], lambda st, ev: _cut_result(st, ev, None, 0, pop))
+                data = {"from_sequence": kept, "reason": reason,
+                        "last_message": msgspec.to_builtins(new_last) if new_last else None}
+                return Plan([("messages.truncated", data)], lambda st, ev: _cut_result(
+                    st, ev, popped, count - kept, pop))
+
+            cmd = Command(session_id=p.session_id, plan=plan,
+                          meta=msgspec.structs.replace(meta, idempotency_key=p.idempotency_key),
+                          expected_version=p.expected_version or state.version,
+                          idempotency_key=p.idempotency_key)
+            try:
+                return msgspec.Raw(await self.writer.submit(cmd))
+            except VersionConflictError:
+                if p.expected_version is not None:
+                    raise  # the caller's own condition: theirs to handle
 
     # --- tokens, progress, memory, checkpoints --------------------------------------
 

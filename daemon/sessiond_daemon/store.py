@@ -254,16 +254,17 @@ class SqliteStore:
                     for e in batch.events
                 ],
             )
-            messages = [
-                (e.session_id, e.data["sequence"], e.position)
-                for e in batch.events
-                if e.type == "message.appended"
-            ]
-            if messages:
-                db.executemany(
-                    "INSERT INTO messages (session_id, sequence, position) VALUES (?, ?, ?)",
-                    messages,
-                )
+            # The messages index, in event order: a truncation removes what came before it.
+            messages: list[tuple[str, int, int]] = []
+            for e in batch.events:
+                if e.type == "message.appended":
+                    messages.append((e.session_id, e.data["sequence"], e.position))
+                elif e.type == "messages.truncated":
+                    _insert_messages(db, messages)
+                    messages = []
+                    db.execute("DELETE FROM messages WHERE session_id = ? AND sequence >= ?",
+                               (e.session_id, e.data["from_sequence"]))
+            _insert_messages(db, messages)
             checkpoints = [
                 (e.session_id, e.data["checkpoint_id"], e.position, e.version,
                  e.data.get("node_id"), e.data.get("resume_from"), e.recorded_at,
@@ -585,6 +586,12 @@ def list_sessions_sql(f: SessionFilters, limit: int, cursor: str | None) -> tupl
         + " ORDER BY created_at DESC, session_id DESC LIMIT ?"
     )
     return sql, (*args, limit)
+
+
+def _insert_messages(db: sqlite3.Connection, rows: list[tuple[str, int, int]]) -> None:
+    if rows:
+        db.executemany("INSERT INTO messages (session_id, sequence, position) VALUES (?, ?, ?)",
+                       rows)
 
 
 def messages_page_sql(descending: bool) -> str:

@@ -177,6 +177,15 @@ class PlanLinked(msgspec.Struct, kw_only=True):
     plan_id: Annotated[str, msgspec.Meta(min_length=1)]
 
 
+class MessagesTruncated(msgspec.Struct, kw_only=True):
+    """Messages from `from_sequence` on leave the conversation (sessiond extension:
+    message.pop, message.clear). The events stay; `last_message` is the one now last."""
+
+    from_sequence: NonNegInt
+    reason: str | None = None
+    last_message: dict[str, Any] | None = None
+
+
 class ProcessStarted(msgspec.Struct, kw_only=True):
     pid: int
     argv: list[str]
@@ -225,6 +234,7 @@ DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "process.output": ProcessOutput,
     "process.exited": ProcessExited,
     "process.detached": ProcessDetached,
+    "messages.truncated": MessagesTruncated,
 }
 EVENT_TYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
 EventType = Literal[
@@ -232,6 +242,7 @@ EventType = Literal[
     "progress.recorded", "checkpoint.saved", "memory.updated", "metadata.updated",
     "result.recorded", "problem.recorded", "decision.recorded", "plan.linked",
     "process.started", "process.output", "process.exited", "process.detached",
+    "messages.truncated",
 ]
 
 

@@ -286,6 +286,20 @@ class MessageAppendResult(WriteResult, kw_only=True):
     sequence: int
 
 
+class MessagePopResult(msgspec.Struct, kw_only=True):
+    session_id: str
+    version: int
+    position: int | None  # None: there was nothing to pop, nothing was written
+    message: Message | None
+
+
+class MessageClearResult(msgspec.Struct, kw_only=True):
+    session_id: str
+    version: int
+    position: int | None  # None: there was nothing to clear, nothing was written
+    removed: int
+
+
 class MessageAppendManyResult(WriteResult, kw_only=True):
     message_ids: list[str]
     first_sequence: int
@@ -457,6 +471,8 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "message.append": (MessageAppendParams, MessageAppendResult),
     "message.append_many": (MessageAppendManyParams, MessageAppendManyResult),
     "message.list": (MessageListParams, MessageListResult),
+    "message.pop": (WriteParams, MessagePopResult),
+    "message.clear": (WriteParams, MessageClearResult),
     "tokens.record": (TokensRecordParams, TokensRecordResult),
     "progress.record": (ProgressRecordParams, ProgressRecordResult),
     "checkpoint.save": (CheckpointSaveParams, CheckpointSaveResult),
