@@ -1,0 +1,171 @@
+"""The SDK adapters against each SDK's own SQLite store, same workloads, same process.
+
+    python -m bench.sdks            # full sizes
+    python -m bench.sdks --quick    # small sizes (CI runs this; it asserts nothing)
+
+Workloads per store: appends/s with 1 writer and with 16 writers (one conversation each),
+read of the latest 20 items and a full read of a 5,000-item history (median ms), and the
+database size after 5,000 appends. An SDK that is not installed is skipped, said so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .daemon import DaemonProcess
+
+ITEM_TEXT = "x" * 200  # ~200 B of content per appended item
+
+
+@dataclass
+class Row:
+    sdk: str
+    workload: str
+    sdk_store: float
+    sessiond: float
+    unit: str
+
+    @property
+    def ratio(self) -> float:
+        """How many times better sessiond is (higher is better for /s, lower for ms and MB)."""
+        if self.unit.endswith("/s"):
+            return self.sessiond / self.sdk_store
+        return self.sdk_store / self.sessiond
+
+
+def db_bytes(path: str) -> int:
+    """The database's size once its WAL is checkpointed into it (the WAL's size swings)."""
+    con = sqlite3.connect(path)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page_size, pages = con.execute("PRAGMA page_size").fetchone()[0], \
+            con.execute("PRAGMA page_count").fetchone()[0]
+    finally:
+        con.close()
+    return page_size * pages
+
+
+async def appends_per_s(make: Callable[[int], Any], add: Callable[[Any, int], Awaitable[None]],
+                        writers: int, total: int) -> float:
+    """`writers` conversations appending one item at a time, concurrently."""
+    sessions = [make(w) for w in range(writers)]
+    per = total // writers
+
+    async def run(session: Any) -> None:
+        for i in range(per):
+            await add(session, i)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(run(s) for s in sessions))
+    return per * writers / (time.perf_counter() - t0)
+
+
+async def median_ms(fn: Callable[[], Awaitable[Any]], n: int) -> float:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await fn()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(samples)
+
+
+async def openai_agents(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) -> list[Row]:
+    from agents import SQLiteSession
+
+    from sessiond.integrations._loop import LoopClient
+    from sessiond.integrations.openai_agents import SessiondSession
+
+    sdk_db = os.path.join(directory, "agents.db")
+    client = LoopClient(daemon.socket)
+
+    def item(i: int) -> dict[str, Any]:
+        return {"role": "user" if i % 2 else "assistant", "content": f"{i} {ITEM_TEXT}"}
+
+    async def add(session: Any, i: int) -> None:
+        await session.add_items([item(i)])
+
+    stores: dict[str, Callable[[str], Any]] = {
+        "sdk_store": lambda name: SQLiteSession(name, sdk_db),
+        # One connection per conversation, as separate agent processes would have.
+        "sessiond": lambda name: SessiondSession(name, socket=daemon.socket),
+    }
+    figures: dict[str, dict[str, float]] = {}
+    for label, make in stores.items():
+        f = figures[label] = {}
+        for writers in (1, 16):
+            f[f"{writers}w"] = await appends_per_s(
+                lambda w, writers=writers, make=make: make(f"w{writers}-{w}"), add, writers,
+                sizes.appends)
+        history = make("history")
+        before = db_bytes(sdk_db) if label == "sdk_store" else db_bytes(daemon.db)
+        for i in range(sizes.history):
+            await history.add_items([item(i)])
+        f["size"] = ((db_bytes(sdk_db) if label == "sdk_store" else db_bytes(daemon.db))
+                     - before) / 1e6
+        f["latest20"] = await median_ms(lambda h=history: h.get_items(20), sizes.reads)
+        f["full"] = await median_ms(lambda h=history: h.get_items(), max(3, sizes.reads // 20))
+    await client.aclose()
+    o, s = figures["sdk_store"], figures["sessiond"]
+    return [
+        Row("openai-agents", "append, 1 writer", o["1w"], s["1w"], "items/s"),
+        Row("openai-agents", "append, 16 writers", o["16w"], s["16w"], "items/s"),
+        Row("openai-agents", "read latest 20", o["latest20"], s["latest20"], "ms"),
+        Row("openai-agents", f"full read of {sizes.history:,}", o["full"], s["full"], "ms"),
+        Row("openai-agents", f"db growth for {sizes.history:,} appends",
+            o["size"], s["size"], "MB"),
+    ]
+
+
+SDKS: dict[str, tuple[str, Callable[..., Awaitable[list[Row]]]]] = {
+    "openai-agents": ("agents", openai_agents),
+}
+
+
+async def main(sizes: argparse.Namespace) -> list[Row]:
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="sdb-") as directory:
+        daemon = DaemonProcess(directory)
+        await daemon.start()
+        try:
+            for name, (module, bench) in SDKS.items():
+                try:
+                    __import__(module)
+                except ImportError:
+                    print(f"{name}: not installed (pip install -e '.[{name}]'); skipped")
+                    continue
+                rows += await bench(directory, daemon, sizes)
+        finally:
+            daemon.stop()
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    print("| SDK | workload | SDK's own SQLite store | sessiond | unit | sessiond / SDK |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r.sdk} | {r.workload} | {r.sdk_store:,.2f} | {r.sessiond:,.2f} | {r.unit} "
+              f"| {r.ratio:.2f}× |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m bench.sdks")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", help="write the rows as JSON here")
+    args = parser.parse_args()
+    sizes = argparse.Namespace(appends=320, history=1_000, reads=20) if args.quick else \
+        argparse.Namespace(appends=3_200, history=5_000, reads=200)
+    result = asyncio.run(main(sizes))
+    print_table(result)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump([asdict(r) | {"ratio": r.ratio} for r in result], f, indent=2)

@@ -1,0 +1,106 @@
+"""A client for SDK integrations: asyncio-native, no background task, reconnects by itself.
+
+SDKs call their session stores from whatever task (or event loop) they run in, and close
+them from another, so `AsyncClient`, whose reader task belongs to the task that opened
+it, does not fit. Here the reader is an asyncio protocol: answers resolve futures from
+the event loop's callbacks, and a connection is (re)opened on the loop of the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from sessiond_schemas import rpc
+from sessiond_schemas.errors import SessiondError
+from sessiond_schemas.paths import default_socket
+
+from .._methods import Methods, request_line
+from .._wire import ConnectionLostError, raise_for
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(rpc.Response)
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.pending: dict[int, asyncio.Future[rpc.Response]] = {}
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (end := self.buffer.find(b"\n")) >= 0:
+            line = bytes(self.buffer[:end])
+            del self.buffer[:end + 1]
+            reply = _decoder.decode(line)
+            if reply.id is None and isinstance(reply.error, rpc.ErrorObject):
+                try:  # the daemon refused the connection itself
+                    raise_for(reply)
+                except SessiondError as exc:
+                    self._fail(exc)
+                continue
+            future = self.pending.pop(reply.id, None) if isinstance(reply.id, int) else None
+            if future is not None and not future.done():
+                future.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._fail(ConnectionLostError("the daemon closed the connection"))
+
+    def _fail(self, error: SessiondError) -> None:
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self.pending.clear()
+
+
+class LoopClient(Methods):
+    """The client API (`Methods`) over one asyncio connection per event loop."""
+
+    def __init__(self, socket_path: str | None = None) -> None:
+        self.socket_path = socket_path or default_socket()
+        self._ids = itertools.count(1)
+        self._protocol: _Protocol | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connecting: asyncio.Lock | None = None
+
+    async def _connection(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        if self._protocol is not None and not self._protocol.lost and self._loop is loop:
+            return self._protocol
+        if self._loop is not loop:
+            self._connecting, self._loop = asyncio.Lock(), loop
+        assert self._connecting is not None
+        async with self._connecting:
+            if self._protocol is None or self._protocol.lost or self._loop is not loop:
+                _, self._protocol = await loop.create_unix_connection(_Protocol, self.socket_path)
+                self._loop = loop
+        return self._protocol
+
+    async def _call(self, method: str, result_type: Any,
+                    pick: Callable[[Any], Any] | None = None, **params: Any) -> Any:
+        protocol = await self._connection()
+        request_id = next(self._ids)
+        future = protocol.pending[request_id] = asyncio.get_running_loop().create_future()
+        assert protocol.transport is not None
+        protocol.transport.write(_encoder.encode(request_line(request_id, method, params)) + b"\n")
+        try:
+            reply = await future
+        finally:
+            protocol.pending.pop(request_id, None)
+        result = msgspec.json.decode(raise_for(reply), type=result_type)
+        return pick(result) if pick else result
+
+    async def aclose(self) -> None:
+        if self._protocol is not None and self._protocol.transport is not None:
+            self._protocol.transport.close()
+        self._protocol = None

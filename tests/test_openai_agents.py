@@ -1,0 +1,159 @@
+"""SessiondSession against the OpenAI Agents SDK's own SQLiteSession, and under a real Runner."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import Daemon, daemon_config, running_daemon
+from sdk_extras import require_sdk
+
+agents = require_sdk("agents", "openai-agents")
+from agents import Agent, Runner, SQLiteSession, set_tracing_disabled  # noqa: E402
+from agents.items import ModelResponse  # noqa: E402
+from agents.memory.session_settings import SessionSettings  # noqa: E402
+from agents.models.interface import Model  # noqa: E402
+from agents.usage import Usage  # noqa: E402
+from openai.types.responses import ResponseOutputMessage, ResponseOutputText  # noqa: E402
+from sessiond import AsyncClient  # noqa: E402
+from sessiond.integrations.openai_agents import SessiondSession, session_id_for  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+set_tracing_disabled(True)  # no trace export: these tests never touch the network
+
+ITEMS: list[Any] = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"type": "function_call", "call_id": "call_1", "name": "weather",
+     "arguments": '{"city": "Paris"}', "id": "fc_1", "status": "completed"},
+    {"type": "function_call_output", "call_id": "call_1", "output": "18C and sunny"},
+    {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+     "content": [{"type": "output_text", "text": "It is 18C and sunny.", "annotations": []}]},
+    {"type": "reasoning", "id": "rs_1", "summary": []},
+    {"role": "developer", "content": "Answer briefly."},
+    {"role": "user", "content": [{"type": "input_text", "text": "And tomorrow? ünïcødé"}]},
+]
+counter = itertools.count()
+
+
+def both(tmp: Path, socket: str, **kwargs: Any) -> tuple[SQLiteSession, SessiondSession]:
+    name = f"conv/{next(counter)} with spaces"  # not a sessiond id: mapped, original kept
+    return (SQLiteSession(name, str(tmp / "sdk.db"), **kwargs),
+            SessiondSession(name, socket=socket, **kwargs))
+
+
+operations = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.lists(st.sampled_from(range(len(ITEMS))), max_size=4)),
+    st.tuples(st.just("get"), st.one_of(st.none(), st.integers(-2, 8))),
+    st.tuples(st.just("pop")),
+    st.tuples(st.just("clear")),
+), max_size=20)
+
+
+class TestDifferential:
+    @settings(max_examples=30, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(script=operations)
+    async def test_same_answers_as_sqlite_session(self, daemon: Daemon, tmp_path: Path,
+                                                  script: list[tuple[Any, ...]]) -> None:
+        """Random add/get(limit)/pop/clear sequences: every answer equals SQLiteSession's."""
+        reference, ours = both(tmp_path, daemon.socket)
+        try:
+            for op in script:
+                if op[0] == "add":
+                    items = [ITEMS[i] for i in op[1]]
+                    assert await reference.add_items(items) == await ours.add_items(items)
+                elif op[0] == "get":
+                    assert await ours.get_items(op[1]) == await reference.get_items(op[1]), op
+                elif op[0] == "pop":
+                    assert await ours.pop_item() == await reference.pop_item()
+                else:
+                    await reference.clear_session()
+                    await ours.clear_session()
+            assert await ours.get_items() == await reference.get_items()
+        finally:
+            reference.close()
+            await ours.close()
+
+    async def test_session_settings_limit(self, daemon: Daemon, tmp_path: Path) -> None:
+        """SessionSettings(limit) is the default limit, as in the SDK's own sessions."""
+        reference, ours = both(tmp_path, daemon.socket, session_settings=SessionSettings(limit=2))
+        await reference.add_items(ITEMS)
+        await ours.add_items(ITEMS)
+        assert await ours.get_items() == await reference.get_items() == ITEMS[-2:]
+        assert await ours.get_items(5) == ITEMS[-5:]
+        reference.close()
+        await ours.close()
+
+
+class TestStored:
+    async def test_items_are_messages_and_pop_clear_are_events(self, daemon: Daemon,
+                                                              client: AsyncClient) -> None:
+        """Items are readable messages (whole item in metadata); pop and clear stay in history."""
+        session = SessiondSession("user-42", socket=daemon.socket)
+        await session.add_items(ITEMS[:4])
+        messages = (await client.list_messages("user-42")).messages
+        assert [(m.role, m.content, m.tool_call_id) for m in messages] == [
+            ("user", "What is the weather in Paris?", None),
+            ("assistant", 'weather({"city": "Paris"})', None),
+            ("tool", "18C and sunny", "call_1"),
+            ("assistant", "It is 18C and sunny.", None)]
+        assert messages[1].metadata["item"] == ITEMS[1]
+        assert await session.pop_item() == ITEMS[3]
+        await session.clear_session()
+        assert await session.get_items() == []
+        types = [e.type for e in (await client.read_events("user-42")).events]
+        assert types == ["session.created"] + ["message.appended"] * 4 + ["messages.truncated"] * 2
+        state = await client.get_session("user-42")
+        assert (state.namespace, state.metadata) == ("openai-agents", {"sdk_session_id": "user-42"})
+        assert session_id_for("a b") != session_id_for("a  b") and session_id_for("ok-1") == "ok-1"
+        await session.close()
+
+
+class StubModel(Model):
+    """An offline model: answers each turn with a fixed text and remembers what it was sent."""
+
+    def __init__(self) -> None:
+        self.inputs: list[Any] = []
+
+    async def get_response(self, system_instructions: Any, input: Any, model_settings: Any,
+                           tools: Any, output_schema: Any, handoffs: Any, tracing: Any,
+                           **kwargs: Any) -> ModelResponse:
+        self.inputs.append(input)
+        text = f"answer {len(self.inputs)}"
+        message = ResponseOutputMessage(
+            id=f"msg_{len(self.inputs)}", role="assistant", status="completed", type="message",
+            content=[ResponseOutputText(text=text, type="output_text", annotations=[])])
+        return ModelResponse(output=[message], usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+class TestRunner:
+    async def test_runner_keeps_history_across_runs_and_a_restart(self, short_dir: str) -> None:
+        """Runner.run twice, then again after the daemon restarts: the model sees all turns."""
+        config = daemon_config(short_dir)
+        model = StubModel()
+        agent = Agent(name="assistant", instructions="Be brief.", model=model)
+        async with running_daemon(config) as d:
+            session = SessiondSession("chat-1", socket=d.socket)
+            first = await Runner.run(agent, "Hello", session=session)
+            second = await Runner.run(agent, "And again", session=session)
+            assert (first.final_output, second.final_output) == ("answer 1", "answer 2")
+            await session.close()
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            session = SessiondSession("chat-1", socket=d.socket)
+            third = await Runner.run(agent, "Still there?", session=session)
+            assert third.final_output == "answer 3"
+            texts = [m.content for m in (await c.list_messages("chat-1")).messages]
+            assert texts == ["Hello", "answer 1", "And again", "answer 2", "Still there?",
+                             "answer 3"]
+            await session.close()
+        seen = [item.get("content") if isinstance(item.get("content"), str) else
+                item["content"][0]["text"] for item in model.inputs[2]]
+        assert seen == ["Hello", "answer 1", "And again", "answer 2", "Still there?"]
