@@ -126,8 +126,82 @@ async def openai_agents(directory: str, daemon: DaemonProcess, sizes: argparse.N
     ]
 
 
+async def langgraph(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) -> list[Row]:
+    """Checkpoints as a graph step writes them: a 4 KB context channel set once, and two
+    small channels (a step counter and the last message) that change every step."""
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    from sessiond.integrations.langgraph import SessiondSaver
+
+    context = "c" * 4096
+    sdk_db = os.path.join(directory, "langgraph.db")
+
+    class Thread:
+        """One thread's steps against a saver, each put carrying the changed channels only."""
+
+        def __init__(self, saver: Any, thread_id: str) -> None:
+            self.saver, self.step = saver, 0
+            self.config: dict[str, Any] = {"configurable": {"thread_id": thread_id,
+                                                            "checkpoint_ns": ""}}
+            self.versions: dict[str, Any] = {}
+
+        async def put(self, _: int = 0) -> None:
+            cp = empty_checkpoint()
+            changed = ["context", "step", "last"] if self.step == 0 else ["step", "last"]
+            for channel in changed:
+                self.versions[channel] = self.saver.get_next_version(
+                    self.versions.get(channel), None)
+            cp["channel_values"] = {"context": context, "step": self.step,
+                                    "last": f"{self.step} {ITEM_TEXT}"}
+            cp["channel_versions"] = dict(self.versions)
+            self.config = await self.saver.aput(
+                self.config, cp, {"source": "loop", "step": self.step},
+                {c: self.versions[c] for c in changed})
+            self.step += 1
+
+    async def add(thread: Thread, i: int) -> None:
+        await thread.put()
+
+    figures: dict[str, dict[str, float]] = {}
+    async with AsyncSqliteSaver.from_conn_string(sdk_db) as sdk_saver:
+        ours = SessiondSaver(daemon.socket)
+        for label, saver, db in (("sdk_store", sdk_saver, sdk_db), ("sessiond", ours, daemon.db)):
+            f = figures[label] = {}
+            for writers in (1, 16):
+                f[f"{writers}w"] = await appends_per_s(
+                    lambda w, writers=writers, saver=saver: Thread(saver, f"lg{writers}-{w}"),
+                    add, writers, sizes.appends)
+            history = Thread(saver, "history")
+            before = db_bytes(db)
+            for _ in range(sizes.history):
+                await history.put()
+            f["size"] = (db_bytes(db) - before) / 1e6
+            latest = {"configurable": {"thread_id": "history", "checkpoint_ns": ""}}
+            f["latest"] = await median_ms(lambda s=saver: s.aget_tuple(latest), sizes.reads)
+
+            async def listed(s: Any = saver, limit: int | None = None) -> None:
+                async for _ in s.alist(latest, limit=limit):
+                    pass
+
+            f["latest20"] = await median_ms(lambda: listed(limit=20), sizes.reads)
+            f["full"] = await median_ms(listed, 3)
+        await ours.aclose()
+        ours.close()
+    o, s = figures["sdk_store"], figures["sessiond"]
+    return [
+        Row("langgraph", "put, 1 writer", o["1w"], s["1w"], "checkpoints/s"),
+        Row("langgraph", "put, 16 writers", o["16w"], s["16w"], "checkpoints/s"),
+        Row("langgraph", "get_tuple (latest)", o["latest"], s["latest"], "ms"),
+        Row("langgraph", "list latest 20", o["latest20"], s["latest20"], "ms"),
+        Row("langgraph", f"full list of {sizes.history:,}", o["full"], s["full"], "ms"),
+        Row("langgraph", f"db growth for {sizes.history:,} puts", o["size"], s["size"], "MB"),
+    ]
+
+
 SDKS: dict[str, tuple[str, Callable[..., Awaitable[list[Row]]]]] = {
     "openai-agents": ("agents", openai_agents),
+    "langgraph": ("langgraph.checkpoint.sqlite", langgraph),
 }
 
 
@@ -141,7 +215,8 @@ async def main(sizes: argparse.Namespace) -> list[Row]:
                 try:
                     __import__(module)
                 except ImportError:
-                    print(f"{name}: not installed (pip install -e '.[{name}]'); skipped")
+                    print(f"{name}: not installed (pip install -e '.[{name},sdk-tests]');"
+                          " skipped")
                     continue
                 rows += await bench(directory, daemon, sizes)
         finally:

@@ -79,7 +79,42 @@ MIGRATIONS: Final[list[list[str]]] = [
             PRIMARY KEY (session_id, version)
         ) WITHOUT ROWID""",
     ],
+    # 2: indexes of the graph.* events (LangGraph checkpoints): each row points at the
+    # event that holds the data, so the events stay the only copy.
+    [
+        """CREATE TABLE graph_checkpoints (
+            session_id TEXT NOT NULL,
+            ns TEXT NOT NULL,
+            checkpoint_id TEXT NOT NULL,
+            run_id TEXT,
+            position INTEGER NOT NULL,
+            PRIMARY KEY (session_id, ns, checkpoint_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX graph_checkpoints_by_run ON graph_checkpoints (run_id) WHERE run_id IS NOT NULL",
+        # The event that stored each (channel, version) value: unchanged channels are
+        # not stored again by later checkpoints.
+        """CREATE TABLE graph_blobs (
+            session_id TEXT NOT NULL,
+            ns TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            version TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            PRIMARY KEY (session_id, ns, channel, version)
+        ) WITHOUT ROWID""",
+        # Pending writes: `item` is the write's index in its event's list.
+        """CREATE TABLE graph_writes (
+            session_id TEXT NOT NULL,
+            ns TEXT NOT NULL,
+            checkpoint_id TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            position INTEGER NOT NULL,
+            item INTEGER NOT NULL,
+            PRIMARY KEY (session_id, ns, checkpoint_id, task_id, idx)
+        ) WITHOUT ROWID""",
+    ],
 ]
 
 
-SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots", "sessions")
+SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
+                         "graph_checkpoints", "graph_blobs", "graph_writes", "sessions")

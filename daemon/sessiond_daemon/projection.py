@@ -290,6 +290,11 @@ def _process_detached(s: SessionState, event: Event) -> None:
     s.error = d.reason
 
 
+def _graph_event(s: SessionState, event: Event) -> None:
+    """LangGraph checkpoints, writes and prunes live in their own index (graph.get,
+    graph.list); the session view records only that the thread moved (updated_at)."""
+
+
 def _derive(s: SessionState) -> None:
     """Recompute seed 000's computed fields from the rest of the state."""
     t, p = s.timestamps, s.progress
@@ -316,6 +321,9 @@ _BRANCHES: dict[str, Callable[[SessionState, Event], None]] = {
     "session.status_changed": _status_changed,
     "message.appended": _message_appended,
     "messages.truncated": _messages_truncated,
+    "graph.checkpoint": _graph_event,
+    "graph.writes": _graph_event,
+    "graph.pruned": _graph_event,
     "tokens.recorded": _tokens_recorded,
     "progress.recorded": _progress_recorded,
     "checkpoint.saved": _checkpoint_saved,

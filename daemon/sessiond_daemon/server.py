@@ -32,6 +32,7 @@ from sessiond_schemas.errors import (
 from sessiond_schemas.events import EventMeta, new_id
 
 from .executors import Executors
+from .graphs import Graphs
 from .maintenance import Maintenance
 from .service import Service, invalid_params
 from .subscriptions import Subscriptions
@@ -94,7 +95,7 @@ class Server:
                  allowed_uids: frozenset[int] = frozenset(),
                  allowed_gids: frozenset[int] = frozenset()) -> None:
         self.service = service
-        providers = [service, Maintenance(service), executors]
+        providers = [service, Maintenance(service), Graphs(service), executors]
         self.limits = limits
         self.allowed_uids = allowed_uids
         self.allowed_gids = allowed_gids

@@ -72,9 +72,14 @@ APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
     "message.appended": MessageFields,
     "session.status_changed": StatusChangeInput,
     "messages.truncated": None,
+    "graph.checkpoint": None,
+    "graph.writes": None,
+    "graph.pruned": None,
 }
 _INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint.save",
-            "messages.truncated": "message.pop or message.clear"}
+            "messages.truncated": "message.pop or message.clear",
+            "graph.checkpoint": "graph.put", "graph.writes": "graph.put_writes",
+            "graph.pruned": "graph.prune or graph.delete_runs"}
 
 
 def require(state: SessionState | None, session_id: str) -> SessionState:
@@ -150,6 +155,9 @@ class Service:
 
     def check_event_size(self, data: Any, what: str) -> None:
         self._check_size(len(_json.encode(data)), self.limits.max_event_bytes, what)
+
+    def check_checkpoint_size(self, data: Any, what: str) -> None:
+        self._check_size(len(_json.encode(data)), self.limits.max_checkpoint_bytes, what)
 
     def _check_size(self, size: int, limit: int, what: str) -> None:
         if size > limit:

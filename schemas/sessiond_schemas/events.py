@@ -186,6 +186,52 @@ class MessagesTruncated(msgspec.Struct, kw_only=True):
     last_message: dict[str, Any] | None = None
 
 
+class Typed(msgspec.Struct, kw_only=True):
+    """A value in its producer's own serialization (LangGraph's serde): a type tag and bytes."""
+
+    type: str
+    data: bytes  # base64 in JSON
+
+
+class GraphCheckpoint(msgspec.Struct, kw_only=True):
+    """A LangGraph checkpoint (sessiond extension). `blobs` holds only the channel values
+    that changed in this step; the others are found in earlier graph.checkpoint events."""
+
+    thread_id: str
+    ns: str = ""
+    checkpoint_id: Annotated[str, msgspec.Meta(min_length=1)]
+    parent_id: str | None = None
+    checkpoint: Typed  # the checkpoint without its channel values
+    metadata: dict[str, Any] = {}  # as JSON, for filtering
+    metadata_typed: Typed | None = None  # as the producer serialized it, for a faithful read
+    channel_versions: dict[str, str] = {}
+    blobs: dict[str, Typed] = {}  # channel -> its value at channel_versions[channel]
+
+
+class GraphWrite(msgspec.Struct, kw_only=True):
+    idx: int
+    channel: str
+    value: Typed
+
+
+class GraphWrites(msgspec.Struct, kw_only=True):
+    """Pending writes of a task against a checkpoint (sessiond extension)."""
+
+    thread_id: str
+    ns: str = ""
+    checkpoint_id: str
+    task_id: str
+    task_path: str = ""
+    writes: list[GraphWrite]
+
+
+class GraphPruned(msgspec.Struct, kw_only=True):
+    """Checkpoints (and their writes) leave the graph's index; the events stay."""
+
+    checkpoints: list[tuple[str, str]]  # (ns, checkpoint_id)
+    reason: str
+
+
 class ProcessStarted(msgspec.Struct, kw_only=True):
     pid: int
     argv: list[str]
@@ -235,6 +281,9 @@ DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "process.exited": ProcessExited,
     "process.detached": ProcessDetached,
     "messages.truncated": MessagesTruncated,
+    "graph.checkpoint": GraphCheckpoint,
+    "graph.writes": GraphWrites,
+    "graph.pruned": GraphPruned,
 }
 EVENT_TYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
 EventType = Literal[
@@ -242,7 +291,7 @@ EventType = Literal[
     "progress.recorded", "checkpoint.saved", "memory.updated", "metadata.updated",
     "result.recorded", "problem.recorded", "decision.recorded", "plan.linked",
     "process.started", "process.output", "process.exited", "process.detached",
-    "messages.truncated",
+    "messages.truncated", "graph.checkpoint", "graph.writes", "graph.pruned",
 ]
 
 

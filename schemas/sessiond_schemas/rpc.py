@@ -10,6 +10,8 @@ from msgspec import UNSET, UnsetType
 from .events import (
     Event,
     EventType,
+    GraphCheckpoint,
+    GraphWrites,
     MessageFields,
     NonNegInt,
     ProgressRecorded,
@@ -17,6 +19,7 @@ from .events import (
     SessionId,
     Status,
     TokensRecorded,
+    Typed,
 )
 from .state import Message, Progress, SessionState, SessionSummary, TokenUsage
 
@@ -453,6 +456,81 @@ class TrajectoryResult(msgspec.Struct, kw_only=True):
     steps: list[Step]
 
 
+# --- graphs (LangGraph checkpoints) ----------------------------------------------
+
+
+class GraphPutParams(GraphCheckpoint, kw_only=True, forbid_unknown_fields=True):
+    session_id: SessionId
+
+
+class GraphPutWritesParams(GraphWrites, kw_only=True, forbid_unknown_fields=True):
+    session_id: SessionId
+
+
+class GraphGetParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    ns: str = ""
+    checkpoint_id: str | None = None  # default: the latest in `ns`
+
+
+class GraphListParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str | None = None  # default: every thread
+    ns: str | None = None  # default: every namespace
+    checkpoint_id: str | None = None
+    before: str | None = None  # only checkpoint ids below this one
+    filter: dict[str, Any] = {}  # metadata keys that must be equal
+    limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class PendingWrite(msgspec.Struct, kw_only=True):
+    task_id: str
+    channel: str
+    value: Typed
+    task_path: str = ""
+
+
+class GraphTuple(msgspec.Struct, kw_only=True):
+    session_id: str
+    thread_id: str
+    ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    checkpoint: Typed
+    metadata: dict[str, Any]
+    metadata_typed: Typed | None
+    channel_versions: dict[str, str]
+    channel_values: dict[str, Typed]
+    pending_writes: list[PendingWrite]
+
+
+class GraphGetResult(msgspec.Struct, kw_only=True):
+    tuple: GraphTuple | None
+
+
+class GraphListResult(msgspec.Struct, kw_only=True):
+    tuples: list[GraphTuple]
+
+
+class GraphRunsParams(Params, kw_only=True, forbid_unknown_fields=True):
+    run_ids: list[str]
+
+
+class GraphCopyParams(Params, kw_only=True, forbid_unknown_fields=True):
+    source_session_id: str
+    target_session_id: SessionId
+    target_thread_id: str
+
+
+class GraphPruneParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_ids: list[str]
+    strategy: Literal["keep_latest", "delete"] = "keep_latest"
+
+
+class GraphChangeResult(msgspec.Struct, kw_only=True):
+    checkpoints: int  # checkpoints pruned, deleted or copied
+    sessions: list[str]  # sessions written to
+
+
 METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "daemon.ping": (NoParams, PingResult),
     "daemon.stats": (NoParams, StatsResult),
@@ -488,4 +566,11 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "session.kill": (SessionRef, SessionState),
     "session.output": (SessionOutputParams, OutputResult),
     "session.trajectory": (SessionTrajectoryParams, TrajectoryResult),
+    "graph.put": (GraphPutParams, WriteResult),
+    "graph.put_writes": (GraphPutWritesParams, WriteResult),
+    "graph.get": (GraphGetParams, GraphGetResult),
+    "graph.list": (GraphListParams, GraphListResult),
+    "graph.delete_runs": (GraphRunsParams, GraphChangeResult),
+    "graph.copy": (GraphCopyParams, GraphChangeResult),
+    "graph.prune": (GraphPruneParams, GraphChangeResult),
 }

@@ -100,6 +100,10 @@ class LoopClient(Methods):
         result = msgspec.json.decode(raise_for(reply), type=result_type)
         return pick(result) if pick else result
 
+    async def call(self, method: str, result_type: Any = Any, **params: Any) -> Any:
+        """Call any method; `None` params are left out, so the daemon's defaults apply."""
+        return await self._call(method, result_type, **params)
+
     async def aclose(self) -> None:
         if self._protocol is not None and self._protocol.transport is not None:
             self._protocol.transport.close()

@@ -1,0 +1,236 @@
+"""LangGraph: `SessiondSaver`, a checkpointer whose threads are sessiond sessions.
+
+    from sessiond.integrations.langgraph import SessiondSaver
+
+    graph = builder.compile(checkpointer=SessiondSaver())
+
+Each `put` stores one graph.checkpoint event holding the checkpoint and only the channel
+values whose versions changed in that step (LangGraph's own serializer's bytes); the
+others are found through the daemon's index of earlier events. Pending writes are
+graph.writes events. The daemon answers get_tuple and list from its index, so a read
+costs the same on a thread of 10 or 10,000 steps. Sync methods use a blocking connection,
+async ones an asyncio connection; both are opened on first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import msgspec
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from sessiond_schemas import rpc
+from sessiond_schemas.errors import SessionNotFoundError
+
+from .._sync import Client
+from ._loop import LoopClient
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def session_id_for(thread_id: str) -> str:
+    """The session of a thread: the thread id itself when it is a valid session id, else a
+    stable hash of it (the thread id is kept in the session's metadata and events)."""
+    return thread_id if _ID.match(thread_id) else \
+        "lg-" + hashlib.sha256(thread_id.encode()).hexdigest()[:40]
+
+
+class SessiondSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer stored in sessiond (`socket`: the daemon's, by default)."""
+
+    def __init__(self, socket: str | None = None, *,
+                 serde: SerializerProtocol | None = None) -> None:
+        super().__init__(serde=serde)
+        self.client = Client(socket)
+        self.aclient = LoopClient(socket)
+
+    # --- what the calls send ----------------------------------------------------------
+
+    def _typed(self, value: Any) -> dict[str, Any]:
+        kind, data = self.serde.dumps_typed(value)
+        return {"type": kind, "data": data}
+
+    def _put_params(self, config: RunnableConfig, checkpoint: Checkpoint,
+                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> dict[str, Any]:
+        conf = config["configurable"]
+        thread_id = conf["thread_id"]
+        c = dict(checkpoint)
+        values = c.pop("channel_values", {})
+        metadata = get_checkpoint_metadata(config, metadata)
+        return {
+            "session_id": session_id_for(thread_id), "thread_id": thread_id,
+            "ns": conf.get("checkpoint_ns", ""), "checkpoint_id": checkpoint["id"],
+            "parent_id": conf.get("checkpoint_id"), "checkpoint": self._typed(c),
+            "metadata": msgspec.to_builtins(metadata, enc_hook=str, str_keys=True),
+            "metadata_typed": self._typed(metadata),
+            "channel_versions": {k: str(v) for k, v in checkpoint["channel_versions"].items()},
+            "blobs": {k: self._typed(values[k]) if k in values else {"type": "empty", "data": b""}
+                      for k in new_versions},
+        }
+
+    def _writes_params(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                       task_id: str, task_path: str) -> dict[str, Any]:
+        conf = config["configurable"]
+        return {
+            "session_id": session_id_for(conf["thread_id"]), "thread_id": conf["thread_id"],
+            "ns": conf.get("checkpoint_ns", ""), "checkpoint_id": conf["checkpoint_id"],
+            "task_id": task_id, "task_path": task_path,
+            "writes": [{"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel,
+                        "value": self._typed(value)} for i, (channel, value) in enumerate(writes)],
+        }
+
+    @staticmethod
+    def _get_params(config: RunnableConfig) -> dict[str, Any]:
+        conf = config["configurable"]
+        return {"session_id": session_id_for(conf["thread_id"]),
+                "ns": conf.get("checkpoint_ns", ""), "checkpoint_id": get_checkpoint_id(config)}
+
+    @staticmethod
+    def _list_params(config: RunnableConfig | None, filter: dict[str, Any] | None,
+                     before: RunnableConfig | None, limit: int | None) -> dict[str, Any]:
+        conf = config["configurable"] if config else {}
+        return {"session_id": session_id_for(conf["thread_id"]) if "thread_id" in conf else None,
+                "ns": conf.get("checkpoint_ns"),
+                "checkpoint_id": get_checkpoint_id(config) if config else None,
+                "before": get_checkpoint_id(before) if before else None,
+                "filter": filter or None, "limit": limit}
+
+    @staticmethod
+    def _stored_config(config: RunnableConfig, checkpoint: Checkpoint) -> RunnableConfig:
+        conf = config["configurable"]
+        return {"configurable": {"thread_id": conf["thread_id"],
+                                 "checkpoint_ns": conf.get("checkpoint_ns", ""),
+                                 "checkpoint_id": checkpoint["id"]}}
+
+    def _tuple(self, t: rpc.GraphTuple) -> CheckpointTuple:
+        def loads(v: Any) -> Any:
+            return self.serde.loads_typed((v.type, v.data))
+
+        def config_of(checkpoint_id: str) -> RunnableConfig:
+            return {"configurable": {"thread_id": t.thread_id, "checkpoint_ns": t.ns,
+                                     "checkpoint_id": checkpoint_id}}
+
+        return CheckpointTuple(
+            config=config_of(t.checkpoint_id),
+            checkpoint={**loads(t.checkpoint), "channel_values": {
+                k: loads(v) for k, v in t.channel_values.items() if v.type != "empty"}},
+            metadata=loads(t.metadata_typed) if t.metadata_typed else t.metadata,
+            parent_config=config_of(t.parent_id) if t.parent_id else None,
+            pending_writes=[(w.task_id, w.channel, loads(w.value)) for w in t.pending_writes],
+        )
+
+    # --- blocking ---------------------------------------------------------------------
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        self.client.call("graph.put", rpc.WriteResult,
+                         **self._put_params(config, checkpoint, metadata, new_versions))
+        return self._stored_config(config, checkpoint)
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        self.client.call("graph.put_writes", rpc.WriteResult,
+                         **self._writes_params(config, writes, task_id, task_path))
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        found = self.client.call("graph.get", rpc.GraphGetResult, **self._get_params(config))
+        return self._tuple(found.tuple) if found.tuple else None
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
+        found = self.client.call("graph.list", rpc.GraphListResult,
+                                 **self._list_params(config, filter, before, limit))
+        for t in found.tuples:
+            yield self._tuple(t)
+
+    def delete_thread(self, thread_id: str) -> None:
+        try:
+            self.client.delete_session(session_id_for(thread_id))
+        except SessionNotFoundError:
+            pass
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self.client.call("graph.delete_runs", rpc.GraphChangeResult, run_ids=list(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self.client.call("graph.copy", rpc.GraphChangeResult,
+                         source_session_id=session_id_for(source_thread_id),
+                         target_session_id=session_id_for(target_thread_id),
+                         target_thread_id=target_thread_id)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self.client.call("graph.prune", rpc.GraphChangeResult,
+                         session_ids=[session_id_for(t) for t in thread_ids], strategy=strategy)
+
+    # --- async ------------------------------------------------------------------------
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
+                   metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
+        await self.aclient.call("graph.put", rpc.WriteResult,
+                                **self._put_params(config, checkpoint, metadata, new_versions))
+        return self._stored_config(config, checkpoint)
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                          task_id: str, task_path: str = "") -> None:
+        await self.aclient.call("graph.put_writes", rpc.WriteResult,
+                                **self._writes_params(config, writes, task_id, task_path))
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        found = await self.aclient.call("graph.get", rpc.GraphGetResult,
+                                        **self._get_params(config))
+        return self._tuple(found.tuple) if found.tuple else None
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None,
+                    limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
+        found = await self.aclient.call("graph.list", rpc.GraphListResult,
+                                        **self._list_params(config, filter, before, limit))
+        for t in found.tuples:
+            yield self._tuple(t)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        try:
+            await self.aclient.delete_session(session_id_for(thread_id))
+        except SessionNotFoundError:
+            pass
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self.aclient.call("graph.delete_runs", rpc.GraphChangeResult, run_ids=list(run_ids))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self.aclient.call("graph.copy", rpc.GraphChangeResult,
+                                source_session_id=session_id_for(source_thread_id),
+                                target_session_id=session_id_for(target_thread_id),
+                                target_thread_id=target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self.aclient.call("graph.prune", rpc.GraphChangeResult,
+                                session_ids=[session_id_for(t) for t in thread_ids],
+                                strategy=strategy)
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Versions as LangGraph's own savers make them: a zero-padded counter and a random
+        tail, so they sort as strings."""
+        number = 0 if current is None else current if isinstance(current, int) else \
+            int(current.split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+    def close(self) -> None:
+        self.client.close()
+
+    async def aclose(self) -> None:
+        await self.aclient.aclose()

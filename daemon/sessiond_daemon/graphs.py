@@ -1,0 +1,188 @@
+"""Graph checkpoints (LangGraph's BaseCheckpointSaver) as events: the graph.* methods.
+
+A thread is a session. `graph.put` appends a graph.checkpoint event that carries the
+checkpoint and only the channel values that changed; `graph.put_writes` appends pending
+writes. The graph_* tables index those events (store.py keeps them in step), so reading
+the latest checkpoint costs a few indexed reads, not a walk over the thread's history.
+Prunes and run deletions are graph.pruned events: they leave the index, not the history.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from sessiond_schemas import rpc
+from sessiond_schemas.events import EventMeta, GraphCheckpoint, GraphWrites, SessionCreated
+from sessiond_schemas.state import SessionState
+
+from .service import Service, require
+from .writer import Delete, Plan
+
+PAGE = 200  # index rows read at a time by graph.list
+NAMESPACE = "langgraph"
+
+
+class Graphs:
+    """The graph.* methods over a service's store and writer."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.store = service.store
+
+    # --- writes ---------------------------------------------------------------------
+
+    async def graph_put(self, p: rpc.GraphPutParams, meta: EventMeta) -> msgspec.Raw:
+        data = _event_data(p, GraphCheckpoint)
+        self.service.check_checkpoint_size(data, "graph.checkpoint data")
+        return await self._append(p.session_id, p.thread_id, meta, [("graph.checkpoint", data)])
+
+    async def graph_put_writes(self, p: rpc.GraphPutWritesParams, meta: EventMeta) -> msgspec.Raw:
+        data = _event_data(p, GraphWrites)
+        self.service.check_checkpoint_size(data, "graph.writes data")
+        return await self._append(p.session_id, p.thread_id, meta, [("graph.writes", data)])
+
+    async def _append(self, sid: str, thread_id: str, meta: EventMeta,
+                      events: list[tuple[str, dict[str, Any]]]) -> msgspec.Raw:
+        """Append to the thread's session, creating it on its first checkpoint."""
+        created = msgspec.to_builtins(SessionCreated(
+            namespace=NAMESPACE, source="langgraph", metadata={"thread_id": thread_id}))
+
+        def plan(state: SessionState | None) -> Plan:
+            first = [("session.created", created)] if state is None else []
+            return Plan([*first, *events], lambda s, ev: {
+                "session_id": s.session_id, "version": s.version, "position": ev[-1].position})
+
+        return await self.service.write(sid, meta, plan)
+
+    async def graph_delete_runs(self, p: rpc.GraphRunsParams, meta: EventMeta) -> rpc.GraphChangeResult:
+        rows = await self.store.graph_runs(p.run_ids) if p.run_ids else []
+        by_session: dict[str, list[tuple[str, str]]] = {}
+        for sid, ns, checkpoint_id in rows:
+            by_session.setdefault(sid, []).append((ns, checkpoint_id))
+        for sid, checkpoints in by_session.items():
+            await self._prune(sid, checkpoints, "runs deleted", meta)
+        return rpc.GraphChangeResult(checkpoints=len(rows), sessions=sorted(by_session))
+
+    async def graph_prune(self, p: rpc.GraphPruneParams, meta: EventMeta) -> rpc.GraphChangeResult:
+        count, touched = 0, []
+        for sid in p.session_ids:
+            rows = await self.store.graph_checkpoint_ids(sid)
+            if not rows:
+                continue
+            if p.strategy == "delete":
+                await self.service.write(
+                    sid, meta, lambda s, sid=sid: Delete({"deleted": require(s, sid) and True}))
+                count += len(rows)
+                touched.append(sid)
+                continue
+            latest: dict[str, str] = {}
+            for ns, checkpoint_id in rows:  # newest first
+                latest.setdefault(ns, checkpoint_id)
+            old = [(ns, cid) for ns, cid in rows if latest[ns] != cid]
+            if old:
+                await self._prune(sid, old, "pruned: keep_latest", meta)
+                count += len(old)
+                touched.append(sid)
+        return rpc.GraphChangeResult(checkpoints=count, sessions=touched)
+
+    async def _prune(self, sid: str, checkpoints: list[tuple[str, str]], reason: str,
+                     meta: EventMeta) -> None:
+        data = {"checkpoints": [list(c) for c in checkpoints], "reason": reason}
+
+        def plan(state: SessionState | None) -> Plan:
+            require(state, sid)
+            return Plan([("graph.pruned", data)], lambda s, ev: None)
+
+        await self.service.write(sid, meta, plan)
+
+    async def graph_copy(self, p: rpc.GraphCopyParams, meta: EventMeta) -> rpc.GraphChangeResult:
+        """Copy the source thread's indexed checkpoints and writes, oldest first."""
+        rows, offset = [], 0
+        while page := await self.store.graph_checkpoints(p.source_session_id, None, None, None,
+                                                         PAGE, offset):
+            rows += page
+            offset += len(page)
+        if not rows:
+            return rpc.GraphChangeResult(checkpoints=0, sessions=[])
+        events: list[tuple[str, dict[str, Any]]] = []
+        for t in reversed(await self._tuples(rows, None)):
+            events.append(("graph.checkpoint", {
+                "thread_id": p.target_thread_id, "ns": t.ns, "checkpoint_id": t.checkpoint_id,
+                "parent_id": t.parent_id, "checkpoint": msgspec.to_builtins(t.checkpoint),
+                "metadata": t.metadata, "metadata_typed": msgspec.to_builtins(t.metadata_typed),
+                "channel_versions": t.channel_versions,
+                # Every value, resolved: the events that held some of them may be pruned.
+                "blobs": msgspec.to_builtins(t.channel_values)}))
+            by_task: dict[tuple[str, str], list[dict[str, Any]]] = {}
+            for i, w in enumerate(t.pending_writes):
+                by_task.setdefault((w.task_id, w.task_path), []).append(
+                    {"idx": i, "channel": w.channel, "value": msgspec.to_builtins(w.value)})
+            events += [("graph.writes", {"thread_id": p.target_thread_id, "ns": t.ns,
+                                         "checkpoint_id": t.checkpoint_id, "task_id": task_id,
+                                         "task_path": task_path, "writes": writes})
+                       for (task_id, task_path), writes in by_task.items()]
+        await self._append(p.target_session_id, p.target_thread_id, meta, events)
+        return rpc.GraphChangeResult(checkpoints=len(rows), sessions=[p.target_session_id])
+
+    # --- reads ----------------------------------------------------------------------
+
+    async def graph_get(self, p: rpc.GraphGetParams, meta: EventMeta) -> rpc.GraphGetResult:
+        rows = await self.store.graph_checkpoints(p.session_id, p.ns, p.checkpoint_id, None, 1, 0)
+        tuples = await self._tuples(rows, None)
+        return rpc.GraphGetResult(tuple=tuples[0] if tuples else None)
+
+    async def graph_list(self, p: rpc.GraphListParams, meta: EventMeta) -> rpc.GraphListResult:
+        found: list[rpc.GraphTuple] = []
+        offset = 0
+        while p.limit is None or len(found) < p.limit:
+            page = PAGE if p.limit is None or p.filter else min(PAGE, p.limit - len(found))
+            rows = await self.store.graph_checkpoints(p.session_id, p.ns, p.checkpoint_id,
+                                                      p.before, page, offset)
+            offset += len(rows)
+            found += await self._tuples(rows, p.filter or None)
+            if len(rows) < page:
+                break
+        return rpc.GraphListResult(tuples=found if p.limit is None else found[:p.limit])
+
+    async def _tuples(self, rows: list[tuple[str, str, str, bytes]],
+                      filter: dict[str, Any] | None) -> list[rpc.GraphTuple]:
+        """Checkpoints with their channel values and pending writes: a few set reads for a
+        whole page, whatever its length."""
+        picked = []
+        for sid, ns, checkpoint_id, raw in rows:
+            d = msgspec.json.decode(raw)
+            metadata = d.get("metadata", {})
+            if not filter or all(metadata.get(k) == v for k, v in filter.items()):
+                picked.append((sid, ns, checkpoint_id, d))
+        groups: dict[tuple[str, str], list[Any]] = {}
+        for item in picked:
+            groups.setdefault((item[0], item[1]), []).append(item)
+        values: dict[tuple[str, str], dict[tuple[str, str], Any]] = {}
+        pending: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+        for (sid, ns), items in groups.items():
+            wanted = sorted({(c, v) for *_, d in items for c, v in d["channel_versions"].items()
+                             if c not in d.get("blobs", {})})
+            values[(sid, ns)] = await self.store.graph_values(sid, ns, wanted) if wanted else {}
+            pending[(sid, ns)] = await self.store.graph_pending(sid, ns, [i[2] for i in items])
+        out = []
+        for sid, ns, checkpoint_id, d in picked:
+            versions: dict[str, str] = d.get("channel_versions", {})
+            own, elsewhere = d.get("blobs", {}), values[(sid, ns)]
+            channel_values = {c: own[c] if c in own else elsewhere[(c, v)]
+                              for c, v in versions.items() if c in own or (c, v) in elsewhere}
+            out.append(msgspec.convert({
+                "session_id": sid, "thread_id": d["thread_id"], "ns": ns,
+                "checkpoint_id": checkpoint_id, "parent_id": d.get("parent_id"),
+                "checkpoint": d["checkpoint"], "metadata": d.get("metadata", {}),
+                "metadata_typed": d.get("metadata_typed"), "channel_versions": versions,
+                "channel_values": channel_values,
+                "pending_writes": pending[(sid, ns)].get(checkpoint_id, [])}, rpc.GraphTuple))
+        return out
+
+
+def _event_data(p: msgspec.Struct, shape: type[msgspec.Struct]) -> dict[str, Any]:
+    """The event's data: the params without `session_id`, as JSON builtins."""
+    data = msgspec.to_builtins(p)
+    data.pop("session_id", None)
+    return msgspec.to_builtins(msgspec.convert(data, shape))
