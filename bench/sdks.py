@@ -199,9 +199,71 @@ async def langgraph(directory: str, daemon: DaemonProcess, sizes: argparse.Names
     ]
 
 
+async def adk(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) -> list[Row]:
+    """Events with a text part and a one-key state delta, as an agent turn writes them; and
+    list_sessions of one user among `sizes.sessions` sessions of the app."""
+    from google.adk.events.event import Event
+    from google.adk.events.event_actions import EventActions
+    from google.adk.sessions import DatabaseSessionService
+    from google.adk.sessions.base_session_service import GetSessionConfig
+    from google.genai import types
+
+    from sessiond.integrations.adk import SessiondSessionService
+
+    sdk_db = os.path.join(directory, "adk.db")
+    stores = {"sdk_store": DatabaseSessionService(f"sqlite+aiosqlite:///{sdk_db}"),
+              "sessiond": SessiondSessionService(daemon.socket)}
+
+    def event(i: int) -> Event:
+        return Event(author="agent", invocation_id=f"inv{i}",
+                     content=types.Content(role="model", parts=[types.Part(text=f"{i} {ITEM_TEXT}")]),
+                     actions=EventActions(state_delta={"turn": i}))
+
+    figures: dict[str, dict[str, float]] = {}
+    for label, service in stores.items():
+        f = figures[label] = {}
+
+        for writers in (1, 16):
+            sessions = [await service.create_session(app_name="bench", user_id=f"w{writers}",
+                                                     session_id=f"w{writers}-{w}")
+                        for w in range(writers)]
+            f[f"{writers}w"] = await appends_per_s(
+                lambda w, sessions=sessions: sessions[w],
+                lambda session, i, service=service: service.append_event(session, event(i)),
+                writers, sizes.appends)
+        db = sdk_db if label == "sdk_store" else daemon.db
+        before = db_bytes(db)
+        history = await service.create_session(app_name="bench", user_id="h", session_id="h")
+        for i in range(sizes.history):
+            await service.append_event(history, event(i))
+        f["size"] = (db_bytes(db) - before) / 1e6
+        recent = GetSessionConfig(num_recent_events=20)
+        f["latest20"] = await median_ms(lambda s=service: s.get_session(
+            app_name="bench", user_id="h", session_id="h", config=recent), sizes.reads)
+        f["full"] = await median_ms(lambda s=service: s.get_session(
+            app_name="bench", user_id="h", session_id="h"), 3)
+        for i in range(sizes.sessions):
+            await service.create_session(app_name="many", user_id=f"user{i % 100}",
+                                         session_id=f"m{i}")
+        f["list"] = await median_ms(lambda s=service: s.list_sessions(
+            app_name="many", user_id="user7"), max(3, sizes.reads // 10))
+    await stores["sessiond"].close()
+    o, s = figures["sdk_store"], figures["sessiond"]
+    return [
+        Row("adk", "append_event, 1 writer", o["1w"], s["1w"], "events/s"),
+        Row("adk", "append_event, 16 writers", o["16w"], s["16w"], "events/s"),
+        Row("adk", "get_session, latest 20 events", o["latest20"], s["latest20"], "ms"),
+        Row("adk", f"get_session, all {sizes.history:,} events", o["full"], s["full"], "ms"),
+        Row("adk", f"list_sessions of a user, {sizes.sessions:,} sessions in the app",
+            o["list"], s["list"], "ms"),
+        Row("adk", f"db growth for {sizes.history:,} events", o["size"], s["size"], "MB"),
+    ]
+
+
 SDKS: dict[str, tuple[str, Callable[..., Awaitable[list[Row]]]]] = {
     "openai-agents": ("agents", openai_agents),
     "langgraph": ("langgraph.checkpoint.sqlite", langgraph),
+    "adk": ("sqlalchemy", adk),
 }
 
 
@@ -237,8 +299,9 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
-    sizes = argparse.Namespace(appends=320, history=1_000, reads=20) if args.quick else \
-        argparse.Namespace(appends=3_200, history=5_000, reads=200)
+    sizes = argparse.Namespace(appends=320, history=1_000, reads=20, sessions=1_000) \
+        if args.quick else argparse.Namespace(appends=3_200, history=5_000, reads=200,
+                                              sessions=10_000)
     result = asyncio.run(main(sizes))
     print_table(result)
     if args.out:

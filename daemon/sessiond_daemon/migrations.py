@@ -113,6 +113,18 @@ MIGRATIONS: Final[list[list[str]]] = [
             PRIMARY KEY (session_id, ns, checkpoint_id, task_id, idx)
         ) WITHOUT ROWID""",
     ],
+    # 3: app and user state (state.updated events): the latest value of each key, and
+    # the event that set it. Shared by sessions, so deleting one leaves it.
+    [
+        """CREATE TABLE scoped_state (
+            app_name TEXT NOT NULL,
+            user_id TEXT NOT NULL,  -- '' for app state
+            key TEXT NOT NULL,
+            value BLOB NOT NULL,
+            position INTEGER NOT NULL,
+            PRIMARY KEY (app_name, user_id, key)
+        ) WITHOUT ROWID""",
+    ],
 ]
 
 

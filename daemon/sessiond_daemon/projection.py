@@ -22,6 +22,7 @@ from sessiond_schemas.events import (
     ProgressRecorded,
     ResultRecorded,
     SessionCreated,
+    StateUpdated,
     StatusChanged,
     TokensRecorded,
     decode_data,
@@ -290,6 +291,14 @@ def _process_detached(s: SessionState, event: Event) -> None:
     s.error = d.reason
 
 
+def _state_updated(s: SessionState, event: Event) -> None:
+    """Session-scoped keys land in `memory`; app and user state live in their own index."""
+    d = decode_data(event.type, event.data, event.schema_version)
+    assert isinstance(d, StateUpdated)
+    if d.scope == "session":
+        s.memory = {**s.memory, **d.delta}
+
+
 def _graph_event(s: SessionState, event: Event) -> None:
     """LangGraph checkpoints, writes and prunes live in their own index (graph.get,
     graph.list); the session view records only that the thread moved (updated_at)."""
@@ -324,6 +333,7 @@ _BRANCHES: dict[str, Callable[[SessionState, Event], None]] = {
     "graph.checkpoint": _graph_event,
     "graph.writes": _graph_event,
     "graph.pruned": _graph_event,
+    "state.updated": _state_updated,
     "tokens.recorded": _tokens_recorded,
     "progress.recorded": _progress_recorded,
     "checkpoint.saved": _checkpoint_saved,

@@ -29,7 +29,9 @@ from sessiond_schemas.events import (
     MessageFields,
     SessionCreated,
     Status,
+    CURRENT_SCHEMA_VERSION,
     new_id,
+    now,
     parse_time,
 )
 from sessiond_schemas.state import Message, SessionState
@@ -104,6 +106,30 @@ def _not_none(**fields: Any) -> dict[str, Any]:
 def _write_result(state: SessionState, events: list[Event], **extra: Any) -> dict[str, Any]:
     return {"session_id": state.session_id, "version": state.version,
             "position": events[-1].position, **extra}
+
+
+def _draft_created(sid: str, data: dict[str, Any]) -> Event:
+    """A stand-in session.created event, to fold the view that the next events follow."""
+    return Event(position=0, session_id=sid, version=0, event_id="", type="session.created",
+                 schema_version=CURRENT_SCHEMA_VERSION, recorded_at=now(), data=data,
+                 meta=EventMeta(), hash="")
+
+
+def _planned(s: SessionState, inputs: list[tuple[str, Any, dict[str, Any]]]
+             ) -> list[tuple[str, dict[str, Any]]]:
+    """The events of validated items: messages numbered, status changes checked in order."""
+    status, sequence = s.status, s.message_count
+    events: list[tuple[str, dict[str, Any]]] = []
+    for event_type, typed, raw in inputs:
+        data = dict(raw)
+        if isinstance(typed, StatusChangeInput):
+            check_transition(s.session_id, status, typed.to)
+            data["from"], status = status, typed.to
+        elif isinstance(typed, MessageFields):
+            data.update(message_id=new_id(), sequence=sequence)
+            sequence += 1
+        events.append((event_type, data))
+    return events
 
 
 def _cut_result(state: SessionState, events: list[Event], popped: Message | None,
@@ -197,13 +223,30 @@ class Service:
         fields = {f: getattr(p, f) for f in SessionCreated.__struct_fields__}
         data = msgspec.to_builtins(SessionCreated(**fields))
         self._check_size(len(_json.encode(data)), self.limits.max_event_bytes, "session.created data")
+        inputs = self._appendable(p.events)
 
         def plan(state: SessionState | None) -> Plan:
             if state is not None:
                 raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
-            return Plan([("session.created", data)], lambda s, ev: s)
+            if not inputs:
+                return Plan([("session.created", data)], lambda s, ev: s)
+            # The view right after session.created numbers the events that follow it.
+            created = projection.fold(None, [_draft_created(sid, data)])
+            return Plan([("session.created", data), *_planned(created, inputs)],
+                        lambda s, ev: s)
 
         return await self._submit(p, meta, plan, session_id=sid)
+
+    async def session_states(self, p: rpc.SessionStatesParams,
+                             meta: EventMeta) -> rpc.SessionStatesResult:
+        rows = await self.store.states(p.namespace, p.prefix, p.cursor or "", p.limit)
+        states = [msgspec.json.decode(r, type=SessionState) for r in rows]
+        return rpc.SessionStatesResult(
+            states=states, next=states[-1].session_id if len(states) == p.limit else None)
+
+    async def state_get(self, p: rpc.StateGetParams, meta: EventMeta) -> rpc.StateGetResult:
+        found = await self.store.scoped_state(p.app_name, p.user_ids)
+        return rpc.StateGetResult(app=found.pop(""), users=found)
 
     async def session_get(self, p: rpc.SessionGetParams, meta: EventMeta) -> Any:
         if p.at_version is None:
@@ -446,8 +489,18 @@ class Service:
     # --- raw events -----------------------------------------------------------------
 
     async def events_append(self, p: rpc.EventsAppendParams, meta: EventMeta) -> msgspec.Raw:
+        inputs = self._appendable(p.events)
+
+        def plan(state: SessionState | None) -> Plan:
+            s = require(state, p.session_id)
+            return Plan(_planned(s, inputs), lambda st, ev: _write_result(st, ev))
+
+        return await self._submit(p, meta, plan)
+
+    def _appendable(self, items: list[rpc.EventInput]) -> list[tuple[str, Any, dict[str, Any]]]:
+        """Validate events.append items (type, shape, size): (type, typed data, raw data)."""
         inputs: list[tuple[str, Any, dict[str, Any]]] = []
-        for i, item in enumerate(p.events):
+        for i, item in enumerate(items):
             path = f"$.events[{i}].data"
             shape = APPEND_INPUTS[item.type]
             if shape is None:
@@ -461,23 +514,7 @@ class Service:
             self._check_size(len(_json.encode(item.data)), self.limits.max_event_bytes,
                              f"events[{i}].data")
             inputs.append((item.type, typed, item.data))
-
-        def plan(state: SessionState | None) -> Plan:
-            s = require(state, p.session_id)
-            status, sequence = s.status, s.message_count
-            events: list[tuple[str, dict[str, Any]]] = []
-            for event_type, typed, raw in inputs:
-                data = dict(raw)
-                if isinstance(typed, StatusChangeInput):
-                    check_transition(p.session_id, status, typed.to)
-                    data["from"], status = status, typed.to
-                elif isinstance(typed, MessageFields):
-                    data.update(message_id=new_id(), sequence=sequence)
-                    sequence += 1
-                events.append((event_type, data))
-            return Plan(events, lambda st, ev: _write_result(st, ev))
-
-        return await self._submit(p, meta, plan)
+        return inputs
 
     async def events_read(self, p: rpc.EventsReadParams, meta: EventMeta) -> rpc.EventsReadResult:
         if p.session_id is None and p.from_version is not None:

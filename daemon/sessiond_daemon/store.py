@@ -267,6 +267,13 @@ class SqliteStore:
                                (e.session_id, e.data["from_sequence"]))
                 elif e.type.startswith("graph."):
                     _index_graph_event(db, e)
+                elif e.type == "state.updated" and e.data["scope"] != "session":
+                    user = e.data.get("user_id") or "" if e.data["scope"] == "user" else ""
+                    db.executemany(
+                        "INSERT OR REPLACE INTO scoped_state (app_name, user_id, key, value,"
+                        " position) VALUES (?, ?, ?, ?, ?)",
+                        [(e.data["app_name"], user, k, _json.encode(v), e.position)
+                         for k, v in e.data["delta"].items()])
             _insert_messages(db, messages)
             checkpoints = [
                 (e.session_id, e.data["checkpoint_id"], e.position, e.version,
@@ -443,6 +450,31 @@ class SqliteStore:
             self._r(), "SELECT session_id, ns, checkpoint_id FROM graph_checkpoints WHERE run_id"
             f" IN ({', '.join('?' * len(run_ids))}) ORDER BY session_id", tuple(run_ids))
         return [(r[0], r[1], r[2]) for r in rows]
+
+    async def scoped_state(self, app_name: str, user_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """App state (under '') and each listed user's state, as stored by state.updated."""
+        users = ["", *user_ids]
+        found: dict[str, dict[str, Any]] = {u: {} for u in users}
+        for start in range(0, len(users), 500):
+            chunk = users[start:start + 500]
+            rows = await self._all(
+                self._r(), "SELECT user_id, key, value FROM scoped_state WHERE app_name = ?"
+                f" AND user_id IN ({', '.join('?' * len(chunk))})", (app_name, *chunk))
+            for user, key, value in rows:
+                found[user][key] = msgspec.json.decode(value)
+        return found
+
+    async def states(self, namespace: str, prefix: bool, after: str,
+                     limit: int) -> list[bytes]:
+        """Stored views of sessions in a namespace (or under a namespace prefix), by id."""
+        if prefix:
+            where, args = "namespace >= ? AND namespace < ?", (namespace, namespace + "\U0010ffff")
+        else:
+            where, args = "namespace = ?", (namespace,)
+        rows = await self._all(self._r(), f"SELECT state FROM sessions WHERE {where}"
+                               " AND session_id > ? ORDER BY session_id LIMIT ?",
+                               (*args, after, limit))
+        return [bytes(r[0]) for r in rows]
 
     async def backup(self, target: str) -> tuple[int, int]:
         """Copy the database online (SQLite's backup API: one consistent snapshot while

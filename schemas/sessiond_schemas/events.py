@@ -232,6 +232,24 @@ class GraphPruned(msgspec.Struct, kw_only=True):
     reason: str
 
 
+class StateUpdated(msgspec.Struct, kw_only=True):
+    """Keys set in a state (sessiond extension, for Google ADK's scoped state). `session`
+    sets keys of this session's `memory`; `app` and `user` set keys of the state shared by
+    every session of `app_name` (and `user_id`), which state.get reads. A key is set to the
+    value given, null included: unlike memory.updated, nothing is deleted."""
+
+    scope: Literal["session", "app", "user"]
+    app_name: str | None = None
+    user_id: str | None = None
+    delta: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if self.scope != "session" and not self.app_name:
+            raise ValueError(f"{self.scope} state needs app_name")
+        if self.scope == "user" and not self.user_id:
+            raise ValueError("user state needs user_id")
+
+
 class ProcessStarted(msgspec.Struct, kw_only=True):
     pid: int
     argv: list[str]
@@ -284,6 +302,7 @@ DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "graph.checkpoint": GraphCheckpoint,
     "graph.writes": GraphWrites,
     "graph.pruned": GraphPruned,
+    "state.updated": StateUpdated,
 }
 EVENT_TYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
 EventType = Literal[
@@ -291,7 +310,7 @@ EventType = Literal[
     "progress.recorded", "checkpoint.saved", "memory.updated", "metadata.updated",
     "result.recorded", "problem.recorded", "decision.recorded", "plan.linked",
     "process.started", "process.output", "process.exited", "process.detached",
-    "messages.truncated", "graph.checkpoint", "graph.writes", "graph.pruned",
+    "messages.truncated", "graph.checkpoint", "graph.writes", "graph.pruned", "state.updated",
 ]
 
 

@@ -90,10 +90,17 @@ class BackupParams(Params, kw_only=True, forbid_unknown_fields=True):
     path: Annotated[str, msgspec.Meta(min_length=1)]
 
 
+class EventInput(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    type: EventType
+    data: dict[str, Any] = {}
+
+
 class SessionCreateParams(SessionCreated, kw_only=True, forbid_unknown_fields=True):
     session_id: SessionId | None = None
     expected_version: Version | None = None
     idempotency_key: IdempotencyKey | None = None
+    # Appended with session.created, all or nothing (as events.append takes them).
+    events: Annotated[list[EventInput], msgspec.Meta(max_length=10_000)] = []
 
 
 class SessionRef(Params, kw_only=True, forbid_unknown_fields=True):
@@ -187,11 +194,6 @@ class CheckpointGetParams(Params, kw_only=True, forbid_unknown_fields=True):
 
 class MemoryUpdateParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
     patch: dict[str, Any]
-
-
-class EventInput(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    type: EventType
-    data: dict[str, Any] = {}
 
 
 class EventsAppendParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
@@ -531,6 +533,31 @@ class GraphChangeResult(msgspec.Struct, kw_only=True):
     sessions: list[str]  # sessions written to
 
 
+# --- scoped state and bulk views (Google ADK) ------------------------------------
+
+
+class StateGetParams(Params, kw_only=True, forbid_unknown_fields=True):
+    app_name: Annotated[str, msgspec.Meta(min_length=1)]
+    user_ids: list[str] = []
+
+
+class StateGetResult(msgspec.Struct, kw_only=True):
+    app: dict[str, Any]
+    users: dict[str, dict[str, Any]]
+
+
+class SessionStatesParams(Params, kw_only=True, forbid_unknown_fields=True):
+    namespace: Annotated[str, msgspec.Meta(min_length=1)]
+    prefix: bool = False  # every namespace that starts with `namespace`
+    limit: Limit1000 = 1000
+    cursor: str | None = None  # the `next` of the previous page
+
+
+class SessionStatesResult(msgspec.Struct, kw_only=True):
+    states: list[SessionState]
+    next: str | None
+
+
 METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "daemon.ping": (NoParams, PingResult),
     "daemon.stats": (NoParams, StatsResult),
@@ -573,4 +600,6 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "graph.delete_runs": (GraphRunsParams, GraphChangeResult),
     "graph.copy": (GraphCopyParams, GraphChangeResult),
     "graph.prune": (GraphPruneParams, GraphChangeResult),
+    "state.get": (StateGetParams, StateGetResult),
+    "session.states": (SessionStatesParams, SessionStatesResult),
 }

@@ -1,0 +1,225 @@
+"""Google ADK: `SessiondSessionService`, a `BaseSessionService` stored in sessiond.
+
+    from google.adk.runners import Runner
+    from sessiond.integrations.adk import SessiondSessionService
+
+    runner = Runner(agent=agent, app_name="support", session_service=SessiondSessionService())
+
+An ADK session is a sessiond session (namespace `adk:<app>:<user>`, both escaped). Each
+ADK event is a message whose metadata keeps the event whole (`metadata.adk_event`), so
+`sessionctl messages` shows the conversation; its state delta is written with it, in the
+same write, as state.updated events per scope: session keys land in the session's
+`memory`, `app:` and `user:` keys in the daemon's scoped state, shared by every session of
+the app or user. `temp:` keys are never stored, as ADK requires.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from typing import Any
+from urllib.parse import quote
+
+from google.adk.errors.already_exists_error import AlreadyExistsError
+from google.adk.errors.session_not_found_error import SessionNotFoundError as AdkSessionNotFound
+from google.adk.events.event import Event
+from google.adk.sessions import _session_util
+from google.adk.sessions.base_session_service import (
+    BaseSessionService,
+    GetSessionConfig,
+    ListSessionsResponse,
+)
+from google.adk.sessions.session import Session
+from google.adk.sessions.state import State
+from sessiond_schemas import rpc
+from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError
+from sessiond_schemas.state import SessionState
+
+from ._loop import LoopClient
+
+_PAGE = 1000
+
+
+def namespace_for(app_name: str, user_id: str | None = None) -> str:
+    """The namespace of an app's sessions (or of one user's): escaped, so no two collide."""
+    app = "adk:" + quote(app_name, safe="") + ":"
+    return app if user_id is None else app + quote(user_id, safe="")
+
+
+def session_id_for(app_name: str, user_id: str, session_id: str) -> str:
+    """ADK session ids are unique per app and user; sessiond's are global."""
+    key = "\0".join((app_name, user_id, session_id)).encode()
+    return "adk-" + hashlib.sha256(key).hexdigest()[:40]
+
+
+def _render(event: Event) -> tuple[str, str, str | None]:
+    """(role, content, tool_call_id) of the message that carries an ADK event."""
+    texts, tool_call_id = [], None
+    parts = event.content.parts if event.content and event.content.parts else []
+    for part in parts:
+        if part.text:
+            texts.append(part.text)
+        elif part.function_call:
+            texts.append(f"{part.function_call.name}({json.dumps(part.function_call.args)})")
+        elif part.function_response:
+            tool_call_id = part.function_response.id or part.function_response.name or "unknown"
+            texts.append(json.dumps(part.function_response.response, default=str))
+    role = "user" if event.author == "user" else "tool" if tool_call_id else "assistant"
+    content = "\n".join(texts)
+    return role, content if content.strip() else f"[{event.author} event]", tool_call_id
+
+
+def _state_events(state: dict[str, Any], app_name: str, user_id: str) -> list[dict[str, Any]]:
+    deltas = _session_util.extract_state_delta(state)
+    events = []
+    for scope in ("session", "app", "user"):
+        if deltas[scope]:
+            data: dict[str, Any] = {"scope": scope, "delta": deltas[scope]}
+            if scope != "session":
+                data["app_name"] = app_name
+            if scope == "user":
+                data["user_id"] = user_id
+            events.append({"type": "state.updated", "data": data})
+    return events
+
+
+class SessiondSessionService(BaseSessionService):
+    """ADK sessions, events and app/user/session state in sessiond (`socket`: the default)."""
+
+    def __init__(self, socket: str | None = None, *, client: LoopClient | None = None) -> None:
+        self.client = client or LoopClient(socket)
+
+    # --- sessions ---------------------------------------------------------------------
+
+    async def create_session(self, *, app_name: str, user_id: str,
+                             state: dict[str, Any] | None = None,
+                             session_id: str | None = None) -> Session:
+        session_id = (session_id.strip() if session_id else None) or str(uuid.uuid4())
+        created = time.time()
+        try:
+            await self.client.create_session(
+                session_id_for(app_name, user_id, session_id),
+                namespace=namespace_for(app_name, user_id), source="adk",
+                metadata={"adk": {"app_name": app_name, "user_id": user_id, "id": session_id,
+                                  "created_time": created}},
+                events=_state_events(state or {}, app_name, user_id))
+        except SessionExistsError:
+            raise AlreadyExistsError(f"Session with id {session_id} already exists.") from None
+        found = await self.get_session(app_name=app_name, user_id=user_id, session_id=session_id)
+        assert found is not None
+        return found
+
+    async def get_session(self, *, app_name: str, user_id: str, session_id: str,
+                          config: GetSessionConfig | None = None) -> Session | None:
+        sid = session_id_for(app_name, user_id, session_id.strip())
+        try:
+            view = await self.client.get_session(sid)
+        except SessionNotFoundError:
+            return None
+        events = await self._events(sid, view.message_count, config)
+        scoped = await self._scoped(app_name, [user_id])
+        return self._session(view, events, scoped)
+
+    async def list_sessions(self, *, app_name: str,
+                            user_id: str | None = None) -> ListSessionsResponse:
+        views: list[SessionState] = []
+        cursor = None
+        while True:
+            page = await self.client.call(
+                "session.states", rpc.SessionStatesResult, limit=_PAGE, cursor=cursor,
+                namespace=namespace_for(app_name, user_id), prefix=user_id is None)
+            views += page.states
+            if page.next is None:
+                break
+            cursor = page.next
+        users = sorted({v.metadata["adk"]["user_id"] for v in views})
+        scoped = await self._scoped(app_name, users)
+        sessions = [self._session(v, [], scoped) for v in views]
+        sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+        return ListSessionsResponse(sessions=sessions)
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        try:
+            await self.client.delete_session(session_id_for(app_name, user_id, session_id.strip()))
+        except SessionNotFoundError:
+            pass
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        return (await self._scoped(app_name, [user_id])).users.get(user_id, {})
+
+    # --- events -----------------------------------------------------------------------
+
+    async def append_event(self, session: Session, event: Event) -> Event:
+        if event.partial:
+            return event
+        sid = session_id_for(session.app_name, session.user_id, session.id)
+        stored = event.model_dump(mode="json", exclude_none=True)
+        delta = {k: v for k, v in (stored.get("actions", {}).get("state_delta") or {}).items()
+                 if not k.startswith(State.TEMP_PREFIX)}  # temp: keys are never stored
+        if "actions" in stored:
+            stored["actions"]["state_delta"] = delta
+        role, content, tool_call_id = _render(event)
+        message: dict[str, Any] = {"role": role, "content": content,
+                                   "metadata": {"adk_event": stored}}
+        if tool_call_id:
+            message["tool_call_id"] = tool_call_id
+        events = [{"type": "message.appended", "data": message},
+                  *_state_events(delta, session.app_name, session.user_id)]
+        # The same event delivered again (a retry) is stored once: its key is its content.
+        key = hashlib.sha256(json.dumps(stored, sort_keys=True).encode()).hexdigest()
+        try:
+            await self.client.append_events(sid, events, idempotency_key=key)
+        except SessionNotFoundError:
+            raise AdkSessionNotFound(f"Session {session.id} not found.") from None
+        # Stored: now the caller's session object takes the event (temp keys included).
+        event = await super().append_event(session=session, event=event)
+        session.last_update_time = event.timestamp
+        return event
+
+    # --- reading back -----------------------------------------------------------------
+
+    async def _events(self, sid: str, count: int, config: GetSessionConfig | None) -> list[Event]:
+        """The session's events, newest last, as GetSessionConfig narrows them."""
+        limit = config.num_recent_events if config else None
+        after = config.after_timestamp if config else None
+        wanted = count if limit is None else min(limit, count)
+        found: list[Event] = []
+        while len(found) < wanted:
+            page = await self.client.list_messages(sid, order="desc", offset=len(found),
+                                                   limit=min(_PAGE, wanted - len(found)))
+            if not page.messages:
+                break
+            batch = [Event.model_validate(m.metadata["adk_event"]) for m in page.messages
+                     if "adk_event" in m.metadata]
+            found += batch
+            if after is not None and batch and batch[-1].timestamp < after:
+                break
+        found.reverse()
+        if after is not None:  # as InMemorySessionService: what follows the last older event
+            i = len(found) - 1
+            while i >= 0 and found[i].timestamp >= after:
+                i -= 1
+            found = found[i + 1:]
+        return found
+
+    async def _scoped(self, app_name: str, user_ids: list[str]) -> rpc.StateGetResult:
+        result: rpc.StateGetResult = await self.client.call(
+            "state.get", rpc.StateGetResult, app_name=app_name, user_ids=user_ids)
+        return result
+
+    @staticmethod
+    def _session(view: SessionState, events: list[Event], scoped: rpc.StateGetResult) -> Session:
+        adk = view.metadata["adk"]
+        state = dict(view.memory)
+        state.update({State.APP_PREFIX + k: v for k, v in scoped.app.items()})
+        state.update({State.USER_PREFIX + k: v
+                      for k, v in scoped.users.get(adk["user_id"], {}).items()})
+        last = view.last_message.metadata.get("adk_event") if view.last_message else None
+        return Session(id=adk["id"], app_name=adk["app_name"], user_id=adk["user_id"],
+                       state=state, events=events,
+                       last_update_time=last["timestamp"] if last else adk["created_time"])
+
+    async def close(self) -> None:
+        await self.client.aclose()

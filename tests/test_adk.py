@@ -1,0 +1,219 @@
+"""SessiondSessionService against ADK's own InMemorySessionService, and under a real ADK Runner."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import Daemon, daemon_config, running_daemon
+from sdk_extras import require_sdk
+
+require_sdk("google.adk", "adk")
+from google.adk.agents import LlmAgent  # noqa: E402
+from google.adk.errors.already_exists_error import AlreadyExistsError  # noqa: E402
+from google.adk.events.event import Event  # noqa: E402
+from google.adk.events.event_actions import EventActions  # noqa: E402
+from google.adk.models.base_llm import BaseLlm  # noqa: E402
+from google.adk.models.llm_request import LlmRequest  # noqa: E402
+from google.adk.models.llm_response import LlmResponse  # noqa: E402
+from google.adk.runners import Runner  # noqa: E402
+from google.adk.sessions import InMemorySessionService  # noqa: E402
+from google.adk.sessions.base_session_service import GetSessionConfig  # noqa: E402
+from google.genai import types  # noqa: E402
+from sessiond import AsyncClient  # noqa: E402
+from sessiond.integrations.adk import SessiondSessionService  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+counter = itertools.count()
+USERS = ["alice", "bob/with:odd chars"]
+
+
+def make_event(kind: int, step: int) -> Event:
+    """Events of the kinds agents write: text, a function call, its result, state only."""
+    delta: dict[str, Any] = {f"k{step % 3}": step, "app:shared": step, f"user:u{step % 2}": step,
+                             "temp:scratch": step, "nothing": None}
+    author, part = [
+        ("user", types.Part(text=f"hello {step}")),
+        ("agent", types.Part(function_call=types.FunctionCall(id=f"c{step}", name="lookup",
+                                                              args={"q": step}))),
+        ("agent", types.Part(function_response=types.FunctionResponse(
+            id=f"c{step}", name="lookup", response={"result": step}))),
+        ("agent", None),
+    ][kind]
+    return Event(invocation_id=f"inv{step}", author=author, timestamp=1_700_000_000.0 + step,
+                 content=types.Content(role="user" if author == "user" else "model",
+                                       parts=[part]) if part else None,
+                 actions=EventActions(state_delta=delta))
+
+
+def comparable(session: Any) -> Any:
+    if session is None:
+        return None
+    dumped = session.model_dump()
+    if not session.events:
+        dumped.pop("last_update_time")  # a fresh session's time is when each service made it
+    return dumped
+
+
+operations = st.lists(st.one_of(
+    st.tuples(st.just("create"), st.sampled_from(USERS), st.integers(0, 2),
+              st.dictionaries(st.sampled_from(["a", "app:x", "user:y", "temp:t"]),
+                              st.integers(), max_size=3)),
+    st.tuples(st.just("append"), st.integers(0, 5), st.integers(0, 3)),
+    st.tuples(st.just("get"), st.sampled_from(USERS), st.integers(0, 2),
+              st.one_of(st.none(), st.integers(0, 4)), st.one_of(st.none(), st.integers(0, 6))),
+    st.tuples(st.just("list"), st.one_of(st.none(), st.sampled_from(USERS))),
+    st.tuples(st.just("delete"), st.sampled_from(USERS), st.integers(0, 2)),
+    st.tuples(st.just("user_state"), st.sampled_from(USERS)),
+), max_size=14)
+
+
+class TestDifferential:
+    @settings(max_examples=25, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(script=operations)
+    async def test_same_sessions_events_and_state_as_in_memory(
+            self, daemon: Daemon, script: list[tuple[Any, ...]]) -> None:
+        """Random create/append/get(config)/list/delete sequences: equal answers from both."""
+        app = f"app {next(counter)}"
+        reference, ours = InMemorySessionService(), SessiondSessionService(daemon.socket)
+        live: list[tuple[Any, Any]] = []  # (reference session, our session) pairs
+        step = itertools.count()
+        try:
+            for op in script:
+                if op[0] == "create":
+                    _, user, n, state = op
+                    results = []
+                    for service in (reference, ours):
+                        try:
+                            results.append(await service.create_session(
+                                app_name=app, user_id=user, state=dict(state), session_id=f"s{n}"))
+                        except AlreadyExistsError:
+                            results.append("exists")
+                    assert [comparable(r) if r != "exists" else r for r in results] == [
+                        comparable(results[0]) if results[0] != "exists" else "exists"] * 2
+                    if results[0] != "exists":
+                        live.append((results[0], results[1]))
+                elif op[0] == "append" and live:
+                    theirs, mine = live[op[1] % len(live)]
+                    event = make_event(op[2], next(step))
+                    await reference.append_event(theirs, copy.deepcopy(event))
+                    await ours.append_event(mine, copy.deepcopy(event))
+                    assert comparable(mine) == comparable(theirs)
+                elif op[0] == "get":
+                    _, user, n, recent, after = op
+                    config = GetSessionConfig(
+                        num_recent_events=recent,
+                        after_timestamp=None if after is None else 1_700_000_000.0 + after)
+                    got = [await s.get_session(app_name=app, user_id=user, session_id=f"s{n}",
+                                               config=config) for s in (reference, ours)]
+                    assert comparable(got[1]) == comparable(got[0]), op
+                elif op[0] == "list":
+                    listed = [await s.list_sessions(app_name=app, user_id=op[1])
+                              for s in (reference, ours)]
+                    assert [comparable(s) for s in listed[1].sessions] == [
+                        comparable(s) for s in listed[0].sessions]
+                elif op[0] == "delete":
+                    for s in (reference, ours):
+                        await s.delete_session(app_name=app, user_id=op[1], session_id=f"s{op[2]}")
+                    live = [pair for pair in live if not (
+                        pair[0].user_id == op[1] and pair[0].id == f"s{op[2]}")]
+                elif op[0] == "user_state":
+                    assert await ours.get_user_state(app_name=app, user_id=op[1]) == \
+                        await reference.get_user_state(app_name=app, user_id=op[1])
+        finally:
+            await ours.close()
+
+    @pytest.mark.parametrize(("recent", "after"), [
+        (None, None), (3, None), (0, None), (10, None), (None, 2), (None, 0), (None, 9),
+        (2, 1), (4, 3)])
+    async def test_get_session_config(self, daemon: Daemon, recent: int | None,
+                                      after: int | None) -> None:
+        """num_recent_events and after_timestamp narrow the events exactly as in memory."""
+        reference, ours = InMemorySessionService(), SessiondSessionService(daemon.socket)
+        app = f"cfg {next(counter)}"
+        sessions = [await s.create_session(app_name=app, user_id="u", session_id="s")
+                    for s in (reference, ours)]
+        for step in range(6):
+            event = make_event(step % 4, step)
+            for service, session in zip((reference, ours), sessions):
+                await service.append_event(session, copy.deepcopy(event))
+        config = GetSessionConfig(num_recent_events=recent, after_timestamp=None if after is None
+                                  else 1_700_000_000.0 + after)
+        got = [await s.get_session(app_name=app, user_id="u", session_id="s", config=config)
+               for s in (reference, ours)]
+        assert comparable(got[1]) == comparable(got[0])
+        assert len(got[1].events) == len(got[0].events)
+        await ours.close()
+
+    async def test_scoped_state_is_shared_and_temp_is_not_stored(self, daemon: Daemon,
+                                                                 client: AsyncClient) -> None:
+        """app: keys reach every session of the app, user: keys every session of the user."""
+        ours = SessiondSessionService(daemon.socket)
+        a = await ours.create_session(app_name="shop", user_id="ann", session_id="one")
+        b = await ours.create_session(app_name="shop", user_id="ann", session_id="two")
+        c = await ours.create_session(app_name="shop", user_id="ben", session_id="one")
+        await ours.append_event(a, Event(author="agent", actions=EventActions(state_delta={
+            "app:theme": "dark", "user:lang": "fr", "cart": 2, "temp:draft": "x"})))
+        assert a.state["temp:draft"] == "x"  # the caller's object has it for this invocation
+        got = {n: await ours.get_session(app_name="shop", user_id=u, session_id=i)
+               for n, (u, i) in {"a": ("ann", "one"), "b": ("ann", "two"),
+                                 "c": ("ben", "one")}.items()}
+        assert got["a"].state == {"app:theme": "dark", "user:lang": "fr", "cart": 2}
+        assert got["b"].state == {"app:theme": "dark", "user:lang": "fr"}
+        assert got["c"].state == {"app:theme": "dark"}
+        stored = (await client.read_events(types=["state.updated"])).events
+        assert all("temp:draft" not in e.data["delta"] for e in stored)
+        await ours.close()
+
+
+class StubLlm(BaseLlm):
+    """An offline model: answers with a fixed text, and remembers what it was sent."""
+
+    seen: list[list[str]] = []
+
+    async def generate_content_async(self, llm_request: LlmRequest,
+                                     stream: bool = False) -> AsyncGenerator[LlmResponse, None]:
+        texts = [p.text for c in llm_request.contents for p in (c.parts or []) if p.text]
+        StubLlm.seen.append(texts)
+        yield LlmResponse(content=types.Content(
+            role="model", parts=[types.Part(text=f"answer {len(StubLlm.seen)}")]))
+
+
+async def test_runner_runs_two_turns_across_a_restart(short_dir: str) -> None:
+    """A real ADK Runner: two turns, the daemon restarted between them; the model sees both."""
+    config = daemon_config(short_dir)
+    agent = LlmAgent(name="helper", model=StubLlm(model="stub"), instruction="Be brief.")
+    StubLlm.seen = []
+
+    async def turn(socket: str, text: str) -> list[str]:
+        service = SessiondSessionService(socket)
+        runner = Runner(agent=agent, app_name="support", session_service=service)
+        replies = [p.text async for event in runner.run_async(
+                       user_id="u1", session_id="s1",
+                       new_message=types.Content(role="user", parts=[types.Part(text=text)]))
+                   for p in (event.content.parts if event.content else []) if p.text]
+        await service.close()
+        return replies
+
+    async with running_daemon(config) as d:
+        service = SessiondSessionService(d.socket)
+        await service.create_session(app_name="support", user_id="u1", session_id="s1")
+        await service.close()
+        assert await turn(d.socket, "first question") == ["answer 1"]
+    async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+        assert await turn(d.socket, "second question") == ["answer 2"]
+        service = SessiondSessionService(d.socket)
+        session = await service.get_session(app_name="support", user_id="u1", session_id="s1")
+        assert [e.author for e in session.events] == ["user", "helper", "user", "helper"]
+        await service.close()
+        texts = [m.content for m in (await c.list_messages(
+            "adk-" + __import__("hashlib").sha256(b"support\0u1\0s1").hexdigest()[:40])).messages]
+        assert texts == ["first question", "answer 1", "second question", "answer 2"]
+    assert StubLlm.seen[1] == ["first question", "answer 1", "second question"]
