@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sessiond import AsyncClient, SessiondError
 from sessiond_daemon.projection import fold
+from sessiond_schemas import rpc
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.events import STATUSES, Event
 from sessiond_schemas.state import SessionState
@@ -38,9 +39,11 @@ commands = st.one_of(
     st.tuples(st.just("transition"), st.sampled_from(STATUSES), st.one_of(st.none(), names)),
     st.tuples(st.just("resume")),
     st.tuples(st.just("pop")),
+    st.tuples(st.just("graph"), names),
     st.tuples(st.just("clear")),
     st.tuples(st.just("events"), st.lists(st.sampled_from(
-        ["plan", "problem", "decision", "result", "metadata", "started", "output", "exited", "detached"]),
+        ["plan", "problem", "decision", "result", "metadata", "started", "output", "exited", "detached",
+         "state", "app_state"]),
         min_size=1, max_size=3), names),
 )
 
@@ -67,6 +70,14 @@ async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
         await c.pop_message(sid)
     elif kind == "clear":
         await c.clear_messages(sid)
+    elif kind == "graph":
+        typed = {"type": "json", "data": b"{}"}
+        await c.call("graph.put", rpc.WriteResult, session_id=sid, thread_id=sid,
+                     checkpoint_id=f"{next(counter):08}", checkpoint=typed,
+                     channel_versions={"ch": cmd[1]}, blobs={"ch": typed})
+        await c.call("graph.put_writes", rpc.WriteResult, session_id=sid, thread_id=sid,
+                     checkpoint_id="x", task_id="t", writes=[{"idx": 0, "channel": "ch",
+                                                              "value": typed}])
     else:
         datas = {"plan": ("plan.linked", {"plan_id": cmd[2]}),
                  "problem": ("problem.recorded", {"what": cmd[2]}),
@@ -77,7 +88,10 @@ async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
                  "output": ("process.output", {"turn": 1, "line": cmd[2]}),
                  "exited": ("process.exited", {"pid": 4242, "turn": 1, "exit_code": 3}),
                  "detached": ("process.detached", {"pid": 4242, "turn": 1, "alive": False,
-                                                   "reason": cmd[2]})}
+                                                   "reason": cmd[2]}),
+                 "state": ("state.updated", {"scope": "session", "delta": {cmd[2]: None}}),
+                 "app_state": ("state.updated", {"scope": "app", "app_name": "p",
+                                                 "delta": {cmd[2]: 1}})}
         await c.append_events(sid, [{"type": datas[k][0], "data": datas[k][1]} for k in cmd[1]])
 
 

@@ -17,8 +17,8 @@ from sessiond import (
     TooLargeError,
     VersionConflictError,
 )
-
 from sessiond_daemon.migrations import SESSION_TABLES
+from sessiond_schemas import rpc
 
 from conftest import Daemon
 
@@ -562,3 +562,54 @@ class TestEvents:
             await client.read_events("missing")
         with pytest.raises(InvalidParamsError):
             await client.read_events(types=["nope"])
+
+
+class TestScopedStateAndStates:
+    async def test_create_with_events_is_one_write(self, client: AsyncClient,
+                                                   daemon: Daemon) -> None:
+        """session.create appends its events with session.created, or nothing at all."""
+        state = await client.create_session("ce", events=[
+            {"type": "state.updated", "data": {"scope": "session", "delta": {"a": 1}}},
+            {"type": "message.appended", "data": {"role": "user", "content": "hi"}}])
+        assert (state.version, state.memory, state.message_count) == (3, {"a": 1}, 1)
+        with pytest.raises(InvalidParamsError, match=r"events\[1\]"):
+            await client.create_session("bad", events=[
+                {"type": "state.updated", "data": {"scope": "session", "delta": {}}},
+                {"type": "state.updated", "data": {"scope": "user", "delta": {"x": 1}}}])
+        assert daemon.sql("SELECT count(*) FROM events WHERE session_id = 'bad'") == [(0,)]
+
+    async def test_scoped_state_is_set_not_merged_and_outlives_sessions(
+            self, client: AsyncClient, daemon: Daemon) -> None:
+        """app and user keys: latest value wins, null is a value, deleting a session keeps them."""
+        await client.create_session("s1")
+        await client.append_events("s1", [
+            {"type": "state.updated", "data": {"scope": "app", "app_name": "a",
+                                               "delta": {"theme": "dark", "n": None}}},
+            {"type": "state.updated", "data": {"scope": "user", "app_name": "a",
+                                               "user_id": "u1", "delta": {"lang": "fr"}}},
+            {"type": "state.updated", "data": {"scope": "session", "delta": {"k": None}}}])
+        await client.create_session("s2", events=[
+            {"type": "state.updated", "data": {"scope": "app", "app_name": "a",
+                                               "delta": {"theme": "light"}}}])
+        await client.delete_session("s2")
+        got = await client.call("state.get", rpc.StateGetResult, app_name="a",
+                                user_ids=["u1", "u2"])
+        assert (got.app, got.users) == ({"theme": "light", "n": None},
+                                        {"u1": {"lang": "fr"}, "u2": {}})
+        assert (await client.get_session("s1")).memory == {"k": None}
+
+    async def test_session_states_pages_by_namespace_or_prefix(self, client: AsyncClient) -> None:
+        for i in range(5):
+            await client.create_session(f"ns{i}", namespace=f"team:{i % 2}")
+        await client.create_session("other", namespace="teams")
+        exact = await client.call("session.states", rpc.SessionStatesResult, namespace="team:1")
+        assert [s.session_id for s in exact.states] == ["ns1", "ns3"] and exact.next is None
+        seen, cursor = [], None
+        while True:
+            page = await client.call("session.states", rpc.SessionStatesResult,
+                                     namespace="team:", prefix=True, limit=2, cursor=cursor)
+            seen += [s.session_id for s in page.states]
+            if page.next is None:
+                break
+            cursor = page.next
+        assert seen == [f"ns{i}" for i in range(5)]
