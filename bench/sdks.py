@@ -34,6 +34,7 @@ class Row:
     sdk_store: float
     sessiond: float
     unit: str
+    note: str = ""
 
     @property
     def ratio(self) -> float:
@@ -55,19 +56,38 @@ def db_bytes(path: str) -> int:
     return page_size * pages
 
 
+FAILURES: dict[str, list[str]] = {}  # store label -> errors its writers met (kept going)
+
+
 async def appends_per_s(make: Callable[[int], Any], add: Callable[[Any, int], Awaitable[None]],
-                        writers: int, total: int) -> float:
-    """`writers` conversations appending one item at a time, concurrently."""
+                        writers: int, total: int, label: str = "") -> float:
+    """`writers` conversations appending one item at a time, concurrently. An append that
+    fails is counted in FAILURES[label] and not in the rate; the writer goes on."""
     sessions = [make(w) for w in range(writers)]
     per = total // writers
+    done = 0
 
     async def run(session: Any) -> None:
+        nonlocal done
         for i in range(per):
-            await add(session, i)
+            try:
+                await add(session, i)
+                done += 1
+            except Exception as exc:  # the SDK store's own failures: report them
+                FAILURES.setdefault(label, []).append(f"{type(exc).__name__}: {exc}"[:120])
 
     t0 = time.perf_counter()
     await asyncio.gather(*(run(s) for s in sessions))
-    return per * writers / (time.perf_counter() - t0)
+    return done / (time.perf_counter() - t0)
+
+
+def failures_note(label: str) -> str:
+    errors = FAILURES.pop(label, [])
+    if not errors:
+        return ""
+    kinds = sorted({e.split(":")[0] + ": " + ("database is locked" if "locked" in e else
+                                               e.split(":", 1)[1].strip()[:60]) for e in errors})
+    return f"{len(errors)} failed appends in the SDK's store ({'; '.join(kinds)})"
 
 
 async def median_ms(fn: Callable[[], Awaitable[Any]], n: int) -> float:
@@ -105,7 +125,7 @@ async def openai_agents(directory: str, daemon: DaemonProcess, sizes: argparse.N
         for writers in (1, 16):
             f[f"{writers}w"] = await appends_per_s(
                 lambda w, writers=writers, make=make: make(f"w{writers}-{w}"), add, writers,
-                sizes.appends)
+                sizes.appends, label=f"openai-agents-{label}-{writers}")
         history = make("history")
         before = db_bytes(sdk_db) if label == "sdk_store" else db_bytes(daemon.db)
         for i in range(sizes.history):
@@ -117,8 +137,10 @@ async def openai_agents(directory: str, daemon: DaemonProcess, sizes: argparse.N
     await client.aclose()
     o, s = figures["sdk_store"], figures["sessiond"]
     return [
-        Row("openai-agents", "append, 1 writer", o["1w"], s["1w"], "items/s"),
-        Row("openai-agents", "append, 16 writers", o["16w"], s["16w"], "items/s"),
+        Row("openai-agents", "append, 1 writer", o["1w"], s["1w"], "items/s",
+            failures_note("openai-agents-sdk_store-1")),
+        Row("openai-agents", "append, 16 writers", o["16w"], s["16w"], "items/s",
+            failures_note("openai-agents-sdk_store-16")),
         Row("openai-agents", "read latest 20", o["latest20"], s["latest20"], "ms"),
         Row("openai-agents", f"full read of {sizes.history:,}", o["full"], s["full"], "ms"),
         Row("openai-agents", f"db growth for {sizes.history:,} appends",
@@ -171,7 +193,7 @@ async def langgraph(directory: str, daemon: DaemonProcess, sizes: argparse.Names
             for writers in (1, 16):
                 f[f"{writers}w"] = await appends_per_s(
                     lambda w, writers=writers, saver=saver: Thread(saver, f"lg{writers}-{w}"),
-                    add, writers, sizes.appends)
+                    add, writers, sizes.appends, label=f"langgraph-{label}-{writers}")
             history = Thread(saver, "history")
             before = db_bytes(db)
             for _ in range(sizes.history):
@@ -190,8 +212,10 @@ async def langgraph(directory: str, daemon: DaemonProcess, sizes: argparse.Names
         ours.close()
     o, s = figures["sdk_store"], figures["sessiond"]
     return [
-        Row("langgraph", "put, 1 writer", o["1w"], s["1w"], "checkpoints/s"),
-        Row("langgraph", "put, 16 writers", o["16w"], s["16w"], "checkpoints/s"),
+        Row("langgraph", "put, 1 writer", o["1w"], s["1w"], "checkpoints/s",
+            failures_note("langgraph-sdk_store-1")),
+        Row("langgraph", "put, 16 writers", o["16w"], s["16w"], "checkpoints/s",
+            failures_note("langgraph-sdk_store-16")),
         Row("langgraph", "get_tuple (latest)", o["latest"], s["latest"], "ms"),
         Row("langgraph", "list latest 20", o["latest20"], s["latest20"], "ms"),
         Row("langgraph", f"full list of {sizes.history:,}", o["full"], s["full"], "ms"),
@@ -230,7 +254,7 @@ async def adk(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) 
             f[f"{writers}w"] = await appends_per_s(
                 lambda w, sessions=sessions: sessions[w],
                 lambda session, i, service=service: service.append_event(session, event(i)),
-                writers, sizes.appends)
+                writers, sizes.appends, label=f"adk-{label}-{writers}")
         db = sdk_db if label == "sdk_store" else daemon.db
         before = db_bytes(db)
         history = await service.create_session(app_name="bench", user_id="h", session_id="h")
@@ -250,8 +274,10 @@ async def adk(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) 
     await stores["sessiond"].close()
     o, s = figures["sdk_store"], figures["sessiond"]
     return [
-        Row("adk", "append_event, 1 writer", o["1w"], s["1w"], "events/s"),
-        Row("adk", "append_event, 16 writers", o["16w"], s["16w"], "events/s"),
+        Row("adk", "append_event, 1 writer", o["1w"], s["1w"], "events/s",
+            failures_note("adk-sdk_store-1")),
+        Row("adk", "append_event, 16 writers", o["16w"], s["16w"], "events/s",
+            failures_note("adk-sdk_store-16")),
         Row("adk", "get_session, latest 20 events", o["latest20"], s["latest20"], "ms"),
         Row("adk", f"get_session, all {sizes.history:,} events", o["full"], s["full"], "ms"),
         Row("adk", f"list_sessions of a user, {sizes.sessions:,} sessions in the app",
@@ -287,11 +313,13 @@ async def main(sizes: argparse.Namespace) -> list[Row]:
 
 
 def print_table(rows: list[Row]) -> None:
-    print("| SDK | workload | SDK's own SQLite store | sessiond | unit | sessiond / SDK |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| SDK | workload | SDK's own SQLite store | sessiond | unit | sessiond / SDK | note |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r.sdk} | {r.workload} | {r.sdk_store:,.2f} | {r.sessiond:,.2f} | {r.unit} "
-              f"| {r.ratio:.2f}× |")
+              f"| {r.ratio:.2f}× | {r.note} |")
+    if FAILURES:
+        print("sessiond failures:", FAILURES)
 
 
 if __name__ == "__main__":

@@ -157,8 +157,8 @@ class TestDifferential:
         """app: keys reach every session of the app, user: keys every session of the user."""
         ours = SessiondSessionService(daemon.socket)
         a = await ours.create_session(app_name="shop", user_id="ann", session_id="one")
-        b = await ours.create_session(app_name="shop", user_id="ann", session_id="two")
-        c = await ours.create_session(app_name="shop", user_id="ben", session_id="one")
+        for user, sid in (("ann", "two"), ("ben", "one")):  # the same ADK id, another user
+            await ours.create_session(app_name="shop", user_id=user, session_id=sid)
         await ours.append_event(a, Event(author="agent", actions=EventActions(state_delta={
             "app:theme": "dark", "user:lang": "fr", "cart": 2, "temp:draft": "x"})))
         assert a.state["temp:draft"] == "x"  # the caller's object has it for this invocation

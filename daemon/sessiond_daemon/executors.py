@@ -38,7 +38,14 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import SessionState
 
 from .adapters import ADAPTERS, JSONL_TYPES, Adapter, Parsed
-from .service import APPEND_INPUTS, Service, check_transition, require
+from .service import (
+    APPEND_INPUTS,
+    Service,
+    check_transition,
+    created_view,
+    require,
+    sequenced,
+)
 from .writer import Plan
 
 log = structlog.get_logger("sessiond.executors")
@@ -231,14 +238,14 @@ class Executors:
             metadata=p.metadata, status="active",
             **({"namespace": p.namespace} if p.namespace else {})))
         self.service.check_event_size(created, "session.created data")
-        first: list[tuple[str, dict[str, Any]]] = [("session.created", created)]
-        if p.task and p.task.strip():
-            first.append(("message.appended", {"role": "user", "content": p.task}))
+        task = [("message.appended", {"role": "user", "content": p.task})] \
+            if p.task and p.task.strip() else []
 
         def plan(state: SessionState | None) -> Plan:
             if state is not None:
                 raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
-            return self._plan(None, first)
+            return Plan([("session.created", created), *sequenced(created_view(sid, created), task)],
+                        lambda s, ev: s)
 
         self._starting.add(sid)
         try:
@@ -645,21 +652,9 @@ class Executors:
     # --- planning ---------------------------------------------------------------------
 
     @staticmethod
-    def _plan(state: SessionState | None, events: list[tuple[str, dict[str, Any]]]) -> Plan:
-        """Number messages and fill status changes' `from`, as events.append does."""
-        status = state.status if state else "active"
-        sequence = state.message_count if state else 0
-        out = []
-        for kind, data in events:
-            data = dict(data)
-            if kind == "message.appended":
-                data.update(message_id=new_id(), sequence=sequence)
-                sequence += 1
-            elif kind == "session.status_changed":
-                data["from"] = status
-                status = data["to"]
-            out.append((kind, data))
-        return Plan(out, lambda s, ev: s)
+    def _plan(state: SessionState, events: list[tuple[str, dict[str, Any]]]) -> Plan:
+        """Messages numbered and status changes' `from` filled, as events.append does."""
+        return Plan(sequenced(state, events), lambda s, ev: s)
 
 
 async def _feed_stdin(proc: Process, text: str) -> None:

@@ -108,28 +108,31 @@ def _write_result(state: SessionState, events: list[Event], **extra: Any) -> dic
             "position": events[-1].position, **extra}
 
 
-def _draft_created(sid: str, data: dict[str, Any]) -> Event:
-    """A stand-in session.created event, to fold the view that the next events follow."""
-    return Event(position=0, session_id=sid, version=0, event_id="", type="session.created",
-                 schema_version=CURRENT_SCHEMA_VERSION, recorded_at=now(), data=data,
-                 meta=EventMeta(), hash="")
+def created_view(sid: str, data: dict[str, Any]) -> SessionState:
+    """The view right after a session.created with `data`: what events in the same write
+    as the creation are numbered and checked against."""
+    return projection.fold(None, [Event(
+        position=0, session_id=sid, version=0, event_id="", type="session.created",
+        schema_version=CURRENT_SCHEMA_VERSION, recorded_at=now(), data=data, meta=EventMeta(),
+        hash="")])
 
 
-def _planned(s: SessionState, inputs: list[tuple[str, Any, dict[str, Any]]]
-             ) -> list[tuple[str, dict[str, Any]]]:
-    """The events of validated items: messages numbered, status changes checked in order."""
+def sequenced(s: SessionState, events: list[tuple[str, dict[str, Any]]]
+              ) -> list[tuple[str, dict[str, Any]]]:
+    """Events to append after view `s`: messages get their id and sequence, status changes
+    their `from`, each move checked in order (the daemon's part of events.append)."""
     status, sequence = s.status, s.message_count
-    events: list[tuple[str, dict[str, Any]]] = []
-    for event_type, typed, raw in inputs:
+    out: list[tuple[str, dict[str, Any]]] = []
+    for event_type, raw in events:
         data = dict(raw)
-        if isinstance(typed, StatusChangeInput):
-            check_transition(s.session_id, status, typed.to)
-            data["from"], status = status, typed.to
-        elif isinstance(typed, MessageFields):
+        if event_type == "session.status_changed":
+            check_transition(s.session_id, status, data["to"])
+            data["from"], status = status, data["to"]
+        elif event_type == "message.appended":
             data.update(message_id=new_id(), sequence=sequence)
             sequence += 1
-        events.append((event_type, data))
-    return events
+        out.append((event_type, data))
+    return out
 
 
 def _cut_result(state: SessionState, events: list[Event], popped: Message | None,
@@ -230,9 +233,7 @@ class Service:
                 raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
             if not inputs:
                 return Plan([("session.created", data)], lambda s, ev: s)
-            # The view right after session.created numbers the events that follow it.
-            created = projection.fold(None, [_draft_created(sid, data)])
-            return Plan([("session.created", data), *_planned(created, inputs)],
+            return Plan([("session.created", data), *sequenced(created_view(sid, data), inputs)],
                         lambda s, ev: s)
 
         return await self._submit(p, meta, plan, session_id=sid)
@@ -493,13 +494,13 @@ class Service:
 
         def plan(state: SessionState | None) -> Plan:
             s = require(state, p.session_id)
-            return Plan(_planned(s, inputs), lambda st, ev: _write_result(st, ev))
+            return Plan(sequenced(s, inputs), lambda st, ev: _write_result(st, ev))
 
         return await self._submit(p, meta, plan)
 
-    def _appendable(self, items: list[rpc.EventInput]) -> list[tuple[str, Any, dict[str, Any]]]:
-        """Validate events.append items (type, shape, size): (type, typed data, raw data)."""
-        inputs: list[tuple[str, Any, dict[str, Any]]] = []
+    def _appendable(self, items: list[rpc.EventInput]) -> list[tuple[str, dict[str, Any]]]:
+        """Validate events.append items (type, shape, size); return them as (type, data)."""
+        inputs: list[tuple[str, dict[str, Any]]] = []
         for i, item in enumerate(items):
             path = f"$.events[{i}].data"
             shape = APPEND_INPUTS[item.type]
@@ -508,12 +509,12 @@ class Service:
                     f"events[{i}]: {item.type} cannot be appended with events.append;"
                     f" use {_INSTEAD[item.type]}", {"detail": "type not appendable", "path": f"$.events[{i}].type"})
             try:
-                typed = msgspec.convert(item.data, shape)
+                msgspec.convert(item.data, shape)
             except msgspec.ValidationError as exc:
                 raise invalid_params(exc, path, f"invalid {item.type} data") from exc
             self._check_size(len(_json.encode(item.data)), self.limits.max_event_bytes,
                              f"events[{i}].data")
-            inputs.append((item.type, typed, item.data))
+            inputs.append((item.type, item.data))
         return inputs
 
     async def events_read(self, p: rpc.EventsReadParams, meta: EventMeta) -> rpc.EventsReadResult:
