@@ -289,7 +289,7 @@ async def adk(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) 
 SDKS: dict[str, tuple[str, Callable[..., Awaitable[list[Row]]]]] = {
     "openai-agents": ("agents", openai_agents),
     "langgraph": ("langgraph.checkpoint.sqlite", langgraph),
-    "adk": ("sqlalchemy", adk),
+    "adk": ("sqlalchemy", adk),  # DatabaseSessionService needs google-adk[db]
 }
 
 
