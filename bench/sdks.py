@@ -303,6 +303,8 @@ async def main(sizes: argparse.Namespace) -> list[Row]:
                 try:
                     __import__(module)
                 except ImportError:
+                    if sizes.require_all:
+                        raise
                     print(f"{name}: not installed (pip install -e '.[{name},sdk-tests]');"
                           " skipped")
                     continue
@@ -326,10 +328,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.sdks")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument("--require-all", action="store_true",
+                        help="fail, not skip, when an SDK is not installed (CI)")
     args = parser.parse_args()
     sizes = argparse.Namespace(appends=320, history=1_000, reads=20, sessions=1_000) \
         if args.quick else argparse.Namespace(appends=3_200, history=5_000, reads=200,
                                               sessions=10_000)
+    sizes.require_all = args.require_all
     result = asyncio.run(main(sizes))
     print_table(result)
     if args.out:
