@@ -111,6 +111,10 @@ class TestStored:
         state = await client.get_session("user-42")
         assert (state.namespace, state.metadata) == ("openai-agents", {"sdk_session_id": "user-42"})
         assert session_id_for("a b") != session_id_for("a  b") and session_id_for("ok-1") == "ok-1"
+        # Deleted behind the session's back (say, by retention): the next add starts it again.
+        await client.delete_session("user-42")
+        await session.add_items(ITEMS[:1])
+        assert await session.get_items() == ITEMS[:1]
         await session.close()
 
 

@@ -366,8 +366,10 @@ class TestUnits:
 
 
 def installed_sessiond() -> str:
-    found = shutil.which("sessiond") or os.path.join(os.path.dirname(sys.executable), "sessiond")
-    assert os.access(found, os.X_OK), "the sessiond entry point is not installed"
+    """This interpreter's `sessiond` entry point (the venv's, in CI), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "sessiond")
+    found = beside if os.access(beside, os.X_OK) else shutil.which("sessiond")
+    assert found, "the sessiond entry point is not installed"
     return found
 
 

@@ -140,7 +140,13 @@ class SessiondSession(SessionABC):
         await self._ensure()
         messages = [as_message(item) for item in items]
         for start in range(0, len(messages), 10_000):  # append_many's largest batch
-            await self.client.append_messages(self._sid, messages[start:start + 10_000])
+            batch = messages[start:start + 10_000]
+            try:
+                await self.client.append_messages(self._sid, batch)
+            except SessionNotFoundError:  # deleted behind our back: start it again
+                self._exists = False
+                await self._ensure()
+                await self.client.append_messages(self._sid, batch)
 
     async def pop_item(self) -> Any | None:
         try:
