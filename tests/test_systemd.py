@@ -185,6 +185,32 @@ class TestSocketActivation:
         assert con.execute("SELECT session_id FROM sessions").fetchall() == [("activated",)]
         con.close()
 
+    def test_the_descriptor_named_sessiond_is_chosen(self, short_dir: str) -> None:
+        """With several descriptors, LISTEN_FDNAMES picks ours; the others are closed."""
+        decoy, ours = (socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2))
+        decoy.bind(os.path.join(short_dir, "decoy.sock"))
+        ours.bind(os.path.join(short_dir, "ours.sock"))
+        for s in (decoy, ours):
+            s.listen()
+        launch = ("import os, sys\n"
+                  "os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4)\n"
+                  "os.environ.update(LISTEN_FDS='2', LISTEN_PID=str(os.getpid()),"
+                  " LISTEN_FDNAMES='metrics:sessiond')\n"
+                  "os.execv(sys.executable, [sys.executable, '-m', 'sessiond_daemon',"
+                  " *sys.argv[3:]])\n")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", launch, str(decoy.fileno()), str(ours.fileno()),
+             "--db", os.path.join(short_dir, "n.db"), "--log-level", "error"],
+            pass_fds=(decoy.fileno(), ours.fileno()))
+        try:
+            client = wait_for_daemon(os.path.join(short_dir, "ours.sock"), proc)
+            assert client.ping().pong is True
+            client.close()
+        finally:
+            stop(proc)
+            decoy.close()
+            ours.close()
+
     def test_a_non_socket_descriptor_is_a_configuration_error(self, short_dir: str) -> None:
         """A LISTEN_FDS descriptor that is not a listening Unix socket: exit 78, clear message."""
         with open(os.path.join(short_dir, "file"), "w") as f:
