@@ -90,6 +90,22 @@ def failures_note(label: str) -> str:
     return f"{len(errors)} failed appends in the SDK's store ({'; '.join(kinds)})"
 
 
+async def append_figures(f: dict[str, float], sdk: str, label: str,
+                         make: Callable[[int, int], Any],
+                         add: Callable[[Any, int], Awaitable[None]], total: int) -> None:
+    """f["1w"], f["16w"]: appends/s with 1 and 16 writers; make(writers, w) opens writer w."""
+    for writers in (1, 16):
+        f[f"{writers}w"] = await appends_per_s(lambda w, n=writers: make(n, w), add, writers,
+                                               total, label=f"{sdk}-{label}-{writers}")
+
+
+def append_rows(sdk: str, what: str, unit: str, o: dict[str, float],
+                s: dict[str, float]) -> list[Row]:
+    """The rows of append_figures, with what the SDK's store failed at in the note."""
+    return [Row(sdk, f"{what}, {n} writer{'s' if n > 1 else ''}", o[f"{n}w"], s[f"{n}w"], unit,
+                failures_note(f"{sdk}-sdk_store-{n}")) for n in (1, 16)]
+
+
 async def median_ms(fn: Callable[[], Awaitable[Any]], n: int) -> float:
     samples = []
     for _ in range(n):
@@ -102,12 +118,9 @@ async def median_ms(fn: Callable[[], Awaitable[Any]], n: int) -> float:
 async def openai_agents(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) -> list[Row]:
     from agents import SQLiteSession
 
-    from sessiond.integrations._loop import LoopClient
     from sessiond.integrations.openai_agents import SessiondSession
 
     sdk_db = os.path.join(directory, "agents.db")
-    client = LoopClient(daemon.socket)
-
     def item(i: int) -> dict[str, Any]:
         return {"role": "user" if i % 2 else "assistant", "content": f"{i} {ITEM_TEXT}"}
 
@@ -122,10 +135,8 @@ async def openai_agents(directory: str, daemon: DaemonProcess, sizes: argparse.N
     figures: dict[str, dict[str, float]] = {}
     for label, make in stores.items():
         f = figures[label] = {}
-        for writers in (1, 16):
-            f[f"{writers}w"] = await appends_per_s(
-                lambda w, writers=writers, make=make: make(f"w{writers}-{w}"), add, writers,
-                sizes.appends, label=f"openai-agents-{label}-{writers}")
+        await append_figures(f, "openai-agents", label,
+                             lambda n, w, make=make: make(f"w{n}-{w}"), add, sizes.appends)
         history = make("history")
         before = db_bytes(sdk_db) if label == "sdk_store" else db_bytes(daemon.db)
         for i in range(sizes.history):
@@ -134,13 +145,9 @@ async def openai_agents(directory: str, daemon: DaemonProcess, sizes: argparse.N
                      - before) / 1e6
         f["latest20"] = await median_ms(lambda h=history: h.get_items(20), sizes.reads)
         f["full"] = await median_ms(lambda h=history: h.get_items(), max(3, sizes.reads // 20))
-    await client.aclose()
     o, s = figures["sdk_store"], figures["sessiond"]
     return [
-        Row("openai-agents", "append, 1 writer", o["1w"], s["1w"], "items/s",
-            failures_note("openai-agents-sdk_store-1")),
-        Row("openai-agents", "append, 16 writers", o["16w"], s["16w"], "items/s",
-            failures_note("openai-agents-sdk_store-16")),
+        *append_rows("openai-agents", "append", "items/s", o, s),
         Row("openai-agents", "read latest 20", o["latest20"], s["latest20"], "ms"),
         Row("openai-agents", f"full read of {sizes.history:,}", o["full"], s["full"], "ms"),
         Row("openai-agents", f"db growth for {sizes.history:,} appends",
@@ -190,10 +197,9 @@ async def langgraph(directory: str, daemon: DaemonProcess, sizes: argparse.Names
         ours = SessiondSaver(daemon.socket)
         for label, saver, db in (("sdk_store", sdk_saver, sdk_db), ("sessiond", ours, daemon.db)):
             f = figures[label] = {}
-            for writers in (1, 16):
-                f[f"{writers}w"] = await appends_per_s(
-                    lambda w, writers=writers, saver=saver: Thread(saver, f"lg{writers}-{w}"),
-                    add, writers, sizes.appends, label=f"langgraph-{label}-{writers}")
+            await append_figures(f, "langgraph", label,
+                                 lambda n, w, saver=saver: Thread(saver, f"lg{n}-{w}"), add,
+                                 sizes.appends)
             history = Thread(saver, "history")
             before = db_bytes(db)
             for _ in range(sizes.history):
@@ -212,10 +218,7 @@ async def langgraph(directory: str, daemon: DaemonProcess, sizes: argparse.Names
         ours.close()
     o, s = figures["sdk_store"], figures["sessiond"]
     return [
-        Row("langgraph", "put, 1 writer", o["1w"], s["1w"], "checkpoints/s",
-            failures_note("langgraph-sdk_store-1")),
-        Row("langgraph", "put, 16 writers", o["16w"], s["16w"], "checkpoints/s",
-            failures_note("langgraph-sdk_store-16")),
+        *append_rows("langgraph", "put", "checkpoints/s", o, s),
         Row("langgraph", "get_tuple (latest)", o["latest"], s["latest"], "ms"),
         Row("langgraph", "list latest 20", o["latest20"], s["latest20"], "ms"),
         Row("langgraph", f"full list of {sizes.history:,}", o["full"], s["full"], "ms"),
@@ -247,14 +250,13 @@ async def adk(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) 
     for label, service in stores.items():
         f = figures[label] = {}
 
-        for writers in (1, 16):
-            sessions = [await service.create_session(app_name="bench", user_id=f"w{writers}",
-                                                     session_id=f"w{writers}-{w}")
-                        for w in range(writers)]
-            f[f"{writers}w"] = await appends_per_s(
-                lambda w, sessions=sessions: sessions[w],
-                lambda session, i, service=service: service.append_event(session, event(i)),
-                writers, sizes.appends, label=f"adk-{label}-{writers}")
+        sessions = {(n, w): await service.create_session(
+            app_name="bench", user_id=f"w{n}", session_id=f"w{n}-{w}")
+            for n in (1, 16) for w in range(n)}
+        await append_figures(
+            f, "adk", label, lambda n, w, sessions=sessions: sessions[(n, w)],
+            lambda session, i, service=service: service.append_event(session, event(i)),
+            sizes.appends)
         db = sdk_db if label == "sdk_store" else daemon.db
         before = db_bytes(db)
         history = await service.create_session(app_name="bench", user_id="h", session_id="h")
@@ -274,10 +276,7 @@ async def adk(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) 
     await stores["sessiond"].close()
     o, s = figures["sdk_store"], figures["sessiond"]
     return [
-        Row("adk", "append_event, 1 writer", o["1w"], s["1w"], "events/s",
-            failures_note("adk-sdk_store-1")),
-        Row("adk", "append_event, 16 writers", o["16w"], s["16w"], "events/s",
-            failures_note("adk-sdk_store-16")),
+        *append_rows("adk", "append_event", "events/s", o, s),
         Row("adk", "get_session, latest 20 events", o["latest20"], s["latest20"], "ms"),
         Row("adk", f"get_session, all {sizes.history:,} events", o["full"], s["full"], "ms"),
         Row("adk", f"list_sessions of a user, {sizes.sessions:,} sessions in the app",

@@ -40,6 +40,7 @@ commands = st.one_of(
     st.tuples(st.just("resume")),
     st.tuples(st.just("pop")),
     st.tuples(st.just("graph"), names),
+    st.tuples(st.just("graph_prune")),
     st.tuples(st.just("clear")),
     st.tuples(st.just("events"), st.lists(st.sampled_from(
         ["plan", "problem", "decision", "result", "metadata", "started", "output", "exited", "detached",
@@ -78,6 +79,8 @@ async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
         await c.call("graph.put_writes", rpc.WriteResult, session_id=sid, thread_id=sid,
                      checkpoint_id="x", task_id="t", writes=[{"idx": 0, "channel": "ch",
                                                               "value": typed}])
+    elif kind == "graph_prune":  # graph.pruned when the thread has older checkpoints
+        await c.call("graph.prune", rpc.GraphChangeResult, session_ids=[sid])
     else:
         datas = {"plan": ("plan.linked", {"plan_id": cmd[2]}),
                  "problem": ("problem.recorded", {"what": cmd[2]}),
