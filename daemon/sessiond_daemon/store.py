@@ -210,11 +210,19 @@ class SqliteStore:
             return None
         return Entry(_state_decoder.decode(row[0]), row[1], row[2])
 
-    async def idempotent_result(self, session_id: str, key: str) -> bytes | None:
-        row = await self._on_writer(lambda: self._w.execute(
-            "SELECT result FROM idempotency WHERE session_id = ? AND key = ?",
-            (session_id, key)).fetchone())
-        return bytes(row[0]) if row else None
+    async def idempotent_results(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+        """The stored first results of these (session_id, idempotency_key) pairs, in one hop."""
+        def read() -> dict[tuple[str, str], bytes]:
+            found = {}
+            for start in range(0, len(keys), 400):
+                chunk = keys[start:start + 400]
+                pairs = ", ".join("(?, ?)" for _ in chunk)
+                for sid, key, result in self._w.execute(
+                        "SELECT session_id, key, result FROM idempotency WHERE (session_id, key)"
+                        f" IN (VALUES {pairs})", [x for pair in chunk for x in pair]):
+                    found[(sid, key)] = bytes(result)
+            return found
+        return await self._on_writer(read)
 
     async def commit(self, batch: Batch) -> None:
         """Write a whole batch in one transaction (one fsync), or nothing of it."""

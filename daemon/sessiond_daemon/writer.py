@@ -191,7 +191,17 @@ class Writer:
     async def _process(self, commands: list[Command]) -> None:
         batch = Batch()
         overlay: dict[str, Entry | object] = {}
-        repeats: dict[tuple[str, str], bytes] = {}
+        # First results of idempotency keys: those stored before this batch (read in one
+        # hop for the whole batch), then those decided in it.
+        keyed = [(c.session_id, c.idempotency_key) for c in commands
+                 if c.idempotency_key is not None]
+        try:
+            repeats = await self.store.idempotent_results(keyed) if keyed else {}
+        except SessiondError as exc:
+            for cmd in commands:
+                cmd.error = exc
+            self._finish(commands)
+            return
         first_position = self.next_position
         for cmd in commands:
             numbered = self.next_position
@@ -251,8 +261,6 @@ class Writer:
         key = cmd.idempotency_key
         if key is not None:
             prior = repeats.get((sid, key))
-            if prior is None and pending is not _DELETED:
-                prior = await self.store.idempotent_result(sid, key)
             if prior is not None:
                 cmd.result = prior
                 return
