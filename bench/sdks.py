@@ -206,10 +206,10 @@ async def langgraph(directory: str, daemon: DaemonProcess, sizes: argparse.Names
                 await history.put()
             f["size"] = (db_bytes(db) - before) / 1e6
             latest = {"configurable": {"thread_id": "history", "checkpoint_ns": ""}}
-            f["latest"] = await median_ms(lambda s=saver: s.aget_tuple(latest), sizes.reads)
+            f["latest"] = await median_ms(lambda s=saver, c=latest: s.aget_tuple(c), sizes.reads)
 
-            async def listed(s: Any = saver, limit: int | None = None) -> None:
-                async for _ in s.alist(latest, limit=limit):
+            async def listed(s: Any = saver, c: Any = latest, limit: int | None = None) -> None:
+                async for _ in s.alist(c, limit=limit):
                     pass
 
             f["latest20"] = await median_ms(lambda: listed(limit=20), sizes.reads)
@@ -264,8 +264,8 @@ async def adk(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) 
             await service.append_event(history, event(i))
         f["size"] = (db_bytes(db) - before) / 1e6
         recent = GetSessionConfig(num_recent_events=20)
-        f["latest20"] = await median_ms(lambda s=service: s.get_session(
-            app_name="bench", user_id="h", session_id="h", config=recent), sizes.reads)
+        f["latest20"] = await median_ms(lambda s=service, c=recent: s.get_session(
+            app_name="bench", user_id="h", session_id="h", config=c), sizes.reads)
         f["full"] = await median_ms(lambda s=service: s.get_session(
             app_name="bench", user_id="h", session_id="h"), 3)
         for i in range(sizes.sessions):

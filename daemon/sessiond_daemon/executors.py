@@ -336,9 +336,7 @@ class Executors:
     async def session_output(self, p: rpc.SessionOutputParams, meta: EventMeta) -> rpc.OutputResult:
         state = await self.service.state(p.session_id)
         turn = p.turn or state.turn
-        rows = await self.service.store.events_of_types(p.session_id, ("process.output",))
-        lines = [d["line"] for _, d in rows if d.get("turn") == turn
-                 and (p.stream is None or d.get("stream", "stdout") == p.stream)]
+        lines = await self.service.store.process_output(p.session_id, turn, p.stream)
         return rpc.OutputResult(turn=turn, lines=lines)
 
     async def session_trajectory(self, p: rpc.SessionTrajectoryParams,

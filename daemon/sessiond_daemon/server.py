@@ -106,15 +106,16 @@ class Server:
         self._idle: anyio.Event | None = None  # made only while someone waits for it
         self._decoders = {name: msgspec.json.Decoder(params_type)
                           for name, (params_type, _) in rpc.METHODS.items()}
-        # Methods of the service; the subscription methods belong to a connection.
-        # A method without a provider (no executors) is answered "method not found".
-        self._handlers: dict[str, Handler] = {
-            name: handler
-            for name in rpc.METHODS if name not in _CONNECTION_METHODS
-            for handler in [next((getattr(p, name.replace(".", "_")) for p in providers
-                                  if hasattr(p, name.replace(".", "_"))), None)]
-            if handler is not None
-        }
+        # Each method is the provider's attribute of that name ("session.get" ->
+        # session_get); the subscription methods belong to a connection. A method no
+        # provider has (no executors given) is answered "method not found".
+        self._handlers: dict[str, Handler] = {}
+        for name in rpc.METHODS.keys() - _CONNECTION_METHODS:
+            attr = name.replace(".", "_")
+            for provider in providers:
+                if hasattr(provider, attr):
+                    self._handlers[name] = getattr(provider, attr)
+                    break
 
     # --- accepting ------------------------------------------------------------------
 

@@ -275,13 +275,8 @@ class SqliteStore:
                                (e.session_id, e.data["from_sequence"]))
                 elif e.type.startswith("graph."):
                     _index_graph_event(db, e)
-                elif e.type == "state.updated" and e.data["scope"] != "session":
-                    user = e.data.get("user_id") or "" if e.data["scope"] == "user" else ""
-                    db.executemany(
-                        "INSERT OR REPLACE INTO scoped_state (app_name, user_id, key, value,"
-                        " position) VALUES (?, ?, ?, ?, ?)",
-                        [(e.data["app_name"], user, k, _json.encode(v), e.position)
-                         for k, v in e.data["delta"].items()])
+                elif e.type == "state.updated":
+                    _index_scoped_state(db, e)
             _insert_messages(db, messages)
             checkpoints = [
                 (e.session_id, e.data["checkpoint_id"], e.position, e.version,
@@ -373,6 +368,16 @@ class SqliteStore:
             f" AND type IN ({', '.join('?' * len(types))}) ORDER BY position",
             (session_id, *types))
         return [(r[0], msgspec.json.decode(r[1])) for r in rows]
+
+    async def process_output(self, session_id: str, turn: int,
+                             stream: str | None) -> list[str]:
+        """The output lines of one executor turn (one stream, or both), in order."""
+        rows = await self._all(
+            self._r(), "SELECT data FROM events WHERE session_id = ? AND type = 'process.output'"
+            " AND json_extract(data, '$.turn') = ? AND (? IS NULL OR"
+            " coalesce(json_extract(data, '$.stream'), 'stdout') = ?) ORDER BY position",
+            (session_id, turn, stream, stream))
+        return [msgspec.json.decode(r[0])["line"] for r in rows]
 
     async def sessions_with_process(self) -> list[str]:
         """Active sessions whose view names a process: candidates for restart recovery."""
@@ -736,6 +741,18 @@ def _index_graph_event(db: sqlite3.Connection, e: Event) -> None:
             for table in ("graph_checkpoints", "graph_writes"):
                 db.execute(f"DELETE FROM {table} WHERE session_id = ? AND ns = ?"
                            " AND checkpoint_id = ?", (sid, ns, checkpoint_id))
+
+
+def _index_scoped_state(db: sqlite3.Connection, e: Event) -> None:
+    """App and user keys of a state.updated event (session keys live in the view)."""
+    d = e.data
+    if d["scope"] == "session":
+        return
+    user = d["user_id"] if d["scope"] == "user" else ""  # '' is the app's own state
+    db.executemany("INSERT OR REPLACE INTO scoped_state (app_name, user_id, key, value,"
+                   " position) VALUES (?, ?, ?, ?, ?)",
+                   [(d["app_name"], user, k, _json.encode(v), e.position)
+                    for k, v in d["delta"].items()])
 
 
 def _insert_messages(db: sqlite3.Connection, rows: list[tuple[str, int, int]]) -> None:
