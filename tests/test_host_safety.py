@@ -177,6 +177,18 @@ class TestImpostor:
         assert theirs in result.stderr and f"uid {user.pw_uid}" in result.stderr
         assert "daemon.unsafe_path" in result.stderr and "Fix:" in result.stderr
 
+    def test_daemon_refuses_a_symlink_of_another_user(self) -> None:
+        """Even pointing at a directory of ours: its owner could repoint it later."""
+        user = other_user()
+        with tempfile.TemporaryDirectory(prefix="sd-") as base:
+            ours, link = os.path.join(base, "ours"), os.path.join(base, "sessiond-0")
+            os.mkdir(ours, 0o700)
+            os.symlink(ours, link)
+            os.lchown(link, user.pw_uid, user.pw_gid)
+            result = run_daemon("--socket", os.path.join(link, "s.sock"),
+                                "--db", os.path.join(base, "db", "s.db"))
+        assert result.returncode == 78 and "symlink" in result.stderr, result.stderr
+
 
 class TestPrivatePaths:
     @pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777])

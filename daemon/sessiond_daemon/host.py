@@ -53,8 +53,14 @@ def check_private_dir(path: str, what: str) -> None:
     may be root's (root is trusted anyway) and may be readable by others, so that a
     socket shared on purpose (socket_mode 0660 with allowed_gids) stays reachable.
     """
-    st = os.stat(path)  # through symlinks: what counts is the directory reached
     uid = os.geteuid()
+    link = os.lstat(path)
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (uid, 0):
+        raise UnsafePathError(
+            f"the {what} directory {path} is a symlink of uid {link.st_uid}, who could point it"
+            f" elsewhere at any time. Fix: remove it if it is not yours, or choose another"
+            f" directory")
+    st = os.stat(path)  # through our own symlinks: what counts is the directory reached
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafePathError(f"the {what} directory {path} is not a directory")
     if st.st_uid not in (uid, 0):
