@@ -63,7 +63,7 @@ def unavailable(path: str, exc: OSError) -> DaemonUnavailableError:
     err = DaemonUnavailableError(
         f"no sessiond at {path}: {reason} (is it running? start it with `sessiond`,"
         " or set SESSIOND_SOCKET)", {"socket": path, "detail": reason})
-    err.errno = exc.errno  # type: ignore[misc]
+    err.errno = exc.errno
     return err
 
 

@@ -168,6 +168,9 @@ class SqliteStore:
                 st = os.stat(self.path)
             except FileNotFoundError:
                 self._lost = "was deleted"
+            except OSError as exc:
+                raise StorageError(f"storage error: cannot check the database file {self.path}:"
+                                   f" {exc.strerror}", {"detail": str(exc)}) from exc
             else:
                 if (st.st_dev, st.st_ino) != self._identity:
                     self._lost = "was replaced by another file"
@@ -181,8 +184,14 @@ class SqliteStore:
                 {"detail": f"database file {self._lost}", "path": self.path})
 
     def _file_bytes(self) -> int:
-        return sum(os.stat(self.path + suffix).st_size for suffix in ("", "-wal")
-                   if os.path.exists(self.path + suffix))
+        """The database's bytes on disk with its WAL (a missing file counts 0)."""
+        total = 0
+        for suffix in ("", "-wal"):
+            try:
+                total += os.stat(self.path + suffix).st_size
+            except OSError:
+                pass
+        return total
 
     def _keep_under_cap(self, *, before_commit: bool) -> None:
         """max_db_bytes counts the WAL: past it, checkpoint the WAL into the file and
@@ -720,10 +729,7 @@ class SqliteStore:
 
     def db_bytes(self) -> int:
         """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""
-        try:
-            return self._file_bytes()
-        except FileNotFoundError:  # deleted between the check and the stat
-            return 0
+        return self._file_bytes()
 
 
 @dataclass(frozen=True, slots=True)
