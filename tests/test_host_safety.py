@@ -26,6 +26,21 @@ PEER = "sessiond-impostor"
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another uid")
 
 
+# A ping on trio: prints the error's class name and its data's peer_uid, or "pong".
+TRIO_PING = (
+    "import anyio, sys\n"
+    "from sessiond import AsyncClient, SessiondError\n"
+    "async def main():\n"
+    "    try:\n"
+    "        async with AsyncClient(sys.argv[1]) as c:\n"
+    "            await c.ping()\n"
+    "        print('pong')\n"
+    "    except SessiondError as e:\n"
+    "        print(type(e).__name__, e.data.get('peer_uid', e.data.get('socket')))\n"
+    "anyio.run(main, backend='trio')\n"
+)
+
+
 # --- helpers ---------------------------------------------------------------------------
 
 def other_user() -> pwd.struct_passwd:
@@ -156,6 +171,13 @@ class TestImpostor:
         monkeypatch.setenv("SESSIOND_TRUSTED_UIDS", f"12345, {uid}")
         with Client(path) as client:
             assert client.ping().pong is True
+
+    def test_under_trio_too(self, impostor: tuple[str, int]) -> None:
+        """On trio the client connects through anyio's stream: checked the same."""
+        path, uid = impostor
+        result = subprocess.run([sys.executable, "-c", TRIO_PING, path], capture_output=True,
+                                text=True, timeout=120, check=False)
+        assert result.stdout.strip() == f"UntrustedDaemonError {uid}", result.stderr
 
     def test_subscriptions_refuse_it_too(self, impostor: tuple[str, int]) -> None:
         """The blocking follower does not retry an impostor: it raises at once."""
@@ -386,6 +408,12 @@ class TestNoDaemon:
         with pytest.raises(DaemonUnavailableError, match=missing):
             async with AsyncClient(missing):
                 pass
+
+    def test_under_trio_too(self, short_dir: str) -> None:
+        missing = os.path.join(short_dir, "missing.sock")
+        result = subprocess.run([sys.executable, "-c", TRIO_PING, missing], capture_output=True,
+                                text=True, timeout=120, check=False)
+        assert result.stdout.strip() == f"DaemonUnavailableError {missing}", result.stderr
 
     async def test_subscription_gives_up_with_it(self, short_dir: str) -> None:
         missing = os.path.join(short_dir, "missing.sock")

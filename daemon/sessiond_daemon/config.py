@@ -118,7 +118,9 @@ def load(path: str | None, overrides: dict[str, Any],
     try:
         config = msgspec.convert(values, Config)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid configuration{' in ' + path if path else ''}: {exc}") from exc
+        hint = " (an octal mode: \"0660\" or 0o660)" if "$.socket_mode" in str(exc) else ""
+        raise ConfigError(
+            f"invalid configuration{' in ' + path if path else ''}: {exc}{hint}") from exc
     config.socket = config.socket or default_socket(env)
     config.db = config.db or default_db(env)
     return config
