@@ -127,7 +127,7 @@ async def test_slow_sender_does_not_hold_others(daemon: Daemon, client: AsyncCli
 def tmpfs(size: str, *, read_only: bool = False) -> Iterator[str]:
     """A small filesystem of our own (root only); skips where mounting is not allowed."""
     point = tempfile.mkdtemp(prefix="sd-fs-")
-    opts = f"size={size}" + (",ro" if read_only else "")
+    opts = f"size={size},mode=0700" + (",ro" if read_only else "")  # a tmpfs root is 1777
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", point],
                              capture_output=True)
     if mounted.returncode != 0:

@@ -25,7 +25,7 @@ from sessiond_schemas.state import (
 )
 
 from ._sync import Client
-from ._wire import ConnectionLostError
+from ._wire import ConnectionLostError, DaemonUnavailableError, UntrustedDaemonError
 
 if TYPE_CHECKING:
     from ._async import AsyncClient
@@ -41,6 +41,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AsyncClient", "CheckpointGetResult", "CheckpointInfo", "Client", "ConnectionLostError",
+    "DaemonUnavailableError", "UntrustedDaemonError",
     "Event", "EventMeta", "EventsReadResult", "Message", "MessageListResult", "Metrics",
     "Progress", "Result", "SessionListResult", "SessionResumeResult", "SessionState",
     "SessionSummary", "Timestamps", "TokenUsage", "WriteResult",

@@ -19,7 +19,7 @@ from sessiond_schemas import rpc
 from sessiond_schemas.errors import ShuttingDownError
 from sessiond_schemas.events import Event
 
-from ._wire import raise_for
+from ._wire import connect_blocking, raise_for
 
 _encoder = msgspec.json.Encoder()
 _message_decoder = msgspec.json.Decoder(rpc.Response)
@@ -127,12 +127,9 @@ def backoff(retry_for: float | None) -> Iterator[float]:
 def _connect_blocking(path: str, retry_for: float | None) -> socket.socket:
     pauses = backoff(retry_for)
     while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.connect(path)
-            return sock
-        except OSError:
-            sock.close()
+            return connect_blocking(path)
+        except OSError:  # DaemonUnavailableError: try again; an impostor is raised at once
             pause = next(pauses, None)
             if pause is None:
                 raise

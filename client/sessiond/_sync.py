@@ -16,7 +16,7 @@ from sessiond_schemas.paths import default_socket
 
 from ._methods import Methods, request_line
 from ._follow import follow
-from ._wire import ConnectionLostError, raise_for
+from ._wire import ConnectionLostError, connect_blocking, raise_for
 
 T = TypeVar("T")
 _encoder = msgspec.json.Encoder()
@@ -40,13 +40,7 @@ class Client(Methods):
 
     def connect(self) -> None:
         """Connect to the daemon (the first call does it by itself)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.socket_path)
-        except OSError:
-            sock.close()
-            raise
+        sock = connect_blocking(self.socket_path, self.timeout)
         self._sock, self._file = sock, sock.makefile("rb")
 
     def close(self) -> None:

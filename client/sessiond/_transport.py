@@ -12,7 +12,10 @@ import contextlib
 from typing import Protocol
 
 import anyio
+from anyio.abc import SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
+
+from ._wire import check_peer, unavailable
 
 MAX_LINE = 1 << 30
 
@@ -75,10 +78,26 @@ class _AnyioTransport:
 
 
 async def open_transport(path: str) -> Transport:
-    """Connect to the daemon's socket with the fastest transport for this event loop."""
+    """Connect to the daemon's socket with the fastest transport for this event loop.
+
+    A missing or silent socket is DaemonUnavailableError (naming the path); a socket
+    answered by a uid this client does not trust is UntrustedDaemonError.
+    """
+    transport: Transport
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # not asyncio (trio)
-        return _AnyioTransport(await anyio.connect_unix(path))
-    reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE)
-    return _AsyncioTransport(reader, writer)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio)
+            stream = await anyio.connect_unix(path)
+            transport, sock = _AnyioTransport(stream), stream.extra(SocketAttribute.raw_socket)
+        else:
+            reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE)
+            transport, sock = _AsyncioTransport(reader, writer), writer.get_extra_info("socket")
+    except OSError as exc:
+        raise unavailable(path, exc) from exc
+    try:
+        check_peer(sock, path)
+    except BaseException:
+        await transport.aclose()
+        raise
+    return transport

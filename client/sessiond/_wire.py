@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import struct
+from collections.abc import Mapping
+from typing import Any
+
 import msgspec
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessiondError, error_from_wire
@@ -19,3 +25,73 @@ def raise_for(reply: rpc.Response) -> msgspec.Raw:
     if not isinstance(reply.result, msgspec.Raw):
         raise ConnectionLostError("the daemon sent a reply with neither result nor error")
     return reply.result
+
+
+class DaemonUnavailableError(ConnectionLostError, OSError):
+    """No daemon answers at the socket path (missing, refused, or not allowed).
+
+    Also an OSError, so code that caught the bare connect error still catches it.
+    """
+
+
+class UntrustedDaemonError(SessiondError):
+    """The process answering on the socket runs as a uid this client does not trust."""
+
+
+TRUSTED_UIDS_ENV = "SESSIOND_TRUSTED_UIDS"
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def trusted_uids(env: Mapping[str, str] = os.environ) -> frozenset[int]:
+    """Uids whose daemon this client talks to: its own, root, and $SESSIOND_TRUSTED_UIDS
+    (comma-separated), say the `sessiond` user of a system-wide daemon."""
+    uids = {os.geteuid(), 0}
+    for part in env.get(TRUSTED_UIDS_ENV, "").split(","):
+        if part.strip():
+            try:
+                uids.add(int(part))
+            except ValueError:
+                raise UntrustedDaemonError(
+                    f"${TRUSTED_UIDS_ENV} must list uids separated by commas, got {part!r}",
+                    {"env": TRUSTED_UIDS_ENV}) from None
+    return frozenset(uids)
+
+
+def unavailable(path: str, exc: OSError) -> DaemonUnavailableError:
+    """The error for a connect that failed: what was wrong, and where."""
+    reason = exc.strerror or str(exc)
+    err = DaemonUnavailableError(
+        f"no sessiond at {path}: {reason} (is it running? start it with `sessiond`,"
+        " or set SESSIOND_SOCKET)", {"socket": path, "detail": reason})
+    err.errno = exc.errno
+    return err
+
+
+def check_peer(sock: Any, path: str) -> None:
+    """Refuse a socket answered by a process of a uid we do not trust (SO_PEERCRED)."""
+    pid, uid, _gid = _PEERCRED.unpack(
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    trusted = trusted_uids()
+    if uid not in trusted:
+        raise UntrustedDaemonError(
+            f"the process answering on {path} (pid {pid}) runs as uid {uid}, which this"
+            f" client does not trust (trusted: {', '.join(map(str, sorted(trusted)))}); it may"
+            f" be another user's impostor. If that daemon is meant (a system-wide sessiond),"
+            f" add its uid to ${TRUSTED_UIDS_ENV}",
+            {"socket": path, "peer_uid": uid, "peer_pid": pid})
+
+
+def connect_blocking(path: str, timeout: float | None = None) -> socket.socket:
+    """Connect to the daemon's socket and check who answers; sessiond errors only."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            raise unavailable(path, exc) from exc
+        check_peer(sock, path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -13,7 +13,7 @@ import anyio
 import structlog
 from sessiond_schemas.errors import StorageError
 
-from . import lifecycle, logs, systemd
+from . import host, lifecycle, logs, systemd
 from .config import Config, ConfigError, load
 
 EX_CONFIG = 78
@@ -108,9 +108,12 @@ def main(argv: list[str] | None = None) -> None:
         anyio.run(_serve, daemon, args, backend="asyncio")
     except BaseException as group:  # task groups wrap what they raise
         exc = _sole(group)
-        if isinstance(exc, lifecycle.AlreadyRunning):
+        if isinstance(exc, (lifecycle.AlreadyRunning, host.DatabaseInUse)):
             log.error("daemon.already_running", detail=str(exc))
             sys.exit(EX_TEMPFAIL)
+        if isinstance(exc, host.UnsafePathError):
+            log.error("daemon.unsafe_path", detail=str(exc))
+            sys.exit(EX_CONFIG)
         if isinstance(exc, StorageError):
             log.error("daemon.storage_failed", detail=exc.message)
             sys.exit(1)

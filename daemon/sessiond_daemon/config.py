@@ -6,7 +6,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from sessiond_schemas.paths import default_socket
@@ -16,37 +16,47 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message says which setting and why."""
 
 
+# Bounds of the settings: a value outside is refused at start (exit 78) and by a
+# reload (the running config stays). Sizes and counts that something is divided by,
+# waited on or queued against must be at least 1; floats must be finite.
+_INT64 = 2**63 - 1
+Count = Annotated[int, msgspec.Meta(ge=1, le=_INT64)]  # at least one
+CountOrZero = Annotated[int, msgspec.Meta(ge=0, le=_INT64)]  # 0 has a stated meaning
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=1e9)]  # finite, never negative
+Id = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 2)]  # a uid or gid (2^32-1 is "none")
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     socket: str | None = None
     db: str | None = None
-    socket_mode: int = 0o600
+    socket_mode: Annotated[int, msgspec.Meta(ge=0, le=0o777)] = 0o600
     durability: Literal["full", "normal"] = "full"
-    max_db_bytes: int = 0  # 0: no cap
+    max_db_bytes: CountOrZero = 0  # 0: no cap; counts the WAL too
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
-    max_request_bytes: int = 16 << 20
-    max_connections: int = 1024
-    max_inflight: int = 256
-    max_subscriptions: int = 64
-    max_subscription_buffer: int = 1 << 20
-    max_queue: int = 4096
-    max_batch: int = 512
-    view_cache_size: int = 4096
-    snapshot_every: int = 1000
-    max_message_bytes: int = 1 << 20
-    max_event_bytes: int = 1 << 20
-    max_checkpoint_bytes: int = 8 << 20
-    allowed_uids: list[int] = []
-    allowed_gids: list[int] = []
-    drain_timeout_s: float = 10.0
-    cleanup_older_than_days: float = 0  # 0: no periodic retention
-    cleanup_every_s: float = 3600
+    max_request_bytes: Count = 16 << 20
+    max_connections: Count = 1024
+    max_inflight: Count = 256
+    max_subscriptions: CountOrZero = 64  # 0: no subscriptions
+    max_subscription_buffer: Count = 1 << 20
+    max_queue: Count = 4096
+    max_batch: Count = 512
+    view_cache_size: Count = 4096
+    snapshot_every: Count = 1000
+    max_message_bytes: Count = 1 << 20
+    max_event_bytes: Count = 1 << 20
+    max_checkpoint_bytes: Count = 8 << 20
+    allowed_uids: list[Id] = []
+    allowed_gids: list[Id] = []
+    drain_timeout_s: Seconds = 10.0
+    cleanup_older_than_days: Seconds = 0  # 0: no periodic retention
+    cleanup_every_s: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 3600
     # Executors (session.spawn): processes at once, longest output line kept whole,
     # output lines per second per process before it is throttled, SIGTERM-to-SIGKILL wait.
-    max_processes: int = 16
-    max_line_bytes: int = 256 << 10
-    max_output_lines_per_s: int = 2000
-    kill_grace_s: float = 5.0
+    max_processes: CountOrZero = 16  # 0: session.spawn refused
+    max_line_bytes: Count = 256 << 10
+    max_output_lines_per_s: Count = 2000
+    kill_grace_s: Seconds = 5.0
 
 
 # Settings SIGHUP applies to a running daemon; the rest take effect at the next start.
@@ -108,7 +118,9 @@ def load(path: str | None, overrides: dict[str, Any],
     try:
         config = msgspec.convert(values, Config)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid configuration{' in ' + path if path else ''}: {exc}") from exc
+        hint = " (an octal mode: \"0660\" or 0o660)" if "$.socket_mode" in str(exc) else ""
+        raise ConfigError(
+            f"invalid configuration{' in ' + path if path else ''}: {exc}{hint}") from exc
     config.socket = config.socket or default_socket(env)
     config.db = config.db or default_db(env)
     return config

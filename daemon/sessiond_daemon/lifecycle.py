@@ -18,7 +18,7 @@ from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EventMeta
 from sessiond_schemas.rpc import SessionCleanupParams
 
-from . import logs
+from . import host, logs
 from .config import RELOADABLE, Config, differences
 from .executors import Executors
 from .executors import Settings as ExecutorSettings
@@ -43,8 +43,7 @@ async def bind_socket(path: str, mode: int) -> SocketListener:
     """Listen on `path`: replace a stale socket file, refuse a live one or a non-socket."""
     if len(os.fsencode(path)) > 107:
         raise OSError(errno.ENAMETOOLONG, f"socket path is longer than 107 bytes: {path}")
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    host.private_dir(os.path.dirname(os.path.abspath(path)), "runtime")
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -87,6 +86,21 @@ class Daemon:
         config = self.config
         assert config.db
         _raise_fd_limit(config.max_connections)
+        # 0. The host: directories only we can write, and the database to ourselves.
+        host.private_dir(os.path.dirname(os.path.abspath(config.db)), "state")
+        if self.inherited is None:
+            assert config.socket
+            host.private_dir(os.path.dirname(os.path.abspath(config.socket)), "runtime")
+        lock = host.DatabaseLock(config.db)
+        lock.acquire()
+        try:
+            await self._run_locked(shutdown, task_status)
+        finally:
+            lock.release()
+
+    async def _run_locked(self, shutdown: anyio.Event, task_status: TaskStatus[str]) -> None:
+        config = self.config
+        assert config.db
         # 1. The database: open, WAL, migrations.
         store = SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
         await store.open()

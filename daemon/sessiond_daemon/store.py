@@ -26,6 +26,7 @@ from sessiond_schemas.events import Event, EventMeta, MessageAppended
 from sessiond_schemas.rpc import CheckpointGetResult, CheckpointInfo
 from sessiond_schemas.state import Message, SessionState, SessionSummary, TokenUsage
 
+from . import host
 from .migrations import MIGRATIONS, SESSION_TABLES
 
 log = structlog.get_logger("sessiond.store")
@@ -98,13 +99,16 @@ class SqliteStore:
         self._con: sqlite3.Connection | None = None
         self._readers: list[aiosqlite.Connection] = []
         self._next_reader = itertools.cycle(range(readers))
+        self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file we opened
+        self._lost: str | None = None  # why the file at self.path is no longer ours
 
     # --- lifecycle -------------------------------------------------------------------
 
     async def open(self) -> None:
         """Open the database, switch it to WAL and run pending migrations."""
-        directory = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        host.make_private_dirs(os.path.dirname(os.path.abspath(self.path)))
+        # SQLite gives -wal and -shm the database file's mode: 0600 covers all three.
+        host.create_private_file(self.path)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sessiond-writer")
         try:
             synchronous = await self._on_writer(self._open_writer)
@@ -148,7 +152,58 @@ class SqliteStore:
             page = con.execute("PRAGMA page_size").fetchone()[0]
             con.execute(f"PRAGMA max_page_count = {max(1, self.max_bytes // page)}")
         self._migrate(con)
+        st = os.stat(self.path)
+        self._identity = (st.st_dev, st.st_ino)
+        self._lost = None
         return int(con.execute("PRAGMA synchronous").fetchone()[0])
+
+    def _check_identity(self) -> None:
+        """Refuse to go on once the file at our path is not the one we have open.
+
+        Writes into a deleted or replaced file would be acknowledged and then gone
+        at the next start; from the first sign of it every commit is refused.
+        """
+        if self._lost is None:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                self._lost = "was deleted"
+            except OSError as exc:
+                raise StorageError(f"storage error: cannot check the database file {self.path}:"
+                                   f" {exc.strerror}", {"detail": str(exc)}) from exc
+            else:
+                if (st.st_dev, st.st_ino) != self._identity:
+                    self._lost = "was replaced by another file"
+            if self._lost is not None:
+                log.error("store.database_file_lost", path=self.path, why=self._lost)
+        if self._lost is not None:
+            raise StorageError(
+                f"storage error: the database file {self.path} {self._lost} while sessiond"
+                " was running; writes are refused, since they would be lost. Restart sessiond"
+                " (after putting the database back, if that was not meant)",
+                {"detail": f"database file {self._lost}", "path": self.path})
+
+    def _file_bytes(self) -> int:
+        """The database's bytes on disk with its WAL (a missing file counts 0)."""
+        total = 0
+        for suffix in ("", "-wal"):
+            try:
+                total += os.stat(self.path + suffix).st_size
+            except OSError:
+                pass
+        return total
+
+    def _keep_under_cap(self, *, before_commit: bool) -> None:
+        """max_db_bytes counts the WAL: past it, checkpoint the WAL into the file and
+        truncate it; before a commit, refuse when even that leaves no room."""
+        if not self.max_bytes or self._file_bytes() <= self.max_bytes:
+            return
+        self._w.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = self._file_bytes()
+        if before_commit and size > self.max_bytes:
+            raise sqlite3.OperationalError(
+                f"database or disk is full: {size} bytes with the WAL,"
+                f" max_db_bytes is {self.max_bytes}")
 
     def _close_writer(self) -> None:
         if self._con is None:
@@ -237,6 +292,8 @@ class SqliteStore:
 
     def _commit(self, batch: Batch) -> None:
         con = self._w
+        self._check_identity()
+        self._keep_under_cap(before_commit=True)
         con.execute("BEGIN IMMEDIATE")
         try:
             self._write(con, batch)
@@ -245,6 +302,12 @@ class SqliteStore:
             if con.in_transaction:
                 con.execute("ROLLBACK")
             raise
+        # Before anyone is answered: was that the file at our path?
+        self._check_identity()
+        try:
+            self._keep_under_cap(before_commit=False)
+        except sqlite3.Error as exc:  # committed already: the next commit tries again
+            log.warning("store.checkpoint_failed", error=str(exc))
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
@@ -665,11 +728,8 @@ class SqliteStore:
         return int(row[0]), int(row[1])
 
     def db_bytes(self) -> int:
-        return sum(
-            os.path.getsize(self.path + suffix)
-            for suffix in ("", "-wal")
-            if os.path.exists(self.path + suffix)
-        )
+        """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""
+        return self._file_bytes()
 
 
 @dataclass(frozen=True, slots=True)
