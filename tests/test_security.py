@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from sessiond import AsyncClient
 from sessiond.importers._builder import DocumentBuilder
@@ -236,3 +237,184 @@ class TestRecoveryOfStoredPids:
         finally:
             stop(proc)
         assert all(alive(v.pid) for v in victims)
+
+
+def as_peer(sock: str, user: pwd.struct_passwd, requests: list[Any]) -> dict[Any, Any]:
+    """Send `requests` (objects, or lists for batches) from a forked child running as
+    `user`; return each answer by id (a batch's answers are spread by their ids)."""
+    wanted = set()
+    for r in requests:
+        wanted |= {i["id"] for i in (r if isinstance(r, list) else [r])}
+
+    def run() -> dict[Any, Any]:
+        rfd, wfd = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: 3.12+
+            pid = os.fork()
+        if pid == 0:  # the child: become the peer, ask, hand back every line
+            try:
+                os.setgroups([])
+                os.setgid(user.pw_gid)
+                os.setuid(user.pw_uid)
+                s = socket.socket(socket.AF_UNIX)
+                s.settimeout(30)
+                s.connect(sock)
+                s.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+                answered: set[Any] = set()
+                f = s.makefile("rb")
+                while not wanted <= answered:
+                    line = f.readline()
+                    if not line:
+                        break
+                    os.write(wfd, line)
+                    reply = json.loads(line)
+                    for one in reply if isinstance(reply, list) else [reply]:
+                        answered.add(one.get("id", "notification"))
+            finally:
+                os._exit(0)
+        os.close(wfd)
+        with os.fdopen(rfd, "rb") as answers:
+            data = answers.read()
+        os.waitpid(pid, 0)
+        by_id: dict[Any, Any] = {}
+        for line in data.splitlines():
+            reply = json.loads(line)
+            for one in reply if isinstance(reply, list) else [reply]:
+                if "id" in one:
+                    by_id[one["id"]] = one
+        return by_id
+
+    return anyio.to_thread.run_sync(run)  # type: ignore[return-value]
+
+
+def req(i: Any, method: str, **params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": i, "method": method, "params": params}
+
+
+NEVER_BY_DEFAULT = {
+    "spawn": ("session.spawn", {"argv": ["true"], "session_id": "peer-spawned"}),
+    "inject": ("session.inject", {"session_id": "owned", "message": "hi"}),
+    "kill": ("session.kill", {"session_id": "owned"}),
+    "backup": ("daemon.backup", {"path": "/tmp/sd-peer-backup-never.db"}),
+    "replace": ("session.import", {"document": {}, "on_conflict": "replace"}),
+    "delete": ("session.delete", {"session_id": "owned"}),
+    "cleanup": ("session.cleanup", {"older_than_days": 0}),
+}
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[str]:
+    """A temporary directory another user can reach (it cannot write there)."""
+    with tempfile.TemporaryDirectory(prefix="sd-") as d:
+        os.chmod(d, 0o755)
+        yield d
+
+
+class TestPeerAuthorization:
+    async def test_default_peer_gets_session_data_only(self, shared_dir: str) -> None:
+        """An allowed other uid creates, appends, reads and subscribes; everything the issue
+        lists is -32006 naming the method (in a batch too), and nothing happens."""
+        user = peer_user()
+        config = daemon_config(shared_dir, socket_mode=0o666, allowed_uids=[user.pw_uid])
+        async with running_daemon(config) as d, AsyncClient(d.socket) as owner:
+            await owner.create_session("owned")
+            answers = await as_peer(d.socket, user, [
+                req(1, "daemon.ping"), req(2, "session.create", session_id="theirs"),
+                req(3, "message.append", session_id="theirs", role="user", content="hi"),
+                req(4, "events.append", session_id="owned",
+                    events=[{"type": "metadata.updated", "data": {"patch": {"k": 1}}}]),
+                req(5, "events.read", session_id="owned"), req(6, "session.get", session_id="owned"),
+                req(7, "events.subscribe", session_id="owned"),
+                *[req(name, m, **p) for name, (m, p) in NEVER_BY_DEFAULT.items()],
+                [req("b1", "session.get", session_id="owned"),
+                 req("b2", "session.delete", session_id="owned")],
+            ])
+            for i in range(1, 8):
+                assert "result" in answers[i], answers[i]
+            [*_, appended] = (await owner.read_events("owned")).events
+            assert appended.meta.peer_uid == user.pw_uid
+            for name, (method, _) in [*NEVER_BY_DEFAULT.items(), ("b2", ("session.delete", {}))]:
+                error = answers[name]["error"]
+                assert error["code"] == -32006, (name, error)
+                assert method in error["message"] and error["data"]["method"] == method
+                assert error["data"]["uid"] == user.pw_uid
+            assert answers["replace"]["error"]["data"]["grant"] == "session.import:replace"
+            assert "result" in answers["b1"]
+            state = await owner.get_session("owned")
+            assert state.status == "active" and state.version == 2
+            assert not os.path.exists("/tmp/sd-peer-backup-never.db")
+            with pytest.raises(SessiondError):
+                await owner.get_session("peer-spawned")
+
+    async def test_grants_by_name_and_on_reload(self, shared_dir: str) -> None:
+        """peer_methods adds methods by name; SIGHUP's reload changes them live; the
+        daemon's own uid is never limited."""
+        from sessiond_daemon import lifecycle
+
+        user = peer_user()
+        config = daemon_config(shared_dir, socket_mode=0o666, allowed_uids=[user.pw_uid],
+                               peer_methods=["session.delete", "session.import"])
+        daemon = lifecycle.Daemon(config)
+        shutdown = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            sock = await tg.start(daemon.run, shutdown)
+            async with AsyncClient(sock) as owner:
+                for sid in ("a", "b", "c"):
+                    await owner.create_session(sid)
+                doc = await owner.export_session("c")
+                answers = await as_peer(sock, user, [
+                    req(1, "session.delete", session_id="a"),
+                    req(2, "session.import", document=doc, on_conflict="skip"),
+                    req(3, "session.import", document=doc, on_conflict="replace"),
+                    req(4, "session.kill", session_id="b")])
+                assert answers[1]["result"] == {"deleted": True}
+                assert "result" in answers[2]
+                assert answers[3]["error"]["code"] == -32006
+                assert answers[4]["error"]["code"] == -32006
+                new = msgspec.structs.replace(config, peer_methods=["session.import:replace"])
+                assert "peer_methods" in daemon.reload(new)
+                answers = await as_peer(sock, user, [
+                    req(1, "session.delete", session_id="b"),
+                    req(2, "session.import", document=doc, on_conflict="replace")])
+                assert answers[1]["error"]["code"] == -32006
+                assert "result" in answers[2]
+                assert await owner.delete_session("b")  # the owner: everything
+            shutdown.set()
+
+    async def test_unknown_grant_is_refused_at_load(self) -> None:
+        """A misspelt method in peer_methods stops the config, naming the entry."""
+        from sessiond_daemon.config import ConfigError, load
+
+        with pytest.raises(ConfigError, match=r"peer_methods\[1\]"):
+            load(None, {"peer_methods": ["session.spawn", "session.spwan"]}, env={})
+
+
+class TestExecutorEnvironment:
+    async def test_clean_environment_and_refused_keys(self, client: AsyncClient,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+        """The executor sees the allowlist and `env`, never the daemon's own secrets;
+        LD_* and PYTHON* keys are -32602 naming the key."""
+        monkeypatch.setenv("SESSIOND_TEST_SECRET", "hunter2")
+        monkeypatch.setenv("LC_TIME", "C")
+        state = await client.spawn(["env"], env={"ASKED": "yes"}, session_id="env")
+        with anyio.fail_after(30):
+            while (await client.get_session("env")).status == "active":
+                await anyio.sleep(0.02)
+        seen = dict(line.split("=", 1) for line in (await client.output("env")).lines
+                    if "=" in line)
+        assert state.pid and seen["ASKED"] == "yes" and seen["SESSIOND_SESSION_ID"] == "env"
+        assert seen["PATH"] == os.environ["PATH"] and seen["LC_TIME"] == "C"
+        assert "SESSIOND_TEST_SECRET" not in seen
+        assert set(seen) <= {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE",
+                             "TERM", "TZ", "TMPDIR", "XDG_RUNTIME_DIR", "ASKED",
+                             "SESSIOND_SESSION_ID", "SESSIOND_TURN", "SESSIOND_SOCKET"} | {
+                                 k for k in seen if k.startswith("LC_")}
+        for key in ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP"):
+            with pytest.raises(InvalidParamsError) as refused:
+                await client.spawn(["true"], env={key: "/tmp/x"}, session_id=f"k-{key}")
+            assert key in refused.value.message and refused.value.data["path"] == f"$.env.{key}"
+            with pytest.raises(SessiondError):
+                await client.get_session(f"k-{key}")
+        with pytest.raises(InvalidParamsError) as refused:
+            await client.spawn(["true", "a\0b"], session_id="nul")
+        assert refused.value.data["path"] == "$.argv[1]"
