@@ -273,7 +273,7 @@ class Executors:
         # Only a process this daemon started, or one a previous daemon started that was
         # proven at start-up to still be it: a pid in the stored events is never a target.
         detached = self.detached.pop(sid, None)
-        if state.status == "active" and detached is not None:
+        if detached is not None:
             handle, turn_no = detached
             # Not our child, so its exit status is unknown.
             await self._terminate(handle)
