@@ -142,7 +142,11 @@ class Handle:
     def members(self) -> list[tuple[int, int]]:
         """(pid, start time) of the group's processes that still run (not zombies), as
         far as they can be ours: in the leader's group and session, started no earlier
-        than the leader, with our uid."""
+        than the leader, with our uid. None if the leader's pid names another process:
+        then every process of ours had left, and the id was free to be reused."""
+        leader = stat(self.pid)
+        if self.start_time is None or (leader is not None and int(leader[19]) != self.start_time):
+            return []  # unknown, or the leader's pid is another process's now: not ours
         try:
             pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
         except OSError:
@@ -154,8 +158,7 @@ class Handle:
                     or int(fields[3]) != self.pid:
                 continue
             ticks = int(fields[19])
-            if (self.start_time is None or ticks >= self.start_time) \
-                    and _owner(pid) == os.getuid():
+            if ticks >= self.start_time and _owner(pid) == os.getuid():
                 found.append((pid, ticks))
         return found
 
