@@ -311,11 +311,15 @@ def shared_dir() -> Iterator[str]:
 
 
 class TestPeerAuthorization:
-    async def test_default_peer_gets_session_data_only(self, shared_dir: str) -> None:
-        """An allowed other uid creates, appends, reads and subscribes; everything the issue
-        lists is -32006 naming the method (in a batch too), and nothing happens."""
+    @pytest.mark.parametrize("by", ["uid", "gid"])
+    async def test_default_peer_gets_session_data_only(self, shared_dir: str, by: str) -> None:
+        """An allowed other user (by uid or by gid) creates, appends, reads and subscribes;
+        everything the issue lists is -32006 naming the method (in a batch too), and
+        nothing happens."""
         user = peer_user()
-        config = daemon_config(shared_dir, socket_mode=0o666, allowed_uids=[user.pw_uid])
+        allowed = ({"allowed_uids": [user.pw_uid]} if by == "uid"
+                   else {"allowed_gids": [user.pw_gid]})
+        config = daemon_config(shared_dir, socket_mode=0o666, **allowed)
         async with running_daemon(config) as d, AsyncClient(d.socket) as owner:
             await owner.create_session("owned")
             answers = await as_peer(d.socket, user, [
