@@ -312,3 +312,41 @@ async def connect(sock: str, proc: subprocess.Popen[bytes]) -> AsyncClient:
             except (OSError, SessiondError):
                 assert proc.poll() is None, "the daemon exited"
                 await anyio.sleep(0.02)
+
+
+class TestHandles:
+    """The runner's proof before a signal (processes.Handle), on real processes."""
+
+    def test_a_reused_pid_is_never_signalled(self) -> None:
+        """A leader whose pid now names another session leader (a later start time): neither
+        the group nor that process is signalled."""
+        from sessiond_daemon.processes import Handle, start_time
+
+        other = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        try:
+            ticks = start_time(other.pid)
+            assert ticks is not None
+            ours = Handle(other.pid, ticks - 1)  # "our" leader started earlier: reaped
+            assert not ours.leader_alive() and not ours.group_alive()
+            ours.signal(signal.SIGKILL)
+            assert not gone(other.pid)
+        finally:
+            other.kill()
+            other.wait()
+
+    def test_a_child_is_signalled_through_its_pidfd_until_reaped(self) -> None:
+        """A live child: its group is signalled; once reaped, nothing is."""
+        from sessiond_daemon.processes import Handle
+
+        child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        handle = Handle.of_child(child.pid)
+        try:
+            assert handle.pidfd is not None and handle.leader_alive() and handle.running()
+            handle.signal(signal.SIGTERM)
+            assert child.wait(timeout=30) == -signal.SIGTERM
+            assert not handle.leader_alive() and not handle.group_alive()
+            handle.signal(signal.SIGKILL)  # nothing to reach, nothing raised
+        finally:
+            handle.close()
+            child.kill()
+            child.wait()

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from sessiond_schemas.paths import default_socket
 
+from .access import Grant
+
 
 class ConfigError(Exception):
     """The configuration cannot be used; the message says which setting and why."""
@@ -48,6 +50,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_checkpoint_bytes: Count = 8 << 20
     allowed_uids: list[Id] = []
     allowed_gids: list[Id] = []
+    # Methods those other users may call beyond the default session-data set
+    # (docs/security.md): method names, "session.import:replace", or "*" for all.
+    peer_methods: list[Grant] = []
     drain_timeout_s: Seconds = 10.0
     cleanup_older_than_days: Seconds = 0  # 0: no periodic retention
     cleanup_every_s: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 3600
@@ -64,7 +69,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 RELOADABLE = frozenset({
     "log_level", "log_format", "max_request_bytes", "max_connections", "max_inflight",
     "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
-    "max_checkpoint_bytes", "allowed_uids", "allowed_gids", "drain_timeout_s",
+    "max_checkpoint_bytes", "allowed_uids", "allowed_gids", "peer_methods", "drain_timeout_s",
 })
 
 

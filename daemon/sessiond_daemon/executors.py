@@ -38,6 +38,7 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import SessionState
 
 from .adapters import ADAPTERS, JSONL_TYPES, Adapter, Parsed
+from .processes import Handle, boot_id, stat, valid_pid
 from .service import (
     APPEND_INPUTS,
     Service,
@@ -73,6 +74,7 @@ class Turn:
     pid: int
     process: Process
     adapter: Adapter
+    handle: Handle  # checked before every signal to the turn's process group
     pending: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     wake: anyio.Event = field(default_factory=anyio.Event)
     drained: anyio.Event = field(default_factory=anyio.Event)
@@ -139,59 +141,6 @@ class Throttle:
         self.tokens -= 1
 
 
-def _stat(pid: int) -> list[bytes] | None:
-    """/proc/PID/stat from the state field on (Linux), or None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat[stat.rindex(b")") + 2:].split()
-
-
-def _process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, to tell a reused pid."""
-    fields = _stat(pid)
-    return int(fields[19]) if fields and len(fields) > 19 else None
-
-
-def _alive(pid: int, start_time: int | None = None) -> bool:
-    """Whether `pid` runs (a zombie does not) and is the process that started at `start_time`."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):  # gone, or another user's: not ours
-        return False
-    fields = _stat(pid)
-    if fields is None:  # no /proc: trust kill(0)
-        return True
-    return fields[0] != b"Z" and (start_time is None or int(fields[19]) == start_time)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group still runs. Zombies do not count: once our parent
-    is gone, nobody may reap them."""
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:
-        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
-    except OSError:
-        return True
-    for pid in pids:
-        fields = _stat(pid)
-        if fields and len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 class Executors:
     """Starts, watches and stops executor processes; serves the executor methods."""
 
@@ -200,6 +149,8 @@ class Executors:
         self.settings = settings
         self.running: dict[str, Turn] = {}
         self._starting: set[str] = set()  # sessions between the check and process.started
+        # Turns a previous daemon left running, proven ours at start-up: sid -> (handle, turn).
+        self.detached: dict[str, tuple[Handle, int]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
 
@@ -221,7 +172,7 @@ class Executors:
             t.stopping = True
         async with anyio.create_task_group() as tg:
             for t in turns:
-                tg.start_soon(self._terminate, t.pid)
+                tg.start_soon(self._terminate, t.handle)
         for t in turns:
             await t.done.wait()
 
@@ -231,6 +182,7 @@ class Executors:
         if p.cwd is not None and not os.path.isabs(p.cwd):
             raise InvalidParamsError(f"cwd must be an absolute path: {p.cwd!r}",
                                      {"detail": "relative path", "path": "$.cwd"})
+        _check_spawn(p)
         self._check_capacity()
         sid = p.session_id or new_id()
         created = msgspec.to_builtins(SessionCreated(
@@ -267,12 +219,13 @@ class Executors:
         try:
             state = await self.service.state(sid)
             adapter = ADAPTERS.get(state.adapter or "")
-            history = await self.service.store.events_of_types(
-                sid, ("process.started", "process.output"))
+            # Only what this daemon's runner recorded: an imported argv is never run.
+            history = await self._runner_rows(sid, ("process.started", "process.output"))
             started = [d for t, d in history if t == "process.started"]
             if adapter is None or not started:
                 raise InvalidParamsError(
-                    f"session {sid} has no executor to continue (not started by session.spawn)",
+                    f"session {sid} has no executor to continue (not started by this daemon's"
+                    " session.spawn; an imported executor history is never continued)",
                     {"detail": "no executor", "path": "$.session_id"})
             if state.status == "active":
                 raise InvalidTransitionError(
@@ -311,19 +264,20 @@ class Executors:
         turn = self.running.get(sid)
         if turn is not None:
             turn.killing = True
-            await self._terminate(turn.pid)
+            await self._terminate(turn.handle)
             await turn.done.wait()
             return msgspec.Raw(msgspec.json.encode(await self.service.state(sid)))
         state = await self.service.state(sid)
         check_transition(sid, state.status, "killed")
         exited: list[tuple[str, dict[str, Any]]] = []
-        found = await self._open_turn(sid)
-        last = found[0] if found else None
-        if state.status == "active" and last is not None and _alive(last["pid"], last.get("start_time")):
-            # A process a previous daemon started: end its group the same way. Not our
-            # child, so its exit status is unknown.
-            await self._terminate(last["pid"])
-            exited.append(("process.exited", {"pid": last["pid"], "turn": last["turn"]}))
+        # Only a process this daemon started, or one a previous daemon started that was
+        # proven at start-up to still be it: a pid in the stored events is never a target.
+        detached = self.detached.pop(sid, None)
+        if detached is not None:
+            handle, turn_no = detached
+            # Not our child, so its exit status is unknown.
+            await self._terminate(handle)
+            exited.append(("process.exited", {"pid": handle.pid, "turn": turn_no}))
 
         def plan(s: SessionState | None) -> Plan:
             s = require(s, sid)
@@ -379,7 +333,9 @@ class Executors:
     async def _start_turn(self, sid: str, meta: EventMeta, adapter: Adapter, argv: list[str],
                           cwd: str | None, env: dict[str, str], turn_no: int,
                           stdin_text: str | None) -> msgspec.Raw:
-        full_env = {**os.environ, **env, "SESSIOND_SESSION_ID": sid,
+        # A clean environment: never the daemon's own (its secrets), only the allowlist,
+        # then what the request asked for, then the runner's own variables.
+        full_env = {**_inherited_env(), **env, "SESSIOND_SESSION_ID": sid,
                     "SESSIOND_TURN": str(turn_no)}
         if self.settings.socket:
             full_env["SESSIOND_SOCKET"] = self.settings.socket
@@ -391,8 +347,8 @@ class Executors:
                     argv, cwd=cwd, env=full_env, start_new_session=True,
                     stdin=subprocess.PIPE if stdin_text else subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            except OSError as exc:
-                problem = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+            except (OSError, ValueError) as exc:  # ValueError: not encodable for exec
+                problem = f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}"
         if process is None:
             assert problem is not None
             log.warning("executor.start_failed", session_id=sid, turn=turn_no, error=problem)
@@ -403,10 +359,12 @@ class Executors:
                     "to": "failed", "reason": "executor did not start", "error": problem})])
 
             return await self.service.write(sid, meta, failed)
-        turn = Turn(sid, turn_no, process.pid, process, adapter)
+        handle = Handle.of_child(process.pid)
+        turn = Turn(sid, turn_no, process.pid, process, adapter, handle)
         self.running[sid] = turn
+        # pid, start time and boot id: what a later daemon checks before it signals.
         started = {"pid": process.pid, "argv": argv, "cwd": cwd, "turn": turn_no,
-                   "start_time": _process_start_time(process.pid)}
+                   "start_time": handle.start_time, "boot_id": boot_id()}
 
         def plan(s: SessionState | None) -> Plan:
             return self._plan(require(s, sid), [("process.started", started)])
@@ -415,9 +373,10 @@ class Executors:
             result = await self.service.write(sid, meta, plan)
         except BaseException:
             del self.running[sid]
-            _signal_group(process.pid, signal.SIGKILL)
+            handle.signal(signal.SIGKILL)
             with anyio.CancelScope(shield=True):
                 await process.wait()
+            handle.close()
             raise
         log.info("executor.started", session_id=sid, turn=turn_no, pid=process.pid,
                  adapter=adapter.name)
@@ -453,15 +412,16 @@ class Executors:
         finally:
             self.running.pop(turn.session_id, None)
             turn.done.set()
-            _signal_group(turn.pid, signal.SIGKILL)  # nothing of the turn outlives it
+            turn.handle.signal(signal.SIGKILL)  # nothing of the turn outlives it
+            turn.handle.close()
 
     async def _reap_leftovers(self, turn: Turn) -> None:
         """The leader exited but children hold the pipes: give them a moment, then end them."""
         await turn.process.wait()
         await anyio.sleep(LINGER_S)
-        if _group_alive(turn.pid):
+        if turn.handle.group_alive():
             log.info("executor.leftovers_killed", session_id=turn.session_id, pgid=turn.pid)
-        _signal_group(turn.pid, signal.SIGKILL)
+        turn.handle.signal(signal.SIGKILL)
 
     async def _pump(self, turn: Turn, stream: ByteReceiveStream, name: str) -> None:
         splitter = LineSplitter(self.settings.max_line_bytes)
@@ -566,25 +526,35 @@ class Executors:
         log.info("executor.exited", session_id=turn.session_id, turn=turn.turn,
                  exit_code=code, signal=signum, status=to, lines=turn.lines)
 
-    async def _terminate(self, pgid: int) -> None:
+    async def _terminate(self, handle: Handle) -> None:
         """SIGTERM the process group; SIGKILL it if anything is left after the grace period."""
-        _signal_group(pgid, signal.SIGTERM)
+        handle.signal(signal.SIGTERM)
         with anyio.move_on_after(self.settings.kill_grace_s):
-            while _group_alive(pgid):
+            while handle.group_alive():
                 await anyio.sleep(0.05)
             return
-        log.info("executor.sigkill", pgid=pgid, grace_s=self.settings.kill_grace_s)
-        _signal_group(pgid, signal.SIGKILL)
+        log.info("executor.sigkill", pgid=handle.pid, grace_s=self.settings.kill_grace_s)
+        handle.signal(signal.SIGKILL)
         with anyio.move_on_after(5):  # only a process stuck in the kernel outlives SIGKILL
-            while _group_alive(pgid):
+            while handle.group_alive():
                 await anyio.sleep(0.05)
 
     # --- restart recovery -------------------------------------------------------------
 
+    async def _runner_rows(self, sid: str, types: tuple[str, ...]) -> list[tuple[str, Any]]:
+        """A session's process events (and `types`) that this daemon's runner wrote: those
+        after the marker an import puts after the history it brought (maintenance.py).
+        What came before it is another daemon's history, never acted on."""
+        rows = await self.service.store.events_of_types(
+            sid, tuple({*types, "process.detached"}))
+        marks = [i for i, (kind, d) in enumerate(rows)
+                 if kind == "process.detached" and d.get("imported") is True]
+        return [r for r in rows[marks[-1] + 1 if marks else 0:] if r[0] in types]
+
     async def _open_turn(self, sid: str) -> tuple[dict[str, Any], bool] | None:
         """The last process.started of a session if no exit was recorded after it, and
         whether a restart already recorded it as detached."""
-        rows = await self.service.store.events_of_types(
+        rows = await self._runner_rows(
             sid, ("process.started", "process.exited", "process.detached"))
         starts = [i for i, (kind, _) in enumerate(rows) if kind == "process.started"]
         if not starts or any(kind == "process.exited" for kind, _ in rows[starts[-1]:]):
@@ -592,45 +562,74 @@ class Executors:
         return rows[starts[-1]][1], any(kind == "process.detached" for kind, _ in rows[starts[-1]:])
 
     async def _recover(self, tg: anyio.abc.TaskGroup) -> None:
-        meta = EventMeta(peer_uid=os.getuid(), peer_pid=os.getpid())
-        for sid in await self.service.store.sessions_with_process():
-            found = await self._open_turn(sid)
-            if found is None:
-                continue
-            (last, detached) = found
-            pid, turn_no = last["pid"], last["turn"]
-            alive = _alive(pid, last.get("start_time"))
-            events: list[tuple[str, dict[str, Any]]] = []
-            if alive:
-                reason = (f"daemon restarted; executor still running as pid {pid},"
-                          " its output is no longer captured")
-                if not detached:
-                    events = [("process.detached", {"pid": pid, "turn": turn_no, "alive": True,
-                                                    "reason": reason})]
-                tg.start_soon(self._watch_detached, sid, pid, turn_no, last.get("start_time"))
-            else:
-                reason = "daemon restarted; executor process lost"
-                events = [("process.detached", {"pid": pid, "turn": turn_no, "alive": False,
-                                                "reason": reason}),
-                          ("session.status_changed", {"to": "failed", "reason": "recovery",
-                                                      "error": reason})]
-            log.warning("executor.recovered", session_id=sid, pid=pid, alive=alive)
-            if not events:
-                continue
-
-            def plan(s: SessionState | None, events: list[Any] = events, sid: str = sid) -> Plan:
-                return self._plan(require(s, sid), events)
-
+        """Decide the open turn of every active executor session. Stored data never stops
+        the start: what cannot be decided is logged and left as it is."""
+        try:
+            sessions = await self.service.store.sessions_with_process()
+        except Exception:
+            log.exception("executor.recovery_failed", error_id=new_id())
+            return
+        for sid in sessions:
             try:
-                await self.service.write(sid, meta, plan)
-            except SessiondError as exc:
-                log.error("executor.recovery_failed", session_id=sid, error=exc.message)
+                await self._recover_one(tg, sid)
+            except Exception:
+                log.exception("executor.recovery_failed", session_id=sid, error_id=new_id())
 
-    async def _watch_detached(self, sid: str, pid: int, turn_no: int,
-                              start_time: int | None) -> None:
+    async def _recover_one(self, tg: anyio.abc.TaskGroup, sid: str) -> None:
+        found = await self._open_turn(sid)
+        if found is None:
+            return
+        last, detached = found
+        pid = last.get("pid")
+        pid = pid if type(pid) is int and -(1 << 63) <= pid < 1 << 63 else -1
+        turn_no = last.get("turn") if type(last.get("turn")) is int else 0
+        # Signalled later only if it provably is the process the runner recorded.
+        handle = Handle.of_record(last, sid)
+        events: list[tuple[str, dict[str, Any]]] = []
+        if handle is not None and handle.running():
+            reason = (f"daemon restarted; executor still running as pid {pid},"
+                      " its output is no longer captured")
+            if not detached:
+                events = [("process.detached", {"pid": pid, "turn": turn_no, "alive": True,
+                                                "reason": reason})]
+            self.detached[sid] = (handle, turn_no)
+            tg.start_soon(self._watch_detached, sid, handle, turn_no)
+        else:
+            if handle is not None:
+                handle.close()
+                handle = None
+            reason = "daemon restarted; executor process lost"
+            if valid_pid(pid) and (fields := stat(pid)) is not None and fields[0] != b"Z":
+                reason += (f" (pid {pid} runs, but is not provably the process this daemon"
+                           " started; it is not signalled)")
+            events = [("process.detached", {"pid": pid, "turn": turn_no, "alive": False,
+                                            "reason": reason}),
+                      ("session.status_changed", {"to": "failed", "reason": "recovery",
+                                                  "error": reason})]
+        log.warning("executor.recovered", session_id=sid, pid=pid, alive=handle is not None)
+        if not events:
+            return
+
+        def plan(s: SessionState | None) -> Plan:
+            return self._plan(require(s, sid), events)
+
+        meta = EventMeta(peer_uid=os.getuid(), peer_pid=os.getpid())
+        try:
+            await self.service.write(sid, meta, plan)
+        except SessiondError as exc:
+            log.error("executor.recovery_failed", session_id=sid, error=exc.message)
+
+    async def _watch_detached(self, sid: str, handle: Handle, turn_no: int) -> None:
         """A detached executor that ends by itself: record it (its exit status is unknown)."""
-        while _alive(pid, start_time):
-            await anyio.sleep(1.0)
+        pid = handle.pid
+        try:
+            while handle.running():
+                await anyio.sleep(1.0)
+        finally:
+            handle.close()
+        if self.detached.get(sid, (None,))[0] is not handle:
+            return  # session.kill took it, and records its end
+        del self.detached[sid]
         reason = "executor process lost after a daemon restart; its exit status is unknown"
 
         def plan(s: SessionState | None) -> Plan:
@@ -662,6 +661,39 @@ async def _feed_stdin(proc: Process, text: str) -> None:
         await proc.stdin.aclose()
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         pass  # the process does not read its input; that is its business
+
+
+# What an executor inherits of the daemon's environment; nothing else of it (its secrets,
+# its LD_PRELOAD) reaches a process a client asked for.
+INHERITED_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE",
+                           "TERM", "TZ", "TMPDIR", "XDG_RUNTIME_DIR"})
+# Keys a client may not set: they make the dynamic loader or Python run other code.
+REFUSED_ENV_PREFIXES = ("LD_", "PYTHON")
+
+
+def _inherited_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k in INHERITED_ENV or k.startswith("LC_")}
+
+
+def _check_spawn(p: rpc.SessionSpawnParams) -> None:
+    """Refuse (-32602, naming the field) what a process cannot be started with."""
+    for key, value in p.env.items():
+        path = f"$.env.{key}"
+        if key.startswith(REFUSED_ENV_PREFIXES):
+            raise InvalidParamsError(
+                f"env key {key} is not allowed: LD_* and PYTHON* variables are refused",
+                {"detail": "refused environment variable", "path": path})
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidParamsError(f"env key {key!r} or its value cannot be an environment"
+                                     " variable (empty, '=' or NUL)",
+                                     {"detail": "invalid environment variable", "path": path})
+    for i, arg in enumerate(p.argv):
+        if "\0" in arg:
+            raise InvalidParamsError(f"argv[{i}] holds a NUL character",
+                                     {"detail": "NUL in argument", "path": f"$.argv[{i}]"})
+    if p.cwd is not None and "\0" in p.cwd:
+        raise InvalidParamsError("cwd holds a NUL character",
+                                 {"detail": "NUL in path", "path": "$.cwd"})
 
 
 def _cannot_start(argv: list[str], cwd: str | None, path: str | None) -> str | None:

@@ -19,6 +19,7 @@ from sessiond_schemas.events import EventMeta
 from sessiond_schemas.rpc import SessionCleanupParams
 
 from . import host, logs
+from .access import Grants
 from .config import RELOADABLE, Config, differences
 from .executors import Executors
 from .executors import Settings as ExecutorSettings
@@ -133,7 +134,7 @@ class Daemon:
         self.server = server = Server(
             service, _server_limits(config), executors=executors,
             allowed_uids=frozenset(config.allowed_uids),
-            allowed_gids=frozenset(config.allowed_gids))
+            allowed_gids=frozenset(config.allowed_gids), grants=Grants.of(config.peer_methods))
         # 3. Serve: on systemd's socket if it passed one, else on our own.
         if self.inherited is not None:
             listener = await SocketListener.from_socket(self.inherited)
@@ -216,6 +217,7 @@ class Daemon:
             self.server.limits = _server_limits(new)
             self.server.allowed_uids = frozenset(new.allowed_uids)
             self.server.allowed_gids = frozenset(new.allowed_gids)
+            self.server.grants = Grants.of(new.peer_methods)
         if self.service is not None:
             self.service.limits = _service_limits(new)
         # Keep the settings that need a restart as they are running.

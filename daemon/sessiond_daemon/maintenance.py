@@ -18,7 +18,7 @@ from sessiond_schemas.errors import (
     SessionImportError,
     StorageError,
 )
-from sessiond_schemas.events import Event, EventMeta, now
+from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
@@ -141,6 +141,7 @@ class Maintenance:
         doc = _read_document(p.document)
         events = doc.events
         sid = events[0].session_id
+        mark = _history_mark(events, meta)
         clash = await self.store.foreign_event_ids(sid, [e.event_id for e in events])
         if clash:
             raise _import_failed(f"event {clash[0]} is already stored in another session")
@@ -156,7 +157,7 @@ class Maintenance:
         def plan(state: SessionState | None) -> Import:
             if state is not None and p.on_conflict != "replace":
                 raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
-            return Import(events, by_event, replace=p.on_conflict == "replace")
+            return Import(events + mark, by_event, replace=p.on_conflict == "replace")
 
         try:
             return await self.service._submit(p, meta, plan, session_id=sid)
@@ -164,6 +165,30 @@ class Maintenance:
             if p.on_conflict != "skip":
                 raise
             return msgspec.Raw(_json.encode(await self.service.state(sid)))
+
+
+IMPORTED_REASON = ("imported: its processes belong to another daemon's history;"
+                   " this daemon never signals or continues them")
+
+
+def _history_mark(events: list[Event], meta: EventMeta) -> list[Event]:
+    """The event that ends an imported executor history, if it has one: a
+    `process.detached` marked `imported`. The runner acts only on process events after the
+    last such mark, so an imported pid is never signalled nor an imported argv run."""
+    starts = [i for i, e in enumerate(events) if e.type == "process.started"]
+    if not starts or any(e.type == "process.detached" and e.data.get("imported") is True
+                         for e in events[starts[-1]:]):
+        return []
+    last = events[starts[-1]].data
+    mark = Event(position=0, session_id=events[-1].session_id, version=events[-1].version + 1,
+                 event_id=new_id(), type="process.detached",
+                 # the history's own last time: the mark closes it, and the view's
+                 # updated_at stays as imported
+                 schema_version=CURRENT_SCHEMA_VERSION, recorded_at=events[-1].recorded_at,
+                 data={"pid": last["pid"], "turn": last["turn"], "alive": False,
+                       "imported": True, "reason": IMPORTED_REASON},
+                 meta=meta, hash="")
+    return [msgspec.structs.replace(mark, hash=chain_hash(events[-1].hash, mark))]
 
 
 def _import_failed(reason: str) -> SessionImportError:

@@ -288,7 +288,8 @@ def _process_detached(s: SessionState, event: Event) -> None:
     """A restart found the turn unsupervised: say why (the status change, if any, follows)."""
     d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, ProcessDetached)
-    s.error = d.reason
+    if event.data.get("imported") is not True:  # an import's mark leaves the view as it was
+        s.error = d.reason
 
 
 def _state_updated(s: SessionState, event: Event) -> None:

@@ -31,6 +31,7 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.events import EventMeta, new_id
 
+from .access import Grants
 from .executors import Executors
 from .graphs import Graphs
 from .maintenance import Maintenance
@@ -93,8 +94,10 @@ class Server:
     def __init__(self, service: Service, limits: ServerLimits, *,
                  executors: Executors | None = None,
                  allowed_uids: frozenset[int] = frozenset(),
-                 allowed_gids: frozenset[int] = frozenset()) -> None:
+                 allowed_gids: frozenset[int] = frozenset(),
+                 grants: Grants = Grants()) -> None:
         self.service = service
+        self.grants = grants  # what other allowed uids may call
         providers = [service, Maintenance(service), Graphs(service), executors]
         self.limits = limits
         self.allowed_uids = allowed_uids
@@ -337,6 +340,7 @@ class Server:
         except RecursionError as exc:
             raise InvalidParamsError(f"invalid params for {req.method}: nested too deeply",
                                      {"detail": "nested too deeply", "path": "$"}) from exc
+        self.grants.check(req.method, params, peer.uid)  # -32006 unless granted
         meta = EventMeta(peer_uid=peer.uid, peer_pid=peer.pid)
         self.inflight += 1
         try:

@@ -82,6 +82,10 @@ _INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint
             "messages.truncated": "message.pop or message.clear",
             "graph.checkpoint": "graph.put", "graph.writes": "graph.put_writes",
             "graph.pruned": "graph.prune or graph.delete_runs"}
+# Written only by the daemon's executor runner: their pids are what it signals, so a
+# client never writes them (docs/security.md). Imported copies are history only.
+RUNNER_ONLY = frozenset({"process.started", "process.output", "process.exited",
+                         "process.detached"})
 
 
 def require(state: SessionState | None, session_id: str) -> SessionState:
@@ -503,6 +507,11 @@ class Service:
         inputs: list[tuple[str, dict[str, Any]]] = []
         for i, item in enumerate(items):
             path = f"$.events[{i}].data"
+            if item.type in RUNNER_ONLY:
+                raise InvalidParamsError(
+                    f"events[{i}]: {item.type} is written only by the daemon's executor runner"
+                    " (session.spawn); a client cannot append it",
+                    {"detail": "runner-only event type", "path": f"$.events[{i}].type"})
             shape = APPEND_INPUTS[item.type]
             if shape is None:
                 raise InvalidParamsError(

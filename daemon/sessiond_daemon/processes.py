@@ -1,0 +1,186 @@
+"""Processes the executor runner started, and the proof, checked before every signal, that
+a pid still names one of them (docs/security.md, "Signals").
+
+A turn's leader is started in a new session, so its pid is also its process group and
+session id. While the leader is not reaped, that id cannot be reused, so signalling the
+group is safe; the runner knows the leader is not reaped from a pidfd opened at spawn (or
+from the leader's start time in /proc). Once it is reaped, the runner signals what is left
+of the group one verified process at a time, each through a pidfd of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: no pid is larger
+
+
+@cache
+def boot_id() -> str | None:
+    """This boot's id: a start time (clock ticks since boot) means nothing in another boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def stat(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat from the state field on: [0] state, [1] ppid, [2] process group,
+    [3] session, [19] start time. None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (OSError, ValueError):
+        return None
+    fields = raw[raw.rindex(b")") + 2:].split()
+    return fields if len(fields) > 19 else None
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, to tell a reused pid."""
+    fields = stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def valid_pid(pid: Any) -> bool:
+    """A pid a process of ours can have: never 0, 1, a negative (a group) or out of range."""
+    return type(pid) is int and 1 < pid < PID_MAX and pid != os.getpid()
+
+
+def _owner(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _environ_has(pid: int, wanted: dict[str, str]) -> bool:
+    """Whether the process was started with these environment variables (its own uid only)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = set(f.read().split(b"\0"))
+    except OSError:
+        return False
+    return all(f"{k}={v}".encode() in entries for k, v in wanted.items())
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):  # gone, or no pidfds (not Linux 5.3+)
+        return None
+
+
+@dataclass(eq=False)
+class Handle:
+    """A turn's process group: the leader's pid, start time and pidfd, checked before
+    every signal. Used only on the event loop's thread, so a check and its signal are
+    never separated by another task."""
+
+    pid: int
+    start_time: int | None
+    pidfd: int | None = None
+
+    @classmethod
+    def of_child(cls, pid: int) -> Handle:
+        """The handle of a leader the runner has just started (its child, not yet waited)."""
+        fd = _pidfd(pid)
+        fields = stat(pid)
+        if fd is not None and (fields is None or int(fields[1]) != os.getpid()):
+            os.close(fd)  # already reaped, and the pid is someone else's now: never signal
+            return cls(pid, None, None)
+        return cls(pid, int(fields[19]) if fields else None, fd)
+
+    @classmethod
+    def of_record(cls, data: dict[str, Any], session_id: str) -> Handle | None:
+        """The handle of a leader recorded by a `process.started` of a previous daemon, if
+        it provably still runs as that process: a valid pid, recorded in this boot with its
+        start time, running as our uid, leading its own session, started with this
+        session's and turn's SESSIOND_* variables. None otherwise: nothing is signalled."""
+        pid, ticks, turn = data.get("pid"), data.get("start_time"), data.get("turn")
+        if not (valid_pid(pid) and type(ticks) is int and type(turn) is int
+                and data.get("boot_id") is not None and data.get("boot_id") == boot_id()):
+            return None
+        handle = cls(pid, ticks, _pidfd(pid))
+        fields = stat(pid)
+        if (fields is None or fields[0] == b"Z" or int(fields[19]) != ticks
+                or int(fields[2]) != pid or int(fields[3]) != pid or _owner(pid) != os.getuid()
+                or not _environ_has(pid, {"SESSIOND_SESSION_ID": session_id,
+                                          "SESSIOND_TURN": str(turn)})):
+            handle.close()
+            return None
+        return handle  # checked after the pidfd was opened: the pidfd is that process
+
+    def close(self) -> None:
+        fd, self.pidfd = self.pidfd, None
+        if fd is not None:
+            os.close(fd)
+
+    def leader_alive(self) -> bool:
+        """The leader is not reaped yet (a zombie counts): the group id is still its."""
+        if self.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, 0)
+            except OSError:
+                return False
+            return True
+        fields = stat(self.pid)
+        return (self.start_time is not None and fields is not None
+                and int(fields[19]) == self.start_time)
+
+    def running(self) -> bool:
+        """The leader runs (a zombie does not)."""
+        fields = stat(self.pid)
+        return self.leader_alive() and fields is not None and fields[0] != b"Z"
+
+    def members(self) -> list[tuple[int, int]]:
+        """(pid, start time) of the group's processes that still run (not zombies), as
+        far as they can be ours: in the leader's group and session, started no earlier
+        than the leader, with our uid. None if the leader's pid names another process:
+        then every process of ours had left, and the id was free to be reused."""
+        leader = stat(self.pid)
+        if self.start_time is None or (leader is not None and int(leader[19]) != self.start_time):
+            return []  # unknown, or the leader's pid is another process's now: not ours
+        try:
+            pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+        except OSError:
+            return []
+        found = []
+        for pid in pids:
+            fields = stat(pid)
+            if fields is None or fields[0] == b"Z" or int(fields[2]) != self.pid \
+                    or int(fields[3]) != self.pid:
+                continue
+            ticks = int(fields[19])
+            if ticks >= self.start_time and _owner(pid) == os.getuid():
+                found.append((pid, ticks))
+        return found
+
+    def group_alive(self) -> bool:
+        """Whether anything of the group still runs."""
+        return self.running() or bool(self.members())
+
+    def signal(self, signum: int) -> None:
+        """Signal the whole group, checked first; never a pid that is not provably ours."""
+        if self.leader_alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signum)
+            return
+        for pid, ticks in self.members():
+            fd = _pidfd(pid)
+            if fd is None:
+                continue
+            try:
+                fields = stat(pid)  # checked after opening: the pidfd is this process
+                if fields is not None and int(fields[19]) == ticks and int(fields[2]) == self.pid:
+                    signal.pidfd_send_signal(fd, signum)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
