@@ -10,6 +10,8 @@ from typing import Any
 import anyio
 import pytest
 from sessiond import AsyncClient
+from sessiond_daemon.service import VERSION
+from sessiond_schemas import rpc
 
 from conftest import Daemon
 
@@ -77,10 +79,12 @@ class TestFraming:
         assert [r["error"]["code"] for r in replies] == [-32600] * 3
 
     async def test_unknown_method(self, daemon: Daemon) -> None:
-        """An unknown method is -32601 naming it."""
+        """An unknown method is -32601 naming it, and the daemon's release and protocol."""
         [r] = await exchange(daemon.socket, line(req("no.such", 3)), 1)
         assert r["id"] == 3 and r["error"]["code"] == -32601
-        assert r["error"]["data"] == {"method": "no.such"}
+        assert r["error"]["data"] == {"method": "no.such", "version": VERSION,
+                                      "protocol": rpc.PROTOCOL_VERSION}
+        assert f"sessiond {VERSION}, protocol {rpc.PROTOCOL_VERSION}" in r["error"]["message"]
 
     async def test_positional_params_refused(self, daemon: Daemon) -> None:
         """Params must be an object: an array is -32602."""

@@ -11,12 +11,12 @@ import anyio
 import msgspec
 from anyio.abc import TaskGroup
 from sessiond_schemas import rpc
-from sessiond_schemas.errors import SessiondError
+from sessiond_schemas.errors import MethodNotFoundError, SessiondError
 from sessiond_schemas.paths import default_socket
 
 from ._methods import Methods, request_line
 from ._subscription import Subscription
-from ._wire import ConnectionLostError, raise_for
+from ._wire import ConnectionLostError, raise_for, skew_error
 from ._transport import Transport, open_transport
 
 T = TypeVar("T")
@@ -116,8 +116,20 @@ class AsyncClient(Methods):
         if isinstance(pending.reply, SessiondError):
             raise pending.reply
         assert pending.reply is not None
-        result = msgspec.json.decode(raise_for(pending.reply), type=result_type)
+        try:
+            raw = raise_for(pending.reply)
+        except MethodNotFoundError as exc:
+            raise await self._skew(method, exc) from None
+        result = msgspec.json.decode(raw, type=result_type)
         return pick(result) if pick else result
+
+    async def _skew(self, method: str, exc: MethodNotFoundError) -> MethodNotFoundError:
+        """Name both releases in a method-not-found (the daemon may be older)."""
+        try:
+            daemon = await self.ping() if method != "daemon.ping" else None
+        except SessiondError:
+            daemon = None
+        return skew_error(method, self.socket_path, exc, daemon)
 
     def subscribe(self, session_id: str | None = None, *, from_position: int | None = None,
                   from_version: int | None = None, types: list[str] | None = None,

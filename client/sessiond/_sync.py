@@ -11,12 +11,13 @@ from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 from sessiond_schemas import rpc
+from sessiond_schemas.errors import MethodNotFoundError, SessiondError
 from sessiond_schemas.events import Event
 from sessiond_schemas.paths import default_socket
 
 from ._methods import Methods, request_line
 from ._follow import follow
-from ._wire import ConnectionLostError, connect_blocking, raise_for
+from ._wire import ConnectionLostError, connect_blocking, raise_for, skew_error
 
 T = TypeVar("T")
 _encoder = msgspec.json.Encoder()
@@ -77,8 +78,20 @@ class Client(Methods):
             except OSError as exc:
                 self.close()
                 raise ConnectionLostError(f"lost the daemon: {exc}") from exc
-        result = msgspec.json.decode(raise_for(reply), type=result_type)
+        try:
+            raw = raise_for(reply)
+        except MethodNotFoundError as exc:
+            raise self._skew(method, exc) from None
+        result = msgspec.json.decode(raw, type=result_type)
         return pick(result) if pick else result
+
+    def _skew(self, method: str, exc: MethodNotFoundError) -> MethodNotFoundError:
+        """Name both releases in a method-not-found (the daemon may be older)."""
+        try:
+            daemon = self.ping() if method != "daemon.ping" else None
+        except SessiondError:
+            daemon = None
+        return skew_error(method, self.socket_path, exc, daemon)
 
     def subscribe(self, session_id: str | None = None, *, from_position: int | None = None,
                   from_version: int | None = None, types: list[str] | None = None,

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 from sessiond_schemas import rpc
-from sessiond_schemas.errors import SessiondError, error_from_wire
+from sessiond_schemas.errors import MethodNotFoundError, SessiondError, error_from_wire
 
 
 class ConnectionLostError(SessiondError):
@@ -95,3 +95,46 @@ def connect_blocking(path: str, timeout: float | None = None) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def client_version() -> str:
+    """This client's release (read only when an error needs it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sessiond")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _protocol(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split("."))
+    except ValueError:
+        return (0,)
+
+
+def skew_error(method: str, path: str, exc: MethodNotFoundError,
+               daemon: rpc.PingResult | None) -> MethodNotFoundError:
+    """A -32601 told as version skew: which method, and both sides' versions.
+
+    `daemon` is the daemon's ping, asked after the refusal (None if that failed too);
+    daemons before protocol 1.1 send neither their protocol nor their methods with it.
+    """
+    ours = f"sessiond {client_version()} (protocol {rpc.PROTOCOL_VERSION})"
+    theirs = (f"sessiond {daemon.version} (protocol {daemon.protocol})" if daemon
+              else "a release that did not answer daemon.ping")
+    skew = _protocol(daemon.protocol) if daemon else (0,)
+    if skew < _protocol(rpc.PROTOCOL_VERSION):
+        advice = "the daemon is older than this client: upgrade the daemon"
+    elif skew > _protocol(rpc.PROTOCOL_VERSION):
+        advice = "the daemon is newer than this client: upgrade the client"
+    else:
+        advice = "both speak the same protocol, so the method does not exist"
+    return MethodNotFoundError(
+        f"the daemon at {path} has no method {method!r}: it runs {theirs}, and this client"
+        f" is {ours}; {advice}",
+        {**exc.data, "method": method, "client_version": client_version(),
+         "client_protocol": rpc.PROTOCOL_VERSION,
+         "daemon_version": daemon.version if daemon else None,
+         "daemon_protocol": daemon.protocol if daemon else None})

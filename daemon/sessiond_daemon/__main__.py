@@ -15,6 +15,7 @@ from sessiond_schemas.errors import StorageError
 
 from . import host, lifecycle, logs, systemd
 from .config import Config, ConfigError, load
+from .migrations import MigrationFailed, SchemaTooNew
 
 EX_CONFIG = 78
 EX_TEMPFAIL = 75
@@ -42,6 +43,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds session.kill waits after SIGTERM before SIGKILL")
     p.add_argument("--allowed-uids", type=_int_list, help="comma-separated uids let in besides ours")
     p.add_argument("--allowed-gids", type=_int_list, help="comma-separated gids let in")
+    p.add_argument("--migrate-only", action="store_true",
+                   help="bring the database up to this release's schema (backing it up"
+                        " first), then exit without serving")
     return p.parse_args(argv)
 
 
@@ -71,7 +75,7 @@ async def _serve(daemon: lifecycle.Daemon, args: argparse.Namespace) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if k != "config"}
+    return {k: v for k, v in vars(args).items() if k not in ("config", "migrate_only")}
 
 
 def _reload(daemon: lifecycle.Daemon, args: argparse.Namespace) -> None:
@@ -105,9 +109,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EX_CONFIG)
     daemon = lifecycle.Daemon(config, notifier=notifier, inherited=inherited)
     try:
-        anyio.run(_serve, daemon, args, backend="asyncio")
+        if args.migrate_only:
+            anyio.run(lifecycle.migrate_only, config, backend="asyncio")
+        else:
+            anyio.run(_serve, daemon, args, backend="asyncio")
     except BaseException as group:  # task groups wrap what they raise
         exc = _sole(group)
+        if isinstance(exc, (SchemaTooNew, MigrationFailed)):
+            log.error("daemon.schema_refused", detail=str(exc))
+            print(f"sessiond: {exc}", file=sys.stderr)
+            sys.exit(EX_CONFIG)  # the same every time: restarting cannot help
         if isinstance(exc, (lifecycle.AlreadyRunning, host.DatabaseInUse)):
             log.error("daemon.already_running", detail=str(exc))
             sys.exit(EX_TEMPFAIL)

@@ -228,6 +228,23 @@ class Daemon:
         return applied
 
 
+async def migrate_only(config: Config) -> list[int]:
+    """`sessiond --migrate-only`: migrate the database (holding its lock), and return."""
+    assert config.db
+    host.private_dir(os.path.dirname(os.path.abspath(config.db)), "state")
+    lock = host.DatabaseLock(config.db)
+    lock.acquire()
+    try:
+        store = SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
+        await store.open()
+        await store.close()
+    finally:
+        lock.release()
+    log.info("daemon.migrate_only", db=config.db, schema_version=store.schema_version,
+             applied=store.migrated)
+    return store.migrated
+
+
 async def run(config: Config, shutdown: anyio.Event, *,
               task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
     """Run a daemon on `config` until `shutdown` is set (no systemd, no reloads)."""

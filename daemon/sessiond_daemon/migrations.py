@@ -1,8 +1,20 @@
-"""The SQLite schema, as numbered migrations run in order at start (never edited once released)."""
+"""The SQLite schema, as numbered migrations run in order at start (never edited once released).
+
+`migrate` brings a database up to `LATEST`: it first copies a database that holds
+data to `<db>.schema-N.bak` (SQLite's backup API), then runs every pending migration
+in one transaction, so a migration that fails leaves the database as it was. A
+database newer than this code is refused before anything in it is read or changed.
+"""
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from typing import Final
+
+import structlog
+
+log = structlog.get_logger("sessiond.store")
 
 MIGRATIONS: Final[list[list[str]]] = [
     [
@@ -126,6 +138,85 @@ MIGRATIONS: Final[list[list[str]]] = [
         ) WITHOUT ROWID""",
     ],
 ]
+
+
+LATEST: Final = len(MIGRATIONS)
+
+
+class SchemaTooNew(Exception):
+    """The database was written by a newer sessiond: refused whole (exit 78)."""
+
+
+class MigrationFailed(Exception):
+    """A migration failed and was rolled back: the database is as it was (exit 78)."""
+
+
+def schema_version(con: sqlite3.Connection) -> int:
+    """The database's schema version; 0 for a new database."""
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.OperationalError:  # no meta table yet
+        return 0
+    return int(row[0]) if row else 0
+
+
+def refuse_newer(con: sqlite3.Connection, path: str) -> int:
+    """Raise SchemaTooNew for a database this code cannot read; else return its version."""
+    current = schema_version(con)
+    if current > LATEST:
+        raise SchemaTooNew(
+            f"database {path} has schema version {current}, newer than this sessiond's"
+            f" {LATEST}: it was written by a newer release. Run that release (or newer), or"
+            f" restore the backup taken before it migrated (<db>.schema-{LATEST}.bak);"
+            " the file is left untouched")
+    return current
+
+
+def migrate(con: sqlite3.Connection, path: str) -> list[int]:
+    """Run the pending migrations of `con` (autocommit mode); return those applied."""
+    current = refuse_newer(con, path)
+    pending = list(range(current + 1, LATEST + 1))
+    if not pending:
+        return []
+    backup = None
+    if current > 0:
+        backup = f"{path}.schema-{current}.bak"
+        _backup(con, backup)
+        log.info("store.backup_before_migration", path=backup, schema_version=current)
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        con.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+        for number in pending:
+            for sql in MIGRATIONS[number - 1]:
+                try:
+                    con.execute(sql)
+                except sqlite3.Error as exc:
+                    raise MigrationFailed(
+                        f"migration {number} of database {path} failed: {exc}. Nothing was"
+                        f" changed: the database is still at schema version {current}"
+                        + (f" (a copy is at {backup})" if backup else "")) from exc
+        con.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(LATEST),))
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    for number in pending:
+        log.info("store.migrated", schema_version=number, from_version=current)
+    return pending
+
+
+def _backup(con: sqlite3.Connection, target: str) -> None:
+    """Copy the database to `target` (0600), replacing an older copy at that path."""
+    tmp = target + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    dest = sqlite3.connect(tmp)
+    try:
+        con.backup(dest)
+    finally:
+        dest.close()
+    os.replace(tmp, target)
 
 
 SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",

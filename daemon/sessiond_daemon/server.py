@@ -35,7 +35,7 @@ from .access import Grants
 from .executors import Executors
 from .graphs import Graphs
 from .maintenance import Maintenance
-from .service import Service, invalid_params
+from .service import VERSION, Service, invalid_params
 from .subscriptions import Subscriptions
 
 log = structlog.get_logger("sessiond.rpc")
@@ -321,7 +321,10 @@ class Server:
         decoder = self._decoders.get(req.method)
         if decoder is None or (req.method not in self._handlers
                                and req.method not in _CONNECTION_METHODS):
-            raise MethodNotFoundError(f"method not found: {req.method}", {"method": req.method})
+            raise MethodNotFoundError(
+                f"method not found: {req.method} (this daemon is sessiond {VERSION},"
+                f" protocol {rpc.PROTOCOL_VERSION})",
+                {"method": req.method, "version": VERSION, "protocol": rpc.PROTOCOL_VERSION})
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down")
         handler: Callable[..., Awaitable[Any]]

@@ -208,7 +208,8 @@ class Service:
 
     async def daemon_ping(self, p: rpc.NoParams, meta: EventMeta) -> rpc.PingResult:
         return rpc.PingResult(pong=True, version=VERSION,
-                              uptime_s=round(time.monotonic() - self.started, 3))
+                              uptime_s=round(time.monotonic() - self.started, 3),
+                              protocol=rpc.PROTOCOL_VERSION, methods=sorted(rpc.METHODS))
 
     async def daemon_stats(self, p: rpc.NoParams, meta: EventMeta) -> dict[str, Any]:
         sessions, events = await self.store.counts()
@@ -221,6 +222,7 @@ class Service:
             "uptime_s": round(time.monotonic() - self.started, 3),
             "write_transactions": self.writer.transactions,
             "write_commands": self.writer.commands,
+            "schema_version": self.store.schema_version,
         }
 
     # --- sessions -------------------------------------------------------------------

@@ -27,7 +27,8 @@ from sessiond_schemas.rpc import CheckpointGetResult, CheckpointInfo
 from sessiond_schemas.state import Message, SessionState, SessionSummary, TokenUsage
 
 from . import host
-from .migrations import MIGRATIONS, SESSION_TABLES
+from . import migrations
+from .migrations import SESSION_TABLES
 
 log = structlog.get_logger("sessiond.store")
 T = TypeVar("T")
@@ -101,6 +102,8 @@ class SqliteStore:
         self._next_reader = itertools.cycle(range(readers))
         self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file we opened
         self._lost: str | None = None  # why the file at self.path is no longer ours
+        self.schema_version = 0
+        self.migrated: list[int] = []  # the migrations this open applied
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -116,6 +119,9 @@ class SqliteStore:
                 await _connect(self.path, self.synchronous, query_only=True)
                 for _ in range(self._reader_count)
             ]
+        except (migrations.SchemaTooNew, migrations.MigrationFailed):
+            await self.close()
+            raise
         except sqlite3.DatabaseError as exc:
             await self.close()
             raise StorageError(
@@ -123,7 +129,8 @@ class SqliteStore:
                 " it from a backup, or move it aside to start with an empty database.",
                 {"detail": str(exc)},
             ) from exc
-        log.info("store.opened", path=self.path, synchronous=synchronous)
+        log.info("store.opened", path=self.path, synchronous=synchronous,
+                 schema_version=self.schema_version)
 
     async def close(self) -> None:
         """Checkpoint the WAL and close every connection."""
@@ -145,13 +152,15 @@ class SqliteStore:
         self._con = con
         con.execute("PRAGMA busy_timeout = 5000")
         con.execute("PRAGMA foreign_keys = ON")
+        migrations.refuse_newer(con, self.path)  # before anything is changed
         # synchronous is per connection and never stored in the file: set it on each.
         con.execute(f"PRAGMA synchronous = {self.synchronous}")
         con.execute("PRAGMA journal_mode = WAL")
         if self.max_bytes:
             page = con.execute("PRAGMA page_size").fetchone()[0]
             con.execute(f"PRAGMA max_page_count = {max(1, self.max_bytes // page)}")
-        self._migrate(con)
+        self.migrated = migrations.migrate(con, self.path)
+        self.schema_version = migrations.schema_version(con)
         st = os.stat(self.path)
         self._identity = (st.st_dev, st.st_ino)
         self._lost = None
@@ -214,24 +223,6 @@ class SqliteStore:
             log.warning("store.checkpoint_failed", error=str(exc))
         self._con.close()
         self._con = None
-
-    @staticmethod
-    def _migrate(con: sqlite3.Connection) -> None:
-        con.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        current = int(row[0]) if row else 0
-        for number, statements in enumerate(MIGRATIONS[current:], start=current + 1):
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                for sql in statements:
-                    con.execute(sql)
-                con.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
-                            (str(number),))
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            log.info("store.migrated", schema_version=number)
 
     @property
     def _w(self) -> sqlite3.Connection:

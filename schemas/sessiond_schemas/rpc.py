@@ -234,10 +234,17 @@ class EventsUnsubscribeParams(Params, kw_only=True, forbid_unknown_fields=True):
 # --- results ---------------------------------------------------------------------
 
 
+PROTOCOL_VERSION: Final = "1.1"
+"""major.minor of this API: a minor release adds methods and optional fields; a major one
+may remove or change them. 1.0 was sessiond 0.1.0, whose ping had neither field below."""
+
+
 class PingResult(msgspec.Struct, kw_only=True):
     pong: bool
-    version: str
+    version: str  # the daemon's release
     uptime_s: float
+    protocol: str = "1.0"  # PROTOCOL_VERSION of the daemon (absent before 1.1)
+    methods: list[str] = []  # every method the daemon serves (absent before 1.1)
 
 
 class StatsResult(msgspec.Struct, kw_only=True):
@@ -252,6 +259,7 @@ class StatsResult(msgspec.Struct, kw_only=True):
     uptime_s: float
     write_transactions: int
     write_commands: int
+    schema_version: int = 0  # the database's schema version (absent before protocol 1.1)
 
 
 class WriteResult(msgspec.Struct, kw_only=True):

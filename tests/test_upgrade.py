@@ -1,0 +1,303 @@
+"""Upgrades keep data: what every earlier release wrote opens, migrates, verifies and serves.
+
+Each folder of tests/fixtures/releases/ was written by that release's own code
+(tests/fixtures/releases/generate.py): its database, its export documents, what it
+served for each session, and its wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+from sessiond import AsyncClient, Client, MethodNotFoundError, SessiondError
+from sessiond_daemon.migrations import LATEST, MIGRATIONS
+from sessiond_schemas import rpc
+from sessiond_schemas.events import Event
+from sessiond_schemas.export import chain_hash
+
+from conftest import daemon_config, running_daemon
+
+pytestmark = pytest.mark.anyio
+
+RELEASES = Path(__file__).resolve().parent / "fixtures" / "releases"
+FOLDERS = sorted(p for p in RELEASES.iterdir() if (p / "release.json").exists())
+
+
+def release(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "release.json").read_text())  # type: ignore[no-any-return]
+
+
+def expected(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "expected.json").read_text())  # type: ignore[no-any-return]
+
+
+def common(ours: Any, theirs: Any, where: str = "$") -> list[str]:
+    """Where `ours` differs from `theirs` in the fields both have (dicts compared by their
+    shared keys, all the way down); [] when they agree."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        return [d for k in ours.keys() & theirs.keys()
+                for d in common(ours[k], theirs[k], f"{where}.{k}")]
+    if isinstance(ours, list) and isinstance(theirs, list):
+        if len(ours) != len(theirs):
+            return [f"{where}: {len(ours)} items, the release served {len(theirs)}"]
+        return [d for i, (a, b) in enumerate(zip(ours, theirs))
+                for d in common(a, b, f"{where}[{i}]")]
+    return [] if ours == theirs else [f"{where}: {ours!r}, the release served {theirs!r}"]
+
+
+def builtins(value: Any) -> Any:
+    return msgspec.to_builtins(value)
+
+
+@pytest.fixture(params=FOLDERS, ids=[p.name for p in FOLDERS])
+def old(request: pytest.FixtureRequest, short_dir: str) -> Iterator[tuple[Path, str]]:
+    """(release folder, a copy of its database in a private directory)."""
+    folder: Path = request.param
+    db = os.path.join(short_dir, "sessiond.db")
+    shutil.copyfile(folder / "sessiond.db", db)
+    yield folder, db
+
+
+def test_every_release_has_a_folder() -> None:
+    """The folders hold what the upgrade tests need (a release without them is untested)."""
+    assert FOLDERS, "no release fixtures"
+    for folder in FOLDERS:
+        for name in ("sessiond.db", "expected.json", *(f"exports/{e}" for e in
+                                                      release(folder)["exports"])):
+            assert (folder / name).is_file(), f"{folder.name}: {name} is missing"
+        assert list(folder.glob("sessiond-*.whl")), f"{folder.name}: no wheel"
+
+
+async def test_upgrade_serves_what_the_release_served(old: tuple[Path, str],
+                                                      short_dir: str) -> None:
+    """Open, migrate, verify (old hashes), serve the same, accept new writes, restart."""
+    folder, db = old
+    was = expected(folder)
+    config = daemon_config(short_dir, db=db)
+    async with running_daemon(config), AsyncClient(config.socket) as c:
+        stats = await c.stats()
+        assert stats.schema_version == LATEST
+        assert (stats.sessions, stats.events, stats.last_position) == (
+            was["stats"]["sessions"], was["stats"]["events"], was["stats"]["last_position"])
+        report = await c.verify()
+        assert report.ok, report.problems
+        assert report.checked_sessions == len(was["sessions"])
+        for sid, served in was["sessions"].items():
+            state = await c.get_session(sid)
+            assert common(builtins(state), served["state"], sid) == []
+            for version, past in served["at_version"].items():
+                then = await c.get_session(sid, at_version=int(version))
+                assert common(builtins(then), past, f"{sid}@{version}") == []
+            messages = (await c.list_messages(sid, limit=1000)).messages
+            assert common(builtins(messages), served["messages"], f"{sid} messages") == []
+            events = (await c.read_events(sid, limit=1000)).events
+            assert common(builtins(events), served["events"], f"{sid} events") == []
+            for cp in served["checkpoints"]:
+                got = await c.get_checkpoint(sid, cp["checkpoint_id"])
+                assert common(builtins(got), cp, f"{sid} {cp['checkpoint_id']}") == []
+            graph = await c.call("graph.list", rpc.GraphListResult, session_id=sid)
+            assert common(builtins(graph.tuples), served["graph"], f"{sid} graph") == []
+        scoped = await c.call("state.get", rpc.StateGetResult, app_name="fx", user_ids=["u1"])
+        assert common(builtins(scoped), was["scoped_state"], "state.get") == []
+
+        # New writes on old sessions carry their hash chains on.
+        for sid in was["sessions"]:
+            result = await c.append_message(sid, "user", f"after the upgrade: {sid}")
+            [last, new] = (await c.read_events(sid, from_version=result.version - 1)).events
+            assert new.hash == chain_hash(last.hash, new)
+        assert (await c.verify()).ok
+    # And it starts again on what it migrated and wrote.
+    async with running_daemon(config), AsyncClient(config.socket) as c:
+        assert (await c.verify()).ok
+
+
+async def test_old_exports_import(short_dir: str) -> None:
+    """Every export document of every release imports and verifies in a fresh daemon."""
+    async with running_daemon(daemon_config(short_dir)) as d, AsyncClient(d.socket) as c:
+        for folder in FOLDERS:
+            for name in release(folder)["exports"]:
+                doc = json.loads((folder / "exports" / name).read_text())
+                state = await c.import_session(doc, on_conflict="replace")
+                if doc["session"] is not None:
+                    # An executor's imported history gains one mark that its processes
+                    # are not ours to act on (docs/security.md); the rest is as exported.
+                    extra = state.version - doc["session"]["version"]
+                    assert extra in (0, 1), name
+                    ours = builtins(state)
+                    del ours["version"]
+                    assert common(ours, doc["session"], name) == []
+                # Positions are the store's own; ids, versions, times and hashes are kept.
+                events = [{k: v for k, v in builtins(e).items() if k != "position"}
+                          for e in (await c.read_events(state.session_id, limit=1000)).events]
+                assert common(events[:len(doc["events"])], doc["events"], name) == []
+        report = await c.verify()
+        assert report.ok, report.problems
+
+
+def run_daemon(*args: str, env: dict[str, str] | None = None,
+               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sessiond_daemon", "--log-format", "json",
+                           *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def logged(result: subprocess.CompletedProcess[str], event: str) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in result.stderr.splitlines() + result.stdout.splitlines()
+             if line.startswith("{")]
+    return [line for line in lines if line.get("event") == event]
+
+
+def schema_of(db: str) -> tuple[int, set[str]]:
+    con = sqlite3.connect(db)
+    try:
+        (version,) = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        con.close()
+    return int(version), tables
+
+
+def old_schema(db: str, version: int) -> None:
+    """A database as schema `version` left it (the first migrations only), with a session."""
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    for statements in MIGRATIONS[:version]:
+        for sql in statements:
+            con.execute(sql)
+    con.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(version),))
+    con.close()
+
+
+def test_migrate_only_logs_each_migration_and_keeps_a_backup(short_dir: str) -> None:
+    db = os.path.join(short_dir, "sessiond.db")
+    old_schema(db, 1)
+    done = run_daemon("--migrate-only", "--db", db, "--socket", os.path.join(short_dir, "s"))
+    assert done.returncode == 0, done.stderr
+    assert [e["schema_version"] for e in logged(done, "store.migrated")] == list(
+        range(2, LATEST + 1))
+    assert schema_of(db)[0] == LATEST
+    backup = db + ".schema-1.bak"
+    assert schema_of(backup)[0] == 1 and os.stat(backup).st_mode & 0o777 == 0o600
+    assert not os.path.exists(os.path.join(short_dir, "s")), "--migrate-only must not serve"
+    again = run_daemon("--migrate-only", "--db", db, "--socket", os.path.join(short_dir, "s"))
+    assert again.returncode == 0 and logged(again, "store.migrated") == []
+
+
+def test_a_failed_migration_leaves_the_database_as_it_was(short_dir: str) -> None:
+    """All pending migrations run in one transaction: one bad statement rolls back all."""
+    db = os.path.join(short_dir, "sessiond.db")
+    old_schema(db, 1)
+    before = schema_of(db)
+    code = ("import sys; from sessiond_daemon import migrations, __main__;"
+            " migrations.MIGRATIONS.append(['CREATE TABLE extra (x)', 'CREATE TABLE nope ((']);"
+            " migrations.LATEST = len(migrations.MIGRATIONS);"
+            " __main__.main(sys.argv[1:])")
+    failed = subprocess.run([sys.executable, "-c", code, "--migrate-only", "--db", db,
+                             "--socket", os.path.join(short_dir, "s"), "--log-format", "json"],
+                            capture_output=True, text=True, timeout=60)
+    assert failed.returncode == 78, failed.stderr
+    assert "migration 4" in failed.stderr and "still at schema version 1" in failed.stderr
+    assert schema_of(db) == before  # not even migrations 2 and 3, nor `extra`
+    assert os.path.exists(db + ".schema-1.bak")
+
+
+def test_a_newer_database_is_refused_untouched(short_dir: str) -> None:
+    db = os.path.join(short_dir, "sessiond.db")
+    shutil.copyfile(FOLDERS[-1] / "sessiond.db", db)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(LATEST + 1),))
+    con.commit()
+    con.close()
+    with open(db, "rb") as f:
+        content = f.read()
+    refused = run_daemon("--db", db, "--socket", os.path.join(short_dir, "s"))
+    assert refused.returncode == 78
+    assert f"schema version {LATEST + 1}, newer than this sessiond's {LATEST}" in refused.stderr
+    with open(db, "rb") as f:
+        assert f.read() == content
+    assert not os.path.exists(db + "-wal") or os.path.getsize(db + "-wal") == 0
+
+
+async def test_ping_names_protocol_and_methods(short_dir: str) -> None:
+    async with running_daemon(daemon_config(short_dir)) as d, AsyncClient(d.socket) as c:
+        ping = await c.ping()
+        assert ping.protocol == rpc.PROTOCOL_VERSION
+        assert ping.methods == sorted(rpc.METHODS)
+        with pytest.raises(MethodNotFoundError) as same:
+            await c.call("session.nonexistent")
+        assert "no method 'session.nonexistent'" in same.value.message
+        assert "same protocol" in same.value.message
+        assert same.value.data["daemon_version"] == ping.version
+        shown = await anyio.run_process([sys.executable, "-m", "sessiond.cli", "--socket",
+                                         d.socket, "stats"])
+        assert f"schema_version: {LATEST}" in shown.stdout.decode()
+
+
+@pytest.fixture
+def old_daemon(short_dir: str) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """The oldest release's own daemon, from its wheel, on a copy of its database.
+
+    The wheel is unpacked and put first on PYTHONPATH, so `python -m sessiond_daemon`
+    runs that release's code (its metadata names its version) with this environment's
+    dependencies, which satisfy its requirements: no network, no second venv.
+    """
+    folder = FOLDERS[0]
+    [wheel] = folder.glob("sessiond-*.whl")
+    code = os.path.join(short_dir, "code")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(code)
+    db, sock = os.path.join(short_dir, "old.db"), os.path.join(short_dir, "old.sock")
+    shutil.copyfile(folder / "sessiond.db", db)
+    proc = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--socket", sock,
+                             "--db", db, "--log-level", "warning"],
+                            env={**os.environ, "PYTHONPATH": code})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with Client(sock) as c:
+                    c.ping()
+                break
+            except (SessiondError, OSError):
+                assert proc.poll() is None, "the release's daemon exited"
+                assert time.monotonic() < deadline, "the release's daemon did not answer"
+                time.sleep(0.1)
+        yield sock, release(folder), folder.name
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+async def test_current_client_against_the_oldest_release(
+        old_daemon: tuple[str, dict[str, Any], str]) -> None:
+    """The current client reads an old daemon, and a method it lacks names both releases."""
+    sock, info, _ = old_daemon
+    async with AsyncClient(sock) as c:
+        ping = await c.ping()
+        assert ping.version == info["daemon_version"] and ping.protocol == info["protocol"]
+        assert ping.protocol != rpc.PROTOCOL_VERSION
+        state = await c.get_session("all-types")
+        assert state.status == "completed" and state.message_count == 4
+        with pytest.raises(MethodNotFoundError) as skew:
+            await c.call("session.search", query="login test")
+    message = skew.value.message
+    assert "'session.search'" in message and f"sessiond {info['daemon_version']}" in message
+    assert f"protocol {rpc.PROTOCOL_VERSION}" in message and "upgrade the daemon" in message
+    assert skew.value.data["daemon_version"] == info["daemon_version"]
+    with Client(sock) as c, pytest.raises(MethodNotFoundError) as blocking:
+        c.call("session.search", query="login test")
+    assert "upgrade the daemon" in blocking.value.message
