@@ -14,6 +14,7 @@ import os
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -36,6 +37,21 @@ _state_decoder = msgspec.json.Decoder(SessionState)
 _meta_decoder = msgspec.json.Decoder(EventMeta)
 _message_decoder = msgspec.json.Decoder(MessageAppended)
 _dict_decoder = msgspec.json.Decoder(dict[str, Any])
+
+# The byte budget of one page of a paged read (message.list, events.read, ...). The
+# server sets it for each request: max_page_bytes, or a share of it for a batch item.
+page_budget: ContextVar[int] = ContextVar("page_budget", default=4 << 20)
+
+
+class Page(list[T]):
+    """The rows of one page; `cut` is True when the byte budget ended it before its count."""
+
+    cut: bool = False
+
+
+def _row_bytes(row: Any) -> int:
+    """About what a row weighs in an answer: its text and blob columns."""
+    return sum(len(v) for v in row if isinstance(v, (str, bytes))) + 16
 
 @dataclass(slots=True)
 class Entry:
@@ -195,6 +211,29 @@ class SqliteStore:
     async def _all(db: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         async with db.execute(sql, args) as cur:
             return list(await cur.fetchall())
+
+    @staticmethod
+    async def _page(db: aiosqlite.Connection, sql: str, args: tuple[Any, ...],
+                    max_bytes: int) -> Page[Any]:
+        """The rows of a paged query, stopping before the row that would pass `max_bytes`
+        (0: no budget). The first row always comes, however large. Rows are fetched a few
+        at a time, guessed from the sizes seen, so a page never holds much past its budget."""
+        page: Page[Any] = Page()
+        async with db.execute(sql, args) as cur:
+            if not max_bytes:
+                page.extend(await cur.fetchall())
+                return page
+            used, chunk = 0, 1
+            while rows := await cur.fetchmany(chunk):
+                for row in rows:
+                    size = _row_bytes(row)
+                    if page and used + size > max_bytes:
+                        page.cut = True
+                        return page
+                    page.append(row)
+                    used += size
+                chunk = max(1, min(1024, (max_bytes - used) // (used // len(page)) + 1))
+        return page
 
     # --- the writer's side (each call is one hop to the write thread) ----------------
 
@@ -478,16 +517,16 @@ class SqliteStore:
         return found
 
     async def states(self, namespace: str, prefix: bool, after: str,
-                     limit: int) -> list[bytes]:
+                     limit: int, max_bytes: int = 0) -> Page[bytes]:
         """Stored views of sessions in a namespace (or under a namespace prefix), by id."""
         if prefix:
             where, args = "namespace >= ? AND namespace < ?", (namespace, namespace + "\U0010ffff")
         else:
             where, args = "namespace = ?", (namespace,)
-        rows = await self._all(self._r(), f"SELECT state FROM sessions WHERE {where}"
-                               " AND session_id > ? ORDER BY session_id LIMIT ?",
-                               (*args, after, limit))
-        return [bytes(r[0]) for r in rows]
+        rows = await self._page(self._r(), f"SELECT state FROM sessions WHERE {where}"
+                                " AND session_id > ? ORDER BY session_id LIMIT ?",
+                                (*args, after, limit), max_bytes)
+        return repage(rows, [bytes(r[0]) for r in rows])
 
     async def backup(self, target: str) -> tuple[int, int]:
         """Copy the database online (SQLite's backup API: one consistent snapshot while
@@ -532,11 +571,11 @@ class SqliteStore:
         return [r[0] for r in rows]
 
     async def list_sessions(
-        self, filters: SessionFilters, limit: int, cursor: str | None
-    ) -> tuple[list[SessionSummary], str | None]:
+        self, filters: SessionFilters, limit: int, cursor: str | None, max_bytes: int = 0
+    ) -> tuple[Page[SessionSummary], str | None]:
         sql, args = list_sessions_sql(filters, limit + 1, cursor)
-        rows = await self._all(self._r(), sql, args)
-        page = [
+        rows = await self._page(self._r(), sql, args, max_bytes)
+        page = repage(rows, [
             SessionSummary(
                 session_id=r[0], status=r[1], namespace=r[2], actor_name=r[3], task=r[4],
                 created_at=r[5], updated_at=r[6], message_count=r[7],
@@ -544,17 +583,19 @@ class SqliteStore:
                                        estimated_cost=r[10]),
             )
             for r in rows[:limit]
-        ]
-        more = len(rows) > limit
+        ])
+        more = len(rows) > limit or rows.cut
         next_cursor = _encode_cursor(page[-1].created_at, page[-1].session_id) if more else None
         return page, next_cursor
 
     async def list_messages(
-        self, session_id: str, *, first: int, limit: int, descending: bool
-    ) -> list[Message]:
-        """Read `limit` messages starting at sequence `first`, walking the primary key."""
-        rows = await self._all(self._r(), messages_page_sql(descending), (session_id, first, limit))
-        messages = []
+        self, session_id: str, *, first: int, limit: int, descending: bool, max_bytes: int = 0
+    ) -> Page[Message]:
+        """Read `limit` messages (or `max_bytes` of them) starting at sequence `first`,
+        walking the primary key."""
+        rows = await self._page(self._r(), messages_page_sql(descending),
+                                (session_id, first, limit), max_bytes)
+        messages: Page[Message] = repage(rows, [])
         for data, recorded_at in rows:
             m = _message_decoder.decode(data)
             messages.append(Message(
@@ -571,7 +612,8 @@ class SqliteStore:
         after_position: int,
         limit: int,
         types: list[str] | None,
-    ) -> list[Event]:
+        max_bytes: int = 0,
+    ) -> Page[Event]:
         where, args = [], []  # type: tuple[list[str], list[Any]]
         if session_id is not None:
             where.append("session_id = ? AND version >= ?")
@@ -583,14 +625,15 @@ class SqliteStore:
             where.append(f"type IN ({', '.join('?' * len(types))})")
             args.extend(types)
         order = "version" if session_id is not None else "position"
-        rows = await self._all(
+        rows = await self._page(
             self._r(),
             f"SELECT {_EVENT_COLUMNS} FROM events"
             + (" WHERE " + " AND ".join(where) if where else "")
             + f" ORDER BY {order} LIMIT ?",
             (*args, limit),
+            max_bytes,
         )
-        return [_event_from_row(r) for r in rows]
+        return repage(rows, [_event_from_row(r) for r in rows])
 
     async def read_after(self, after: int, upto: int, session_id: str | None,
                          types: frozenset[str] | None, limit: int) -> list[Event]:
@@ -644,18 +687,20 @@ class SqliteStore:
             version=row[4], payload=msgspec.Raw(bytes(row[5])), memory=memory,
         )
 
-    async def checkpoints(self, session_id: str) -> list[CheckpointInfo]:
-        rows = await self._all(
+    async def checkpoints(self, session_id: str, after_version: int = 0,
+                          max_bytes: int = 0) -> Page[CheckpointInfo]:
+        rows = await self._page(
             self._r(),
             "SELECT checkpoint_id, node_id, created_at, size, version FROM checkpoints"
-            " WHERE session_id = ? ORDER BY version",
-            (session_id,),
+            " WHERE session_id = ? AND version > ? ORDER BY version",
+            (session_id, after_version),
+            max_bytes,
         )
-        return [
+        return repage(rows, [
             CheckpointInfo(checkpoint_id=r[0], node_id=r[1], created_at=r[2], size=r[3],
                            version=r[4])
             for r in rows
-        ]
+        ])
 
     async def counts(self) -> tuple[int, int]:
         """Return (sessions, events), counted from the views."""
@@ -791,6 +836,13 @@ def _event_from_row(r: Any) -> Event:
         schema_version=r[5], recorded_at=r[6], data=_dict_decoder.decode(r[7]),
         meta=_meta_decoder.decode(r[8]), hash=r[9],
     )
+
+
+def repage(rows: Page[Any], items: list[T]) -> Page[T]:
+    """`items` made from `rows`, as a page cut where the rows were."""
+    page: Page[T] = Page(items)
+    page.cut = rows.cut
+    return page
 
 
 def _encode_cursor(created_at: str, session_id: str) -> str:

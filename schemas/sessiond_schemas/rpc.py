@@ -267,6 +267,7 @@ class ResolveResult(msgspec.Struct, kw_only=True):
 class SessionListResult(msgspec.Struct, kw_only=True):
     sessions: list[SessionSummary]
     next_cursor: str | None
+    truncated_by_bytes: bool = False  # the page ended at max_page_bytes, before `limit`
 
 
 class ResumeInfo(msgspec.Struct, kw_only=True):
@@ -313,6 +314,7 @@ class MessageAppendManyResult(WriteResult, kw_only=True):
 class MessageListResult(msgspec.Struct, kw_only=True):
     messages: list[Message]
     total: int
+    truncated_by_bytes: bool = False  # the page ended at max_page_bytes, before `limit`
 
 
 class TokensRecordResult(WriteResult, kw_only=True):
@@ -345,8 +347,14 @@ class CheckpointInfo(msgspec.Struct, kw_only=True):
     version: int
 
 
+class CheckpointListParams(SessionRef, kw_only=True, forbid_unknown_fields=True):
+    after_version: NonNegInt = 0  # the `next` of the previous page
+
+
 class CheckpointListResult(msgspec.Struct, kw_only=True):
     checkpoints: list[CheckpointInfo]
+    next: int | None = None  # set when the page ended at max_page_bytes: the after_version
+    truncated_by_bytes: bool = False
 
 
 class MemoryUpdateResult(WriteResult, kw_only=True):
@@ -356,6 +364,7 @@ class MemoryUpdateResult(WriteResult, kw_only=True):
 class EventsReadResult(msgspec.Struct, kw_only=True):
     events: list[Event]
     next: int | None
+    truncated_by_bytes: bool = False  # the page ended at max_page_bytes, before `limit`
 
 
 class VerifyProblem(msgspec.Struct, kw_only=True):
@@ -556,6 +565,7 @@ class SessionStatesParams(Params, kw_only=True, forbid_unknown_fields=True):
 class SessionStatesResult(msgspec.Struct, kw_only=True):
     states: list[SessionState]
     next: str | None
+    truncated_by_bytes: bool = False  # the page ended at max_page_bytes, before `limit`
 
 
 METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
@@ -582,7 +592,7 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "progress.record": (ProgressRecordParams, ProgressRecordResult),
     "checkpoint.save": (CheckpointSaveParams, CheckpointSaveResult),
     "checkpoint.get": (CheckpointGetParams, CheckpointGetResult),
-    "checkpoint.list": (SessionRef, CheckpointListResult),
+    "checkpoint.list": (CheckpointListParams, CheckpointListResult),
     "memory.update": (MemoryUpdateParams, MemoryUpdateResult),
     "events.append": (EventsAppendParams, WriteResult),
     "events.read": (EventsReadParams, EventsReadResult),
