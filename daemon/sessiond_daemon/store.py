@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import os
 import sqlite3
@@ -81,6 +82,29 @@ class Batch:
         self.snapshots = [v for v in self.snapshots if v.session_id != session_id]
 
 
+def _open_cause(path: str) -> str | None:
+    """Why SQLite could not open `path`, when the file system says (its own message,
+    "unable to open database file", does not)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "it is a directory; give the path of a database file"
+    readonly = False
+    with contextlib.suppress(OSError):
+        readonly = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    if readonly:
+        return f"the file system holding {directory} is read-only"
+    # WAL needs the file and, beside it, -wal and -shm files: all must be writable.
+    for target, what in ((path, "the file"), (path + "-wal", "its -wal file"),
+                         (path + "-shm", "its -shm file")):
+        if os.path.exists(target) and not os.access(target, os.R_OK | os.W_OK):
+            return (f"permission denied: {what} {target} is not readable and writable by uid"
+                    f" {os.geteuid()}")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return (f"permission denied: uid {os.geteuid()} cannot create files in {directory}"
+                " (SQLite needs its -wal and -shm files there)")
+    return None
+
+
 def _storage_error(exc: sqlite3.Error) -> StorageError:
     return StorageError(f"storage error: {exc}; nothing was written", {"detail": str(exc)})
 
@@ -130,10 +154,12 @@ class SqliteStore:
             ]
         except sqlite3.DatabaseError as exc:
             await self.close()
+            cause = _open_cause(self.path)
             raise StorageError(
+                f"cannot open database {self.path}: {cause}" if cause else
                 f"cannot open database {self.path}: {exc}. The file is left untouched: restore"
                 " it from a backup, or move it aside to start with an empty database.",
-                {"detail": str(exc)},
+                {"detail": str(exc), **({"cause": cause} if cause else {})},
             ) from exc
         log.info("store.opened", path=self.path, synchronous=synchronous)
 
