@@ -284,3 +284,31 @@ class TestOneLine:
         batch = next(a for a in answers if isinstance(a, list))
         assert len(batch) == 40 and all(r["result"]["truncated_by_bytes"] for r in batch)
         assert proc.poll() is None
+
+
+class TestOutputPages:
+    @pytest.fixture
+    def daemon_overrides(self) -> dict[str, Any]:
+        return {"max_page_bytes": 2_000}
+
+    async def test_session_output_pages_by_bytes(self, daemon: Daemon,
+                                                 client: AsyncClient) -> None:
+        """session.output ends at the budget with `next`; sessionctl output reads every page."""
+        script = "for i in range(40): print(f'{i:03d} ' + 'o' * 100, flush=True)"
+        state = await client.spawn([sys.executable, "-c", script], cwd="/", session_id="out")
+        with anyio.fail_after(60):
+            while (await client.get_session(state.session_id)).status == "active":
+                await anyio.sleep(0.02)
+        lines: list[str] = []
+        after = 0
+        while True:
+            page = await client.call("session.output", session_id="out", after_position=after)
+            lines += page["lines"]
+            if page["next"] is None:
+                break
+            assert page["truncated_by_bytes"] is True and len(page["lines"]) < 40
+            after = page["next"]
+        assert [line[:3] for line in lines] == [f"{i:03d}" for i in range(40)]
+        done = await anyio.run_process([sys.executable, "-m", "sessiond.cli", "--socket",
+                                        daemon.socket, "output", "out"])
+        assert done.stdout.decode().splitlines() == lines

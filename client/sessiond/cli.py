@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import msgspec
+from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessiondError, SessionNotFoundError
 from sessiond_schemas.events import STATUSES
 
@@ -457,7 +458,13 @@ def _kill(c: Client, a: argparse.Namespace) -> Any:
 
 @command("output", lambda r: print("\n".join(r.lines)))
 def _output(c: Client, a: argparse.Namespace) -> Any:
-    return c.output(_sid(c, a.id), turn=a.turn, stream=a.stream)
+    sid = _sid(c, a.id)
+    result = c.output(sid, turn=a.turn, stream=a.stream)
+    while result.next is not None:  # a page cut by bytes: read the rest of the turn
+        more = c.call("session.output", rpc.OutputResult, session_id=sid, turn=result.turn,
+                      stream=a.stream, after_position=result.next)
+        result = msgspec.structs.replace(more, lines=result.lines + more.lines)
+    return result
 
 
 def _render_steps(steps: Any) -> None:

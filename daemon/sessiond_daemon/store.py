@@ -434,15 +434,18 @@ class SqliteStore:
             (session_id, *types))
         return [(r[0], msgspec.json.decode(r[1])) for r in rows]
 
-    async def process_output(self, session_id: str, turn: int,
-                             stream: str | None) -> list[str]:
-        """The output lines of one executor turn (one stream, or both), in order."""
-        rows = await self._all(
-            self._r(), "SELECT data FROM events WHERE session_id = ? AND type = 'process.output'"
+    async def process_output(self, session_id: str, turn: int, stream: str | None,
+                             after_position: int = 0,
+                             max_bytes: int = 0) -> Page[tuple[int, str]]:
+        """The output lines of one executor turn (one stream, or both), in order, as
+        (position, line), from after `after_position`."""
+        rows = await self._page(
+            self._r(), "SELECT data, position FROM events WHERE session_id = ?"
+            " AND type = 'process.output' AND position > ?"
             " AND json_extract(data, '$.turn') = ? AND (? IS NULL OR"
             " coalesce(json_extract(data, '$.stream'), 'stdout') = ?) ORDER BY position",
-            (session_id, turn, stream, stream))
-        return [msgspec.json.decode(r[0])["line"] for r in rows]
+            (session_id, after_position, turn, stream, stream), max_bytes)
+        return repage(rows, [(r[1], msgspec.json.decode(r[0])["line"]) for r in rows])
 
     async def sessions_with_process(self) -> list[str]:
         """Active sessions whose view names a process: candidates for restart recovery."""

@@ -443,11 +443,14 @@ class SessionOutputParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
     turn: Annotated[int, msgspec.Meta(ge=1)] | None = None  # default: the latest turn
     stream: Literal["stdout", "stderr"] | None = None  # default: both, in arrival order
+    after_position: NonNegInt = 0  # the `next` of the previous page
 
 
 class OutputResult(msgspec.Struct, kw_only=True):
     turn: int
     lines: list[str]
+    next: int | None = None  # set when the page ended at max_page_bytes: the after_position
+    truncated_by_bytes: bool = False
 
 
 class SessionTrajectoryParams(Params, kw_only=True, forbid_unknown_fields=True):
