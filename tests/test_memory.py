@@ -312,3 +312,38 @@ class TestOutputPages:
         done = await anyio.run_process([sys.executable, "-m", "sessiond.cli", "--socket",
                                         daemon.socket, "output", "out"])
         assert done.stdout.decode().splitlines() == lines
+
+
+class TestGraphPages:
+    @pytest.fixture
+    def daemon_overrides(self) -> dict[str, Any]:
+        return {"max_page_bytes": 3_000}
+
+    async def test_graph_list_pages_by_bytes(self, client: AsyncClient) -> None:
+        """graph.list ends at the budget with `next`; following it as `cursor` (with
+        `limit` less what came) gives every checkpoint once, newest first, across threads."""
+        big = {"type": "json", "data": b"v" * 600}
+        for thread in ("g1", "g2"):  # the same checkpoint ids in two threads: ties to page
+            for i in range(6):
+                await client.call("graph.put", session_id=thread, thread_id=thread,
+                                  checkpoint_id=f"{i:04d}", checkpoint=big,
+                                  channel_versions={"ch": str(i)}, blobs={"ch": big})
+        seen: list[tuple[str, str]] = []
+        cursor, limit = None, 11
+        while True:
+            page = await client.call("graph.list", cursor=cursor, limit=limit)
+            seen += [(t["checkpoint_id"], t["session_id"]) for t in page["tuples"]]
+            if page["next"] is None:
+                break
+            assert page["truncated_by_bytes"] is True and len(page["tuples"]) < limit
+            cursor, limit = page["next"], limit - len(page["tuples"])
+        expected = sorted(((f"{i:04d}", t) for i in range(6) for t in ("g1", "g2")),
+                          key=lambda x: (-int(x[0]), x[1]))[:11]
+        assert seen == expected
+        bad = await anyio.to_thread.run_sync(exchange, client_socket(client), rpc_line(
+            call(1, "graph.list", cursor="not-a-cursor")))
+        assert bad["error"]["code"] == -32602 and bad["error"]["data"]["path"] == "$.cursor"
+
+
+def client_socket(client: AsyncClient) -> str:
+    return str(client.socket_path)

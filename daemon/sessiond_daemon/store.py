@@ -468,9 +468,16 @@ class SqliteStore:
 
     async def graph_checkpoints(self, session_id: str | None, ns: str | None,
                                 checkpoint_id: str | None, before: str | None, limit: int,
-                                offset: int) -> list[tuple[str, str, str, bytes]]:
-        """(session_id, ns, checkpoint_id, event data) of indexed checkpoints, newest id first."""
+                                offset: int, after: tuple[str, str, str] | None = None
+                                ) -> list[tuple[str, str, str, bytes]]:
+        """(session_id, ns, checkpoint_id, event data) of indexed checkpoints, newest id first
+        (then by session_id, ns); only those past `after`, such a triple, when given."""
         where, args = self._graph_where(session_id, ns, checkpoint_id, before)
+        if after is not None:
+            where += (" AND " if where else " WHERE ") + (
+                "(gc.checkpoint_id < ? OR (gc.checkpoint_id = ? AND (gc.session_id > ?"
+                " OR (gc.session_id = ? AND gc.ns > ?))))")
+            args += [after[2], after[2], after[0], after[0], after[1]]
         rows = await self._all(
             self._r(), "SELECT gc.session_id, gc.ns, gc.checkpoint_id, e.data"
             " FROM graph_checkpoints gc JOIN events e ON e.position = gc.position" + where

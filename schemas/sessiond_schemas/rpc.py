@@ -494,6 +494,7 @@ class GraphListParams(Params, kw_only=True, forbid_unknown_fields=True):
     before: str | None = None  # only checkpoint ids below this one
     filter: dict[str, Any] = {}  # metadata keys that must be equal
     limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    cursor: str | None = None  # the `next` of the previous page
 
 
 class PendingWrite(msgspec.Struct, kw_only=True):
@@ -523,6 +524,8 @@ class GraphGetResult(msgspec.Struct, kw_only=True):
 
 class GraphListResult(msgspec.Struct, kw_only=True):
     tuples: list[GraphTuple]
+    next: str | None = None  # set when the page ended at max_page_bytes: the next cursor
+    truncated_by_bytes: bool = False
 
 
 class GraphRunsParams(Params, kw_only=True, forbid_unknown_fields=True):
