@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 import anyio
@@ -357,3 +358,18 @@ class TestDatabaseOpenErrors:
         text = await anyio.to_thread.run_sync(self._open_as_nobody,
                                               os.path.join(locked, "new.db"))
         assert "permission denied" in text.lower() and locked in text, text
+
+    async def test_read_only_file_system_is_named(self) -> None:
+        """A database on a read-only file system: the message says so (and keeps SQLite's)."""
+        from test_faults import tmpfs
+
+        with tmpfs("1m") as point:
+            db = os.path.join(point, "ro.db")
+            sqlite3.connect(db).close()
+            subprocess.run(["mount", "-o", "remount,ro", point], check=True)
+            with tempfile.TemporaryDirectory(prefix="sd-") as run:
+                done = await anyio.run_process(
+                    [sys.executable, "-m", "sessiond_daemon", "--db", db, "--socket",
+                     os.path.join(run, "s"), "--log-format", "json"], check=False)
+        assert done.returncode == 1
+        assert f"the file system holding {point} is read-only" in done.stderr.decode()

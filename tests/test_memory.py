@@ -165,6 +165,17 @@ class TestCheckpointPages:
             assert page["truncated_by_bytes"] is True
             after = page["next"]
         assert ids == [f"cp-{i:02d}" for i in range(12)]
+        listed = await anyio.run_process([sys.executable, "-m", "sessiond.cli", "--socket",
+                                          client.socket_path, "--json", "checkpoints", sid])
+        assert len(json.loads(listed.stdout)) == 12  # sessionctl reads every page
+
+    async def test_sessionctl_messages_says_the_page_was_cut(self, daemon: Daemon,
+                                                             client: AsyncClient) -> None:
+        """The human table of a page cut by bytes says how to ask for more."""
+        sid = await session_of(client, 3, 300)
+        shown = await anyio.run_process([sys.executable, "-m", "sessiond.cli", "--socket",
+                                         daemon.socket, "messages", sid])
+        assert "byte budget; more: --after " in shown.stdout.decode()
 
 
 class TestInflight:

@@ -412,7 +412,14 @@ def _checkpoint_get(c: Client, a: argparse.Namespace) -> Any:
 
 @command("checkpoints", render_checkpoints)
 def _checkpoints(c: Client, a: argparse.Namespace) -> Any:
-    return c.list_checkpoints(_sid(c, a.id))
+    sid, found, after = _sid(c, a.id), [], 0
+    while True:  # pages end at the daemon's byte budget; this lists them all
+        page = c.call("checkpoint.list", rpc.CheckpointListResult, session_id=sid,
+                      after_version=after)
+        found += page.checkpoints
+        if page.next is None:
+            return found
+        after = page.next
 
 
 @command("events-append", print_kv)

@@ -156,7 +156,7 @@ class SqliteStore:
             await self.close()
             cause = _open_cause(self.path)
             raise StorageError(
-                f"cannot open database {self.path}: {cause}" if cause else
+                f"cannot open database {self.path}: {cause} (SQLite: {exc})" if cause else
                 f"cannot open database {self.path}: {exc}. The file is left untouched: restore"
                 " it from a backup, or move it aside to start with an empty database.",
                 {"detail": str(exc), **({"cause": cause} if cause else {})},
