@@ -414,8 +414,8 @@ def _checkpoint_get(c: Client, a: argparse.Namespace) -> Any:
 def _checkpoints(c: Client, a: argparse.Namespace) -> Any:
     sid, found, after = _sid(c, a.id), [], 0
     while True:  # pages end at the daemon's byte budget; this lists them all
-        page = c.call("checkpoint.list", rpc.CheckpointListResult, session_id=sid,
-                      after_version=after)
+        page: rpc.CheckpointListResult = c.call(
+            "checkpoint.list", rpc.CheckpointListResult, session_id=sid, after_version=after)
         found += page.checkpoints
         if page.next is None:
             return found
@@ -468,8 +468,9 @@ def _output(c: Client, a: argparse.Namespace) -> Any:
     sid = _sid(c, a.id)
     result = c.output(sid, turn=a.turn, stream=a.stream)
     while result.next is not None:  # a page cut by bytes: read the rest of the turn
-        more = c.call("session.output", rpc.OutputResult, session_id=sid, turn=result.turn,
-                      stream=a.stream, after_position=result.next)
+        more: rpc.OutputResult = c.call("session.output", rpc.OutputResult, session_id=sid,
+                                        turn=result.turn, stream=a.stream,
+                                        after_position=result.next)
         result = msgspec.structs.replace(more, lines=result.lines + more.lines)
     return result
 
