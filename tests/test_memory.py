@@ -178,6 +178,33 @@ class TestCheckpointPages:
         assert "byte budget; more: --after " in shown.stdout.decode()
 
 
+class TestUnreadReplies:
+    @pytest.fixture
+    def daemon_overrides(self) -> dict[str, Any]:
+        return {"max_reply_buffer": 64 << 10, "max_page_bytes": 4 << 20}
+
+    async def test_a_client_that_does_not_read_is_not_read(self, daemon: Daemon,
+                                                           client: AsyncClient) -> None:
+        """Past max_reply_buffer unsent bytes the daemon reads no more of that client's
+        requests; once the client reads, they run and are answered."""
+        sid = await session_of(client, 12, 100_000)
+        with socket.socket(socket.AF_UNIX) as idle:
+            idle.connect(daemon.socket)
+            idle.sendall(rpc_line(call(1, "message.list", session_id=sid, limit=1000)))
+            with anyio.fail_after(60):
+                while not unread(idle):  # the answer is on its way: most of it still unsent
+                    await anyio.sleep(0.01)
+            idle.sendall(rpc_line(call(2, "message.append", session_id=sid, role="user",
+                                       content="after the big read")))
+            for _ in range(3):  # round trips through the daemon and its writer meanwhile
+                await client.ping()
+                await client.create_session()
+            assert (await client.get_session(sid)).message_count == 12  # not read yet
+            answers = await anyio.to_thread.run_sync(read_lines, idle, 2)
+        assert {a["id"] for a in answers} == {1, 2}
+        assert (await client.get_session(sid)).message_count == 13
+
+
 class TestInflight:
     async def test_batch_items_count_against_max_inflight(self, short_dir: str) -> None:
         """With max_inflight=2 a batch of 6 runs at most 2 items at once, and finishes."""
