@@ -109,6 +109,8 @@ def _write_file(path: str, text: str) -> None:
 
 
 def _read_stdin() -> str:
+    if sys.stdin.isatty():  # a person at a terminal may not know we are waiting for them
+        print("sessionctl: reading standard input; end it with Ctrl-D", file=sys.stderr)
     try:
         return sys.stdin.read()
     except UnicodeDecodeError as exc:
@@ -128,9 +130,7 @@ def _read_json_items(source: str | None) -> list[Any]:
     text = _read_stdin() if source in (None, "-") else _read_file(str(source))
     text = text.strip()
     if text.startswith("["):
-        items = _parse_json(text, name)
-        if not isinstance(items, list):  # "[1] x" is caught above; this is for safety
-            raise CliError(f"{name}: expected a JSON array or JSON lines", "bad_json", 2)
+        items: list[Any] = _parse_json(text, name)  # a "[" that parses is an array
         return items
     return [_parse_json(line, f"{name} line {n}")
             for n, line in enumerate(text.splitlines(), 1) if line.strip()]
@@ -683,6 +683,9 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:  # our reader (say, `head`) has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
+    except KeyboardInterrupt:  # Ctrl-C: the user's choice, not a failure to explain
+        print(file=sys.stderr)
+        sys.exit(130)
     except CliError as exc:
         _fail(exc.message, exc.code, exc.exit_code, exc.data, args.json)
     except (ConnectionLostError, ConnectionError) as exc:  # the daemon went away
