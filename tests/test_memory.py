@@ -144,6 +144,17 @@ class TestPagesByBytes:
         assert len(states) == 8
         listed = await client.list_sessions(namespace="big", limit=100)
         assert len(listed.sessions) == 8 and not listed.truncated_by_bytes  # summaries are small
+        for _ in range(6):
+            await client.create_session(namespace="long", task="t" * 3_000)
+        ids, cursor = [], None
+        while True:
+            summaries = await client.list_sessions(namespace="long", limit=100, cursor=cursor)
+            ids += [s.session_id for s in summaries.sessions]
+            if summaries.next_cursor is None:
+                break
+            assert summaries.truncated_by_bytes and len(summaries.sessions) <= 3
+            cursor = summaries.next_cursor
+        assert len(set(ids)) == 6
 
 
 class TestCheckpointPages:

@@ -621,6 +621,7 @@ class SqliteStore:
             for r in rows[:limit]
         ])
         more = len(rows) > limit or rows.cut
+        page.cut = rows.cut and len(rows) < limit  # not when only the look-ahead row was cut
         next_cursor = _encode_cursor(page[-1].created_at, page[-1].session_id) if more else None
         return page, next_cursor
 
