@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 import anyio
@@ -171,3 +173,205 @@ class TestExecutorCommands:
         assert killed["status"] == "killed"
         refused = await ctl(daemon, "spawn", "--adapter", "codex", check=False)
         assert refused.returncode != 0 and "give the command after --" in refused.stderr
+
+
+def one_line(text: str) -> str:
+    """The single line of an error; no traceback."""
+    assert "Traceback" not in text, text
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+class TestUserErrors:
+    async def test_bad_json_is_one_line(self, daemon: Daemon, client: AsyncClient) -> None:
+        """Bad JSON in an argument, on stdin or in a file: one line naming it, exit 2."""
+        await client.create_session("cli-json")
+        bad = await ctl(daemon, "checkpoint-save", "cli-json", "{step: 3}", check=False)
+        assert bad.returncode == 2 and "payload is not valid JSON" in one_line(bad.stderr)
+        bad = await ctl(daemon, "checkpoint-save", "cli-json", "-", stdin="{", check=False)
+        assert bad.returncode == 2 and "payload is not valid JSON" in one_line(bad.stderr)
+        bad = await ctl(daemon, "events-append", "cli-json", stdin="[{type: 1}]", check=False)
+        assert bad.returncode == 2 and "standard input is not valid JSON" in one_line(bad.stderr)
+        bad = await ctl(daemon, "append-many", "cli-json",
+                        stdin='{"role": "user", "content": "a"}\n{oops}\n', check=False)
+        assert bad.returncode == 2 and "standard input line 2" in one_line(bad.stderr)
+        bad = await ctl(daemon, "memory", "cli-json", "{x", check=False)
+        assert bad.returncode == 2 and "not valid JSON" in one_line(bad.stderr)
+        bad = await ctl(daemon, "create", "--metadata", "nope", "--json", check=False)
+        error = json.loads(one_line(bad.stderr))["error"]
+        assert bad.returncode == 2 and error["code"] == "usage" and "--metadata" in error["message"]
+        bad = await ctl(daemon, "events-append", "cli-json", "--json", stdin="[1,", check=False)
+        error = json.loads(one_line(bad.stderr))["error"]
+        assert error["code"] == "bad_json" and error["data"]["line"] == 1
+        assert (await client.get_session("cli-json")).version == 1  # nothing was written
+
+    async def test_local_file_errors_say_what_they_are(self, daemon: Daemon,
+                                                       client: AsyncClient,
+                                                       short_dir: str) -> None:
+        """A missing output directory or a directory given as a file is a file error (1),
+        not "cannot reach sessiond"; with --json the error is JSON."""
+        await client.create_session("cli-file")
+        missing = await ctl(daemon, "export", "cli-file", "-o", "/missing/dir/x.json", check=False)
+        line = one_line(missing.stderr)
+        assert missing.returncode == 1 and "cannot reach" not in line
+        assert "/missing/dir/x.json" in line and "no such directory: /missing/dir" in line
+        folder = await ctl(daemon, "append-many", "cli-file", short_dir, check=False)
+        assert folder.returncode == 1 and "is a directory" in one_line(folder.stderr)
+        js = await ctl(daemon, "events-append", "cli-file", "/nope.json", "--json", check=False)
+        error = json.loads(one_line(js.stderr))["error"]
+        assert error == {"code": "file_error", "message": "/nope.json: no such file",
+                         "data": {"path": "/nope.json"}}
+        gone = await ctl(daemon, "--json", "ping", check=False)
+        assert gone.returncode == 0
+        unreachable = await anyio.run_process(
+            [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket + ".x", "--json",
+             "ping"], check=False)
+        error = json.loads(one_line(unreachable.stderr.decode()))["error"]
+        assert unreachable.returncode == 2 and error["code"] == "unreachable"
+
+    async def test_spawn_that_cannot_start_exits_non_zero(self, daemon: Daemon) -> None:
+        """A program that does not exist: the session is failed and spawn exits 1."""
+        done = await ctl(daemon, "spawn", "--id", "cli-nostart", "--",
+                         "/no/such/program", check=False)
+        assert done.returncode == 1
+        assert "/no/such/program did not start" in done.stderr.strip().splitlines()[-1]
+
+    async def test_import_nothing_found_and_skip(self, daemon: Daemon, client: AsyncClient,
+                                                 short_dir: str) -> None:
+        """An import that finds nothing exits 1 saying so; --on-conflict skip lists skips."""
+        empty = os.path.join(short_dir, "empty")
+        os.mkdir(empty)
+        nothing = await ctl(daemon, "import", "--format", "hive", empty, check=False)
+        assert nothing.returncode == 1 and "nothing to import" in one_line(nothing.stderr)
+        await client.create_session("cli-skip")
+        path = os.path.join(short_dir, "doc.json")
+        await ctl(daemon, "export", "cli-skip", "-o", path)
+        skipped = await ctl(daemon, "import", path, "--on-conflict", "skip")
+        assert f"skipped cli-skip from {path}" in skipped.stdout
+        report = await ctl_json(daemon, "import", path, "--on-conflict", "skip")
+        assert report["imported"] == [] and report["skipped"][0]["session_id"] == "cli-skip"
+        await client.delete_session("cli-skip")
+        again = await ctl_json(daemon, "import", path, "--on-conflict", "skip")
+        assert again["skipped"] == [] and again["imported"][0]["session_id"] == "cli-skip"
+
+
+class TestDeleteConfirmation:
+    def _delete_on_tty(self, socket_path: str, answer: bytes | None, *extra: str
+                       ) -> tuple[int, str]:
+        """Run `delete` with a terminal as stdin; answer its question (if it asks)."""
+        import pty
+        master, slave = pty.openpty()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sessiond.cli", "--socket", socket_path, "delete",
+                 "cli-tty", *extra], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            if answer is not None:
+                assert proc.stderr is not None
+                prompt = b""
+                while not prompt.endswith(b"[y/N] "):
+                    chunk = proc.stderr.read1(1024)
+                    assert chunk, "sessionctl did not ask"
+                    prompt += chunk
+                assert b"cli-tty" in prompt
+                os.write(master, answer)
+            out, err = proc.communicate(timeout=60)
+            return proc.returncode, out.decode() + err.decode()
+        finally:
+            os.close(master)
+            os.close(slave)
+
+    async def test_delete_asks_on_a_terminal(self, daemon: Daemon, client: AsyncClient) -> None:
+        """No (or anything but y) keeps the session, y deletes it; --yes does not ask;
+        without a terminal (a script) it does not ask."""
+        await client.create_session("cli-tty")
+        code, text = await anyio.to_thread.run_sync(
+            self._delete_on_tty, daemon.socket, b"n\n")
+        assert code == 1 and "not deleted" in text
+        assert (await client.get_session("cli-tty")).session_id == "cli-tty"
+        code, text = await anyio.to_thread.run_sync(
+            self._delete_on_tty, daemon.socket, b"y\n")
+        assert code == 0 and "deleted cli-tty" in text
+        await client.create_session("cli-tty")
+        code, text = await anyio.to_thread.run_sync(
+            self._delete_on_tty, daemon.socket, None, "--yes")
+        assert code == 0 and "deleted cli-tty" in text and "[y/N]" not in text
+        await client.create_session("cli-tty")
+        await ctl(daemon, "delete", "cli-tty", stdin="")  # stdin is a pipe: no question
+        assert (await client.list_sessions()).sessions == []
+
+
+class TestDatabaseOpenErrors:
+    async def test_a_directory_is_named_as_one(self, short_dir: str) -> None:
+        """`sessiond --db DIR` exits 1 saying the path is a directory."""
+        directory = os.path.join(short_dir, "db")
+        os.mkdir(directory)
+        done = await anyio.run_process(
+            [sys.executable, "-m", "sessiond_daemon", "--socket", os.path.join(short_dir, "s"),
+             "--db", directory, "--log-format", "console"], check=False)
+        assert done.returncode == 1 and b"is a directory" in done.stderr
+
+    @staticmethod
+    def _open_as_nobody(path: str) -> str:
+        """Open a store on `path` in a forked child running as `nobody`; its error text."""
+        import asyncio
+        import pwd
+
+        from sessiond_daemon.store import SqliteStore
+
+        nobody = pwd.getpwnam("nobody")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgroups([])
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                store = SqliteStore(path)
+                try:
+                    asyncio.run(store.open())
+                    message = "opened"
+                except Exception as exc:  # noqa: BLE001 - its text is what we test
+                    message = str(exc)
+                os.write(w, message.encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as answer:
+            text = answer.read().decode()
+        os.waitpid(pid, 0)
+        return text
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+    async def test_permission_denied_is_named(self, short_dir: str) -> None:
+        """A database file, or a directory, the daemon's user may not write: "permission
+        denied", naming the path, not SQLite's "unable to open database file"."""
+        os.chmod(short_dir, 0o711)
+        shared = os.path.join(short_dir, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o777)
+        theirs = os.path.join(shared, "theirs.db")
+        sqlite3.connect(theirs).close()
+        os.chmod(theirs, 0o600)
+        text = await anyio.to_thread.run_sync(self._open_as_nobody, theirs)
+        assert "permission denied" in text.lower() and theirs in text, text
+        locked = os.path.join(short_dir, "locked")
+        os.mkdir(locked, 0o755)
+        text = await anyio.to_thread.run_sync(self._open_as_nobody,
+                                              os.path.join(locked, "new.db"))
+        assert "permission denied" in text.lower() and locked in text, text
+
+    async def test_read_only_file_system_is_named(self) -> None:
+        """A database on a read-only file system: the message says so (and keeps SQLite's)."""
+        from test_faults import tmpfs
+
+        with tmpfs("1m") as point:
+            db = os.path.join(point, "ro.db")
+            sqlite3.connect(db).close()
+            subprocess.run(["mount", "-o", "remount,ro", point], check=True)
+            with tempfile.TemporaryDirectory(prefix="sd-") as run:
+                done = await anyio.run_process(
+                    [sys.executable, "-m", "sessiond_daemon", "--db", db, "--socket",
+                     os.path.join(run, "s"), "--log-format", "json"], check=False)
+        assert done.returncode == 1
+        assert f"the file system holding {point} is read-only" in done.stderr.decode()

@@ -84,6 +84,9 @@ def render_messages(r: Any) -> None:
     console = _console()
     console.print(table)
     console.print(f"{len(r.messages)} of {r.total}", highlight=False)
+    if r.truncated_by_bytes and r.messages:  # the daemon's max_page_bytes ended the page
+        console.print("page ended at the daemon's byte budget; more: --after "
+                      f"{r.messages[-1].sequence} (or --offset, with --desc)", highlight=False)
 
 
 def render_events(r: Any) -> None:

@@ -7,10 +7,11 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
-from sessiond_schemas.errors import SessiondError
+from sessiond_schemas import rpc
+from sessiond_schemas.errors import SessiondError, SessionNotFoundError
 from sessiond_schemas.events import STATUSES
 
 from ._render import (
@@ -40,6 +41,33 @@ def command(name: str, render: Callable[[Any], None] | None = None) -> Callable[
 # --- helpers -----------------------------------------------------------------------------
 
 
+class CliError(Exception):
+    """A failure sessionctl reports itself, in one line: `code` names its kind (the `code`
+    of the --json error), `exit_code` is the process's exit status."""
+
+    def __init__(self, message: str, code: str, exit_code: int = 1,
+                 data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message, self.code, self.exit_code, self.data = message, code, exit_code, data or {}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in one line (and in JSON under --json)."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.removeprefix("sessionctl").strip()  # the command, if any
+        raise CliError(f"{where + ': ' if where else ''}{message} (see {self.prog} --help)",
+                       "usage", 2)
+
+
+def _parse_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{what} is not valid JSON: {exc}", "bad_json", 2,
+                       {"line": exc.lineno, "column": exc.colno}) from exc
+
+
 def _json_arg(text: str) -> Any:
     try:
         return json.loads(text)
@@ -47,26 +75,65 @@ def _json_arg(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
 
 
+def _file_problem(path: str, exc: OSError | UnicodeDecodeError) -> CliError:
+    """A local file that cannot be read or written, said as what it is."""
+    if isinstance(exc, UnicodeDecodeError):
+        reason = f"not UTF-8 text ({exc.reason} at byte {exc.start})"
+    elif isinstance(exc, IsADirectoryError):
+        reason = "is a directory, not a file"
+    elif isinstance(exc, FileNotFoundError):
+        parent = os.path.dirname(os.path.abspath(path))
+        reason = ("no such file" if os.path.isdir(parent)
+                  else f"no such directory: {parent}")
+    elif isinstance(exc, PermissionError):
+        reason = "permission denied"
+    else:
+        reason = exc.strerror or str(exc)
+    return CliError(f"{path}: {reason}", "file_error", 1, {"path": path})
+
+
+def _read_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _file_problem(path, exc) from exc
+
+
+def _write_file(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise _file_problem(path, exc) from exc
+
+
+def _read_stdin() -> str:
+    if sys.stdin.isatty():  # a person at a terminal may not know we are waiting for them
+        print("sessionctl: reading standard input; end it with Ctrl-D", file=sys.stderr)
+    try:
+        return sys.stdin.read()
+    except UnicodeDecodeError as exc:
+        raise _file_problem("standard input", exc) from exc
+
+
 def _read_text(arg: str | None) -> str:
     """An argument, or standard input when it is '-' or missing."""
     if arg is None or arg == "-":
-        return sys.stdin.read()
+        return _read_stdin()
     return arg
 
 
 def _read_json_items(source: str | None) -> list[Any]:
     """A JSON array, or JSON lines, from a file or standard input."""
-    if source in (None, "-"):
-        text = sys.stdin.read()
-    else:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
+    name = "standard input" if source in (None, "-") else source
+    text = _read_stdin() if source in (None, "-") else _read_file(str(source))
     text = text.strip()
     if text.startswith("["):
-        items = json.loads(text)
-        assert isinstance(items, list)
+        items: list[Any] = _parse_json(text, name)  # a "[" that parses is an array
         return items
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [_parse_json(line, f"{name} line {n}")
+            for n, line in enumerate(text.splitlines(), 1) if line.strip()]
 
 
 def _sid(client: Client, given: str) -> str:
@@ -141,19 +208,47 @@ def _export(c: Client, a: argparse.Namespace) -> Any:
     document = c.export_session(_sid(c, a.id))
     text = json.dumps(document, ensure_ascii=False, indent=1) + "\n"
     if a.output:
-        with open(a.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        _write_file(a.output, text)
     else:
         sys.stdout.write(text)
     return _STREAMED
 
 
+def _document_session(document: Any) -> str | None:
+    """The session id an export document (object or JSON text) is for, if it says."""
+    try:
+        doc = json.loads(document) if isinstance(document, str) else document
+        session = doc.get("session")
+        if isinstance(session, dict) and isinstance(session.get("session_id"), str):
+            return str(session["session_id"])
+        first = doc["events"][0]["session_id"]
+        return first if isinstance(first, str) else None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None  # the daemon judges the document and says what is wrong
+
+
 @command("import")
 def _import(c: Client, a: argparse.Namespace) -> Any:
-    imported, failed = [], []
+    imported: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+
+    def exists(sid: str | None) -> bool:
+        if sid is None:
+            return False
+        try:
+            c.get_session(sid)
+        except SessionNotFoundError:
+            return False
+        return True
 
     def send(path: str, document: Any, warnings: list[str]) -> None:
         try:
+            sid = _document_session(document) if a.on_conflict == "skip" else None
+            if exists(sid):  # skip: the daemon would return the stored session untouched
+                skipped.append({"file": path, "session_id": sid,
+                                "reason": "a session with this id exists"})
+                return
             state = c.import_session(document, on_conflict=a.on_conflict)
             imported.append({"file": path, "session_id": state.session_id,
                              "version": state.version, "warnings": warnings})
@@ -167,10 +262,15 @@ def _import(c: Client, a: argparse.Namespace) -> Any:
                 for source, document, warnings in FORMATS[a.format](path):
                     send(source, document, warnings)
                 return
-            with open(path, encoding="utf-8") as f:
-                text = f.read()  # sent as text: the daemon judges even invalid JSON
-        except (OSError, ValueError, KeyError) as exc:
-            failed.append({"file": path, "error": f"cannot read it: {exc!r}"})
+            text = _read_file(path)  # sent as text: the daemon judges even invalid JSON
+        except CliError as exc:
+            failed.append({"file": path, "error": exc.message})
+            return
+        except (OSError, UnicodeDecodeError) as exc:
+            failed.append({"file": path, "error": _file_problem(path, exc).message})
+            return
+        except (ValueError, KeyError) as exc:
+            failed.append({"file": path, "error": f"cannot read it: {exc}"})
             return
         send(path, text, [])
 
@@ -181,13 +281,19 @@ def _import(c: Client, a: argparse.Namespace) -> Any:
         from rich.progress import track
         for path in track(a.files, description="importing"):
             one(path)
+    if not (imported or skipped or failed):
+        what = f"{a.format} sessions" if a.format else "export documents"
+        raise CliError(f"nothing to import: no {what} found in {', '.join(a.files)}",
+                       "nothing_found", 1, {"files": a.files})
     if a.json:
-        print(json.dumps({"imported": imported, "failed": failed}))
+        print(json.dumps({"imported": imported, "skipped": skipped, "failed": failed}))
     else:
         for item in imported:
             print(f"imported {item['session_id']} (v{item['version']}) from {item['file']}")
             for warning in item["warnings"]:
                 print(f"  note: {warning}", file=sys.stderr)
+        for item in skipped:
+            print(f"skipped {item['session_id']} from {item['file']}: {item['reason']}")
         for item in failed:
             print(f"FAILED {item['file']}: {item['error']}", file=sys.stderr)
     if failed:
@@ -237,9 +343,21 @@ def _resume(c: Client, a: argparse.Namespace) -> Any:
     return r if a.json else r.resume
 
 
+def _confirm(question: str) -> bool:
+    """Ask on the terminal; anything but y or yes (or end of input) is no."""
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()
+    return answer.strip().lower() in ("y", "yes")
+
+
 @command("delete", lambda r: print(f"deleted {r['session_id']}"))
 def _delete(c: Client, a: argparse.Namespace) -> Any:
     sid = _sid(c, a.id)
+    if not a.yes and sys.stdin.isatty():
+        state = c.get_session(sid)
+        if not _confirm(f"delete session {sid} ({state.status}, {state.message_count} messages)"
+                        " and everything stored for it?"):
+            raise CliError(f"not deleted: {sid}", "not_confirmed", 1, {"session_id": sid})
     return {"deleted": c.delete_session(sid, **_write_opts(a)), "session_id": sid}
 
 
@@ -280,7 +398,8 @@ def _memory(c: Client, a: argparse.Namespace) -> Any:
 
 @command("checkpoint-save", print_kv)
 def _checkpoint_save(c: Client, a: argparse.Namespace) -> Any:
-    payload = json.loads(_read_text(a.payload)) if a.payload is not None else None
+    payload = (_parse_json(_read_text(a.payload), "payload")
+               if a.payload is not None else None)
     return c.save_checkpoint(_sid(c, a.id), payload, checkpoint_id=a.checkpoint_id,
                              node_id=a.node, resume_from=a.resume_from, memory=a.memory,
                              **_write_opts(a))
@@ -293,7 +412,14 @@ def _checkpoint_get(c: Client, a: argparse.Namespace) -> Any:
 
 @command("checkpoints", render_checkpoints)
 def _checkpoints(c: Client, a: argparse.Namespace) -> Any:
-    return c.list_checkpoints(_sid(c, a.id))
+    sid, found, after = _sid(c, a.id), [], 0
+    while True:  # pages end at the daemon's byte budget; this lists them all
+        page: rpc.CheckpointListResult = c.call(
+            "checkpoint.list", rpc.CheckpointListResult, session_id=sid, after_version=after)
+        found += page.checkpoints
+        if page.next is None:
+            return found
+        after = page.next
 
 
 @command("events-append", print_kv)
@@ -312,10 +438,19 @@ def _spawn(c: Client, a: argparse.Namespace) -> Any:
     argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
     if not argv:
         raise SystemExit("sessionctl spawn: give the command after --, e.g. -- codex exec --json TASK")
+    bad = [kv for kv in a.env or [] if "=" not in kv or kv.startswith("=")]
+    if bad:
+        raise CliError(f"--env wants KEY=VALUE, not {bad[0]!r}", "usage", 2)
     env = dict(kv.split("=", 1) for kv in a.env or [])
-    return c.spawn(argv, cwd=os.path.abspath(a.cwd or os.getcwd()), env=env or None,
-                   adapter=a.adapter, task=a.task, model=a.model, session_id=a.id,
-                   source=a.source)
+    state = c.spawn(argv, cwd=os.path.abspath(a.cwd or os.getcwd()), env=env or None,
+                    adapter=a.adapter, task=a.task, model=a.model, session_id=a.id,
+                    source=a.source)
+    if state.status == "failed":  # the program did not start: show the session, then fail
+        (print(msgspec.json.encode(state).decode()) if a.json else render_state(state))
+        raise CliError(f"{argv[0]} did not start: {state.error or 'unknown reason'}"
+                       f" (session {state.session_id})", "spawn_failed", 1,
+                       {"session_id": state.session_id})
+    return state
 
 
 @command("inject", render_state)
@@ -330,7 +465,14 @@ def _kill(c: Client, a: argparse.Namespace) -> Any:
 
 @command("output", lambda r: print("\n".join(r.lines)))
 def _output(c: Client, a: argparse.Namespace) -> Any:
-    return c.output(_sid(c, a.id), turn=a.turn, stream=a.stream)
+    sid = _sid(c, a.id)
+    result = c.output(sid, turn=a.turn, stream=a.stream)
+    while result.next is not None:  # a page cut by bytes: read the rest of the turn
+        more: rpc.OutputResult = c.call("session.output", rpc.OutputResult, session_id=sid,
+                                        turn=result.turn, stream=a.stream,
+                                        after_position=result.next)
+        result = msgspec.structs.replace(more, lines=result.lines + more.lines)
+    return result
 
 
 def _render_steps(steps: Any) -> None:
@@ -367,7 +509,7 @@ def _watch(c: Client, a: argparse.Namespace) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sessionctl", description="Talk to a sessiond daemon.")
+    p = _Parser(prog="sessionctl", description="Talk to a sessiond daemon.")
     p.add_argument("--socket", help="daemon socket (default: $SESSIOND_SOCKET or the runtime dir)")
     p.add_argument("--json", action="store_true", help="print the JSON result")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -432,7 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--" + flag)
     sp = cmd("resume", "move a session back to active and print what to resume with", write=True)
     sp.add_argument("--checkpoint", help="resume from this checkpoint")
-    cmd("delete", "delete a session and everything stored for it", write=True)
+    sp = cmd("delete", "delete a session and everything stored for it (asks first on a"
+             " terminal)", write=True)
+    sp.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     sp = cmd("append", "append a message (content from the argument or stdin)", write=True)
     sp.add_argument("role", choices=["user", "assistant", "system", "tool"])
     sp.add_argument("content", nargs="?", help="message text; '-' or nothing reads stdin")
@@ -508,27 +652,52 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _fail(message: str, code: int | str, exit_code: int, data: dict[str, Any] | None,
+          as_json: bool) -> NoReturn:
+    """Print one error line on stderr (a JSON object under --json) and exit."""
+    if as_json:
+        print(json.dumps({"error": {"code": code, "message": message, "data": data or {}}}),
+              file=sys.stderr)
+    else:
+        print(f"sessionctl: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in argv[:argv.index("--")] if "--" in argv else "--json" in argv
+    try:
+        args = build_parser().parse_args(argv)
+    except CliError as exc:
+        _fail(exc.message, exc.code, exc.exit_code, exc.data, as_json)
     handler, render = _COMMANDS[args.command]
     client = Client(args.socket)
     try:
-        with client:
-            result = handler(client, args)
+        client.connect()
+    except (OSError, SessiondError) as exc:  # no daemon, or not one we may talk to
+        _fail(f"cannot reach sessiond at {client.socket_path}: {exc} (is it running?"
+              " start it with `sessiond`)", "unreachable", 2, {"socket": client.socket_path},
+              args.json)
+    try:
+        result = handler(client, args)
     except BrokenPipeError:  # our reader (say, `head`) has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
-    except (ConnectionLostError, OSError) as exc:  # no daemon, or it went away
-        print(f"sessionctl: cannot reach sessiond at {client.socket_path}: {exc}"
-              " (is it running? start it with `sessiond`)", file=sys.stderr)
-        sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C: the user's choice, not a failure to explain
+        print(file=sys.stderr)
+        sys.exit(130)
+    except CliError as exc:
+        _fail(exc.message, exc.code, exc.exit_code, exc.data, args.json)
+    except (ConnectionLostError, ConnectionError) as exc:  # the daemon went away
+        _fail(f"lost the connection to sessiond at {client.socket_path}: {exc}",
+              "unreachable", 2, {"socket": client.socket_path}, args.json)
     except SessiondError as exc:
-        if args.json:
-            error = {"code": exc.code, "message": exc.message, "data": exc.data}
-            print(json.dumps({"error": error}), file=sys.stderr)
-        else:
-            print(f"sessionctl: {exc.message}", file=sys.stderr)
-        sys.exit(1)
+        _fail(exc.message, exc.code, 1, exc.data, args.json)
+    except OSError as exc:  # a local file or terminal, not the daemon
+        _fail(f"{exc.filename or 'sessionctl'}: {exc.strerror or exc}", "file_error", 1,
+              {"path": exc.filename} if exc.filename else None, args.json)
+    finally:
+        client.close()
     if result is _STREAMED:
         return
     if args.json or render is None:

@@ -62,6 +62,12 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_line_bytes: Count = 256 << 10
     max_output_lines_per_s: Count = 2000
     kill_grace_s: Seconds = 5.0
+    # Memory a connection may cost: requests in one batch line, reply bytes queued for a
+    # client that does not read (past it the daemon stops reading that client), and the
+    # bytes a paged read puts in one page (a single larger item still comes alone).
+    max_batch_requests: Count = 64
+    max_reply_buffer: Count = 16 << 20
+    max_page_bytes: Count = 4 << 20
 
 
 # Settings SIGHUP applies to a running daemon; the rest take effect at the next start.
@@ -70,6 +76,7 @@ RELOADABLE = frozenset({
     "log_level", "log_format", "max_request_bytes", "max_connections", "max_inflight",
     "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
     "max_checkpoint_bytes", "allowed_uids", "allowed_gids", "peer_methods", "drain_timeout_s",
+    "max_batch_requests", "max_reply_buffer", "max_page_bytes",
 })
 
 

@@ -47,6 +47,7 @@ from .service import (
     require,
     sequenced,
 )
+from .store import page_budget
 from .writer import Plan
 
 log = structlog.get_logger("sessiond.executors")
@@ -290,8 +291,11 @@ class Executors:
     async def session_output(self, p: rpc.SessionOutputParams, meta: EventMeta) -> rpc.OutputResult:
         state = await self.service.state(p.session_id)
         turn = p.turn or state.turn
-        lines = await self.service.store.process_output(p.session_id, turn, p.stream)
-        return rpc.OutputResult(turn=turn, lines=lines)
+        page = await self.service.store.process_output(
+            p.session_id, turn, p.stream, p.after_position, max_bytes=page_budget.get())
+        return rpc.OutputResult(turn=turn, lines=[line for _, line in page],
+                                next=page[-1][0] if page.cut else None,
+                                truncated_by_bytes=page.cut)
 
     async def session_trajectory(self, p: rpc.SessionTrajectoryParams,
                                  meta: EventMeta) -> rpc.TrajectoryResult:

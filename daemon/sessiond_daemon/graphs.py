@@ -9,17 +9,21 @@ Prunes and run deletions are graph.pruned events: they leave the index, not the 
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import msgspec
 from sessiond_schemas import rpc
+from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.events import EventMeta, SessionCreated
 from sessiond_schemas.state import SessionState
 
 from .service import Service, require
+from .store import page_budget
 from .writer import Delete, Plan
 
 PAGE = 200  # index rows read at a time by graph.list
+_json = msgspec.json.Encoder()
 NAMESPACE = "langgraph"
 
 
@@ -134,16 +138,27 @@ class Graphs:
 
     async def graph_list(self, p: rpc.GraphListParams, meta: EventMeta) -> rpc.GraphListResult:
         found: list[rpc.GraphTuple] = []
-        offset = 0
-        while p.limit is None or len(found) < p.limit:
+        offset, used, budget, cut = 0, 0, page_budget.get(), False
+        after = _cursor_position(p.cursor) if p.cursor is not None else None
+        while not cut and (p.limit is None or len(found) < p.limit):
             page = PAGE if p.limit is None or p.filter else min(PAGE, p.limit - len(found))
             rows = await self.store.graph_checkpoints(p.session_id, p.ns, p.checkpoint_id,
-                                                      p.before, page, offset)
+                                                      p.before, page, offset, after)
             offset += len(rows)
-            found += await self._tuples(rows, p.filter or None)
+            for t in await self._tuples(rows, p.filter or None):
+                size = len(_json.encode(t))  # a page ends at the byte budget (max_page_bytes)
+                if found and used + size > budget:
+                    cut = True
+                    break
+                found.append(t)
+                used += size
             if len(rows) < page:
                 break
-        return rpc.GraphListResult(tuples=found if p.limit is None else found[:p.limit])
+        found = found if p.limit is None else found[:p.limit]
+        last = found[-1] if cut else None
+        return rpc.GraphListResult(
+            tuples=found, truncated_by_bytes=cut,
+            next=_cursor_of(last.session_id, last.ns, last.checkpoint_id) if last else None)
 
     async def _tuples(self, rows: list[tuple[str, str, str, bytes]],
                       filter: dict[str, Any] | None) -> list[rpc.GraphTuple]:
@@ -179,6 +194,19 @@ class Graphs:
                 "channel_values": channel_values,
                 "pending_writes": pending[(sid, ns)].get(checkpoint_id, [])}, rpc.GraphTuple))
         return out
+
+
+def _cursor_of(session_id: str, ns: str, checkpoint_id: str) -> str:
+    return base64.urlsafe_b64encode(_json.encode([session_id, ns, checkpoint_id])).decode()
+
+
+def _cursor_position(cursor: str) -> tuple[str, str, str]:
+    try:
+        return msgspec.json.decode(base64.urlsafe_b64decode(cursor.encode()),
+                                   type=tuple[str, str, str])
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise InvalidParamsError("`cursor` is not a cursor this daemon returned",
+                                 {"detail": str(exc), "path": "$.cursor"}) from exc
 
 
 def _event_data(p: msgspec.Struct) -> dict[str, Any]:

@@ -256,7 +256,10 @@ def _server_limits(config: Config) -> ServerLimits:
                         max_connections=config.max_connections,
                         max_inflight=config.max_inflight,
                         max_subscriptions=config.max_subscriptions,
-                        max_subscription_buffer=config.max_subscription_buffer)
+                        max_subscription_buffer=config.max_subscription_buffer,
+                        max_batch_requests=config.max_batch_requests,
+                        max_reply_buffer=config.max_reply_buffer,
+                        max_page_bytes=config.max_page_bytes)
 
 
 def _service_limits(config: Config) -> Limits:

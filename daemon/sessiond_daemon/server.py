@@ -36,6 +36,7 @@ from .executors import Executors
 from .graphs import Graphs
 from .maintenance import Maintenance
 from .service import VERSION, Service, invalid_params
+from .store import page_budget
 from .subscriptions import Subscriptions
 
 log = structlog.get_logger("sessiond.rpc")
@@ -59,6 +60,9 @@ class ServerLimits:
     max_inflight: int = 256
     max_subscriptions: int = 64  # per connection
     max_subscription_buffer: int = 1 << 20  # unread bytes before a live subscriber is dropped
+    max_batch_requests: int = 64  # requests in one batch line
+    max_reply_buffer: int = 16 << 20  # unsent reply bytes before we stop reading a client
+    max_page_bytes: int = 4 << 20  # a paged read's byte budget (shared by a batch's items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,21 @@ class Peer:
     pid: int
     uid: int
     gid: int
+
+
+class Slot:
+    """One of a connection's max_inflight slots, held by a line; released once."""
+
+    __slots__ = ("gate", "held", "in_use")
+
+    def __init__(self, gate: anyio.Semaphore, size: int) -> None:
+        self.gate, self.held = gate, True
+        self.in_use = size - gate.value  # the connection's requests running now, this one too
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.gate.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +194,8 @@ class Server:
         sock = socket.socket(fileno=raw.detach())
         reader, writer = await asyncio.open_unix_connection(
             sock=sock, limit=self.limits.max_request_bytes + 1)
+        if self.limits.max_reply_buffer < 64 << 10:  # below asyncio's high-water mark:
+            writer.transport.set_write_buffer_limits(high=self.limits.max_reply_buffer)
         try:
             if not self._allowed(peer):
                 log.warning("rpc.peer_refused", uid=peer.uid, pid=peer.pid)
@@ -205,19 +226,24 @@ class Server:
 
     async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          peer: Peer) -> None:
-        gate = anyio.Semaphore(self.limits.max_inflight)
+        gate_size = self.limits.max_inflight
+        gate = anyio.Semaphore(gate_size)
         conn: Connection
 
         async def run(line: bytes) -> None:
+            slot = Slot(gate, gate_size)
             try:
                 try:
-                    reply = await self.handle_line(line, conn)
+                    reply = await self.handle_line(line, conn, slot)
                 except Exception:  # a bug: no line may take down the connection or daemon
                     error_id = new_id()
                     log.exception("rpc.line_failed", error_id=error_id)
                     reply = _encoder.encode(_failure(None, INTERNAL_ERROR, "internal error",
                                                      {"error_id": error_id}))
                 if reply is not None:
+                    # A client that does not read: past max_reply_buffer unsent bytes this
+                    # answer waits (holding its max_inflight slot) until the client reads.
+                    await self._room_to_reply(writer)
                     # One write() call per line keeps lines whole; drain() waits while the
                     # client is not reading (a bounded buffer, never an unbounded one).
                     writer.write(reply + b"\n")
@@ -225,7 +251,7 @@ class Server:
             except ConnectionError:
                 pass  # the client went away; its answer has nowhere to go
             finally:
-                gate.release()
+                slot.release()
 
         async with anyio.create_task_group() as tg:
             conn = Connection(peer, Subscriptions(
@@ -247,7 +273,12 @@ class Server:
                     break
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
-                # Back-pressure: past max_inflight we stop reading, never buffer.
+                # Back-pressure: past max_reply_buffer unsent bytes, or max_inflight
+                # requests, we stop reading, never buffer.
+                try:
+                    await self._room_to_reply(writer)
+                except ConnectionError:
+                    break
                 try:
                     gate.acquire_nowait()  # no checkpoint (a loop iteration) when free
                 except anyio.WouldBlock:
@@ -256,6 +287,13 @@ class Server:
             # The client stopped sending: its subscriptions end; requests in flight still
             # get their answers before the task group (and the connection) closes.
             conn.subscriptions.close()
+
+    async def _room_to_reply(self, writer: asyncio.StreamWriter) -> None:
+        """Wait while the client has more than max_reply_buffer unsent reply bytes."""
+        while writer.transport.get_write_buffer_size() > self.limits.max_reply_buffer:
+            if writer.transport.is_closing():
+                raise ConnectionResetError("the client went away")
+            await writer.drain()  # returns once the buffer is down to its low-water mark
 
     @staticmethod
     async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -276,31 +314,64 @@ class Server:
 
     # --- dispatch -------------------------------------------------------------------
 
-    async def handle_line(self, line: bytes, conn: Connection) -> bytes | None:
-        """Answer one NDJSON line: a request or a batch; None when nothing is to be sent."""
+    async def handle_line(self, line: bytes, conn: Connection,
+                          slot: Slot | None = None) -> bytes | None:
+        """Answer one NDJSON line: a request or a batch; None when nothing is to be sent.
+
+        `slot` is the line's max_inflight slot. A batch's first item runs on it and
+        gives it back when done; every other item takes a slot of its own while it runs.
+        """
         line = line.strip()
         if not line:
             return None
         if line[:1] == b"[":
-            try:
-                items = _batch_decoder.decode(line)
-            except (msgspec.DecodeError, RecursionError) as exc:
-                return _encoder.encode(_failure(None, PARSE_ERROR, "parse error", {"detail": str(exc)}))
-            if not items:
-                return _encoder.encode(_failure(None, INVALID_REQUEST, "invalid request",
-                                                {"detail": "empty batch"}))
-            replies: list[Any] = [None] * len(items)
-
-            async def one(i: int, item: msgspec.Raw) -> None:
-                replies[i] = await self._handle_one(item, conn)
-
-            async with anyio.create_task_group() as tg:
-                for i, item in enumerate(items):
-                    tg.start_soon(one, i, item)
-            answered = [r for r in replies if r is not None]
-            return _encoder.encode(answered) if answered else None
+            return await self._handle_batch(line, conn, slot)
+        # Requests running side by side on a connection share its page budget: those
+        # that start while n run get 1/n of it, so a pipelining client that does not
+        # read holds about max_page_bytes * ln(max_inflight), not max_inflight pages.
+        page_budget.set(max(1, self.limits.max_page_bytes // max(1, slot.in_use if slot else 1)))
         reply = await self._handle_one(msgspec.Raw(line), conn)
         return _encoder.encode(reply) if reply is not None else None
+
+    async def _handle_batch(self, line: bytes, conn: Connection,
+                            slot: Slot | None) -> bytes | None:
+        try:
+            items = _batch_decoder.decode(line)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            return _encoder.encode(_failure(None, PARSE_ERROR, "parse error", {"detail": str(exc)}))
+        if not items:
+            return _encoder.encode(_failure(None, INVALID_REQUEST, "invalid request",
+                                            {"detail": "empty batch"}))
+        limit = self.limits.max_batch_requests
+        if len(items) > limit:
+            return _encoder.encode(_failure(
+                None, INVALID_REQUEST, f"batch too large: {len(items)} requests, limit {limit}",
+                {"detail": f"a batch may hold at most {limit} requests (max_batch_requests)",
+                 "limit": limit, "size": len(items)}))
+        # The items share one page budget, so a batch's answer is about one page.
+        budget = max(1, self.limits.max_page_bytes // len(items))
+        replies: list[bytes | None] = [None] * len(items)
+
+        async def one(i: int, item: msgspec.Raw) -> None:
+            page_budget.set(budget)  # this task's own context
+            if slot is None:
+                reply = await self._handle_one(item, conn)
+            elif i == 0:  # on the line's own slot, given back at once: the others wait for it
+                try:
+                    reply = await self._handle_one(item, conn)
+                finally:
+                    slot.release()
+            else:
+                async with slot.gate:
+                    reply = await self._handle_one(item, conn)
+            # Encoded at once: bytes are smaller than the objects they were made from.
+            replies[i] = _encoder.encode(reply) if reply is not None else None
+
+        async with anyio.create_task_group() as tg:
+            for i, item in enumerate(items):
+                tg.start_soon(one, i, item)
+        answered = [r for r in replies if r is not None]
+        return b"[" + b",".join(answered) + b"]" if answered else None
 
     async def _handle_one(self, raw: msgspec.Raw, conn: Connection) -> rpc.Success | rpc.Failure | None:
         try:

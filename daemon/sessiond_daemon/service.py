@@ -37,7 +37,7 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import Message, SessionState
 
 from . import projection
-from .store import SessionFilters, SqliteStore
+from .store import Page, SessionFilters, SqliteStore, page_budget, repage
 from .writer import Command, Delete, Plan, Planner, Writer
 
 try:
@@ -246,10 +246,12 @@ class Service:
 
     async def session_states(self, p: rpc.SessionStatesParams,
                              meta: EventMeta) -> rpc.SessionStatesResult:
-        rows = await self.store.states(p.namespace, p.prefix, p.cursor or "", p.limit)
+        rows = await self.store.states(p.namespace, p.prefix, p.cursor or "", p.limit,
+                                       max_bytes=page_budget.get())
         states = [msgspec.json.decode(r, type=SessionState) for r in rows]
         return rpc.SessionStatesResult(
-            states=states, next=states[-1].session_id if len(states) == p.limit else None)
+            states=states, truncated_by_bytes=rows.cut,
+            next=states[-1].session_id if len(states) == p.limit or rows.cut else None)
 
     async def state_get(self, p: rpc.StateGetParams, meta: EventMeta) -> rpc.StateGetResult:
         found = await self.store.scoped_state(p.app_name, p.user_ids)
@@ -298,8 +300,10 @@ class Service:
             source=p.source,
             created_after=_normalise_time(p.created_after, "$.created_after"),
             created_before=_normalise_time(p.created_before, "$.created_before"))
-        sessions, cursor = await self.store.list_sessions(filters, p.limit, p.cursor)
-        return rpc.SessionListResult(sessions=sessions, next_cursor=cursor)
+        sessions, cursor = await self.store.list_sessions(filters, p.limit, p.cursor,
+                                                          max_bytes=page_budget.get())
+        return rpc.SessionListResult(sessions=sessions, next_cursor=cursor,
+                                     truncated_by_bytes=sessions.cut)
 
     async def session_transition(self, p: rpc.SessionTransitionParams, meta: EventMeta) -> msgspec.Raw:
         def plan(state: SessionState | None) -> Plan:
@@ -380,14 +384,16 @@ class Service:
         if p.order == "asc":
             first = (after + 1 if after is not None else 0) + p.offset
             messages = await self.store.list_messages(p.session_id, first=first, limit=p.limit,
-                                                      descending=False)
+                                                      descending=False, max_bytes=page_budget.get())
         else:
             first = total - 1 - p.offset
-            messages = [] if first < 0 else await self.store.list_messages(
-                p.session_id, first=first, limit=p.limit, descending=True)
+            messages = Page() if first < 0 else await self.store.list_messages(
+                p.session_id, first=first, limit=p.limit, descending=True,
+                max_bytes=page_budget.get())
             if after is not None:
-                messages = [m for m in messages if m.sequence > after]
-        return rpc.MessageListResult(messages=messages, total=total)
+                messages = repage(messages, [m for m in messages if m.sequence > after])
+        return rpc.MessageListResult(messages=messages, total=total,
+                                     truncated_by_bytes=messages.cut)
 
     async def message_pop(self, p: rpc.WriteParams, meta: EventMeta) -> msgspec.Raw:
         """Take the last message out of the conversation and return it (history keeps it)."""
@@ -489,9 +495,13 @@ class Service:
                 f"checkpoint {cid} not found in session {p.session_id}", {"checkpoint_id": cid})
         return found
 
-    async def checkpoint_list(self, p: rpc.SessionRef, meta: EventMeta) -> rpc.CheckpointListResult:
+    async def checkpoint_list(self, p: rpc.CheckpointListParams,
+                              meta: EventMeta) -> rpc.CheckpointListResult:
         await self.state(p.session_id)
-        return rpc.CheckpointListResult(checkpoints=await self.store.checkpoints(p.session_id))
+        page = await self.store.checkpoints(p.session_id, p.after_version,
+                                            max_bytes=page_budget.get())
+        return rpc.CheckpointListResult(checkpoints=page, truncated_by_bytes=page.cut,
+                                        next=page[-1].version if page.cut else None)
 
     # --- raw events -----------------------------------------------------------------
 
@@ -537,11 +547,11 @@ class Service:
         events = await self.store.read_events(
             session_id=p.session_id, from_version=p.from_version or 1,
             after_position=p.from_position or 0, limit=p.limit,
-            types=list(p.types) if p.types else None)
+            types=list(p.types) if p.types else None, max_bytes=page_budget.get())
         nxt = None
-        if len(events) == p.limit:
+        if len(events) == p.limit or events.cut:
             nxt = events[-1].version + 1 if p.session_id is not None else events[-1].position
-        return rpc.EventsReadResult(events=events, next=nxt)
+        return rpc.EventsReadResult(events=events, next=nxt, truncated_by_bytes=events.cut)
 
 
 def invalid_params(exc: msgspec.ValidationError, base: str = "$",

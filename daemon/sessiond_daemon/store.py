@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import os
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -38,6 +40,21 @@ _state_decoder = msgspec.json.Decoder(SessionState)
 _meta_decoder = msgspec.json.Decoder(EventMeta)
 _message_decoder = msgspec.json.Decoder(MessageAppended)
 _dict_decoder = msgspec.json.Decoder(dict[str, Any])
+
+# The byte budget of one page of a paged read (message.list, events.read, ...). The
+# server sets it for each request: max_page_bytes, or a share of it for a batch item.
+page_budget: ContextVar[int] = ContextVar("page_budget", default=4 << 20)
+
+
+class Page(list[T]):
+    """The rows of one page; `cut` is True when the byte budget ended it before its count."""
+
+    cut: bool = False
+
+
+def _row_bytes(row: Any) -> int:
+    """About what a row weighs in an answer: its text and blob columns."""
+    return sum(len(v) for v in row if isinstance(v, (str, bytes))) + 16
 
 @dataclass(slots=True)
 class Entry:
@@ -65,6 +82,29 @@ class Batch:
         self.views.pop(session_id, None)
         self.idempotency = [i for i in self.idempotency if i[0] != session_id]
         self.snapshots = [v for v in self.snapshots if v.session_id != session_id]
+
+
+def _open_cause(path: str) -> str | None:
+    """Why SQLite could not open `path`, when the file system says (its own message,
+    "unable to open database file", does not)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "it is a directory; give the path of a database file"
+    readonly = False
+    with contextlib.suppress(OSError):
+        readonly = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    if readonly:
+        return f"the file system holding {directory} is read-only"
+    # WAL needs the file and, beside it, -wal and -shm files: all must be writable.
+    for target, what in ((path, "the file"), (path + "-wal", "its -wal file"),
+                         (path + "-shm", "its -shm file")):
+        if os.path.exists(target) and not os.access(target, os.R_OK | os.W_OK):
+            return (f"permission denied: {what} {target} is not readable and writable by uid"
+                    f" {os.geteuid()}")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return (f"permission denied: uid {os.geteuid()} cannot create files in {directory}"
+                " (SQLite needs its -wal and -shm files there)")
+    return None
 
 
 def _storage_error(exc: sqlite3.Error) -> StorageError:
@@ -124,10 +164,12 @@ class SqliteStore:
             raise
         except sqlite3.DatabaseError as exc:
             await self.close()
+            cause = _open_cause(self.path)
             raise StorageError(
+                f"cannot open database {self.path}: {cause} (SQLite: {exc})" if cause else
                 f"cannot open database {self.path}: {exc}. The file is left untouched: restore"
                 " it from a backup, or move it aside to start with an empty database.",
-                {"detail": str(exc)},
+                {"detail": str(exc), **({"cause": cause} if cause else {})},
             ) from exc
         log.info("store.opened", path=self.path, synchronous=synchronous,
                  schema_version=self.schema_version)
@@ -241,6 +283,29 @@ class SqliteStore:
     async def _all(db: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         async with db.execute(sql, args) as cur:
             return list(await cur.fetchall())
+
+    @staticmethod
+    async def _page(db: aiosqlite.Connection, sql: str, args: tuple[Any, ...],
+                    max_bytes: int) -> Page[Any]:
+        """The rows of a paged query, stopping before the row that would pass `max_bytes`
+        (0: no budget). The first row always comes, however large. Rows are fetched a few
+        at a time, guessed from the sizes seen, so a page never holds much past its budget."""
+        page: Page[Any] = Page()
+        async with db.execute(sql, args) as cur:
+            if not max_bytes:
+                page.extend(await cur.fetchall())
+                return page
+            used, chunk = 0, 1
+            while rows := await cur.fetchmany(chunk):
+                for row in rows:
+                    size = _row_bytes(row)
+                    if page and used + size > max_bytes:
+                        page.cut = True
+                        return page
+                    page.append(row)
+                    used += size
+                chunk = max(1, min(1024, (max_bytes - used) // (used // len(page)) + 1))
+        return page
 
     # --- the writer's side (each call is one hop to the write thread) ----------------
 
@@ -423,15 +488,18 @@ class SqliteStore:
             (session_id, *types))
         return [(r[0], msgspec.json.decode(r[1])) for r in rows]
 
-    async def process_output(self, session_id: str, turn: int,
-                             stream: str | None) -> list[str]:
-        """The output lines of one executor turn (one stream, or both), in order."""
-        rows = await self._all(
-            self._r(), "SELECT data FROM events WHERE session_id = ? AND type = 'process.output'"
+    async def process_output(self, session_id: str, turn: int, stream: str | None,
+                             after_position: int = 0,
+                             max_bytes: int = 0) -> Page[tuple[int, str]]:
+        """The output lines of one executor turn (one stream, or both), in order, as
+        (position, line), from after `after_position`."""
+        rows = await self._page(
+            self._r(), "SELECT data, position FROM events WHERE session_id = ?"
+            " AND type = 'process.output' AND position > ?"
             " AND json_extract(data, '$.turn') = ? AND (? IS NULL OR"
             " coalesce(json_extract(data, '$.stream'), 'stdout') = ?) ORDER BY position",
-            (session_id, turn, stream, stream))
-        return [msgspec.json.decode(r[0])["line"] for r in rows]
+            (session_id, after_position, turn, stream, stream), max_bytes)
+        return repage(rows, [(r[1], msgspec.json.decode(r[0])["line"]) for r in rows])
 
     async def sessions_with_process(self) -> list[str]:
         """Active sessions whose view names a process: candidates for restart recovery."""
@@ -454,9 +522,16 @@ class SqliteStore:
 
     async def graph_checkpoints(self, session_id: str | None, ns: str | None,
                                 checkpoint_id: str | None, before: str | None, limit: int,
-                                offset: int) -> list[tuple[str, str, str, bytes]]:
-        """(session_id, ns, checkpoint_id, event data) of indexed checkpoints, newest id first."""
+                                offset: int, after: tuple[str, str, str] | None = None
+                                ) -> list[tuple[str, str, str, bytes]]:
+        """(session_id, ns, checkpoint_id, event data) of indexed checkpoints, newest id first
+        (then by session_id, ns); only those past `after`, such a triple, when given."""
         where, args = self._graph_where(session_id, ns, checkpoint_id, before)
+        if after is not None:
+            where += (" AND " if where else " WHERE ") + (
+                "(gc.checkpoint_id < ? OR (gc.checkpoint_id = ? AND (gc.session_id > ?"
+                " OR (gc.session_id = ? AND gc.ns > ?))))")
+            args += [after[2], after[2], after[0], after[0], after[1]]
         rows = await self._all(
             self._r(), "SELECT gc.session_id, gc.ns, gc.checkpoint_id, e.data"
             " FROM graph_checkpoints gc JOIN events e ON e.position = gc.position" + where
@@ -532,16 +607,16 @@ class SqliteStore:
         return found
 
     async def states(self, namespace: str, prefix: bool, after: str,
-                     limit: int) -> list[bytes]:
+                     limit: int, max_bytes: int = 0) -> Page[bytes]:
         """Stored views of sessions in a namespace (or under a namespace prefix), by id."""
         if prefix:
             where, args = "namespace >= ? AND namespace < ?", (namespace, namespace + "\U0010ffff")
         else:
             where, args = "namespace = ?", (namespace,)
-        rows = await self._all(self._r(), f"SELECT state FROM sessions WHERE {where}"
-                               " AND session_id > ? ORDER BY session_id LIMIT ?",
-                               (*args, after, limit))
-        return [bytes(r[0]) for r in rows]
+        rows = await self._page(self._r(), f"SELECT state FROM sessions WHERE {where}"
+                                " AND session_id > ? ORDER BY session_id LIMIT ?",
+                                (*args, after, limit), max_bytes)
+        return repage(rows, [bytes(r[0]) for r in rows])
 
     async def backup(self, target: str) -> tuple[int, int]:
         """Copy the database online (SQLite's backup API: one consistent snapshot while
@@ -586,11 +661,11 @@ class SqliteStore:
         return [r[0] for r in rows]
 
     async def list_sessions(
-        self, filters: SessionFilters, limit: int, cursor: str | None
-    ) -> tuple[list[SessionSummary], str | None]:
+        self, filters: SessionFilters, limit: int, cursor: str | None, max_bytes: int = 0
+    ) -> tuple[Page[SessionSummary], str | None]:
         sql, args = list_sessions_sql(filters, limit + 1, cursor)
-        rows = await self._all(self._r(), sql, args)
-        page = [
+        rows = await self._page(self._r(), sql, args, max_bytes)
+        page = repage(rows, [
             SessionSummary(
                 session_id=r[0], status=r[1], namespace=r[2], actor_name=r[3], task=r[4],
                 created_at=r[5], updated_at=r[6], message_count=r[7],
@@ -598,17 +673,20 @@ class SqliteStore:
                                        estimated_cost=r[10]),
             )
             for r in rows[:limit]
-        ]
-        more = len(rows) > limit
+        ])
+        more = len(rows) > limit or rows.cut
+        page.cut = rows.cut and len(rows) < limit  # not when only the look-ahead row was cut
         next_cursor = _encode_cursor(page[-1].created_at, page[-1].session_id) if more else None
         return page, next_cursor
 
     async def list_messages(
-        self, session_id: str, *, first: int, limit: int, descending: bool
-    ) -> list[Message]:
-        """Read `limit` messages starting at sequence `first`, walking the primary key."""
-        rows = await self._all(self._r(), messages_page_sql(descending), (session_id, first, limit))
-        messages = []
+        self, session_id: str, *, first: int, limit: int, descending: bool, max_bytes: int = 0
+    ) -> Page[Message]:
+        """Read `limit` messages (or `max_bytes` of them) starting at sequence `first`,
+        walking the primary key."""
+        rows = await self._page(self._r(), messages_page_sql(descending),
+                                (session_id, first, limit), max_bytes)
+        messages: Page[Message] = repage(rows, [])
         for data, recorded_at in rows:
             m = _message_decoder.decode(data)
             messages.append(Message(
@@ -625,7 +703,8 @@ class SqliteStore:
         after_position: int,
         limit: int,
         types: list[str] | None,
-    ) -> list[Event]:
+        max_bytes: int = 0,
+    ) -> Page[Event]:
         where, args = [], []  # type: tuple[list[str], list[Any]]
         if session_id is not None:
             where.append("session_id = ? AND version >= ?")
@@ -637,14 +716,15 @@ class SqliteStore:
             where.append(f"type IN ({', '.join('?' * len(types))})")
             args.extend(types)
         order = "version" if session_id is not None else "position"
-        rows = await self._all(
+        rows = await self._page(
             self._r(),
             f"SELECT {_EVENT_COLUMNS} FROM events"
             + (" WHERE " + " AND ".join(where) if where else "")
             + f" ORDER BY {order} LIMIT ?",
             (*args, limit),
+            max_bytes,
         )
-        return [_event_from_row(r) for r in rows]
+        return repage(rows, [_event_from_row(r) for r in rows])
 
     async def read_after(self, after: int, upto: int, session_id: str | None,
                          types: frozenset[str] | None, limit: int) -> list[Event]:
@@ -698,18 +778,20 @@ class SqliteStore:
             version=row[4], payload=msgspec.Raw(bytes(row[5])), memory=memory,
         )
 
-    async def checkpoints(self, session_id: str) -> list[CheckpointInfo]:
-        rows = await self._all(
+    async def checkpoints(self, session_id: str, after_version: int = 0,
+                          max_bytes: int = 0) -> Page[CheckpointInfo]:
+        rows = await self._page(
             self._r(),
             "SELECT checkpoint_id, node_id, created_at, size, version FROM checkpoints"
-            " WHERE session_id = ? ORDER BY version",
-            (session_id,),
+            " WHERE session_id = ? AND version > ? ORDER BY version",
+            (session_id, after_version),
+            max_bytes,
         )
-        return [
+        return repage(rows, [
             CheckpointInfo(checkpoint_id=r[0], node_id=r[1], created_at=r[2], size=r[3],
                            version=r[4])
             for r in rows
-        ]
+        ])
 
     async def counts(self) -> tuple[int, int]:
         """Return (sessions, events), counted from the views."""
@@ -842,6 +924,13 @@ def _event_from_row(r: Any) -> Event:
         schema_version=r[5], recorded_at=r[6], data=_dict_decoder.decode(r[7]),
         meta=_meta_decoder.decode(r[8]), hash=r[9],
     )
+
+
+def repage(rows: Page[Any], items: list[T]) -> Page[T]:
+    """`items` made from `rows`, as a page cut where the rows were."""
+    page: Page[T] = Page(items)
+    page.cut = rows.cut
+    return page
 
 
 def _encode_cursor(created_at: str, session_id: str) -> str:

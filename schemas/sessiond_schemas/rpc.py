@@ -275,6 +275,7 @@ class ResolveResult(msgspec.Struct, kw_only=True):
 class SessionListResult(msgspec.Struct, kw_only=True):
     sessions: list[SessionSummary]
     next_cursor: str | None
+    truncated_by_bytes: bool = False  # the page ended at max_page_bytes, before `limit`
 
 
 class ResumeInfo(msgspec.Struct, kw_only=True):
@@ -321,6 +322,7 @@ class MessageAppendManyResult(WriteResult, kw_only=True):
 class MessageListResult(msgspec.Struct, kw_only=True):
     messages: list[Message]
     total: int
+    truncated_by_bytes: bool = False  # the page ended at max_page_bytes, before `limit`
 
 
 class TokensRecordResult(WriteResult, kw_only=True):
@@ -353,8 +355,14 @@ class CheckpointInfo(msgspec.Struct, kw_only=True):
     version: int
 
 
+class CheckpointListParams(SessionRef, kw_only=True, forbid_unknown_fields=True):
+    after_version: NonNegInt = 0  # the `next` of the previous page
+
+
 class CheckpointListResult(msgspec.Struct, kw_only=True):
     checkpoints: list[CheckpointInfo]
+    next: int | None = None  # set when the page ended at max_page_bytes: the after_version
+    truncated_by_bytes: bool = False
 
 
 class MemoryUpdateResult(WriteResult, kw_only=True):
@@ -364,6 +372,7 @@ class MemoryUpdateResult(WriteResult, kw_only=True):
 class EventsReadResult(msgspec.Struct, kw_only=True):
     events: list[Event]
     next: int | None
+    truncated_by_bytes: bool = False  # the page ended at max_page_bytes, before `limit`
 
 
 class VerifyProblem(msgspec.Struct, kw_only=True):
@@ -442,11 +451,14 @@ class SessionOutputParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
     turn: Annotated[int, msgspec.Meta(ge=1)] | None = None  # default: the latest turn
     stream: Literal["stdout", "stderr"] | None = None  # default: both, in arrival order
+    after_position: NonNegInt = 0  # the `next` of the previous page
 
 
 class OutputResult(msgspec.Struct, kw_only=True):
     turn: int
     lines: list[str]
+    next: int | None = None  # set when the page ended at max_page_bytes: the after_position
+    truncated_by_bytes: bool = False
 
 
 class SessionTrajectoryParams(Params, kw_only=True, forbid_unknown_fields=True):
@@ -490,6 +502,7 @@ class GraphListParams(Params, kw_only=True, forbid_unknown_fields=True):
     before: str | None = None  # only checkpoint ids below this one
     filter: dict[str, Any] = {}  # metadata keys that must be equal
     limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    cursor: str | None = None  # the `next` of the previous page
 
 
 class PendingWrite(msgspec.Struct, kw_only=True):
@@ -519,6 +532,8 @@ class GraphGetResult(msgspec.Struct, kw_only=True):
 
 class GraphListResult(msgspec.Struct, kw_only=True):
     tuples: list[GraphTuple]
+    next: str | None = None  # set when the page ended at max_page_bytes: the next cursor
+    truncated_by_bytes: bool = False
 
 
 class GraphRunsParams(Params, kw_only=True, forbid_unknown_fields=True):
@@ -564,6 +579,7 @@ class SessionStatesParams(Params, kw_only=True, forbid_unknown_fields=True):
 class SessionStatesResult(msgspec.Struct, kw_only=True):
     states: list[SessionState]
     next: str | None
+    truncated_by_bytes: bool = False  # the page ended at max_page_bytes, before `limit`
 
 
 METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
@@ -590,7 +606,7 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "progress.record": (ProgressRecordParams, ProgressRecordResult),
     "checkpoint.save": (CheckpointSaveParams, CheckpointSaveResult),
     "checkpoint.get": (CheckpointGetParams, CheckpointGetResult),
-    "checkpoint.list": (SessionRef, CheckpointListResult),
+    "checkpoint.list": (CheckpointListParams, CheckpointListResult),
     "memory.update": (MemoryUpdateParams, MemoryUpdateResult),
     "events.append": (EventsAppendParams, WriteResult),
     "events.read": (EventsReadParams, EventsReadResult),

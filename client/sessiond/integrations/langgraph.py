@@ -110,6 +110,12 @@ class SessiondSaver(BaseCheckpointSaver[str]):
                 "filter": filter or None, "limit": limit}
 
     @staticmethod
+    def _next_page(params: dict[str, Any], found: rpc.GraphListResult) -> dict[str, Any]:
+        limit = params["limit"]
+        return {**params, "cursor": found.next,
+                "limit": None if limit is None else limit - len(found.tuples)}
+
+    @staticmethod
     def _stored_config(config: RunnableConfig, checkpoint: Checkpoint) -> RunnableConfig:
         conf = config["configurable"]
         return {"configurable": {"thread_id": conf["thread_id"],
@@ -152,10 +158,14 @@ class SessiondSaver(BaseCheckpointSaver[str]):
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
-        found = self.client.call("graph.list", rpc.GraphListResult,
-                                 **self._list_params(config, filter, before, limit))
-        for t in found.tuples:
-            yield self._tuple(t)
+        params = self._list_params(config, filter, before, limit)
+        while True:
+            found = self.client.call("graph.list", rpc.GraphListResult, **params)
+            for t in found.tuples:
+                yield self._tuple(t)
+            if found.next is None:  # else the page ended at the daemon's byte budget
+                return
+            params = self._next_page(params, found)
 
     def delete_thread(self, thread_id: str) -> None:
         try:
@@ -197,10 +207,14 @@ class SessiondSaver(BaseCheckpointSaver[str]):
     async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
                     before: RunnableConfig | None = None,
                     limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
-        found = await self.aclient.call("graph.list", rpc.GraphListResult,
-                                        **self._list_params(config, filter, before, limit))
-        for t in found.tuples:
-            yield self._tuple(t)
+        params = self._list_params(config, filter, before, limit)
+        while True:
+            found = await self.aclient.call("graph.list", rpc.GraphListResult, **params)
+            for t in found.tuples:
+                yield self._tuple(t)
+            if found.next is None:  # else the page ended at the daemon's byte budget
+                return
+            params = self._next_page(params, found)
 
     async def adelete_thread(self, thread_id: str) -> None:
         try:

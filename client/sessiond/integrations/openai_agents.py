@@ -120,7 +120,7 @@ class SessiondSession(SessionABC):
             page = await self.client.list_messages(self._sid, order="desc", limit=want,
                                                    offset=len(found))
             found += page.messages
-            if len(page.messages) < want:
+            if len(page.messages) < want and not page.truncated_by_bytes:
                 break
         return found[::-1]
 
@@ -130,7 +130,7 @@ class SessiondSession(SessionABC):
         while True:
             page = await self.client.list_messages(self._sid, limit=_PAGE, after_sequence=after)
             found += page.messages
-            if len(page.messages) < _PAGE:
+            if len(page.messages) < _PAGE and not page.truncated_by_bytes:
                 return found
             after = page.messages[-1].sequence
 
