@@ -62,6 +62,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_line_bytes: Count = 256 << 10
     max_output_lines_per_s: Count = 2000
     kill_grace_s: Seconds = 5.0
+    # Prometheus endpoint (docs/metrics.md): host:port or a socket path; None: off.
+    metrics_listen: str | None = None
+    max_metrics_labels: Count = 20  # actors / namespaces labelled; the rest are "(other)"
 
 
 # Settings SIGHUP applies to a running daemon; the rest take effect at the next start.
