@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
-from sessiond import AsyncClient, SessionNotFoundError
+from sessiond import AsyncClient, MethodNotFoundError, SessionNotFoundError
 from sessiond_daemon import __main__ as daemon_main
 from sessiond_daemon.metrics import NO_METRICS, OTHER, Hooks, parse_address, top_labels
 
@@ -84,6 +84,9 @@ class TestEndpoint:
             for _ in range(3):
                 with pytest.raises(SessionNotFoundError):
                     await c.get_session("nope")
+            for name in ("no.such", "x" * 200):  # any name a client sends: one label
+                with pytest.raises(MethodNotFoundError):
+                    await c.call(name)
             stats = await c.stats()
             async with c.subscribe(from_position=0) as sub:
                 async for _ in sub:
@@ -113,6 +116,8 @@ class TestEndpoint:
         assert value(got, requests, method="session.create", code="0") == 6
         assert value(got, requests, method="session.get", code="-32001") == 3
         assert value(got, "sessiond_request_seconds_count", method="tokens.record") == 4
+        assert value(got, requests, method=OTHER, code="-32601") == 2
+        assert "no.such" not in text
         # One commit per write here (each waited for its answer): the batch histogram
         # counts the transactions daemon.stats counts, and the commands in them.
         assert value(got, "sessiond_commit_batch_commands_count") == stats.write_transactions

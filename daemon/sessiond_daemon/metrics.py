@@ -137,7 +137,7 @@ class Prometheus(Hooks):
     """Counters and histograms fed by the hooks; gauges read at scrape time."""
 
     __slots__ = ("registry", "writer", "store", "server", "executors", "max_queue", "max_labels",
-                 "_events", "_requests", "_latency", "_batch", "_commit", "_subscribers",
+                 "_events", "_requests", "_latency", "_children", "_batch", "_commit", "_subscribers",
                  "_scraped", "_lock")
 
     def __init__(self, *, writer: Writer, store: SqliteStore, max_queue: int,
@@ -165,6 +165,7 @@ class Prometheus(Hooks):
                                 registry=r)
         self._commit = Histogram("sessiond_commit_seconds", "Time to commit one transaction,"
                                  " its fsync included.", buckets=_SECONDS_BUCKETS, registry=r)
+        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._subscribers: weakref.WeakSet[Subscriptions] = weakref.WeakSet()
         self._scraped: dict[str, Any] = {}
         self._lock = anyio.Lock()
@@ -184,10 +185,17 @@ class Prometheus(Hooks):
                 child.inc(n)
 
     def request(self, method: str, code: int, started: float) -> None:
-        if method not in rpc.METHODS:
-            method = OTHER  # a client may send any name: never a label
-        self._requests.labels(method, str(code)).inc()
-        self._latency.labels(method).observe(time.perf_counter() - started)
+        children = self._children.get((method, code))
+        if children is None:
+            # A client may send any name: only the protocol's methods become labels, so
+            # this cache is bounded too (methods x error codes).
+            known = method in rpc.METHODS
+            label = method if known else OTHER
+            children = (self._requests.labels(label, str(code)), self._latency.labels(label))
+            if known:
+                self._children[(method, code)] = children
+        children[0].inc()
+        children[1].observe(time.perf_counter() - started)
 
     def connection(self, subscriptions: Subscriptions) -> None:
         self._subscribers.add(subscriptions)
