@@ -46,13 +46,11 @@ class Model:
         self._minute: deque[tuple[float, str]] = deque()  # (time, session) per event
         self._spend: deque[tuple[float, str, int, float]] = deque()  # tokens, cost per hour
         self.executors: dict[str, int] = {}  # session -> pid, from process.* events
-        self.position = 0  # the last event folded
         self.latest = 0.0  # the newest recorded_at seen: "now" for a frame of old events
 
     def add(self, event: Event) -> None:
         at = _epoch(event.recorded_at)
         with self.lock:
-            self.position = max(self.position, event.position)
             self.latest = max(self.latest, at)
             known = self.sessions.get(event.session_id)
             if known is None:

@@ -231,6 +231,8 @@ class _Follower(threading.Thread):
 
 
 class Top:
+    """The live view: keys in, frames out; the model is fed by a _Follower thread."""
+
     def __init__(self, client: Client, args: argparse.Namespace) -> None:
         self.client, self.args = client, args
         self.model = Model()
@@ -239,6 +241,7 @@ class Top:
         self.prompt: str | None = None  # the filter being typed
         self.timeline: tuple[str, deque[Event], _Follower] | None = None
         self.stats = client.stats()
+        self.figures: dict[str, Any] = {}
         self.quit = False
 
     def loop(self) -> None:
@@ -302,7 +305,7 @@ class Top:
         elif key in ("\x1b[B", "j"):
             self.selected += 1
         elif key in ("\r", "\n"):
-            rows = getattr(self, "figures", {}).get("busiest", [])
+            rows = self.figures.get("busiest", [])
             if rows:
                 self._open(rows[min(self.selected, len(rows) - 1)])
 
