@@ -169,6 +169,24 @@ class TestEndpoint:
         assert missing.startswith(b"HTTP/1.1 404 ")
         assert post.startswith(b"HTTP/1.1 405 ")
 
+    async def test_executors_running(self, short_dir: str) -> None:
+        """A spawned process is counted by the gauge and by daemon.stats until killed."""
+        port = free_port()
+        config = daemon_config(short_dir, metrics_listen=f"127.0.0.1:{port}")
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            await c.spawn(["sleep", "60"], session_id="exec-1")
+            text, _ = await scrape(f"http://127.0.0.1:{port}/metrics")
+            assert value(samples(text), "sessiond_executors_running") == 1
+            assert (await c.stats()).executors_running == 1
+            await c.kill("exec-1")
+            with anyio.fail_after(60):
+                while (await c.stats()).executors_running:
+                    await anyio.sleep(0.05)
+            text, _ = await scrape(f"http://127.0.0.1:{port}/metrics")
+            assert value(samples(text), "sessiond_executors_running") == 0
+            assert value(samples(text), "sessiond_events_appended_total",
+                         type="process.started") == 1
+
     async def test_stats_report_commits(self, daemon: Daemon, client: AsyncClient) -> None:
         """daemon.stats carries the last minute's batch size, commit time, statuses."""
         await client.create_session("st1")

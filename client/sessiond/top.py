@@ -111,7 +111,8 @@ def _bytes(n: float) -> str:
     return ""
 
 
-def frame(f: dict[str, Any], *, selected: int | None = None, prompt: str | None = None) -> Any:
+def frame(f: dict[str, Any], *, selected: int | None = None, prompt: str | None = None,
+          note: str | None = None) -> Any:
     """One screen of top, from `Model.figures`; fits 80 columns."""
     from rich.console import Group
     from rich.table import Table
@@ -121,8 +122,8 @@ def frame(f: dict[str, Any], *, selected: int | None = None, prompt: str | None 
     lines = [
         Text.assemble(("sessiond top", "bold"), f"  up {_uptime(d['uptime_s'])}  "
                       f"{d['connections']} conns  {d['subscriptions']} subs  "
-                      f"sort: {SORT_TITLES[f['sort']]}  filter: {f['filter'] or '-'}"
-),
+                      f"sort: {SORT_TITLES[f['sort']]}  filter: {f['filter'] or '-'}"),
+        *([Text(note, style="bold red")] if note else []),
         Text(f"health  queue {d['queue']}/{d['queue_capacity']}  batch {d['batch_size']:g}  "
              f"commit {d['commit_latency_ms']:.2f} ms (max {d['commit_latency_max_ms']:.2f})  "
              f"{d['appends_per_s']:g} ev/s  db {_bytes(d['db_bytes'])}"),
@@ -242,6 +243,7 @@ class Top:
         self.timeline: tuple[str, deque[Event], _Follower] | None = None
         self.stats = client.stats()
         self.figures: dict[str, Any] = {}
+        self.note: str | None = None  # why the figures are not fresh
         self.quit = False
 
     def loop(self) -> None:
@@ -258,9 +260,12 @@ class Top:
             while not self.quit:
                 now_m = time.monotonic()
                 if now_m >= next_stats:
-                    with contextlib.suppress(SessiondError):
+                    try:  # the last figures stay on screen while the daemon is away
                         self.stats = self.client.stats()
-                    _resolve(self.client, self.model, time.time(), LOOKUPS_PER_FRAME)
+                        _resolve(self.client, self.model, time.time(), LOOKUPS_PER_FRAME)
+                        self.note = None
+                    except SessiondError as exc:
+                        self.note = f"daemon unreachable: {exc.message}"
                     next_stats = now_m + STATS_EVERY_S
                 live.update(self._draw(console.size.height), refresh=True)
                 for key in keys(FRAME_EVERY_S):
@@ -277,7 +282,7 @@ class Top:
                                           match=self.match, limit=self.limit)
         self.selected = min(self.selected, max(0, len(self.figures["busiest"]) - 1))
         prompt = None if self.prompt is None else f"filter (actor or namespace): {self.prompt}▏"
-        return frame(self.figures, selected=self.selected, prompt=prompt)
+        return frame(self.figures, selected=self.selected, prompt=prompt, note=self.note)
 
     def _key(self, key: str) -> None:
         if self.prompt is not None:  # typing a filter
