@@ -12,6 +12,7 @@ import base64
 import itertools
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ class SqliteStore:
         self._lost: str | None = None  # why the file at self.path is no longer ours
         self.schema_version = 0
         self.migrated: list[int] = []  # the migrations this open applied
+        self.last_commit_s = 0.0  # seconds the last commit took, fsync and thread hop included
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -272,6 +274,7 @@ class SqliteStore:
 
     async def commit(self, batch: Batch) -> None:
         """Write a whole batch in one transaction (one fsync), or nothing of it."""
+        started = time.perf_counter()
         try:
             await self._on_writer(self._commit, batch)
         except sqlite3.IntegrityError as exc:
@@ -280,6 +283,7 @@ class SqliteStore:
             raise _storage_error(exc) from exc
         except sqlite3.Error as exc:
             raise _storage_error(exc) from exc
+        self.last_commit_s = time.perf_counter() - started  # what the writer waited for
 
     def _commit(self, batch: Batch) -> None:
         con = self._w

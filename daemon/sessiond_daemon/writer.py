@@ -225,9 +225,7 @@ class Writer:
                 self.next_position = numbered  # a refused command leaves no gap
         if batch.events or batch.deletes:
             try:
-                started = time.perf_counter()
                 await self.store.commit(batch)
-                elapsed = time.perf_counter() - started
             except SessiondError as exc:
                 self.next_position = first_position
                 for cmd in commands:
@@ -238,8 +236,8 @@ class Writer:
                 return
             self._adopt(overlay)
             self.transactions += 1
-            self.window.add(len(commands), elapsed)
-            self.metrics.committed(len(commands), batch.events, elapsed)
+            self.window.add(len(commands), self.store.last_commit_s)
+            self.metrics.committed(len(commands), batch.events, self.store.last_commit_s)
             now_m = time.monotonic()
             self._rate.append((now_m, len(batch.events)))
             self._trim_rate(now_m)
