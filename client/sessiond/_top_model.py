@@ -108,11 +108,11 @@ class Model:
                                     for v in (k.actor, k.namespace))
 
         hour_tokens: Counter[str] = Counter()
-        hour_cost: Counter[str] = Counter()
+        hour_cost: dict[str, float] = {}
         actors: dict[str, dict[str, Any]] = {}
         for at, sid, tokens, cost in spend:
             hour_tokens[sid] += tokens
-            hour_cost[sid] += cost
+            hour_cost[sid] = hour_cost.get(sid, 0.0) + cost
             k = who(sid)
             if not wanted(k):
                 continue
@@ -135,8 +135,10 @@ class Model:
                 continue
             rows.append({"session_id": sid, "actor": k.actor, "namespace": k.namespace,
                          "status": k.status, "version": k.version,
-                         "events_1m": minute[sid], "events_per_s": round(minute[sid] / MINUTE, 2),
-                         "tokens_1h": hour_tokens[sid], "cost_1h": round(hour_cost[sid], 6),
+                         "events_1m": minute[sid],
+                         "events_per_s": round(minute[sid] / MINUTE, 2),
+                         "tokens_1h": hour_tokens[sid],
+                         "cost_1h": round(hour_cost.get(sid, 0.0), 6),
                          "last_at": k.last_at})
         key = {"events": lambda r: (r["events_1m"], r["last_at"]),
                "tokens": lambda r: (r["tokens_1h"], r["events_1m"]),

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
-from anyio.abc import SocketListener, SocketStream, TaskGroup, TaskStatus
+from anyio.abc import Listener, SocketListener, SocketStream, TaskGroup, TaskStatus
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EVENT_TYPES, Event
@@ -130,15 +130,15 @@ def top_labels(rows: Iterable[tuple[Any, int, int, int, float]], limit: int,
     if rest:
         kept.append((OTHER, sum(r[1] for r in rest), sum(r[2] for r in rest),
                      sum(r[3] for r in rest), sum(r[4] for r in rest)))
-    return kept  # type: ignore[return-value]
+    return kept
 
 
 class Prometheus(Hooks):
     """Counters and histograms fed by the hooks; gauges read at scrape time."""
 
-    __slots__ = ("registry", "writer", "store", "server", "executors", "max_queue", "max_labels",
-                 "_events", "_requests", "_latency", "_children", "_batch", "_commit", "_subscribers",
-                 "_scraped", "_lock")
+    __slots__ = ("registry", "writer", "store", "server", "executors", "max_queue",
+                 "max_labels", "_events", "_requests", "_latency", "_children", "_batch",
+                 "_commit", "_subscribers", "_scraped", "_lock")
 
     def __init__(self, *, writer: Writer, store: SqliteStore, max_queue: int,
                  max_labels: int) -> None:
@@ -308,8 +308,8 @@ def parse_address(address: str) -> tuple[str, int] | str:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-async def listen(address: str,
-                 bind_unix: Callable[[str], Awaitable[SocketListener]]) -> SocketListener:
+async def listen(address: str, bind_unix: Callable[[str], Awaitable[SocketListener]],
+                 ) -> Listener[SocketStream]:
     """Open the listener the endpoint serves on."""
     where = parse_address(address)
     if isinstance(where, str):
@@ -317,7 +317,7 @@ async def listen(address: str,
     return await anyio.create_tcp_listener(local_host=where[0], local_port=where[1])
 
 
-async def serve(metrics: Prometheus, listener: SocketListener, *,
+async def serve(metrics: Prometheus, listener: Listener[SocketStream], *,
                 task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     """Answer GET /metrics on `listener` until cancelled, one task per connection."""
 
@@ -333,7 +333,7 @@ async def serve(metrics: Prometheus, listener: SocketListener, *,
 
     async with listener:
         task_status.started()
-        await listener.serve(handle)  # type: ignore[arg-type]
+        await listener.serve(handle)
 
 
 async def _answer(metrics: Prometheus, stream: SocketStream) -> None:
