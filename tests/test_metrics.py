@@ -187,6 +187,30 @@ class TestEndpoint:
             assert value(samples(text), "sessiond_events_appended_total",
                          type="process.started") == 1
 
+    async def test_subscription_lag(self, short_dir: str) -> None:
+        """A subscriber that does not read stays behind: the lag gauges show it."""
+        port = free_port()
+        config = daemon_config(short_dir, metrics_listen=f"127.0.0.1:{port}")
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            await c.create_session("lag-1")
+            for _ in range(6):  # 3,000 messages of 1 KiB: pages far past any socket buffer
+                await c.append_messages("lag-1", [{"role": "user", "content": "x" * 1024}] * 500)
+            last = (await c.stats()).last_position
+            stalled = await anyio.connect_unix(d.socket)
+            await stalled.send(b'{"jsonrpc":"2.0","id":1,"method":"events.subscribe",'
+                               b'"params":{"from_position":0}}\n')
+            # Catch-up sends a page (500 events), then waits for a reader that never reads.
+            with anyio.fail_after(60):
+                while True:
+                    got = samples((await scrape(f"http://127.0.0.1:{port}/metrics"))[0])
+                    if value(got, "sessiond_subscriptions") and \
+                            value(got, "sessiond_subscription_lag_max_events") < last:
+                        break
+                    await anyio.sleep(0.05)
+            assert value(got, "sessiond_subscription_lag_max_events") >= last - 1000
+            assert value(got, "sessiond_subscriptions_lagging") == 1
+            await stalled.aclose()
+
     async def test_stats_report_commits(self, daemon: Daemon, client: AsyncClient) -> None:
         """daemon.stats carries the last minute's batch size, commit time, statuses."""
         await client.create_session("st1")
