@@ -505,6 +505,13 @@ def _watch(c: Client, a: argparse.Namespace) -> Any:
     return _STREAMED
 
 
+@command("top")
+def _top(c: Client, a: argparse.Namespace) -> Any:
+    from . import top
+    top.run(c, a)
+    return _STREAMED
+
+
 # --- argument parsing --------------------------------------------------------------------
 
 
@@ -623,6 +630,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="start after this global position (default: from now)")
     start.add_argument("--from-start", action="store_true", help="start with the first event")
     sp.add_argument("--type", action="append", help="only events of this type (repeatable)")
+    sp = cmd("top", "a live view of sessions, spend and daemon health (q quits)", sid=False)
+    from . import top
+    top.add_arguments(sp)
     sp = cmd("spawn", "run an agent CLI as a supervised session: spawn [opts] -- CMD ARGS...",
              sid=False)
     sp.add_argument("--adapter", choices=["jsonl", "codex", "claude"],

@@ -15,6 +15,7 @@ from sessiond_schemas.errors import StorageError
 
 from . import host, lifecycle, logs, systemd
 from .config import Config, ConfigError, load
+from .metrics import check_config as check_metrics
 from .migrations import MigrationFailed, SchemaTooNew
 
 EX_CONFIG = 78
@@ -43,6 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds session.kill waits after SIGTERM before SIGKILL")
     p.add_argument("--allowed-uids", type=_int_list, help="comma-separated uids let in besides ours")
     p.add_argument("--allowed-gids", type=_int_list, help="comma-separated gids let in")
+    p.add_argument("--metrics-listen", help="serve Prometheus metrics on host:port or a"
+                   " socket path (needs sessiond[metrics]; default: off)")
     p.add_argument("--migrate-only", action="store_true",
                    help="bring the database up to this release's schema (backing it up"
                         " first), then exit without serving")
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         config = load(args.config, _overrides(args))
+        check_metrics(config)
     except ConfigError as exc:
         print(f"sessiond: {exc}", file=sys.stderr)
         sys.exit(EX_CONFIG)

@@ -68,6 +68,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch_requests: Count = 64
     max_reply_buffer: Count = 16 << 20
     max_page_bytes: Count = 4 << 20
+    # Prometheus endpoint (docs/metrics.md): host:port or a socket path; None: off.
+    metrics_listen: str | None = None
+    max_metrics_labels: Count = 20  # actors / namespaces labelled; the rest are "(other)"
 
 
 # Settings SIGHUP applies to a running daemon; the rest take effect at the next start.

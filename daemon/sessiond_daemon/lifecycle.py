@@ -24,6 +24,7 @@ from .config import RELOADABLE, Config, differences
 from .executors import Executors
 from .executors import Settings as ExecutorSettings
 from .maintenance import Maintenance
+from .metrics import start_metrics
 from .server import Server, ServerLimits
 from .service import Limits, Service
 from .store import SqliteStore
@@ -150,6 +151,9 @@ class Daemon:
                 # Executors a previous daemon left are marked before anyone is served.
                 await serving.start(executors.run)
                 await serving.start(server.serve, listener)
+                if config.metrics_listen is not None:
+                    await start_metrics(serving, config, store, writer, server, executors,
+                                        lambda path: bind_socket(path, config.socket_mode))
                 if config.cleanup_older_than_days > 0:
                     serving.start_soon(_retention, service, config)
                 log.info("daemon.ready", socket=socket_path, db=config.db,

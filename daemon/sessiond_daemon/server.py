@@ -35,6 +35,7 @@ from .access import Grants
 from .executors import Executors
 from .graphs import Graphs
 from .maintenance import Maintenance
+from .metrics import NO_METRICS, Hooks
 from .service import VERSION, Service, invalid_params
 from .store import page_budget
 from .subscriptions import Subscriptions
@@ -125,6 +126,8 @@ class Server:
         self.subscriptions = 0
         self.draining = False
         self.inflight = 0
+        self.executors = executors
+        self.metrics: Hooks = NO_METRICS  # lifecycle sets Prometheus with --metrics-listen
         self._idle: anyio.Event | None = None  # made only while someone waits for it
         self._decoders = {name: msgspec.json.Decoder(params_type)
                           for name, (params_type, _) in rpc.METHODS.items()}
@@ -259,6 +262,7 @@ class Server:
                 max_buffer=self.limits.max_subscription_buffer,
                 max_subscriptions=self.limits.max_subscriptions,
                 on_count=self._count_subscriptions))
+            self.metrics.connection(conn.subscriptions)
             while True:
                 try:
                     line = await reader.readuntil(b"\n")  # the reader's limit is max_request_bytes
@@ -382,10 +386,13 @@ class Server:
             return _failure(None, PARSE_ERROR, "parse error", {"detail": str(exc)})
         notification = req.id is msgspec.UNSET
         request_id = None if notification else req.id
+        started = self.metrics.clock()
         try:
             result = await self._dispatch(req, conn)
         except SessiondError as exc:
+            self.metrics.request(req.method, exc.code, started)
             return None if notification else self._error(request_id, exc)
+        self.metrics.request(req.method, 0, started)
         return None if notification else rpc.Success(jsonrpc="2.0", id=request_id, result=result)
 
     async def _dispatch(self, req: rpc.Request, conn: Connection) -> Any:
@@ -431,7 +438,8 @@ class Server:
                 self._idle.set()
                 self._idle = None
         if req.method == "daemon.stats":
-            result.update(connections=self.connections, subscriptions=self.subscriptions)
+            result.update(connections=self.connections, subscriptions=self.subscriptions,
+                          executors_running=len(self.executors.running) if self.executors else 0)
         return result
 
     @staticmethod

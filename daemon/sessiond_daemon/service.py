@@ -223,6 +223,9 @@ class Service:
             "write_transactions": self.writer.transactions,
             "write_commands": self.writer.commands,
             "schema_version": self.store.schema_version,
+            "write_queue_capacity": self.writer.queue_capacity,
+            "sessions_by_status": {r[0]: r[1] for r in await self.store.session_totals("status")},
+            **self.writer.window.figures(),
         }
 
     # --- sessions -------------------------------------------------------------------

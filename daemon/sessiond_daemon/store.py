@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
@@ -144,6 +145,7 @@ class SqliteStore:
         self._lost: str | None = None  # why the file at self.path is no longer ours
         self.schema_version = 0
         self.migrated: list[int] = []  # the migrations this open applied
+        self.last_commit_s = 0.0  # seconds the last commit took, fsync and thread hop included
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -337,6 +339,7 @@ class SqliteStore:
 
     async def commit(self, batch: Batch) -> None:
         """Write a whole batch in one transaction (one fsync), or nothing of it."""
+        started = time.perf_counter()
         try:
             await self._on_writer(self._commit, batch)
         except sqlite3.IntegrityError as exc:
@@ -345,6 +348,7 @@ class SqliteStore:
             raise _storage_error(exc) from exc
         except sqlite3.Error as exc:
             raise _storage_error(exc) from exc
+        self.last_commit_s = time.perf_counter() - started  # what the writer waited for
 
     def _commit(self, batch: Batch) -> None:
         con = self._w
@@ -799,6 +803,20 @@ class SqliteStore:
             self._r(), "SELECT COUNT(*), COALESCE(SUM(version), 0) FROM sessions"
         )
         return int(row[0]), int(row[1])
+
+    async def session_totals(self, column: str) -> list[tuple[Any, int, int, int, float]]:
+        """Per value of an indexed sessions column (status, namespace, actor_name): sessions,
+        input tokens, output tokens, cost. One GROUP BY over the views, never the events."""
+        if column not in ("status", "namespace", "actor_name"):
+            raise ValueError(f"not a grouping column: {column}")
+        try:
+            rows = await self._all(self._r(), (
+                f"SELECT {column}, COUNT(*), SUM(input_tokens), SUM(output_tokens),"
+                f" SUM(estimated_cost) FROM sessions GROUP BY {column}"))
+        except sqlite3.Error as exc:
+            raise _storage_error(exc) from exc
+        return [(r[0], int(r[1]), int(r[2] or 0), int(r[3] or 0), float(r[4] or 0.0))
+                for r in rows]
 
     def db_bytes(self) -> int:
         """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""

@@ -80,6 +80,10 @@ class Subscriptions:
         self._forget(sub)
         return rpc.UnsubscribeResult(ok=True)
 
+    def cursors(self) -> list[int]:
+        """Where each live subscription is (for the lag metrics)."""
+        return [sub.cursor for sub in self._active.values()]
+
     def close(self) -> None:
         """End every subscription (the client stopped sending); requests in flight go on."""
         for sub in list(self._active.values()):

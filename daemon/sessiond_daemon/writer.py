@@ -29,6 +29,7 @@ from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
+from .metrics import NO_METRICS, CommitWindow, Hooks
 from .store import Batch, Entry, SqliteStore
 
 log = structlog.get_logger("sessiond.writer")
@@ -122,6 +123,8 @@ class Writer:
         self.commands = 0
         self._rate: deque[tuple[float, int]] = deque()
         self._busy_since: float | None = None  # monotonic start of the batch in hand
+        self.window = CommitWindow()  # batch sizes and commit times, for daemon.stats
+        self.metrics: Hooks = NO_METRICS  # lifecycle sets Prometheus with --metrics-listen
 
     # --- the callers' side ------------------------------------------------------------
 
@@ -149,6 +152,10 @@ class Writer:
     @property
     def queue_depth(self) -> int:
         return self._receive.statistics().current_buffer_used
+
+    @property
+    def queue_capacity(self) -> int:
+        return int(self._receive.statistics().max_buffer_size)
 
     def appends_per_s(self) -> float:
         """Events committed per second over the last ten seconds."""
@@ -229,6 +236,8 @@ class Writer:
                 return
             self._adopt(overlay)
             self.transactions += 1
+            self.window.add(len(commands), self.store.last_commit_s)
+            self.metrics.committed(len(commands), batch.events, self.store.last_commit_s)
             now_m = time.monotonic()
             self._rate.append((now_m, len(batch.events)))
             self._trim_rate(now_m)

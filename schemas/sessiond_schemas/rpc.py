@@ -260,6 +260,14 @@ class StatsResult(msgspec.Struct, kw_only=True):
     write_transactions: int
     write_commands: int
     schema_version: int = 0  # the database's schema version (absent before protocol 1.1)
+    # Health figures for `sessionctl top` (absent before sessiond 0.2): the last minute's
+    # commits, the queue's capacity, running executors, and sessions by status.
+    write_queue_capacity: int = 0
+    commit_batch_size: float = 0.0
+    commit_latency_ms: float = 0.0
+    commit_latency_max_ms: float = 0.0
+    executors_running: int = 0
+    sessions_by_status: dict[str, int] = {}
 
 
 class WriteResult(msgspec.Struct, kw_only=True):

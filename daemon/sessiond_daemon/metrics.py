@@ -1,0 +1,383 @@
+"""Prometheus metrics: the daemon's hooks (no-ops unless --metrics-listen is set) and its endpoint.
+
+The hot path only counts: the writer reports each commit, the server each
+request. Everything that needs the database (sessions by status, token totals)
+is read when Prometheus scrapes, with one GROUP BY over the sessions table. The
+text is written by prometheus_client (an optional extra, `sessiond[metrics]`)
+from a registry of this daemon's own, never the process-wide default one.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import Counter as Tally
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import structlog
+from anyio.abc import Listener, SocketListener, SocketStream, TaskGroup, TaskStatus
+from sessiond_schemas import rpc
+from sessiond_schemas.errors import SessiondError
+from sessiond_schemas.events import EVENT_TYPES, Event
+
+from .config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from .executors import Executors
+    from .server import Server
+    from .store import SqliteStore
+    from .subscriptions import Subscriptions
+    from .writer import Writer
+
+log = structlog.get_logger("sessiond.metrics")
+
+OTHER = "(other)"  # the label of everything past the top N actors or namespaces
+NONE = "(none)"  # sessions without an actor_name
+_MAX_HEAD_BYTES = 8192
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                    2.5, 5.0, 10.0)
+
+
+class MetricsUnavailable(Exception):
+    """--metrics-listen was given, but prometheus-client is not installed."""
+
+
+def require_client() -> None:
+    """Raise MetricsUnavailable unless prometheus_client can be imported."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as exc:
+        raise MetricsUnavailable(
+            "metrics_listen is set but prometheus-client is not installed;"
+            " install sessiond[metrics] (pip install 'sessiond[metrics]')") from exc
+
+
+def check_config(config: Config) -> None:
+    """Refuse (ConfigError) a metrics_listen that cannot be served: a bad address, or no
+    prometheus-client."""
+    if config.metrics_listen is None:
+        return
+    try:
+        parse_address(config.metrics_listen)
+        require_client()
+    except (ValueError, MetricsUnavailable) as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+class CommitWindow:
+    """The last minute of commits (commands per batch, seconds per commit), for daemon.stats."""
+
+    __slots__ = ("_commits",)
+    SPAN_S = 60.0
+
+    def __init__(self) -> None:
+        self._commits: deque[tuple[float, int, float]] = deque()
+
+    def add(self, commands: int, seconds: float) -> None:
+        now_m = time.monotonic()
+        self._commits.append((now_m, commands, seconds))
+        self._trim(now_m)
+
+    def figures(self) -> dict[str, float]:
+        """Mean batch size, mean and max commit milliseconds over the last minute."""
+        self._trim(time.monotonic())
+        n = len(self._commits)
+        if not n:
+            return {"commit_batch_size": 0.0, "commit_latency_ms": 0.0,
+                    "commit_latency_max_ms": 0.0}
+        return {
+            "commit_batch_size": round(sum(c for _, c, _ in self._commits) / n, 2),
+            "commit_latency_ms": round(1000 * sum(s for _, _, s in self._commits) / n, 3),
+            "commit_latency_max_ms": round(1000 * max(s for _, _, s in self._commits), 3),
+        }
+
+    def _trim(self, now_m: float) -> None:
+        while self._commits and self._commits[0][0] < now_m - self.SPAN_S:
+            self._commits.popleft()
+
+
+class Hooks:
+    """What the daemon tells its metrics. These do nothing: metrics are off."""
+
+    __slots__ = ()
+
+    def clock(self) -> float:
+        return 0.0
+
+    def committed(self, commands: int, events: list[Event], seconds: float) -> None:
+        pass
+
+    def request(self, method: str, code: int, started: float) -> None:
+        pass
+
+    def connection(self, subscriptions: Subscriptions) -> None:
+        pass
+
+
+NO_METRICS = Hooks()
+
+
+def top_labels(rows: Iterable[tuple[Any, int, int, int, float]], limit: int,
+               ) -> list[tuple[str, int, int, int, float]]:
+    """Keep the `limit` values with the most tokens (then cost); sum the rest as OTHER."""
+    ranked = sorted(rows, key=lambda r: (r[2] + r[3], r[4], str(r[0])), reverse=True)
+    kept = [(NONE if r[0] is None else str(r[0]), *r[1:]) for r in ranked[:limit]]
+    rest = ranked[limit:]
+    if rest:
+        kept.append((OTHER, sum(r[1] for r in rest), sum(r[2] for r in rest),
+                     sum(r[3] for r in rest), sum(r[4] for r in rest)))
+    return kept
+
+
+class Prometheus(Hooks):
+    """Counters and histograms fed by the hooks; gauges read at scrape time."""
+
+    __slots__ = ("registry", "writer", "store", "server", "executors", "max_queue",
+                 "max_labels", "_events", "_requests", "_latency", "_children", "_batch",
+                 "_commit", "_subscribers", "_scraped", "_lock")
+
+    def __init__(self, *, writer: Writer, store: SqliteStore, max_queue: int,
+                 max_labels: int) -> None:
+        require_client()
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.writer, self.store = writer, store
+        self.server: Server | None = None
+        self.executors: Executors | None = None
+        self.max_queue, self.max_labels = max_queue, max_labels
+        r = self.registry
+        events = Counter("sessiond_events_appended", "Events committed, by event type.",
+                         ["type"], registry=r)
+        self._events = {t: events.labels(t) for t in EVENT_TYPES}  # all shown, from 0
+        self._requests = Counter("sessiond_requests", "Requests answered, by method and"
+                                 " JSON-RPC error code (0: success).", ["method", "code"],
+                                 registry=r)
+        self._latency = Histogram("sessiond_request_seconds", "Time to answer a request,"
+                                  " by method.", ["method"], buckets=_SECONDS_BUCKETS,
+                                  registry=r)
+        self._batch = Histogram("sessiond_commit_batch_commands", "Commands per committed"
+                                " transaction (group commit).", buckets=_BATCH_BUCKETS,
+                                registry=r)
+        self._commit = Histogram("sessiond_commit_seconds", "Time to commit one transaction,"
+                                 " its fsync included.", buckets=_SECONDS_BUCKETS, registry=r)
+        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._subscribers: weakref.WeakSet[Subscriptions] = weakref.WeakSet()
+        self._scraped: dict[str, Any] = {}
+        self._lock = anyio.Lock()
+        r.register(_ScrapeCollector(self))
+
+    # --- the hooks (hot path) ------------------------------------------------------
+
+    def clock(self) -> float:
+        return time.perf_counter()
+
+    def committed(self, commands: int, events: list[Event], seconds: float) -> None:
+        self._batch.observe(commands)
+        self._commit.observe(seconds)
+        for event_type, n in Tally(e.type for e in events).items():
+            child = self._events.get(event_type)
+            if child is not None:  # every stored type is a known one
+                child.inc(n)
+
+    def request(self, method: str, code: int, started: float) -> None:
+        children = self._children.get((method, code))
+        if children is None:
+            # A client may send any name: only the protocol's methods become labels, so
+            # this cache is bounded too (methods x error codes).
+            known = method in rpc.METHODS
+            label = method if known else OTHER
+            children = (self._requests.labels(label, str(code)), self._latency.labels(label))
+            if known:
+                self._children[(method, code)] = children
+        children[0].inc()
+        children[1].observe(time.perf_counter() - started)
+
+    def connection(self, subscriptions: Subscriptions) -> None:
+        self._subscribers.add(subscriptions)
+
+    # --- scrape --------------------------------------------------------------------
+
+    async def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """Read the scrape-time figures, then the text prometheus_client writes."""
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(accept or "")
+        async with self._lock:
+            self._scraped = await self._gather()
+            body = await anyio.to_thread.run_sync(encoder, self.registry)
+        return body, content_type
+
+    async def _gather(self) -> dict[str, Any]:
+        writer, server = self.writer, self.server
+        lags = [writer.committed_position - c for s in list(self._subscribers)
+                for c in s.cursors()]
+        figures: dict[str, Any] = {
+            "queue": writer.queue_depth, "capacity": self.max_queue,
+            "connections": server.connections if server else 0,
+            "subscriptions": server.subscriptions if server else 0,
+            "lag_max": max(lags, default=0),
+            "lagging": sum(1 for lag in lags if lag > 0),
+            "executors": len(self.executors.running) if self.executors else 0,
+            "db_bytes": self.store.db_bytes(),
+            "position": writer.committed_position,
+        }
+        try:
+            figures["status"] = await self.store.session_totals("status")
+            figures["namespace"] = top_labels(
+                await self.store.session_totals("namespace"), self.max_labels)
+            figures["actor"] = top_labels(
+                await self.store.session_totals("actor_name"), self.max_labels)
+        except SessiondError as exc:  # serve what needs no database; say why the rest is missing
+            log.warning("metrics.scrape_failed", error=exc.message)
+        return figures
+
+
+class _ScrapeCollector:
+    """The gauges, from the figures gathered just before the text is written."""
+
+    def __init__(self, metrics: Prometheus) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Any]:
+        return []  # families are only known once scraped; none collide with the others
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        f = self.metrics._scraped
+        if not f:
+            return
+        plain = [
+            ("sessiond_write_queue_depth", "Commands waiting for the writer.", "queue"),
+            ("sessiond_write_queue_capacity", "Commands the write queue holds before"
+             " callers get -32008 (max_queue).", "capacity"),
+            ("sessiond_connections", "Open client connections.", "connections"),
+            ("sessiond_subscriptions", "Live event subscriptions.", "subscriptions"),
+            ("sessiond_subscription_lag_max_events", "Events committed but not yet sent to"
+             " the furthest-behind subscription.", "lag_max"),
+            ("sessiond_subscriptions_lagging", "Subscriptions with events still to send.",
+             "lagging"),
+            ("sessiond_executors_running", "Executor processes (session.spawn) running.",
+             "executors"),
+            ("sessiond_database_bytes", "Bytes of the database file and its WAL.",
+             "db_bytes"),
+            ("sessiond_last_position", "Global position of the last committed event.",
+             "position"),
+        ]
+        for name, doc, key in plain:
+            yield GaugeMetricFamily(name, doc, value=f[key])
+        if "status" in f:
+            g = GaugeMetricFamily("sessiond_sessions", "Stored sessions, by status.",
+                                  labels=["status"])
+            for status, count, *_ in f["status"]:
+                g.add_metric([status], count)
+            yield g
+        for dim, label in (("namespace", "namespace"), ("actor", "actor")):
+            if dim not in f:
+                continue
+            tokens = GaugeMetricFamily(
+                f"sessiond_{dim}_tokens", f"Tokens recorded by stored sessions, by {label}"
+                " (top N, the rest as (other)) and kind (input, output).",
+                labels=[label, "kind"])
+            cost = GaugeMetricFamily(
+                f"sessiond_{dim}_estimated_cost", "Estimated cost recorded by stored"
+                f" sessions, by {label} (top N, the rest as (other)).", labels=[label])
+            for value, _, inp, out, spent in f[dim]:
+                tokens.add_metric([value, "input"], inp)
+                tokens.add_metric([value, "output"], out)
+                cost.add_metric([value], spent)
+            yield tokens
+            yield cost
+
+
+# --- the endpoint --------------------------------------------------------------------
+
+
+def parse_address(address: str) -> tuple[str, int] | str:
+    """`host:port` (IPv6 as `[::1]:9464`) -> (host, port); a path with a slash -> the path."""
+    if "/" in address:
+        return address
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"metrics_listen must be host:port or a socket path: {address!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+async def listen(address: str, bind_unix: Callable[[str], Awaitable[SocketListener]],
+                 ) -> Listener[SocketStream]:
+    """Open the listener the endpoint serves on."""
+    where = parse_address(address)
+    if isinstance(where, str):
+        return await bind_unix(where)
+    return await anyio.create_tcp_listener(local_host=where[0], local_port=where[1])
+
+
+async def serve(metrics: Prometheus, listener: Listener[SocketStream], *,
+                task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Answer GET /metrics on `listener` until cancelled, one task per connection."""
+
+    async def handle(stream: SocketStream) -> None:
+        try:
+            async with stream:
+                await _answer(metrics, stream)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+                OSError):
+            pass  # the scraper went away
+        except Exception:  # a bug: log it, keep serving
+            log.exception("metrics.request_failed")
+
+    async with listener:
+        task_status.started()
+        await listener.serve(handle)
+
+
+async def _answer(metrics: Prometheus, stream: SocketStream) -> None:
+    head = b""
+    with anyio.move_on_after(10):
+        while b"\r\n\r\n" not in head and len(head) < _MAX_HEAD_BYTES:
+            head += await stream.receive(_MAX_HEAD_BYTES)
+    lines = head.split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+    request = lines[0].split()
+    if len(request) != 3 or b"\r\n\r\n" not in head:
+        await _reply(stream, 400, b"bad request\n")
+        return
+    method, target = request[0], request[1].split("?")[0]
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+    if target not in ("/metrics", "/"):
+        await _reply(stream, 404, b"not found: the metrics are at /metrics\n")
+    elif method not in ("GET", "HEAD"):
+        await _reply(stream, 405, b"method not allowed\n")
+    else:
+        body, content_type = await metrics.exposition(headers.get("accept"))
+        await _reply(stream, 200, body, content_type, head_only=method == "HEAD")
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+
+
+async def _reply(stream: SocketStream, status: int, body: bytes,
+                 content_type: str = "text/plain; charset=utf-8", *,
+                 head_only: bool = False) -> None:
+    head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    await stream.send(head if head_only else head + body)
+
+
+async def start_metrics(tg: TaskGroup, config: Config, store: SqliteStore, writer: Writer,
+                        server: Server, executors: Executors,
+                        bind_unix: Callable[[str], Awaitable[SocketListener]]) -> Prometheus:
+    """Hook Prometheus into the writer and server, and serve it in `tg` (--metrics-listen)."""
+    assert config.metrics_listen is not None
+    metrics = Prometheus(writer=writer, store=store, max_queue=config.max_queue,
+                         max_labels=config.max_metrics_labels)
+    metrics.server, metrics.executors = server, executors
+    listener = await listen(config.metrics_listen, bind_unix)
+    writer.metrics = server.metrics = metrics
+    await tg.start(serve, metrics, listener)
+    log.info("metrics.serving", listen=config.metrics_listen)
+    return metrics
