@@ -49,16 +49,33 @@ class Maintenance:
         checked, after = 0, ""
         while ids := await self.store.session_ids(after, 500):
             for sid in ids:
-                check = SessionCheck(sid, await self.store.snapshots(sid))
-                async for page in self._pages(sid):  # page by page: memory stays flat
-                    check.feed(page)
-                raw = await self.store.state_json(sid)
-                stored = msgspec.json.decode(raw, type=SessionState) if raw else None
                 problems += [rpc.VerifyProblem(session_id=sid, problem=text)
-                             for text in check.finish(stored)]
+                             for text in await self._check_session(sid)]
                 checked += 1
             after = ids[-1]
+        # Sessions the writer found damaged (some have no view row, so the walk above
+        # does not meet them).
+        reported = {p.session_id for p in problems}
+        problems += [rpc.VerifyProblem(session_id=sid, problem=f"stored history {problem}")
+                     for sid, problem in sorted(self.writer.damaged.items())
+                     if sid not in reported]
         return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems)
+
+    async def _check_session(self, sid: str) -> list[str]:
+        """What is wrong with one session; stored data that does not even read back is
+        one of the problems, never an error of verify itself."""
+        try:
+            check = SessionCheck(sid, await self.store.snapshots(sid))
+            async for page in self._pages(sid):  # page by page: memory stays flat
+                check.feed(page)
+            raw = await self.store.state_json(sid)
+            stored = msgspec.json.decode(raw, type=SessionState) if raw else None
+            return check.finish(stored)
+        except StorageError:
+            raise  # the file itself, not this session: verify cannot go on
+        except Exception as exc:
+            log.warning("verify.unreadable", session_id=sid, error=str(exc))
+            return [f"stored data does not read back: {exc}"]
 
     async def daemon_backup(self, p: rpc.BackupParams, meta: EventMeta) -> rpc.BackupResult:
         if not os.path.isabs(p.path):

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 from sessiond_schemas import rpc
+from sessiond_schemas.bounds import bound_message, json_out_of_bounds
 from sessiond_schemas.errors import (
     AmbiguousIdError,
     CheckpointNotFoundError,
@@ -97,6 +98,11 @@ def check_transition(session_id: str, current: str, to: str) -> None:
             f"session {session_id} cannot move from {current} to {to}",
             {"from": current, "to": to, "allowed": list(allowed)},
         )
+
+
+def _data_paths(inputs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Where each events[i].data sits in the params (errors name the field)."""
+    return [f"$.events[{i}].data" for i in range(len(inputs))]
 
 
 def _not_none(**fields: Any) -> dict[str, Any]:
@@ -234,7 +240,7 @@ class Service:
             if not inputs:
                 return Plan([("session.created", data)], lambda s, ev: s)
             return Plan([("session.created", data), *sequenced(created_view(sid, data), inputs)],
-                        lambda s, ev: s)
+                        lambda s, ev: s, paths=["$", *_data_paths(inputs)])
 
         return await self._submit(p, meta, plan, session_id=sid)
 
@@ -364,7 +370,8 @@ class Service:
             first = require(state, p.session_id).message_count
             datas = [_message_data(m, first + i) for i, m in enumerate(p.messages)]
             return Plan([("message.appended", d) for d in datas], lambda s, ev: _write_result(
-                s, ev, message_ids=[d["message_id"] for d in datas], first_sequence=first))
+                s, ev, message_ids=[d["message_id"] for d in datas], first_sequence=first),
+                paths=[f"$.messages[{i}]" for i in range(len(datas))])
 
         return await self._submit(p, meta, plan)
 
@@ -461,6 +468,10 @@ class Service:
     async def checkpoint_save(self, p: rpc.CheckpointSaveParams, meta: EventMeta) -> msgspec.Raw:
         payload = _json.encode(p.payload)
         self._check_size(len(payload), self.limits.max_checkpoint_bytes, "checkpoint payload")
+        bad = json_out_of_bounds(p.payload, "$.payload", encoded=payload)
+        if bad is not None:
+            raise InvalidParamsError(bound_message(*bad), {"detail": "number out of bounds",
+                                                           "path": bad[0]})
         self._check_size(len(_json.encode(p.memory)), self.limits.max_event_bytes, "checkpoint memory")
         cid = p.checkpoint_id or new_id()
         data = {"checkpoint_id": cid, "size": len(payload), "memory": p.memory,
@@ -494,7 +505,8 @@ class Service:
 
         def plan(state: SessionState | None) -> Plan:
             s = require(state, p.session_id)
-            return Plan(sequenced(s, inputs), lambda st, ev: _write_result(st, ev))
+            return Plan(sequenced(s, inputs), lambda st, ev: _write_result(st, ev),
+                        paths=_data_paths(inputs))
 
         return await self._submit(p, meta, plan)
 

@@ -7,13 +7,13 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from .bounds import INT64_MAX, NonNegInt, PosInt
 from .events import (
     Event,
     EventType,
     GraphCheckpoint,
     GraphWrites,
     MessageFields,
-    NonNegInt,
     ProgressRecorded,
     SessionCreated,
     SessionId,
@@ -24,7 +24,7 @@ from .events import (
 from .state import Message, Progress, SessionState, SessionSummary, TokenUsage
 
 RequestId = int | str | None
-Version = Annotated[int, msgspec.Meta(ge=0)]
+Version = NonNegInt
 IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Limit1000 = Annotated[int, msgspec.Meta(ge=1, le=1000)]
 ItemId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
@@ -109,7 +109,7 @@ class SessionRef(Params, kw_only=True, forbid_unknown_fields=True):
 
 class SessionGetParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
-    at_version: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    at_version: PosInt | None = None
 
 
 class SessionResolveParams(Params, kw_only=True, forbid_unknown_fields=True):
@@ -163,7 +163,7 @@ class MessageListParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
     limit: Limit1000 = 100
     offset: NonNegInt = 0
-    after_sequence: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    after_sequence: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)] | None = None
     order: Literal["asc", "desc"] = "asc"
 
 
@@ -202,14 +202,15 @@ class EventsAppendParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
 
 class EventsReadParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str | None = None
-    from_version: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    from_version: PosInt | None = None
     from_position: NonNegInt | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1000
     types: list[EventType] | None = None
 
 
 class SessionCleanupParams(Params, kw_only=True, forbid_unknown_fields=True):
-    older_than_days: Annotated[float, msgspec.Meta(ge=0)] = 7
+    # At most 100,000 days (274 years): older cut-offs fall outside the calendar.
+    older_than_days: Annotated[float, msgspec.Meta(ge=0, le=100_000)] = 7
     statuses: list[Status] = msgspec.field(
         default_factory=lambda: ["completed", "failed", "cancelled", "killed"])
     dry_run: bool = False
@@ -223,7 +224,7 @@ class SessionImportParams(Params, kw_only=True, forbid_unknown_fields=True):
 class EventsSubscribeParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str | None = None
     from_position: NonNegInt | None = None
-    from_version: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    from_version: PosInt | None = None
     types: list[EventType] | None = None
 
 
@@ -432,7 +433,7 @@ class SessionInjectParams(Params, kw_only=True, forbid_unknown_fields=True):
 
 class SessionOutputParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
-    turn: Annotated[int, msgspec.Meta(ge=1)] | None = None  # default: the latest turn
+    turn: PosInt | None = None  # default: the latest turn
     stream: Literal["stdout", "stderr"] | None = None  # default: both, in arrival order
 
 
@@ -444,7 +445,7 @@ class OutputResult(msgspec.Struct, kw_only=True):
 class SessionTrajectoryParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
     full: bool = False
-    max_output_len: Annotated[int, msgspec.Meta(ge=1)] = 200
+    max_output_len: PosInt = 200
 
 
 class Step(msgspec.Struct, kw_only=True):
@@ -481,7 +482,7 @@ class GraphListParams(Params, kw_only=True, forbid_unknown_fields=True):
     checkpoint_id: str | None = None
     before: str | None = None  # only checkpoint ids below this one
     filter: dict[str, Any] = {}  # metadata keys that must be equal
-    limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    limit: NonNegInt | None = None
 
 
 class PendingWrite(msgspec.Struct, kw_only=True):
