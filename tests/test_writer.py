@@ -1,4 +1,4 @@
-"""The writer on a real database: a command that fails midway leaves no trace."""
+"""The writer on a real database: a command that fails, in deciding or committing, fails alone."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from typing import Any
 
 import anyio
 import pytest
+from sessiond import AsyncClient
 from sessiond_daemon.store import SqliteStore
 from sessiond_daemon.writer import Command, Plan, Writer
-from sessiond_schemas.errors import InternalError
+from sessiond_schemas.errors import InternalError, SessiondError
+from structlog.testing import capture_logs
 from sessiond_schemas.events import EventMeta
 
 pytestmark = pytest.mark.anyio
@@ -60,3 +62,105 @@ async def test_a_failing_command_stores_nothing_and_leaves_no_gap(short_dir: str
         assert con.execute("SELECT session_id FROM sessions").fetchall() == [("good",)]
     finally:
         con.close()
+
+
+def poisoned_write(bad_session: str, exc: BaseException) -> Any:
+    """SqliteStore._write that fails (after writing its rows) for batches holding one session."""
+    real = SqliteStore._write
+
+    def write(db: sqlite3.Connection, batch: Any) -> None:
+        real(db, batch)
+        if any(e.session_id == bad_session for e in batch.events):
+            raise exc
+    return staticmethod(write)
+
+
+class TestOneCommandFailsAlone:
+    """A batch whose commit fails is retried command by command: only the culprit fails."""
+
+    @pytest.mark.parametrize("exc, code", [
+        (OverflowError("Python int too large to convert to SQLite INTEGER"), -32603),
+        (sqlite3.IntegrityError("UNIQUE constraint failed: events.position"), -32012),
+    ])
+    async def test_batch_retried_one_by_one(self, short_dir: str, monkeypatch: pytest.MonkeyPatch,
+                                            exc: BaseException, code: int) -> None:
+        db = os.path.join(short_dir, "w.db")
+        store = SqliteStore(db)
+        await store.open()
+        writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
+        monkeypatch.setattr(SqliteStore, "_write", poisoned_write("bad", exc))
+        outcomes: dict[str, Any] = {}
+
+        async def submit(cmd: Command) -> None:
+            try:
+                outcomes[cmd.session_id] = await writer.submit(cmd)
+            except SessiondError as err:
+                outcomes[cmd.session_id] = err
+
+        try:
+            with capture_logs() as logs:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(writer.run)
+                    async with anyio.create_task_group() as batch:  # one batch of three
+                        for sid in ("a", "bad", "b"):
+                            batch.start_soon(submit, Command(
+                                session_id=sid, plan=creating(lambda s, ev: {"ok": True}),
+                                meta=EventMeta()))
+                    assert writer.cached("bad") is None  # never a view that was not committed
+                    await submit(Command(session_id="c", plan=creating(lambda s, ev: 1),
+                                         meta=EventMeta()))  # the writer carries on
+                    writer.close()
+        finally:
+            await store.close()
+        assert outcomes["a"] == outcomes["b"] == b'{"ok":true}' and outcomes["c"] == b"1"
+        bad = outcomes["bad"]
+        assert isinstance(bad, SessiondError) and bad.code == code
+        if code == -32603:
+            logged = [e for e in logs if e.get("error_id") == bad.data["error_id"]]
+            assert logged and logged[0]["log_level"] == "error"
+        con = sqlite3.connect(db)
+        try:
+            rows = con.execute("SELECT session_id, position FROM events ORDER BY position")
+            assert [r[0] for r in rows] == ["a", "b", "c"]
+            assert [p for (p,) in con.execute("SELECT position FROM events")] == [1, 2, 3]
+        finally:
+            con.close()
+
+
+async def test_a_failing_commit_over_the_socket(daemon: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the real client: the poisoned session's writes are -32603 with an incident id,
+    everyone else's (in the same batches) commit, the daemon serves on, and the session's
+    view stays what was committed."""
+    async with AsyncClient(daemon.socket) as client:
+        for sid in ("ok1", "poison", "ok2"):
+            await client.create_session(sid)
+        monkeypatch.setattr(SqliteStore, "_write",
+                            poisoned_write("poison", OverflowError("int too large")))
+        results: dict[str, Any] = {}
+
+        async def append(sid: str, i: int) -> None:
+            try:
+                results[f"{sid}{i}"] = await client.append_message(sid, "user", f"m{i}")
+            except SessiondError as err:
+                results[f"{sid}{i}"] = err
+
+        with capture_logs() as logs:  # (and no traceback rendering: it is slow)
+            async with anyio.create_task_group() as tg:  # pipelined: group-committed together
+                for i in range(5):
+                    for sid in ("ok1", "poison", "ok2"):
+                        tg.start_soon(append, sid, i)
+        logged = {e.get("error_id") for e in logs if e["log_level"] == "error"}
+        for i in range(5):
+            err = results[f"poison{i}"]
+            assert isinstance(err, SessiondError) and err.code == -32603
+            assert err.data["error_id"] in logged
+            assert not isinstance(results[f"ok1{i}"], SessiondError)
+            assert not isinstance(results[f"ok2{i}"], SessiondError)
+        assert (await client.ping()).pong
+        assert (await client.get_session("poison")).version == 1
+        monkeypatch.undo()
+        r = await client.append_message("poison", "user", "later")
+        assert (r.version, r.sequence) == (2, 0)
+        positions = [p for (p,) in daemon.sql("SELECT position FROM events ORDER BY position")]
+        assert positions == list(range(1, len(positions) + 1))
+        assert (await client.call("daemon.verify", Any))["ok"] is True
