@@ -13,6 +13,8 @@ from sessiond_daemon.store import SqliteStore
 from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.errors import InternalError, SessiondError
 from structlog.testing import capture_logs
+
+from conftest import daemon_config, running_daemon
 from sessiond_schemas.events import EventMeta
 
 pytestmark = pytest.mark.anyio
@@ -164,3 +166,63 @@ async def test_a_failing_commit_over_the_socket(daemon: Any, monkeypatch: pytest
         positions = [p for (p,) in daemon.sql("SELECT position FROM events ORDER BY position")]
         assert positions == list(range(1, len(positions) + 1))
         assert (await client.call("daemon.verify", Any))["ok"] is True
+
+
+class TestStoredDataNeverStopsTheStart:
+    """Rows written into the file behind the daemon's back: reported, marked, served around."""
+
+    async def test_bad_event_rows_then_start(self, short_dir: str) -> None:
+        config = daemon_config(short_dir)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            for sid in ("good", "bad", "nullcost"):
+                await c.create_session(sid)
+                await c.append_message(sid, "user", "hello")
+                await c.call("tokens.record", Any, session_id=sid, input_tokens=5,
+                             estimated_cost=0.25)
+        con = sqlite3.connect(config.db)
+        try:
+            with con:
+                (last,) = con.execute("SELECT MAX(position) FROM events").fetchone()
+                row = ("1, '2026-01-01T00:00:00.000000Z'", "'{}'", "'x'")
+                con.execute(  # data that does not decode: a count past int64
+                    f"INSERT INTO events VALUES ({last + 1}, 'bad', 4, 'evil-1', 'tokens.recorded',"
+                    f" {row[0]}, '{{\"input_tokens\": 9223372036854775808}}', {row[1]}, {row[2]})")
+                con.execute(  # a session with no view whose first event is not even JSON
+                    f"INSERT INTO events VALUES ({last + 2}, 'ghost', 1, 'evil-2', 'session.created',"
+                    f" {row[0]}, 'not json', {row[1]}, {row[2]})")
+                # the issue's poison: a view whose cost was stored as null
+                con.execute("UPDATE sessions SET state = json_set(state,"
+                            " '$.token_usage.estimated_cost', json('null'))"
+                            " WHERE session_id = 'nullcost'")
+        finally:
+            con.close()
+        with capture_logs() as logs:
+            async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+                assert (await c.ping()).pong
+                damaged = {e["session_id"] for e in logs if e["event"] == "writer.session_damaged"}
+                assert damaged == {"bad", "ghost"}
+                # The rest is served, reads and writes.
+                r = await c.append_message("good", "user", "still here")
+                assert r.version == 4
+                # The damaged session: its last good view is served; writes are -32012
+                # naming where its history breaks.
+                assert (await c.get_session("bad")).version == 3
+                with pytest.raises(SessiondError) as err:
+                    await c.append_message("bad", "user", "refused")
+                assert err.value.code == -32012 and "after version 3" in err.value.message
+                assert err.value.data["session_id"] == "bad"
+                with pytest.raises(SessiondError) as err:
+                    await c.create_session("ghost")
+                assert err.value.code == -32012
+                # The null cost: folded again from its events on the next write.
+                r = await c.append_message("nullcost", "user", "mended")
+                assert r.version == 4
+                assert (await c.get_session("nullcost")).token_usage.estimated_cost == 0.25
+                verify = await c.call("daemon.verify", Any)
+                found = {p["session_id"]: p["problem"] for p in verify["problems"]}
+                assert set(found) == {"bad", "ghost"}, verify
+                assert "version 4" in found["bad"] and "input_tokens" in found["bad"]
+                # Deleting the damaged session clears it.
+                assert await c.delete_session("bad") is True
+                verify = await c.call("daemon.verify", Any)
+                assert {p["session_id"] for p in verify["problems"]} == {"ghost"}
