@@ -28,6 +28,9 @@ Version = NonNegInt
 IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Limit1000 = Annotated[int, msgspec.Meta(ge=1, le=1000)]
 ItemId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
+# What becomes a path, a program argument or an environment entry: no NUL byte (the
+# kernel's strings end at one).
+NoNul = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$")]
 
 # --- envelopes ------------------------------------------------------------------
 
@@ -87,7 +90,7 @@ class NoParams(Params, kw_only=True, forbid_unknown_fields=True):
 
 
 class BackupParams(Params, kw_only=True, forbid_unknown_fields=True):
-    path: Annotated[str, msgspec.Meta(min_length=1)]
+    path: Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[^\x00]+$")]
 
 
 class EventInput(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -414,9 +417,10 @@ Adapter = Literal["jsonl", "codex", "claude"]
 
 
 class SessionSpawnParams(Params, kw_only=True, forbid_unknown_fields=True):
-    argv: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)]
-    cwd: str | None = None  # absolute; default: the daemon's working directory
-    env: dict[str, str] = {}  # added to the daemon's environment
+    argv: Annotated[list[Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[^\x00]+$")]],
+                    msgspec.Meta(min_length=1)]
+    cwd: NoNul | None = None  # absolute; default: the daemon's working directory
+    env: dict[NoNul, NoNul] = {}  # added to the daemon's environment
     adapter: Adapter = "jsonl"
     task: str | None = None  # the first user message, written to the process's stdin
     model: str | None = None
