@@ -168,8 +168,11 @@ class TestNumbersOverTheSocket:
             assert err.code == -32602 and err.data["path"] == f"$.{field}", (method, err)
         err = await refused(client, "session.cleanup", older_than_days=1e308)
         assert err.code == -32602 and err.data["path"] == "$.older_than_days"
-        page = await client.call("message.list", Any, session_id="r", offset=2**63 - 1)
-        assert page["messages"] == []
+        for at_the_bound in ({"offset": 2**63 - 1}, {"after_sequence": 2**63 - 1},
+                             {"after_sequence": 2**63 - 1, "offset": 2**63 - 1},
+                             {"offset": 2**63 - 1, "order": "desc"}):
+            page = await client.call("message.list", Any, session_id="r", **at_the_bound)
+            assert page["messages"] == []
 
     async def test_free_form_numbers(self, client: AsyncClient) -> None:
         """Integers past int64 inside metadata, memory, payloads and event data are refused

@@ -62,7 +62,7 @@ def _for(info: Any, name: str = "") -> st.SearchStrategy[Any]:
         return numbers
     if isinstance(info, mi.StrType):
         if name.endswith("session_id") or name == "prefix":
-            return st.sampled_from(SESSIONS) | strings
+            return st.sampled_from(SESSIONS * 7 + STRINGS)  # mostly sessions that exist
         return strings
     if isinstance(info, mi.BoolType):
         return st.booleans()
@@ -112,13 +112,67 @@ HARMLESS_ARGV = [["/nonexistent/sessiond-test-program"], [sys.executable, "-S", 
 SPECIAL: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "session.spawn": st.fixed_dictionaries(
         {"argv": st.sampled_from(HARMLESS_ARGV)},
-        optional={"session_id": st.sampled_from(SESSIONS) | strings, "task": strings,
+        optional={"session_id": st.sampled_from(SESSIONS * 7 + STRINGS), "task": strings,
                   "metadata": json_objects, "model": strings}),
     "session.inject": st.fixed_dictionaries(
         {"session_id": st.sampled_from(SESSIONS), "message": strings}),
-    "session.kill": st.fixed_dictionaries({"session_id": st.sampled_from(SESSIONS) | strings}),
+    "session.kill": st.fixed_dictionaries({"session_id": st.sampled_from(SESSIONS * 7 + STRINGS)}),
 }
 METHODS = sorted(rpc.METHODS)
+
+# The least each method needs to be valid on session s1; one number at a time is then
+# put at or past its bound, so that no other field's refusal hides it.
+MINIMAL: dict[str, dict[str, Any]] = {
+    "session.create": {}, "session.list": {}, "events.read": {}, "events.subscribe": {},
+    "graph.list": {}, "session.cleanup": {"dry_run": True},
+    "session.states": {"namespace": "local"},
+    "session.transition": {"session_id": "s1", "to": "paused"},
+    "message.append": {"session_id": "s1", "role": "user", "content": "hi"},
+    "message.append_many": {"session_id": "s1", "messages": [{"role": "user", "content": "hi"}]},
+    "progress.record": {"session_id": "s1", "node_id": "n"},
+    "memory.update": {"session_id": "s1", "patch": {}},
+    "events.append": {"session_id": "s1", "events": [{"type": "decision.recorded", "data": {}}]},
+    "session.spawn": {"argv": HARMLESS_ARGV[0]},
+    "session.inject": {"session_id": "s1", "message": "hi"},
+    "session.resolve": {"prefix": "s1s1"},
+    "state.get": {"app_name": "a"},
+    "daemon.backup": {"path": "/nonexistent-sessiond-dir/backup.db"},
+    "session.import": {"document": "{}"},
+    "events.unsubscribe": {"subscription": "x"},
+    "graph.put": {"session_id": "g1", "thread_id": "t", "checkpoint_id": "c",
+                  "checkpoint": {"type": "t", "data": "eA=="}},
+    "graph.put_writes": {"session_id": "g1", "thread_id": "t", "checkpoint_id": "c",
+                         "task_id": "k", "writes": [{"idx": 0, "channel": "c",
+                                                     "value": {"type": "t", "data": "eA=="}}]},
+    "graph.copy": {"source_session_id": "g1", "target_session_id": "g2",
+                   "target_thread_id": "t"},
+    "graph.delete_runs": {"run_ids": ["r"]},
+    "graph.prune": {"session_ids": ["g2"]},
+}
+
+
+def _numeric(info: Any) -> bool:
+    mi = msgspec.inspect
+    if isinstance(info, mi.UnionType):
+        return any(_numeric(t) for t in info.types)
+    return isinstance(info, (mi.IntType, mi.FloatType))
+
+
+def _textual(info: Any) -> bool:
+    mi = msgspec.inspect
+    if isinstance(info, mi.UnionType):
+        return any(_textual(t) for t in info.types)
+    return isinstance(info, mi.StrType)
+
+
+STRING_FIELDS: list[tuple[str, str]] = sorted(
+    (method, f.encode_name) for method, (params, _) in rpc.METHODS.items()
+    for f in msgspec.inspect.type_info(params).fields  # type: ignore[attr-defined]
+    if _textual(f.type))
+NUMERIC_FIELDS: list[tuple[str, str]] = sorted(
+    (method, f.encode_name) for method, (params, _) in rpc.METHODS.items()
+    for f in msgspec.inspect.type_info(params).fields  # type: ignore[attr-defined]
+    if _numeric(f.type))
 
 
 # --- a daemon in a thread of its own, restartable ---------------------------------------
@@ -243,6 +297,15 @@ class DaemonMachine(RuleBasedStateMachine):
             params = data.draw(SPECIAL[method] if method in SPECIAL else params_for(method))
         self.send(method, params)
 
+    @rule(field=st.sampled_from(NUMERIC_FIELDS), number=numbers)
+    def one_number_at_the_bound(self, field: tuple[str, str], number: Any) -> None:
+        """A valid request with one number at or past its bound."""
+        method, name = field
+        self.send("session.create", {"session_id": "s1"})  # taken or made: either will do
+        params = dict(MINIMAL.get(method, {"session_id": "s1"}))
+        params[name] = number
+        self.send(method, params)
+
     @rule(event=event_inputs(), sid=st.sampled_from(SESSIONS), key=st.none() | strings)
     def append_event(self, event: dict[str, Any], sid: str, key: str | None) -> None:
         """events.append of every event type, data drawn from the type's schema."""
@@ -318,3 +381,24 @@ DaemonMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestStateful = DaemonMachine.TestCase
+
+
+def test_every_number_and_string_of_every_method_at_every_bound() -> None:
+    """The sweep the state machine samples from, whole: each numeric and each string field
+    of each method's params, alone, at each boundary value; ping after each, verify at
+    the end."""
+    sweep = ([(m, f, v) for m, f in NUMERIC_FIELDS for v in NUMBERS]
+             + [(m, f, v) for m, f in STRING_FIELDS for v in sorted(set(STRINGS))])
+    with tempfile.TemporaryDirectory(prefix="sd-sw-") as directory:
+        daemon = ThreadedDaemon(directory)
+        daemon.start()
+        try:
+            for method, name, value in sweep:
+                call(daemon.socket, "session.create", {"session_id": "s1"})
+                params = {**MINIMAL.get(method, {"session_id": "s1"}), name: value}
+                check_reply(method, params, call(daemon.socket, method, params))
+                assert call(daemon.socket, "daemon.ping", {})["result"]["pong"] is True
+            verify = call(daemon.socket, "daemon.verify", {})
+            assert verify["result"]["ok"] is True, verify["result"]["problems"]
+        finally:
+            daemon.stop()

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 from sessiond_schemas import rpc
-from sessiond_schemas.bounds import bound_message, json_out_of_bounds
+from sessiond_schemas.bounds import INT64_MAX, bound_message, json_out_of_bounds
 from sessiond_schemas.errors import (
     AmbiguousIdError,
     CheckpointNotFoundError,
@@ -380,8 +380,9 @@ class Service:
         after = p.after_sequence
         if p.order == "asc":
             first = (after + 1 if after is not None else 0) + p.offset
-            messages = await self.store.list_messages(p.session_id, first=first, limit=p.limit,
-                                                      descending=False)
+            # Past the last possible sequence (an int64) nothing is left to read.
+            messages = [] if first > INT64_MAX else await self.store.list_messages(
+                p.session_id, first=first, limit=p.limit, descending=False)
         else:
             first = total - 1 - p.offset
             messages = [] if first < 0 else await self.store.list_messages(
