@@ -383,12 +383,35 @@ DaemonMachine.TestCase.settings = settings(
 TestStateful = DaemonMachine.TestCase
 
 
+# The least each event type's data needs; one number of it is then put at its bound.
+MINIMAL_DATA: dict[str, dict[str, Any]] = {
+    "message.appended": {"role": "user", "content": "hi", "message_id": "m", "sequence": 0},
+    "progress.recorded": {"node_id": "n"},
+    "process.started": {"pid": 1, "argv": ["x"], "turn": 1},
+    "process.output": {"turn": 1, "line": "x"},
+    "process.exited": {"pid": 1, "turn": 1},
+    "process.detached": {"pid": 1, "turn": 1, "alive": False, "reason": "x"},
+    "checkpoint.saved": {"checkpoint_id": "c", "size": 0},
+    "messages.truncated": {"from_sequence": 0},
+    "graph.writes": {"thread_id": "t", "checkpoint_id": "c", "task_id": "k",
+                     "writes": [{"idx": 0, "channel": "c", "value": {"type": "t", "data": ""}}]},
+}
+DATA_NUMBERS: list[tuple[str, str]] = sorted(
+    (event_type, f.encode_name) for event_type, data_type in DATA_TYPES.items()
+    for f in msgspec.inspect.type_info(data_type).fields  # type: ignore[attr-defined]
+    if _numeric(f.type))
+
+
 def test_every_number_and_string_of_every_method_at_every_bound() -> None:
     """The sweep the state machine samples from, whole: each numeric and each string field
-    of each method's params, alone, at each boundary value; ping after each, verify at
-    the end."""
-    sweep = ([(m, f, v) for m, f in NUMERIC_FIELDS for v in NUMBERS]
-             + [(m, f, v) for m, f in STRING_FIELDS for v in sorted(set(STRINGS))])
+    of each method's params, and each numeric field of each event type's data, alone, at
+    each boundary value; ping after each, verify at the end."""
+    sweep: list[tuple[str, str, Any]] = (
+        [(m, f, v) for m, f in NUMERIC_FIELDS for v in NUMBERS]
+        + [(m, f, v) for m, f in STRING_FIELDS for v in sorted(set(STRINGS))]
+        + [("events.append", "events", [{"type": t, "data": {**MINIMAL_DATA.get(t, {}), f: v}}])
+           for t, f in DATA_NUMBERS for v in NUMBERS])
+    assert ("tokens.recorded", "input_tokens") in DATA_NUMBERS
     with tempfile.TemporaryDirectory(prefix="sd-sw-") as directory:
         daemon = ThreadedDaemon(directory)
         daemon.start()
