@@ -27,7 +27,8 @@ NonNegInt = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 PosInt = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
 Float64 = Annotated[float, msgspec.Meta(ge=-FLOAT_MAX, le=FLOAT_MAX)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0, le=FLOAT_MAX)]
-Pid = Annotated[int, msgspec.Meta(ge=1, le=PID_MAX)]
+# 0 is "not known" (an importer's history without one); a pid is history, never a target.
+Pid = Annotated[int, msgspec.Meta(ge=0, le=PID_MAX)]
 
 
 def in_bounds(value: Any) -> bool:
