@@ -23,14 +23,11 @@ from sessiond_schemas.errors import (
     InvalidParamsError,
     OverloadedError,
     SessiondError,
-    SessionImportError,
     ShuttingDownError,
-    StorageError,
     VersionConflictError,
 )
 from sessiond_schemas.events import (
     CURRENT_SCHEMA_VERSION,
-    DATA_TYPES,
     Event,
     EventMeta,
     new_id,
@@ -40,6 +37,7 @@ from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
+from .histories import Histories, check_import, damaged_error
 from .store import Batch, Entry, SqliteStore
 
 log = structlog.get_logger("sessiond.writer")
@@ -99,30 +97,6 @@ class Command:
 _DELETED = object()
 
 
-def _check_import(events: list[Event]) -> None:
-    """What the fold does not look at in an imported history: the data of graph events
-    (their indexes read it) and every number of free-form data. -32007 if wrong."""
-    for e in events:
-        reason = None
-        if e.type.startswith("graph.") and e.type in DATA_TYPES:
-            try:
-                msgspec.convert(e.data, DATA_TYPES[e.type])
-            except (msgspec.ValidationError, ValueError) as exc:
-                reason = f"event at version {e.version} ({e.type}): {exc}"
-        bad = json_out_of_bounds(e.data, "$.data") if reason is None else None
-        if bad is not None:
-            reason = f"event at version {e.version} ({e.type}): {bound_message(*bad)}"
-        if reason is not None:
-            raise SessionImportError(f"import failed: {reason}", {"reason": reason})
-
-
-def _damaged_error(session_id: str, problem: str) -> StorageError:
-    return StorageError(
-        f"session {session_id} cannot be written: its stored history {problem}; nothing was"
-        " written. Delete it, or import a good copy with on_conflict=replace.",
-        {"detail": problem, "session_id": session_id})
-
-
 class _BatchFailed(Exception):
     """A batch's commit (or its shared read) failed; `error` is what to answer."""
 
@@ -171,9 +145,10 @@ class Writer:
         self.commands = 0
         self._rate: deque[tuple[float, int]] = deque()
         self._busy_since: float | None = None  # monotonic start of the batch in hand
-        # Sessions whose stored history does not fold: id -> what is wrong. Their last good
-        # view is still served; writes to them are refused (-32012) until deleted or replaced.
-        self.damaged: dict[str, str] = {}
+        # Sessions whose stored history does not fold: their last good view is still
+        # served; writes to them are refused (-32012) until deleted or replaced.
+        self.histories = Histories(store)
+        self.damaged = self.histories.damaged  # session id -> what is wrong
 
     # --- the callers' side ------------------------------------------------------------
 
@@ -220,7 +195,7 @@ class Writer:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.committed_position = await self.store.last_position()
         self.next_position = self.committed_position + 1
-        await self._catch_up_views()
+        await self.histories.catch_up()
         task_status.started()
         async with self._receive:
             while True:
@@ -373,10 +348,10 @@ class Writer:
             cmd.result = _json.encode(plan.result)
             return
         if damage is not None and not (isinstance(plan, Import) and plan.replace):
-            raise _damaged_error(sid, damage)
+            raise damaged_error(sid, damage)
         payloads: dict[str, bytes]
         if isinstance(plan, Import):
-            _check_import(plan.events)
+            check_import(plan.events)
             events = [msgspec.structs.replace(e, position=self.next_position + i)
                       for i, e in enumerate(plan.events)]
             self.next_position += len(events)
@@ -473,59 +448,10 @@ class Writer:
             # The stored view does not read back: fold it again from its events. Not
             # cached: the cache holds only what is committed (the next write commits it).
             log.error("writer.view_unreadable", session_id=session_id, error=str(exc))
-            return await self._rebuild(session_id, None)
+            return await self.histories.rebuild(session_id, None)
         if entry is not None:
             self._remember(session_id, entry)
         return entry
-
-    async def _rebuild(self, session_id: str, base: Entry | None) -> Entry | None:
-        """Fold a session's stored events after `base` (all of them when None); on a
-        history that does not fold, mark the session damaged and return `base`."""
-        state = base.state if base is not None else None
-        last: Event | None = None
-        version = state.version + 1 if state is not None else 1
-        try:
-            while True:
-                page = await self.store.read_events(session_id=session_id, from_version=version,
-                                                    after_position=0, limit=1000, types=None)
-                if not page:
-                    break
-                state, last = projection.fold(state, page), page[-1]
-                version = page[-1].version + 1
-        except Exception as exc:  # any stored data that cannot be folded
-            problem = (f"does not fold after version {state.version if state else 0}: {exc}")
-            self.damaged[session_id] = problem
-            log.error("writer.session_damaged", session_id=session_id, problem=problem)
-            return base
-        if state is None or last is None:
-            return base
-        return Entry(state, last.hash, last.position)
-
-    async def _catch_up_views(self) -> None:
-        """At start: fold the events a stored view is behind (rows written behind the
-        daemon's back) and commit the views; a history that does not fold marks its
-        session damaged. Stored data never stops the start."""
-        try:
-            behind = await self.store.sessions_behind()
-        except Exception:
-            log.exception("writer.catch_up_failed")
-            return
-        for session_id in behind:
-            try:
-                base = await self.store.load_entry(session_id)
-            except Exception:
-                base = None
-            entry = await self._rebuild(session_id, base)
-            if entry is None or entry is base:
-                continue
-            batch = Batch(views={session_id: entry})
-            try:
-                await self.store.commit(batch)
-            except Exception:
-                log.exception("writer.catch_up_failed", session_id=session_id)
-                continue
-            log.warning("writer.view_caught_up", session_id=session_id,
-                        version=entry.state.version)
 
     def _adopt(self, overlay: dict[str, Entry | object]) -> None:
         for sid, entry in overlay.items():
