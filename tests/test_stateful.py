@@ -2,7 +2,8 @@
 
 Every method of rpc.METHODS and events.append of every event type, with numbers
 at and past their bounds and hostile strings, over the real socket; imports of
-documents built from those values; restarts between steps. After every step the
+documents built from those values; restarts between steps, and rows no daemon
+would write put into the file while it is stopped. After every step the
 daemon answers ping, after every restart it has started, at the end
 daemon.verify is ok, and every refusal carries a contract code (never -32603)
 and names its field.
@@ -16,6 +17,7 @@ import asyncio
 import json
 import os
 import socket
+import sqlite3
 import sys
 import tempfile
 import threading
@@ -264,6 +266,8 @@ def check_reply(method: str, params: dict[str, Any], reply: dict[str, Any]) -> N
 
 
 class DaemonMachine(RuleBasedStateMachine):
+    """Random steps against one daemon; its database lives for one example."""
+
     def __init__(self) -> None:
         super().__init__()
         self.directory = tempfile.mkdtemp(prefix="sd-st-")
@@ -350,6 +354,32 @@ class DaemonMachine(RuleBasedStateMachine):
     @rule(text=strings)
     def import_text(self, text: str) -> None:
         self.send("session.import", {"document": text})
+
+    @rule(sid=st.sampled_from(SESSIONS), data=st.sampled_from([
+        b'{"input_tokens": 9223372036854775808}', b"not json", b'{"input_tokens": "x"}']))
+    def bad_row_then_restart(self, sid: str, data: bytes) -> None:
+        """A row no daemon would write, put into the file while the daemon is stopped: it
+        starts, serves, and reports the session until it is deleted."""
+        self.send("session.create", {"session_id": sid})
+        self.daemon.stop()
+        con = sqlite3.connect(self.daemon.config.db or "")
+        try:
+            with con:
+                (version,) = con.execute("SELECT version FROM sessions WHERE session_id = ?",
+                                         (sid,)).fetchone()
+                (last,) = con.execute("SELECT MAX(position) FROM events").fetchone()
+                con.execute("INSERT INTO events VALUES (?, ?, ?, ?, 'tokens.recorded', 1,"
+                            " '2026-01-01T00:00:00.000000Z', ?, '{}', 'x')",
+                            (last + 1, sid, version + 1, f"bad-{last + 1}", data))
+        finally:
+            con.close()
+        self.daemon.start()
+        problems = self.send("daemon.verify", {})["result"]["problems"]
+        assert sid in {p["session_id"] for p in problems}, problems
+        refused = self.send("message.append", {"session_id": sid, "role": "user",
+                                               "content": "x"})
+        assert refused["error"]["code"] == -32012, refused
+        assert self.send("session.delete", {"session_id": sid})["result"]["deleted"] is True
 
     @rule()
     def restart(self) -> None:
