@@ -19,6 +19,7 @@ from sessiond_schemas.errors import (
     InvalidTransitionError,
     SessionExistsError,
     SessionNotFoundError,
+    StorageError,
     TooLargeError,
     VersionConflictError,
 )
@@ -203,7 +204,13 @@ class Service:
         state = self.writer.cached(session_id)
         if state is None:
             raw = await self.store.state_json(session_id)
-            state = msgspec.json.decode(raw, type=SessionState) if raw is not None else None
+            try:
+                state = msgspec.json.decode(raw, type=SessionState) if raw is not None else None
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                # Stored data, not the caller's: the next write folds the view again.
+                raise StorageError(f"the stored view of session {session_id} does not read"
+                                   f" back ({exc}); daemon.verify reports it",
+                                   {"detail": str(exc), "session_id": session_id}) from exc
         return require(state, session_id)
 
     # --- daemon ---------------------------------------------------------------------
