@@ -379,6 +379,10 @@ class DaemonMachine(RuleBasedStateMachine):
         refused = self.send("message.append", {"session_id": sid, "role": "user",
                                                "content": "x"})
         assert refused["error"]["code"] == -32012, refused
+        for method in ("session.get", "events.read", "session.export", "message.list",
+                       "session.trajectory", "checkpoint.list"):
+            self.send(method, {"session_id": sid})  # served, or -32012: never a crash
+        self.send("events.read", {})
         assert self.send("session.delete", {"session_id": sid})["result"]["deleted"] is True
 
     @rule()

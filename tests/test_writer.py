@@ -214,6 +214,12 @@ class TestStoredDataNeverStopsTheStart:
                 with pytest.raises(SessiondError) as err:
                     await c.create_session("ghost")
                 assert err.value.code == -32012
+                # The row reads back as stored; an export (which folds it) is -32012.
+                read = await c.call("events.read", Any, session_id="bad")
+                assert read["events"][-1]["data"]["input_tokens"] == 2**63
+                with pytest.raises(SessiondError) as err:
+                    await c.call("session.export", Any, session_id="bad")
+                assert err.value.code == -32012 and err.value.data["session_id"] == "bad"
                 # The null cost: reads that need the view say so (-32012, not a bug); the
                 # next write folds it again from its events.
                 with pytest.raises(SessiondError) as err:

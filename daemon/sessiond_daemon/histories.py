@@ -44,6 +44,13 @@ def damaged_error(session_id: str, problem: str) -> StorageError:
         {"detail": problem, "session_id": session_id})
 
 
+def unreadable_error(session_id: str | None, exc: Exception) -> StorageError:
+    """-32012 for stored data that does not read back or fold (not the caller's fault)."""
+    whose = f"session {session_id}" if session_id else "a session"
+    return StorageError(f"stored data of {whose} does not read back ({exc}); daemon.verify"
+                        " reports it", {"detail": str(exc), "session_id": session_id})
+
+
 class Histories:
     """The writer's view of stored histories: which sessions are damaged, and how to fold
     a view again from what is stored."""

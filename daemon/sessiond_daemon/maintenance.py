@@ -24,6 +24,7 @@ from sessiond_schemas.state import SessionState
 
 from . import projection
 from .service import Service
+from .histories import unreadable_error
 from .verify import SessionCheck
 from .writer import Command, Delete, Import
 
@@ -138,10 +139,13 @@ class Maintenance:
 
     async def session_export(self, p: rpc.SessionRef, meta: EventMeta) -> dict[str, Any]:
         await self.service.state(p.session_id)
-        events = [e async for page in self._pages(p.session_id) for e in page]
-        # The view is folded from exactly these events, so the document is consistent
-        # even if the session moves on while it is read.
-        state = projection.fold(None, events)
+        try:
+            events = [e async for page in self._pages(p.session_id) for e in page]
+            # The view is folded from exactly these events, so the document is consistent
+            # even if the session moves on while it is read.
+            state = projection.fold(None, events)
+        except (msgspec.DecodeError, msgspec.ValidationError, projection.FoldError) as exc:
+            raise unreadable_error(p.session_id, exc) from exc
         saved = {e.data["checkpoint_id"] for e in events if e.type == "checkpoint.saved"}
         payloads = await self.store.checkpoint_payloads(p.session_id)
         document: dict[str, Any] = {

@@ -19,7 +19,6 @@ from sessiond_schemas.errors import (
     InvalidTransitionError,
     SessionExistsError,
     SessionNotFoundError,
-    StorageError,
     TooLargeError,
     VersionConflictError,
 )
@@ -39,6 +38,7 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import Message, SessionState
 
 from . import projection
+from .histories import unreadable_error
 from .store import SessionFilters, SqliteStore
 from .writer import Command, Delete, Plan, Planner, Writer
 
@@ -208,9 +208,7 @@ class Service:
                 state = msgspec.json.decode(raw, type=SessionState) if raw is not None else None
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 # Stored data, not the caller's: the next write folds the view again.
-                raise StorageError(f"the stored view of session {session_id} does not read"
-                                   f" back ({exc}); daemon.verify reports it",
-                                   {"detail": str(exc), "session_id": session_id}) from exc
+                raise unreadable_error(session_id, exc) from exc
         return require(state, session_id)
 
     # --- daemon ---------------------------------------------------------------------
@@ -543,10 +541,13 @@ class Service:
                                      {"detail": "from_version without session_id", "path": "$.from_version"})
         if p.session_id is not None:
             await self.state(p.session_id)
-        events = await self.store.read_events(
-            session_id=p.session_id, from_version=p.from_version or 1,
-            after_position=p.from_position or 0, limit=p.limit,
-            types=list(p.types) if p.types else None)
+        try:
+            events = await self.store.read_events(
+                session_id=p.session_id, from_version=p.from_version or 1,
+                after_position=p.from_position or 0, limit=p.limit,
+                types=list(p.types) if p.types else None)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise unreadable_error(p.session_id, exc) from exc
         nxt = None
         if len(events) == p.limit:
             nxt = events[-1].version + 1 if p.session_id is not None else events[-1].position
