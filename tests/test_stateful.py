@@ -430,6 +430,10 @@ MINIMAL_DATA: dict[str, dict[str, Any]] = {
     "graph.writes": {"thread_id": "t", "checkpoint_id": "c", "task_id": "k",
                      "writes": [{"idx": 0, "channel": "c", "value": {"type": "t", "data": ""}}]},
 }
+DATA_STRINGS: list[tuple[str, str]] = sorted(
+    (event_type, f.encode_name) for event_type, data_type in DATA_TYPES.items()
+    for f in msgspec.inspect.type_info(data_type).fields  # type: ignore[attr-defined]
+    if _textual(f.type))
 DATA_NUMBERS: list[tuple[str, str]] = sorted(
     (event_type, f.encode_name) for event_type, data_type in DATA_TYPES.items()
     for f in msgspec.inspect.type_info(data_type).fields  # type: ignore[attr-defined]
@@ -438,13 +442,15 @@ DATA_NUMBERS: list[tuple[str, str]] = sorted(
 
 def test_every_number_and_string_of_every_method_at_every_bound() -> None:
     """The sweep the state machine samples from, whole: each numeric and each string field
-    of each method's params, and each numeric field of each event type's data, alone, at
-    each boundary value; ping after each, verify at the end."""
+    of each method's params and of each event type's data, alone, at each boundary value;
+    ping after each, verify at the end."""
     sweep: list[tuple[str, str, Any]] = (
         [(m, f, v) for m, f in NUMERIC_FIELDS for v in NUMBERS]
         + [(m, f, v) for m, f in STRING_FIELDS for v in sorted(set(STRINGS))]
         + [("events.append", "events", [{"type": t, "data": {**MINIMAL_DATA.get(t, {}), f: v}}])
-           for t, f in DATA_NUMBERS for v in NUMBERS])
+           for t, f in DATA_NUMBERS for v in NUMBERS]
+        + [("events.append", "events", [{"type": t, "data": {**MINIMAL_DATA.get(t, {}), f: v}}])
+           for t, f in DATA_STRINGS for v in sorted(set(STRINGS))])
     assert ("tokens.recorded", "input_tokens") in DATA_NUMBERS
     with tempfile.TemporaryDirectory(prefix="sd-sw-") as directory:
         daemon = ThreadedDaemon(directory)
