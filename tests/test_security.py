@@ -8,6 +8,7 @@ import os
 import pwd
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from sessiond.importers._builder import DocumentBuilder
 from sessiond_daemon.processes import boot_id, start_time
 from sessiond_daemon.store import SqliteStore
 from sessiond_daemon.writer import Command, Plan, Writer
-from sessiond_schemas.errors import InvalidParamsError, SessiondError
+from sessiond_schemas.errors import InvalidParamsError, SessiondError, SessionImportError
 from sessiond_schemas.events import EventMeta
 
 from conftest import Daemon, daemon_config, running_daemon
@@ -138,16 +139,19 @@ class TestRunnerOnlyEvents:
 class TestImportedProcesses:
     async def test_imported_pids_are_history_only(
             self, short_dir: str, victims: list[subprocess.Popen[bytes]]) -> None:
-        """Imported process.started with pid 0, -1, 2^32, the daemon's own pid, and a live
-        same-uid session leader with its true start time: kill signals none of them, a
-        restart starts and leaves them alone, the imported argv is never run."""
+        """Imported process.started with pid 0, the daemon's own pid, and a live same-uid
+        session leader with its true start time: kill signals none of them, a restart
+        starts and leaves them alone, the imported argv is never run. A pid no process can
+        have (-1, 2^32) is refused at import, naming the field."""
         sock, db = os.path.join(short_dir, "d.sock"), os.path.join(short_dir, "d.db")
         proc = await daemon_process(sock, db)
         innocent = victim(victims, env={"SESSIOND_SESSION_ID": "innocent", "SESSIOND_TURN": "1"})
-        pids = {"zero": 0, "minus": -1, "big": 4294967296, "daemon": proc.pid,
-                "innocent": innocent}
+        pids = {"zero": 0, "daemon": proc.pid, "innocent": innocent}
         try:
             async with AsyncClient(sock) as c:
+                for name, pid in {"minus": -1, "big": 4294967296}.items():
+                    with pytest.raises(SessionImportError, match=r"\$\.pid"):
+                        await c.import_session(forged(name, pid))
                 for name, pid in pids.items():
                     ticks = start_time(pid) if pid > 0 else 0
                     state = await c.import_session(forged(name, pid, start_time=ticks,
@@ -207,8 +211,7 @@ class TestRecoveryOfStoredPids:
         mine = victim(victims)
         marked = victim(victims, env={"SESSIOND_SESSION_ID": "stale", "SESSIOND_TURN": "1"})
         sessions: dict[str, dict[str, Any]] = {
-            "zero": {"pid": 0}, "minus": {"pid": -1}, "big": {"pid": 4294967296},
-            "huge": {"pid": (1 << 63) - 1, "start_time": -1},
+            "zero": {"pid": 0}, "minus": {"pid": 0}, "big": {"pid": 0}, "huge": {"pid": 0},
             "init": {"pid": 1, "start_time": start_time(1), "boot_id": here},
             "mine": {"pid": mine, "start_time": start_time(mine), "boot_id": here},
             "stale": {"pid": marked, "start_time": (start_time(marked) or 0) + 1,
@@ -221,17 +224,27 @@ class TestRecoveryOfStoredPids:
             sessions["other"] = {"pid": other, "start_time": start_time(other),
                                  "boot_id": here}
         await anyio.to_thread.run_sync(legacy_store_write, db, sessions)
+        # Pids no process can have: this release's fold refuses them, so they can only be
+        # rows changed behind its back. Their sessions are damaged, never acted on.
+        out_of_range = {"minus": -1, "big": 4294967296, "huge": (1 << 63) - 1}
+        con = sqlite3.connect(db)
+        with con:
+            for sid, pid in out_of_range.items():
+                con.execute("UPDATE events SET data = CAST(json_set(data, '$.pid', ?) AS BLOB)"
+                            " WHERE session_id = ? AND type = 'process.started'", (pid, sid))
+        con.close()
         proc = await daemon_process(sock, db)
         try:
             async with AsyncClient(sock) as c:
-                for sid in sessions:
+                for sid in sessions.keys() - out_of_range.keys():
                     state = await c.get_session(sid)
                     assert state.status == "failed", sid
                     assert state.error and state.error.startswith(
                         "daemon restarted; executor process lost"), sid
                 assert "not signalled" in ((await c.get_session("mine")).error or "")
                 assert all(alive(v.pid) for v in victims)
-                assert (await c.verify()).ok
+                report = await c.verify()
+                assert {p.session_id for p in report.problems} == out_of_range.keys()
             stop(proc)
             proc = await daemon_process(sock, db)  # and again: nothing left to decide
         finally:

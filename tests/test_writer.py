@@ -1,4 +1,4 @@
-"""The writer on a real database: a command that fails midway leaves no trace."""
+"""The writer on a real database: a command that fails, in deciding or committing, fails alone."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ from typing import Any
 
 import anyio
 import pytest
+from sessiond import AsyncClient
 from sessiond_daemon.store import SqliteStore
 from sessiond_daemon.writer import Command, Plan, Writer
-from sessiond_schemas.errors import InternalError
+from sessiond_schemas.errors import InternalError, SessiondError
+from structlog.testing import capture_logs
+
+from conftest import daemon_config, running_daemon
 from sessiond_schemas.events import EventMeta
 
 pytestmark = pytest.mark.anyio
@@ -60,3 +64,175 @@ async def test_a_failing_command_stores_nothing_and_leaves_no_gap(short_dir: str
         assert con.execute("SELECT session_id FROM sessions").fetchall() == [("good",)]
     finally:
         con.close()
+
+
+def poisoned_write(bad_session: str, exc: BaseException) -> Any:
+    """SqliteStore._write that fails (after writing its rows) for batches holding one session."""
+    real = SqliteStore._write
+
+    def write(db: sqlite3.Connection, batch: Any) -> None:
+        real(db, batch)
+        if any(e.session_id == bad_session for e in batch.events):
+            raise exc
+    return staticmethod(write)
+
+
+class TestOneCommandFailsAlone:
+    """A batch whose commit fails is retried command by command: only the culprit fails."""
+
+    @pytest.mark.parametrize("exc, code", [
+        (OverflowError("Python int too large to convert to SQLite INTEGER"), -32603),
+        (sqlite3.IntegrityError("UNIQUE constraint failed: events.position"), -32012),
+    ])
+    async def test_batch_retried_one_by_one(self, short_dir: str, monkeypatch: pytest.MonkeyPatch,
+                                            exc: BaseException, code: int) -> None:
+        db = os.path.join(short_dir, "w.db")
+        store = SqliteStore(db)
+        await store.open()
+        writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
+        monkeypatch.setattr(SqliteStore, "_write", poisoned_write("bad", exc))
+        outcomes: dict[str, Any] = {}
+
+        async def submit(cmd: Command) -> None:
+            try:
+                outcomes[cmd.session_id] = await writer.submit(cmd)
+            except SessiondError as err:
+                outcomes[cmd.session_id] = err
+
+        try:
+            with capture_logs() as logs:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(writer.run)
+                    async with anyio.create_task_group() as batch:  # one batch of three
+                        for sid in ("a", "bad", "b"):
+                            batch.start_soon(submit, Command(
+                                session_id=sid, plan=creating(lambda s, ev: {"ok": True}),
+                                meta=EventMeta()))
+                    assert writer.cached("bad") is None  # never a view that was not committed
+                    await submit(Command(session_id="c", plan=creating(lambda s, ev: 1),
+                                         meta=EventMeta()))  # the writer carries on
+                    writer.close()
+        finally:
+            await store.close()
+        assert outcomes["a"] == outcomes["b"] == b'{"ok":true}' and outcomes["c"] == b"1"
+        bad = outcomes["bad"]
+        assert isinstance(bad, SessiondError) and bad.code == code
+        if code == -32603:
+            logged = [e for e in logs if e.get("error_id") == bad.data["error_id"]]
+            assert logged and logged[0]["log_level"] == "error"
+        con = sqlite3.connect(db)
+        try:
+            rows = con.execute("SELECT session_id, position FROM events ORDER BY position")
+            assert [r[0] for r in rows] == ["a", "b", "c"]
+            assert [p for (p,) in con.execute("SELECT position FROM events")] == [1, 2, 3]
+        finally:
+            con.close()
+
+
+async def test_a_failing_commit_over_the_socket(daemon: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the real client: the poisoned session's writes are -32603 with an incident id,
+    everyone else's (in the same batches) commit, the daemon serves on, and the session's
+    view stays what was committed."""
+    async with AsyncClient(daemon.socket) as client:
+        for sid in ("ok1", "poison", "ok2"):
+            await client.create_session(sid)
+        monkeypatch.setattr(SqliteStore, "_write",
+                            poisoned_write("poison", OverflowError("int too large")))
+        results: dict[str, Any] = {}
+
+        async def append(sid: str, i: int) -> None:
+            try:
+                results[f"{sid}{i}"] = await client.append_message(sid, "user", f"m{i}")
+            except SessiondError as err:
+                results[f"{sid}{i}"] = err
+
+        with capture_logs() as logs:  # (and no traceback rendering: it is slow)
+            async with anyio.create_task_group() as tg:  # pipelined: group-committed together
+                for i in range(5):
+                    for sid in ("ok1", "poison", "ok2"):
+                        tg.start_soon(append, sid, i)
+        logged = {e.get("error_id") for e in logs if e["log_level"] == "error"}
+        for i in range(5):
+            err = results[f"poison{i}"]
+            assert isinstance(err, SessiondError) and err.code == -32603
+            assert err.data["error_id"] in logged
+            assert not isinstance(results[f"ok1{i}"], SessiondError)
+            assert not isinstance(results[f"ok2{i}"], SessiondError)
+        assert (await client.ping()).pong
+        assert (await client.get_session("poison")).version == 1
+        monkeypatch.undo()
+        r = await client.append_message("poison", "user", "later")
+        assert (r.version, r.sequence) == (2, 0)
+        positions = [p for (p,) in daemon.sql("SELECT position FROM events ORDER BY position")]
+        assert positions == list(range(1, len(positions) + 1))
+        assert (await client.call("daemon.verify", Any))["ok"] is True
+
+
+class TestStoredDataNeverStopsTheStart:
+    """Rows written into the file behind the daemon's back: reported, marked, served around."""
+
+    async def test_bad_event_rows_then_start(self, short_dir: str) -> None:
+        config = daemon_config(short_dir)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            for sid in ("good", "bad", "nullcost"):
+                await c.create_session(sid)
+                await c.append_message(sid, "user", "hello")
+                await c.call("tokens.record", Any, session_id=sid, input_tokens=5,
+                             estimated_cost=0.25)
+        con = sqlite3.connect(config.db)
+        try:
+            with con:
+                (last,) = con.execute("SELECT MAX(position) FROM events").fetchone()
+                row = ("1, '2026-01-01T00:00:00.000000Z'", "'{}'", "'x'")
+                con.execute(  # data that does not decode: a count past int64
+                    f"INSERT INTO events VALUES ({last + 1}, 'bad', 4, 'evil-1', 'tokens.recorded',"
+                    f" {row[0]}, '{{\"input_tokens\": 9223372036854775808}}', {row[1]}, {row[2]})")
+                con.execute(  # a session with no view whose first event is not even JSON
+                    f"INSERT INTO events VALUES ({last + 2}, 'ghost', 1, 'evil-2', 'session.created',"
+                    f" {row[0]}, 'not json', {row[1]}, {row[2]})")
+                # the issue's poison: a view whose cost was stored as null
+                con.execute("UPDATE sessions SET state = CAST(json_set(state,"
+                            " '$.token_usage.estimated_cost', json('null')) AS BLOB)"
+                            " WHERE session_id = 'nullcost'")
+        finally:
+            con.close()
+        with capture_logs() as logs:
+            async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+                assert (await c.ping()).pong
+                damaged = {e["session_id"] for e in logs if e["event"] == "writer.session_damaged"}
+                assert damaged == {"bad", "ghost"}
+                # The rest is served, reads and writes.
+                r = await c.append_message("good", "user", "still here")
+                assert r.version == 4
+                # The damaged session: its last good view is served; writes are -32012
+                # naming where its history breaks.
+                assert (await c.get_session("bad")).version == 3
+                with pytest.raises(SessiondError) as err:
+                    await c.append_message("bad", "user", "refused")
+                assert err.value.code == -32012 and "after version 3" in err.value.message
+                assert err.value.data["session_id"] == "bad"
+                with pytest.raises(SessiondError) as err:
+                    await c.create_session("ghost")
+                assert err.value.code == -32012
+                # The row reads back as stored; an export (which folds it) is -32012.
+                read = await c.call("events.read", Any, session_id="bad")
+                assert read["events"][-1]["data"]["input_tokens"] == 2**63
+                with pytest.raises(SessiondError) as err:
+                    await c.call("session.export", Any, session_id="bad")
+                assert err.value.code == -32012 and err.value.data["session_id"] == "bad"
+                # The null cost: reads that need the view say so (-32012, not a bug); the
+                # next write folds it again from its events.
+                with pytest.raises(SessiondError) as err:
+                    await c.list_messages("nullcost")
+                assert err.value.code == -32012 and err.value.data["session_id"] == "nullcost"
+                r = await c.append_message("nullcost", "user", "mended")
+                assert r.version == 4
+                assert (await c.get_session("nullcost")).token_usage.estimated_cost == 0.25
+                verify = await c.call("daemon.verify", Any)
+                found = {p["session_id"]: p["problem"] for p in verify["problems"]}
+                assert set(found) == {"bad", "ghost"}, verify
+                assert "version 4" in found["bad"] and "input_tokens" in found["bad"]
+                # Deleting the damaged session clears it.
+                assert await c.delete_session("bad") is True
+                verify = await c.call("daemon.verify", Any)
+                assert {p["session_id"] for p in verify["problems"]} == {"ghost"}

@@ -24,6 +24,7 @@ from sessiond_schemas.state import SessionState
 
 from . import projection
 from .service import Service
+from .histories import unreadable_error
 from .verify import SessionCheck
 from .writer import Command, Delete, Import
 
@@ -49,16 +50,33 @@ class Maintenance:
         checked, after = 0, ""
         while ids := await self.store.session_ids(after, 500):
             for sid in ids:
-                check = SessionCheck(sid, await self.store.snapshots(sid))
-                async for page in self._pages(sid):  # page by page: memory stays flat
-                    check.feed(page)
-                raw = await self.store.state_json(sid)
-                stored = msgspec.json.decode(raw, type=SessionState) if raw else None
                 problems += [rpc.VerifyProblem(session_id=sid, problem=text)
-                             for text in check.finish(stored)]
+                             for text in await self._check_session(sid)]
                 checked += 1
             after = ids[-1]
+        # Sessions the writer found damaged (some have no view row, so the walk above
+        # does not meet them).
+        reported = {p.session_id for p in problems}
+        problems += [rpc.VerifyProblem(session_id=sid, problem=f"stored history {problem}")
+                     for sid, problem in sorted(self.writer.damaged.items())
+                     if sid not in reported]
         return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems)
+
+    async def _check_session(self, sid: str) -> list[str]:
+        """What is wrong with one session; stored data that does not even read back is
+        one of the problems, never an error of verify itself."""
+        try:
+            check = SessionCheck(sid, await self.store.snapshots(sid))
+            async for page in self._pages(sid):  # page by page: memory stays flat
+                check.feed(page)
+            raw = await self.store.state_json(sid)
+            stored = msgspec.json.decode(raw, type=SessionState) if raw else None
+            return check.finish(stored)
+        except StorageError:
+            raise  # the file itself, not this session: verify cannot go on
+        except Exception as exc:
+            log.warning("verify.unreadable", session_id=sid, error=str(exc))
+            return [f"stored data does not read back: {exc}"]
 
     async def daemon_backup(self, p: rpc.BackupParams, meta: EventMeta) -> rpc.BackupResult:
         if not os.path.isabs(p.path):
@@ -121,10 +139,13 @@ class Maintenance:
 
     async def session_export(self, p: rpc.SessionRef, meta: EventMeta) -> dict[str, Any]:
         await self.service.state(p.session_id)
-        events = [e async for page in self._pages(p.session_id) for e in page]
-        # The view is folded from exactly these events, so the document is consistent
-        # even if the session moves on while it is read.
-        state = projection.fold(None, events)
+        try:
+            events = [e async for page in self._pages(p.session_id) for e in page]
+            # The view is folded from exactly these events, so the document is consistent
+            # even if the session moves on while it is read.
+            state = projection.fold(None, events)
+        except (msgspec.DecodeError, msgspec.ValidationError, projection.FoldError) as exc:
+            raise unreadable_error(p.session_id, exc) from exc
         saved = {e.data["checkpoint_id"] for e in events if e.type == "checkpoint.saved"}
         payloads = await self.store.checkpoint_payloads(p.session_id)
         document: dict[str, Any] = {

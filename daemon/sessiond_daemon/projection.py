@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
 from msgspec.structs import replace
+from sessiond_schemas.bounds import INT64_MAX
 from sessiond_schemas.events import (
     TERMINAL_STATUSES,
     CheckpointSaved,
@@ -35,6 +37,26 @@ class FoldError(ValueError):
     """The events do not make a valid history (a bug or a corrupt store, never user input)."""
 
 
+class SumOutOfBounds(FoldError):
+    """Adding an event's number would take a total of the view past an int64 or to a
+    non-finite float. `field` is the event's data field, `total` the view's field."""
+
+    def __init__(self, field: str, total: str, value: Any) -> None:
+        super().__init__(f"adding {field} = {value!r} would take {total} past its bound"
+                         f" ({'a finite number' if isinstance(value, float) else INT64_MAX})")
+        self.field, self.total, self.value = field, total, value
+        self.version = 0  # of the event, set by fold
+
+
+def _add(current: Any, delta: Any, field: str, total: str) -> Any:
+    """`current + delta`, refused if the sum leaves int64 or is not finite."""
+    out = current + delta
+    if (isinstance(out, float) and not math.isfinite(out)) or (
+            isinstance(out, int) and not -INT64_MAX - 1 <= out <= INT64_MAX):
+        raise SumOutOfBounds(field, total, delta)
+    return out
+
+
 def apply(state: SessionState | None, event: Event) -> SessionState:
     """Return the state after one event; `state` itself is left unchanged."""
     return fold(state, (event,))
@@ -47,7 +69,11 @@ def fold(state: SessionState | None, events: Iterable[Event]) -> SessionState:
         first = next(it, None)
         if first is None or first.type != "session.created":
             raise FoldError("a session's history must start with session.created")
-        work = _created(first)
+        try:
+            work = _created(first)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise FoldError(f"event {first.event_id} (session {first.session_id}, version"
+                            f" {first.version}, session.created) does not fold: {exc}") from exc
     else:
         work = _thaw(state)
     for event in it:
@@ -59,10 +85,24 @@ def fold(state: SessionState | None, events: Iterable[Event]) -> SessionState:
         branch = _BRANCHES.get(event.type)
         if branch is None:
             raise FoldError(f"unknown event type {event.type!r}")
-        branch(work, event)
+        try:
+            branch(work, event)
+        except SumOutOfBounds as exc:
+            exc.version = event.version
+            raise
+        except FoldError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # Data that does not decode (msgspec.ValidationError is a ValueError).
+            raise FoldError(f"event {event.event_id} (session {event.session_id}, version"
+                            f" {event.version}, {event.type}) does not fold: {exc}") from exc
         work.version = event.version
         work.timestamps.updated_at = event.recorded_at
-    _derive(work)
+    try:
+        _derive(work)
+    except (ValueError, OverflowError) as exc:  # times no daemon wrote (an imported history)
+        raise FoldError(f"session {work.session_id} at version {work.version} has times"
+                        f" that do not compute: {exc}") from exc
     return work
 
 
@@ -192,11 +232,16 @@ def _messages_truncated(s: SessionState, event: Event) -> None:
 def _tokens_recorded(s: SessionState, event: Event) -> None:
     d = decode_data(event.type, event.data, event.schema_version)
     assert isinstance(d, TokensRecorded)
-    u = s.token_usage
-    u.input_tokens += d.input_tokens
-    u.output_tokens += d.output_tokens
-    u.estimated_cost += d.estimated_cost
-    s.progress.total_tokens += d.input_tokens + d.output_tokens
+    u, p = s.token_usage, s.progress
+    u.input_tokens = _add(u.input_tokens, d.input_tokens, "input_tokens",
+                          "token_usage.input_tokens")
+    u.output_tokens = _add(u.output_tokens, d.output_tokens, "output_tokens",
+                           "token_usage.output_tokens")
+    u.estimated_cost = _add(u.estimated_cost, d.estimated_cost, "estimated_cost",
+                            "token_usage.estimated_cost")
+    p.total_tokens = _add(p.total_tokens, d.input_tokens, "input_tokens", "progress.total_tokens")
+    p.total_tokens = _add(p.total_tokens, d.output_tokens, "output_tokens",
+                          "progress.total_tokens")
 
 
 def _progress_recorded(s: SessionState, event: Event) -> None:
@@ -207,11 +252,13 @@ def _progress_recorded(s: SessionState, event: Event) -> None:
     p.path.append(node)
     p.steps_executed += 1
     p.node_visit_counts[node] = p.node_visit_counts.get(node, 0) + 1
-    p.total_latency_ms += d.latency_ms
-    p.total_tokens += d.tokens
+    p.total_latency_ms = _add(p.total_latency_ms, d.latency_ms, "latency_ms",
+                              "progress.total_latency_ms")
+    p.total_tokens = _add(p.total_tokens, d.tokens, "tokens", "progress.total_tokens")
     if d.retries:
-        p.total_retries += d.retries
-        p.retry_details[node] = p.retry_details.get(node, 0) + d.retries
+        p.total_retries = _add(p.total_retries, d.retries, "retries", "progress.total_retries")
+        p.retry_details[node] = _add(p.retry_details.get(node, 0), d.retries, "retries",
+                                     f"progress.retry_details.{node}")
     if d.failed:
         p.had_partial_failures = True
         if node not in p.nodes_with_failures:

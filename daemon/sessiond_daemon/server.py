@@ -25,6 +25,7 @@ from sessiond_schemas.errors import (
     InvalidParamsError,
     MethodNotFoundError,
     OverloadedError,
+    ParseError,
     PermissionDeniedError,
     SessiondError,
     ShuttingDownError,
@@ -421,6 +422,9 @@ class Server:
         except RecursionError as exc:
             raise InvalidParamsError(f"invalid params for {req.method}: nested too deeply",
                                      {"detail": "nested too deeply", "path": "$"}) from exc
+        except msgspec.DecodeError as exc:  # not UTF-8 inside params: the line is not JSON
+            raise ParseError(f"parse error in params of {req.method}: {exc}",
+                             {"detail": str(exc)}) from exc
         self.grants.check(req.method, params, peer.uid)  # -32006 unless granted
         meta = EventMeta(peer_uid=peer.uid, peer_pid=peer.pid)
         self.inflight += 1

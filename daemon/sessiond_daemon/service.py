@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 from sessiond_schemas import rpc
+from sessiond_schemas.bounds import INT64_MAX, bound_message, json_out_of_bounds
 from sessiond_schemas.errors import (
     AmbiguousIdError,
     CheckpointNotFoundError,
@@ -37,6 +38,7 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import Message, SessionState
 
 from . import projection
+from .histories import unreadable_error
 from .store import Page, SessionFilters, SqliteStore, page_budget, repage
 from .writer import Command, Delete, Plan, Planner, Writer
 
@@ -101,6 +103,11 @@ def check_transition(session_id: str, current: str, to: str) -> None:
             f"session {session_id} cannot move from {current} to {to}",
             {"from": current, "to": to, "allowed": list(allowed)},
         )
+
+
+def _data_paths(inputs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Where each events[i].data sits in the params (errors name the field)."""
+    return [f"$.events[{i}].data" for i in range(len(inputs))]
 
 
 def _not_none(**fields: Any) -> dict[str, Any]:
@@ -201,7 +208,11 @@ class Service:
         state = self.writer.cached(session_id)
         if state is None:
             raw = await self.store.state_json(session_id)
-            state = msgspec.json.decode(raw, type=SessionState) if raw is not None else None
+            try:
+                state = msgspec.json.decode(raw, type=SessionState) if raw is not None else None
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                # Stored data, not the caller's: the next write folds the view again.
+                raise unreadable_error(session_id, exc) from exc
         return require(state, session_id)
 
     # --- daemon ---------------------------------------------------------------------
@@ -243,7 +254,7 @@ class Service:
             if not inputs:
                 return Plan([("session.created", data)], lambda s, ev: s)
             return Plan([("session.created", data), *sequenced(created_view(sid, data), inputs)],
-                        lambda s, ev: s)
+                        lambda s, ev: s, paths=["$", *_data_paths(inputs)])
 
         return await self._submit(p, meta, plan, session_id=sid)
 
@@ -377,7 +388,8 @@ class Service:
             first = require(state, p.session_id).message_count
             datas = [_message_data(m, first + i) for i, m in enumerate(p.messages)]
             return Plan([("message.appended", d) for d in datas], lambda s, ev: _write_result(
-                s, ev, message_ids=[d["message_id"] for d in datas], first_sequence=first))
+                s, ev, message_ids=[d["message_id"] for d in datas], first_sequence=first),
+                paths=[f"$.messages[{i}]" for i in range(len(datas))])
 
         return await self._submit(p, meta, plan)
 
@@ -386,8 +398,10 @@ class Service:
         after = p.after_sequence
         if p.order == "asc":
             first = (after + 1 if after is not None else 0) + p.offset
-            messages = await self.store.list_messages(p.session_id, first=first, limit=p.limit,
-                                                      descending=False, max_bytes=page_budget.get())
+            # Past the last possible sequence (an int64) nothing is left to read.
+            messages = Page() if first > INT64_MAX else await self.store.list_messages(
+                p.session_id, first=first, limit=p.limit, descending=False,
+                max_bytes=page_budget.get())
         else:
             first = total - 1 - p.offset
             messages = Page() if first < 0 else await self.store.list_messages(
@@ -476,6 +490,10 @@ class Service:
     async def checkpoint_save(self, p: rpc.CheckpointSaveParams, meta: EventMeta) -> msgspec.Raw:
         payload = _json.encode(p.payload)
         self._check_size(len(payload), self.limits.max_checkpoint_bytes, "checkpoint payload")
+        bad = json_out_of_bounds(p.payload, "$.payload", encoded=payload)
+        if bad is not None:
+            raise InvalidParamsError(bound_message(*bad), {"detail": "number out of bounds",
+                                                           "path": bad[0]})
         self._check_size(len(_json.encode(p.memory)), self.limits.max_event_bytes, "checkpoint memory")
         cid = p.checkpoint_id or new_id()
         data = {"checkpoint_id": cid, "size": len(payload), "memory": p.memory,
@@ -513,7 +531,8 @@ class Service:
 
         def plan(state: SessionState | None) -> Plan:
             s = require(state, p.session_id)
-            return Plan(sequenced(s, inputs), lambda st, ev: _write_result(st, ev))
+            return Plan(sequenced(s, inputs), lambda st, ev: _write_result(st, ev),
+                        paths=_data_paths(inputs))
 
         return await self._submit(p, meta, plan)
 
@@ -547,10 +566,13 @@ class Service:
                                      {"detail": "from_version without session_id", "path": "$.from_version"})
         if p.session_id is not None:
             await self.state(p.session_id)
-        events = await self.store.read_events(
-            session_id=p.session_id, from_version=p.from_version or 1,
-            after_position=p.from_position or 0, limit=p.limit,
-            types=list(p.types) if p.types else None, max_bytes=page_budget.get())
+        try:
+            events = await self.store.read_events(
+                session_id=p.session_id, from_version=p.from_version or 1,
+                after_position=p.from_position or 0, limit=p.limit,
+                types=list(p.types) if p.types else None, max_bytes=page_budget.get())
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise unreadable_error(p.session_id, exc) from exc
         nxt = None
         if len(events) == p.limit or events.cut:
             nxt = events[-1].version + 1 if p.session_id is not None else events[-1].position

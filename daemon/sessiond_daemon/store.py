@@ -323,6 +323,14 @@ class SqliteStore:
             return None
         return Entry(_state_decoder.decode(row[0]), row[1], row[2])
 
+    async def sessions_behind(self) -> list[str]:
+        """Sessions whose events go past their stored view (or that have no view): rows
+        written behind the daemon's back. One walk of the (session_id, version) index."""
+        return await self._on_writer(lambda: [r[0] for r in self._w.execute(
+            "SELECT e.session_id FROM (SELECT session_id, MAX(version) AS v FROM events"
+            " GROUP BY session_id) e LEFT JOIN sessions s ON s.session_id = e.session_id"
+            " WHERE s.version IS NULL OR s.version < e.v")])
+
     async def idempotent_results(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
         """The stored first results of these (session_id, idempotency_key) pairs, in one hop."""
         def read() -> dict[tuple[str, str], bytes]:

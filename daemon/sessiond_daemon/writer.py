@@ -17,19 +17,28 @@ import anyio
 import msgspec
 import structlog
 from anyio.abc import TaskStatus
+from sessiond_schemas.bounds import bound_message, json_out_of_bounds
 from sessiond_schemas.errors import (
     InternalError,
+    InvalidParamsError,
     OverloadedError,
     SessiondError,
     ShuttingDownError,
     VersionConflictError,
 )
-from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
+from sessiond_schemas.events import (
+    CURRENT_SCHEMA_VERSION,
+    Event,
+    EventMeta,
+    new_id,
+    now,
+)
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
 from .metrics import NO_METRICS, CommitWindow, Hooks
+from .histories import Histories, check_import, damaged_error
 from .store import Batch, Entry, SqliteStore
 
 log = structlog.get_logger("sessiond.writer")
@@ -44,6 +53,12 @@ class Plan:
     events: list[tuple[str, dict[str, Any]]]
     result: Callable[[SessionState, list[Event]], Any]
     payloads: dict[int, bytes] = field(default_factory=dict)  # event index -> checkpoint payload
+    # Where each event's data sits in the params, for errors that name a field (-32602);
+    # None: the params are the data ("$"), as for tokens.record.
+    paths: list[str] | None = None
+
+    def path(self, index: int) -> str:
+        return self.paths[index] if self.paths is not None and index < len(self.paths) else "$"
 
 
 @dataclass(slots=True)
@@ -81,6 +96,14 @@ class Command:
 
 
 _DELETED = object()
+
+
+class _BatchFailed(Exception):
+    """A batch's commit (or its shared read) failed; `error` is what to answer."""
+
+    def __init__(self, error: SessiondError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 class Bell:
@@ -125,6 +148,10 @@ class Writer:
         self._busy_since: float | None = None  # monotonic start of the batch in hand
         self.window = CommitWindow()  # batch sizes and commit times, for daemon.stats
         self.metrics: Hooks = NO_METRICS  # lifecycle sets Prometheus with --metrics-listen
+        # Sessions whose stored history does not fold: their last good view is still
+        # served; writes to them are refused (-32012) until deleted or replaced.
+        self.histories = Histories(store)
+        self.damaged = self.histories.damaged  # session id -> what is wrong
 
     # --- the callers' side ------------------------------------------------------------
 
@@ -175,6 +202,7 @@ class Writer:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.committed_position = await self.store.last_position()
         self.next_position = self.committed_position + 1
+        await self.histories.catch_up()
         task_status.started()
         async with self._receive:
             while True:
@@ -196,6 +224,37 @@ class Writer:
                 self._busy_since = None
 
     async def _process(self, commands: list[Command]) -> None:
+        """Decide and commit a batch; whatever fails, fails only the commands it concerns."""
+        try:
+            try:
+                await self._attempt(commands)
+            except _BatchFailed as failed:
+                if len(commands) == 1:
+                    commands[0].result, commands[0].error = None, failed.error
+                else:
+                    # Not one command's fault as far as we can tell: each again, alone, in
+                    # its own transaction, so the good ones commit and the bad one fails.
+                    log.warning("writer.batch_retried_alone", commands=len(commands),
+                                error=failed.error.message)
+                    for cmd in commands:
+                        cmd.result = cmd.error = None
+                        try:
+                            await self._attempt([cmd])
+                        except _BatchFailed as alone:
+                            cmd.result, cmd.error = None, alone.error
+        except Exception:  # a bug outside any one command: fail the batch, keep the writer
+            error = self._incident("writer.batch_crashed", commands=len(commands))
+            for cmd in commands:
+                if cmd.result is None and cmd.error is None:
+                    cmd.error = error
+            await self._resync()
+        finally:
+            self.commands += len(commands)
+            self._finish(commands)
+
+    async def _attempt(self, commands: list[Command]) -> None:
+        """Decide `commands` and commit them in one transaction; on a failed commit nothing
+        of the batch stays (positions, cache) and _BatchFailed says why."""
         batch = Batch()
         overlay: dict[str, Entry | object] = {}
         # First results of idempotency keys: those stored before this batch (read in one
@@ -205,10 +264,9 @@ class Writer:
         try:
             repeats = await self.store.idempotent_results(keyed) if keyed else {}
         except SessiondError as exc:
-            for cmd in commands:
-                cmd.error = exc
-            self._finish(commands)
-            return
+            raise _BatchFailed(exc) from exc
+        except Exception as exc:
+            raise _BatchFailed(self._incident("writer.read_failed")) from exc
         first_position = self.next_position
         for cmd in commands:
             numbered = self.next_position
@@ -217,35 +275,46 @@ class Writer:
             except SessiondError as exc:
                 cmd.error = exc
             except Exception:  # a bug: answer -32603, keep the writer alive
-                error_id = new_id()
-                log.exception("writer.command_failed", error_id=error_id,
-                              session_id=cmd.session_id)
-                cmd.error = InternalError("internal error", {"error_id": error_id})
+                cmd.error = self._incident("writer.command_failed", session_id=cmd.session_id)
             if cmd.error is not None:
+                cmd.result = None
                 self.next_position = numbered  # a refused command leaves no gap
-        if batch.events or batch.deletes:
-            try:
-                await self.store.commit(batch)
-            except SessiondError as exc:
-                self.next_position = first_position
-                for cmd in commands:
-                    if cmd.error is None:
-                        cmd.result, cmd.error = None, exc
+        if not (batch.events or batch.deletes):
+            return
+        try:
+            await self.store.commit(batch)
+        except Exception as exc:
+            self.next_position = first_position
+            if isinstance(exc, SessiondError):
                 log.error("store.batch_failed", commands=len(commands), error=exc.message)
-                self._finish(commands)
-                return
-            self._adopt(overlay)
-            self.transactions += 1
-            self.window.add(len(commands), self.store.last_commit_s)
-            self.metrics.committed(len(commands), batch.events, self.store.last_commit_s)
-            now_m = time.monotonic()
-            self._rate.append((now_m, len(batch.events)))
-            self._trim_rate(now_m)
-            log.debug("store.batch_committed", commands=len(commands), events=len(batch.events))
-        self.commands += len(commands)
-        self._finish(commands)
-        if batch.events or batch.deletes:
-            self._ring(batch)
+                raise _BatchFailed(exc) from exc
+            raise _BatchFailed(self._incident("store.batch_crashed",
+                                              commands=len(commands))) from exc
+        self._adopt(overlay)
+        self.transactions += 1
+        self.window.add(len(commands), self.store.last_commit_s)
+        self.metrics.committed(len(commands), batch.events, self.store.last_commit_s)
+        now_m = time.monotonic()
+        self._rate.append((now_m, len(batch.events)))
+        self._trim_rate(now_m)
+        log.debug("store.batch_committed", commands=len(commands), events=len(batch.events))
+        self._ring(batch)
+
+    @staticmethod
+    def _incident(event: str, **context: Any) -> InternalError:
+        """Log the exception in hand with a new incident id; return the -32603 naming it."""
+        error_id = new_id()
+        log.exception(event, error_id=error_id, **context)
+        return InternalError("internal error", {"error_id": error_id})
+
+    async def _resync(self) -> None:
+        """After an unexpected failure: forget every cached view and take the next position
+        from the store, so nothing uncommitted is ever built on."""
+        self._cache.clear()
+        try:
+            self.next_position = await self.store.last_position() + 1
+        except Exception:
+            log.exception("writer.resync_failed")
 
     def _ring(self, batch: Batch) -> None:
         bell = self.bell
@@ -260,6 +329,7 @@ class Writer:
         sid = cmd.session_id
         pending = overlay.get(sid)
         entry: Entry | None
+        damage: str | None = None
         if pending is _DELETED:
             entry = None
         elif pending is not None:
@@ -267,6 +337,7 @@ class Writer:
             entry = pending
         else:
             entry = await self._load(sid)
+            damage = self.damaged.get(sid)
         key = cmd.idempotency_key
         if key is not None:
             prior = repeats.get((sid, key))
@@ -285,15 +356,18 @@ class Writer:
             self._delete(sid, batch, overlay, repeats)
             cmd.result = _json.encode(plan.result)
             return
+        if damage is not None and not (isinstance(plan, Import) and plan.replace):
+            raise damaged_error(sid, damage)
         payloads: dict[str, bytes]
         if isinstance(plan, Import):
+            check_import(plan.events)
             events = [msgspec.structs.replace(e, position=self.next_position + i)
                       for i, e in enumerate(plan.events)]
             self.next_position += len(events)
             state, snapshots = self._fold_with_snapshots(None, events)
             result = _json.encode(state)
             payloads = plan.payloads
-            if plan.replace and entry is not None:
+            if plan.replace and (entry is not None or damage is not None):
                 self._delete(sid, batch, overlay, repeats)
         elif not plan.events:  # the plan found nothing to record: answer with the view
             if entry is None:
@@ -302,7 +376,17 @@ class Writer:
             return
         else:
             events = self._make_events(cmd, entry, plan)
-            state, snapshots = self._fold_with_snapshots(entry.state if entry else None, events)
+            try:
+                state, snapshots = self._fold_with_snapshots(
+                    entry.state if entry else None, events)
+            except projection.SumOutOfBounds as exc:
+                # A total would leave its bounds: the caller's numbers, refused by field.
+                base = entry.state.version if entry else 0
+                path = f"{plan.path(exc.version - base - 1)}.{exc.field}"
+                raise InvalidParamsError(
+                    f"{path[2:]}: adding {exc.value!r} would take {exc.total} of session"
+                    f" {sid} past its bound; nothing was written",
+                    {"detail": str(exc), "path": path}) from exc
             result = _json.encode(plan.result(state, events))
             payloads = {events[i].event_id: payload for i, payload in plan.payloads.items()}
         # Everything is decided; nothing below can fail, so the command joins whole.
@@ -345,7 +429,12 @@ class Writer:
         prev_hash = entry.last_hash if entry else ""
         recorded_at = now()
         events = []
-        for event_type, data in plan.events:
+        for index, (event_type, data) in enumerate(plan.events):
+            bad = json_out_of_bounds(data, plan.path(index))
+            if bad is not None:
+                path, value = bad
+                raise InvalidParamsError(f"{bound_message(path, value)}; nothing was written",
+                                         {"detail": "number out of bounds", "path": path})
             version += 1
             event = Event(
                 position=self.next_position, session_id=cmd.session_id, version=version,
@@ -362,13 +451,20 @@ class Writer:
         if entry is not None:
             self._cache.move_to_end(session_id)
             return entry
-        entry = await self.store.load_entry(session_id)
+        try:
+            entry = await self.store.load_entry(session_id)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            # The stored view does not read back: fold it again from its events. Not
+            # cached: the cache holds only what is committed (the next write commits it).
+            log.error("writer.view_unreadable", session_id=session_id, error=str(exc))
+            return await self.histories.rebuild(session_id, None)
         if entry is not None:
             self._remember(session_id, entry)
         return entry
 
     def _adopt(self, overlay: dict[str, Entry | object]) -> None:
         for sid, entry in overlay.items():
+            self.damaged.pop(sid, None)  # deleted or replaced: the bad history is gone
             if entry is _DELETED:
                 self._cache.pop(sid, None)
             else:

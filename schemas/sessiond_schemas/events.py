@@ -8,10 +8,10 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
+from .bounds import Int64, NonNegFloat, NonNegInt, Pid, PosInt
+
 Status = Literal["pending", "active", "paused", "completed", "failed", "cancelled", "killed"]
 Role = Literal["user", "assistant", "system", "tool"]
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
 SessionId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
 ActorName = Annotated[str, msgspec.Meta(pattern=r"^[^/\s]+/[^/\s]+$")]
 Ulid = Annotated[str, msgspec.Meta(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
@@ -55,8 +55,8 @@ def new_id() -> str:
 class EventMeta(msgspec.Struct, kw_only=True, omit_defaults=False):
     """Who caused an event, and the request context it came with."""
 
-    peer_uid: int | None = None
-    peer_pid: int | None = None
+    peer_uid: Int64 | None = None
+    peer_pid: Int64 | None = None
     idempotency_key: str | None = None
     correlation_id: str | None = None
 
@@ -64,12 +64,12 @@ class EventMeta(msgspec.Struct, kw_only=True, omit_defaults=False):
 class Event(msgspec.Struct, kw_only=True, frozen=True):
     """One stored event, exactly as the contract's envelope shows it."""
 
-    position: int
+    position: NonNegInt
     session_id: str
-    version: int
+    version: PosInt
     event_id: str
     type: str
-    schema_version: int
+    schema_version: NonNegInt
     recorded_at: str
     data: dict[str, Any]
     meta: EventMeta
@@ -207,9 +207,15 @@ class GraphCheckpoint(msgspec.Struct, kw_only=True):
     channel_versions: dict[str, str] = {}
     blobs: dict[str, Typed] = {}  # channel -> its value at channel_versions[channel]
 
+    def __post_init__(self) -> None:
+        for channel in self.blobs:
+            if channel not in self.channel_versions:
+                raise ValueError(f"`blobs` holds channel {channel!r}, which has no entry in"
+                                 " `channel_versions`")
+
 
 class GraphWrite(msgspec.Struct, kw_only=True):
-    idx: int
+    idx: Int64
     channel: str
     value: Typed
 
@@ -251,7 +257,7 @@ class StateUpdated(msgspec.Struct, kw_only=True):
 
 
 class ProcessStarted(msgspec.Struct, kw_only=True):
-    pid: int
+    pid: Pid
     argv: list[str]
     cwd: str | None = None
     turn: NonNegInt
@@ -264,10 +270,10 @@ class ProcessOutput(msgspec.Struct, kw_only=True):
 
 
 class ProcessExited(msgspec.Struct, kw_only=True):
-    pid: int
+    pid: Pid
     turn: NonNegInt
-    exit_code: int | None = None
-    signal: int | None = None
+    exit_code: Int64 | None = None
+    signal: Int64 | None = None
     lines: NonNegInt | None = None  # output lines the turn wrote (stdout and stderr)
     truncated_lines: NonNegInt | None = None  # of them, cut at max_line_bytes
 
@@ -275,7 +281,7 @@ class ProcessExited(msgspec.Struct, kw_only=True):
 class ProcessDetached(msgspec.Struct, kw_only=True):
     """A daemon start found a turn it no longer supervises (sessiond extension)."""
 
-    pid: int
+    pid: Pid
     turn: NonNegInt
     alive: bool  # the process still runs (its output is no longer captured)
     reason: str

@@ -7,6 +7,7 @@ from typing import Any, Final
 
 import msgspec
 
+from .bounds import NonNegInt
 from .events import Event
 from .state import SessionState
 
@@ -32,7 +33,7 @@ class CheckpointPayload(msgspec.Struct, kw_only=True):
 
 class ExportDocument(msgspec.Struct, kw_only=True):
     format: str
-    format_version: int
+    format_version: NonNegInt
     exported_at: str
     session: SessionState | None  # None: built by an importer; the daemon folds the view
     events: list[Event]

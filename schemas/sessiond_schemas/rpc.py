@@ -7,13 +7,13 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from .bounds import INT64_MAX, NonNegInt, PosInt
 from .events import (
     Event,
     EventType,
     GraphCheckpoint,
     GraphWrites,
     MessageFields,
-    NonNegInt,
     ProgressRecorded,
     SessionCreated,
     SessionId,
@@ -24,10 +24,13 @@ from .events import (
 from .state import Message, Progress, SessionState, SessionSummary, TokenUsage
 
 RequestId = int | str | None
-Version = Annotated[int, msgspec.Meta(ge=0)]
+Version = NonNegInt
 IdempotencyKey = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Limit1000 = Annotated[int, msgspec.Meta(ge=1, le=1000)]
 ItemId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
+# What becomes a path, a program argument or an environment entry: no NUL byte (the
+# kernel's strings end at one).
+NoNul = Annotated[str, msgspec.Meta(pattern=r"^[^\x00]*$")]
 
 # --- envelopes ------------------------------------------------------------------
 
@@ -87,7 +90,7 @@ class NoParams(Params, kw_only=True, forbid_unknown_fields=True):
 
 
 class BackupParams(Params, kw_only=True, forbid_unknown_fields=True):
-    path: Annotated[str, msgspec.Meta(min_length=1)]
+    path: Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[^\x00]+$")]
 
 
 class EventInput(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -109,7 +112,7 @@ class SessionRef(Params, kw_only=True, forbid_unknown_fields=True):
 
 class SessionGetParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
-    at_version: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    at_version: PosInt | None = None
 
 
 class SessionResolveParams(Params, kw_only=True, forbid_unknown_fields=True):
@@ -163,7 +166,7 @@ class MessageListParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
     limit: Limit1000 = 100
     offset: NonNegInt = 0
-    after_sequence: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    after_sequence: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)] | None = None
     order: Literal["asc", "desc"] = "asc"
 
 
@@ -202,14 +205,15 @@ class EventsAppendParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
 
 class EventsReadParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str | None = None
-    from_version: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    from_version: PosInt | None = None
     from_position: NonNegInt | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1000
     types: list[EventType] | None = None
 
 
 class SessionCleanupParams(Params, kw_only=True, forbid_unknown_fields=True):
-    older_than_days: Annotated[float, msgspec.Meta(ge=0)] = 7
+    # At most 100,000 days (274 years): older cut-offs fall outside the calendar.
+    older_than_days: Annotated[float, msgspec.Meta(ge=0, le=100_000)] = 7
     statuses: list[Status] = msgspec.field(
         default_factory=lambda: ["completed", "failed", "cancelled", "killed"])
     dry_run: bool = False
@@ -223,7 +227,7 @@ class SessionImportParams(Params, kw_only=True, forbid_unknown_fields=True):
 class EventsSubscribeParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str | None = None
     from_position: NonNegInt | None = None
-    from_version: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    from_version: PosInt | None = None
     types: list[EventType] | None = None
 
 
@@ -438,9 +442,10 @@ Adapter = Literal["jsonl", "codex", "claude"]
 
 
 class SessionSpawnParams(Params, kw_only=True, forbid_unknown_fields=True):
-    argv: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)]
-    cwd: str | None = None  # absolute; default: the daemon's working directory
-    env: dict[str, str] = {}  # added to the daemon's environment
+    argv: Annotated[list[Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[^\x00]+$")]],
+                    msgspec.Meta(min_length=1)]
+    cwd: NoNul | None = None  # absolute; default: the daemon's working directory
+    env: dict[NoNul, NoNul] = {}  # added to the daemon's environment
     adapter: Adapter = "jsonl"
     task: str | None = None  # the first user message, written to the process's stdin
     model: str | None = None
@@ -457,7 +462,7 @@ class SessionInjectParams(Params, kw_only=True, forbid_unknown_fields=True):
 
 class SessionOutputParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
-    turn: Annotated[int, msgspec.Meta(ge=1)] | None = None  # default: the latest turn
+    turn: PosInt | None = None  # default: the latest turn
     stream: Literal["stdout", "stderr"] | None = None  # default: both, in arrival order
     after_position: NonNegInt = 0  # the `next` of the previous page
 
@@ -472,7 +477,7 @@ class OutputResult(msgspec.Struct, kw_only=True):
 class SessionTrajectoryParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
     full: bool = False
-    max_output_len: Annotated[int, msgspec.Meta(ge=1)] = 200
+    max_output_len: PosInt = 200
 
 
 class Step(msgspec.Struct, kw_only=True):
@@ -509,7 +514,7 @@ class GraphListParams(Params, kw_only=True, forbid_unknown_fields=True):
     checkpoint_id: str | None = None
     before: str | None = None  # only checkpoint ids below this one
     filter: dict[str, Any] = {}  # metadata keys that must be equal
-    limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    limit: NonNegInt | None = None
     cursor: str | None = None  # the `next` of the previous page
 
 

@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+from .bounds import Float64, Int64, NonNegInt
+
 
 class Timestamps(msgspec.Struct, kw_only=True):
     created_at: str
@@ -19,16 +21,16 @@ class Progress(msgspec.Struct, kw_only=True):
     current_node: str | None = None
     paused_at: str | None = None
     resume_from: str | None = None
-    steps_executed: int = 0
-    total_tokens: int = 0
-    total_latency_ms: int = 0
+    steps_executed: NonNegInt = 0
+    total_tokens: NonNegInt = 0
+    total_latency_ms: NonNegInt = 0
     path: list[str] = []
-    total_retries: int = 0
+    total_retries: NonNegInt = 0
     nodes_with_failures: list[str] = []
-    retry_details: dict[str, int] = {}
+    retry_details: dict[str, NonNegInt] = {}
     had_partial_failures: bool = False
     execution_quality: str = "clean"
-    node_visit_counts: dict[str, int] = {}
+    node_visit_counts: dict[str, NonNegInt] = {}
 
 
 class Result(msgspec.Struct, kw_only=True):
@@ -38,14 +40,14 @@ class Result(msgspec.Struct, kw_only=True):
 
 
 class TokenUsage(msgspec.Struct, kw_only=True):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    estimated_cost: float = 0.0
+    input_tokens: NonNegInt = 0
+    output_tokens: NonNegInt = 0
+    estimated_cost: Float64 = 0.0
 
 
 class Metrics(msgspec.Struct, kw_only=True):
-    decision_count: int = 0
-    problem_count: int = 0
+    decision_count: NonNegInt = 0
+    problem_count: NonNegInt = 0
     nodes_executed: list[str] = []
     edges_traversed: list[str] = []
 
@@ -54,7 +56,7 @@ class Message(msgspec.Struct, kw_only=True):
     """One message of a session, as `message.list` and `last_message` show it."""
 
     message_id: str
-    sequence: int
+    sequence: NonNegInt
     role: str
     content: str
     timestamp: str
@@ -70,7 +72,7 @@ class SessionState(msgspec.Struct, kw_only=True):
     """
 
     session_id: str
-    version: int
+    version: NonNegInt
     namespace: str = "local"
     actor_name: str | None = None
     goal_id: str | None = None
@@ -97,17 +99,17 @@ class SessionState(msgspec.Struct, kw_only=True):
     problems: list[dict[str, Any]] = []
     decisions: list[dict[str, Any]] = []
     linked_plan_ids: list[str] = []
-    message_count: int = 0
+    message_count: NonNegInt = 0
     last_message: Message | None = None
     checkpoint_enabled: bool = False
     latest_checkpoint_id: str | None = None
-    checkpoint_count: int = 0
-    turn: int = 0
-    pid: int | None = None
-    exit_code: int | None = None
+    checkpoint_count: NonNegInt = 0
+    turn: NonNegInt = 0
+    pid: Int64 | None = None
+    exit_code: Int64 | None = None
     error: str | None = None
     # Derived by the fold after every event (seed 000's computed fields).
-    duration_ms: int = 0
+    duration_ms: Int64 = 0
     is_resumable: bool = False
     is_resumable_from_checkpoint: bool = False
 
@@ -131,5 +133,5 @@ class SessionSummary(msgspec.Struct, kw_only=True):
     task: str | None
     created_at: str
     updated_at: str
-    message_count: int
+    message_count: NonNegInt
     token_usage: TokenUsage
