@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -43,13 +44,7 @@ async def test_a_failing_command_stores_nothing_and_leaves_no_gap(short_dir: str
             good = Command(session_id="good", plan=creating(lambda s, ev: {"ok": True}),
                            meta=EventMeta())
             outcomes: dict[str, Any] = {}
-
-            async def submit(cmd: Command) -> None:
-                try:
-                    outcomes[cmd.session_id] = await writer.submit(cmd)
-                except InternalError as exc:
-                    outcomes[cmd.session_id] = exc
-
+            submit = recorder(writer, outcomes)
             async with anyio.create_task_group() as both:  # one batch, two commands
                 both.start_soon(submit, bad)
                 both.start_soon(submit, good)
@@ -64,6 +59,16 @@ async def test_a_failing_command_stores_nothing_and_leaves_no_gap(short_dir: str
         assert con.execute("SELECT session_id FROM sessions").fetchall() == [("good",)]
     finally:
         con.close()
+
+
+def recorder(writer: Writer, outcomes: dict[str, Any]) -> Callable[[Command], Awaitable[None]]:
+    """Submit a command and keep its outcome (result bytes or SessiondError) by session."""
+    async def submit(cmd: Command) -> None:
+        try:
+            outcomes[cmd.session_id] = await writer.submit(cmd)
+        except SessiondError as err:
+            outcomes[cmd.session_id] = err
+    return submit
 
 
 def poisoned_write(bad_session: str, exc: BaseException) -> Any:
@@ -92,13 +97,7 @@ class TestOneCommandFailsAlone:
         writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
         monkeypatch.setattr(SqliteStore, "_write", poisoned_write("bad", exc))
         outcomes: dict[str, Any] = {}
-
-        async def submit(cmd: Command) -> None:
-            try:
-                outcomes[cmd.session_id] = await writer.submit(cmd)
-            except SessiondError as err:
-                outcomes[cmd.session_id] = err
-
+        submit = recorder(writer, outcomes)
         try:
             with capture_logs() as logs:
                 async with anyio.create_task_group() as tg:
