@@ -22,7 +22,7 @@ from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, ne
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
-from . import projection
+from . import forks, projection, search
 from .service import Service
 from .verify import SessionCheck
 from .writer import Command, Delete, Import
@@ -56,8 +56,13 @@ class Maintenance:
                 stored = msgspec.json.decode(raw, type=SessionState) if raw else None
                 problems += [rpc.VerifyProblem(session_id=sid, problem=text)
                              for text in check.finish(stored)]
+                if check.state is not None and check.state.forked_from is not None:
+                    problems += [rpc.VerifyProblem(session_id=sid, problem=text) for text in
+                                 await forks.link_problems(self.store, check.state, check.first)]
                 checked += 1
             after = ids[-1]
+        problems += [rpc.VerifyProblem(session_id=None, problem=text)
+                     for text in await self.store.on_reader(search.problems)]
         return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems)
 
     async def daemon_backup(self, p: rpc.BackupParams, meta: EventMeta) -> rpc.BackupResult:
@@ -82,6 +87,7 @@ class Maintenance:
         if not statuses:
             return rpc.CleanupResult(deleted=0, session_ids=[])
         stale = await self.store.stale_sessions(statuses, cutoff, 10_000)
+        stale = [sid for sid in stale if not await forks.count(self.store, sid)]  # shared
         if p.dry_run:
             return rpc.CleanupResult(deleted=len(stale), session_ids=stale)
         deleted: list[str] = []
@@ -142,6 +148,9 @@ class Maintenance:
         events = doc.events
         sid = events[0].session_id
         mark = _history_mark(events, meta)
+        await forks.check_import(self.store, events[0])
+        if p.on_conflict == "replace":
+            await forks.refuse_if_forked(self.store, sid, "replaced by an import")
         clash = await self.store.foreign_event_ids(sid, [e.event_id for e in events])
         if clash:
             raise _import_failed(f"event {clash[0]} is already stored in another session")
@@ -216,8 +225,14 @@ def _read_document(raw: Any) -> export.ExportDocument:
         raise _import_failed(f"corrupt document: {exc}") from exc
     if not doc.events:
         raise _import_failed("the document holds no events")
-    sid, prev = doc.events[0].session_id, ""
-    for expected, e in enumerate(doc.events, start=1):
+    sid, prev, start = doc.events[0].session_id, "", 1
+    if doc.events[0].type == "session.forked":  # a fork's chain goes on from its source's
+        source = doc.events[0].data.get("from")
+        if not isinstance(source, dict) or not isinstance(source.get("version"), int) \
+                or not isinstance(source.get("hash"), str):
+            raise _import_failed("session.forked without its source's version and hash")
+        prev, start = source["hash"], source["version"] + 1
+    for expected, e in enumerate(doc.events, start=start):
         if e.session_id != sid:
             raise _import_failed(f"event {e.event_id} belongs to session {e.session_id}")
         if e.version != expected:

@@ -35,6 +35,7 @@ from .access import Grants
 from .executors import Executors
 from .graphs import Graphs
 from .maintenance import Maintenance
+from .search_fork import SearchAndFork
 from .service import VERSION, Service, invalid_params
 from .subscriptions import Subscriptions
 
@@ -98,7 +99,8 @@ class Server:
                  grants: Grants = Grants()) -> None:
         self.service = service
         self.grants = grants  # what other allowed uids may call
-        providers = [service, Maintenance(service), Graphs(service), executors]
+        providers = [service, Maintenance(service), Graphs(service), SearchAndFork(service),
+                     executors]
         self.limits = limits
         self.allowed_uids = allowed_uids
         self.allowed_gids = allowed_gids

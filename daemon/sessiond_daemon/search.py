@@ -1,0 +1,249 @@
+"""Full-text search: the FTS5 index of session text, kept in the writer's transaction, and
+the session.search query.
+
+The index (`search`) is a read model of the events: an FTS5 table whose external content
+is the view `search_source`, one row per event of an indexed type (rowid = position),
+with two columns computed from the event by `text_of` (registered in SQLite as
+`sessiond_search_text`, so the view, the writer and a rebuild compute the same text):
+  body: message content, the task, errors;
+  tags: tool_call_id, actor, model, adapter and metadata values.
+Messages taken out of a conversation (message.pop, message.clear) stay searchable, as
+history: their hits say `current: false`.
+"""
+
+from __future__ import annotations
+
+import base64
+import sqlite3
+from typing import Any, Final
+
+import msgspec
+from sessiond_schemas.errors import InvalidParamsError, StorageError
+from sessiond_schemas.events import Event
+from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession
+
+FUNCTION: Final = "sessiond_search_text"
+INDEXED_TYPES: Final = ("message.appended", "session.created", "session.forked",
+                        "metadata.updated", "session.status_changed", "result.recorded",
+                        "problem.recorded")
+_TYPES_SQL: Final = ", ".join(f"'{t}'" for t in INDEXED_TYPES)
+
+# Migration 4's statements (daemon/sessiond_daemon/migrations.py): the view, the index,
+# and its backfill from the events already stored.
+MIGRATION: Final[list[str]] = [
+    f"""CREATE VIEW search_source AS SELECT position,
+        {FUNCTION}(0, type, data) AS body, {FUNCTION}(1, type, data) AS tags
+        FROM events WHERE type IN ({_TYPES_SQL})""",
+    """CREATE VIRTUAL TABLE search USING fts5(body, tags, content='search_source',
+        content_rowid='position', tokenize='unicode61 remove_diacritics 2')""",
+    "INSERT INTO search(search) VALUES ('rebuild')",
+]
+
+_decode = msgspec.json.Decoder(dict[str, Any])
+_json = msgspec.json.Encoder()
+
+
+def _values(value: Any, out: list[str]) -> None:
+    """Every scalar in a JSON value, as text, in document order (keys are not included)."""
+    if isinstance(value, dict):
+        for v in value.values():
+            _values(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _values(v, out)
+    elif isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        out.append(str(value))
+
+
+def _join(*parts: Any) -> str | None:
+    text = " ".join(p for p in parts if isinstance(p, str) and p)
+    return text or None
+
+
+def text_of(event_type: str, data: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(body, tags) of one event: what the index holds for it."""
+    meta: list[str] = []
+    if event_type == "message.appended":
+        _values(data.get("metadata", {}), meta)
+        return data.get("content"), _join(data.get("tool_call_id"), *meta)
+    if event_type in ("session.created", "session.forked"):
+        d = data.get("state", {}) if event_type == "session.forked" else data
+        if not isinstance(d, dict):
+            return None, None
+        _values(d.get("metadata", {}), meta)
+        return (_join(d.get("task"), d.get("error")),
+                _join(d.get("actor_name"), d.get("model"), d.get("adapter"), *meta))
+    if event_type == "metadata.updated":
+        _values(data.get("patch", {}), meta)
+        return None, _join(*meta)
+    if event_type in ("session.status_changed", "result.recorded"):
+        return _join(data.get("error")), None
+    if event_type == "problem.recorded":
+        _values(data, meta)
+        return _join(*meta), None
+    return None, None
+
+
+def _sql_text(column: int, event_type: str, data: bytes | str) -> str | None:
+    try:
+        return text_of(event_type, _decode.decode(data))[column]
+    except (msgspec.DecodeError, AttributeError, TypeError):
+        return None
+
+
+def register(con: sqlite3.Connection) -> None:
+    """Make the index's text function known to a connection (before it touches the index)."""
+    con.create_function(FUNCTION, 3, _sql_text, deterministic=True)
+
+
+async def register_async(db: Any) -> None:
+    """register() for an aiosqlite connection."""
+    await db.create_function(FUNCTION, 3, _sql_text, deterministic=True)
+
+
+# --- the writer's side (inside the batch transaction) --------------------------------------
+
+
+def index(db: sqlite3.Connection, events: list[Event]) -> None:
+    """Add a batch's events of indexed types to the index."""
+    rows = []
+    for e in events:
+        if e.type in INDEXED_TYPES:
+            body, tags = text_of(e.type, e.data)
+            rows.append((e.position, body, tags))
+    if rows:
+        db.executemany("INSERT INTO search (rowid, body, tags) VALUES (?, ?, ?)", rows)
+
+
+def forget_session(db: sqlite3.Connection, session_id: str) -> None:
+    """Take a session's events out of the index (before its events are deleted): an
+    external-content index is told the text it indexed, which the view recomputes."""
+    db.execute(
+        "INSERT INTO search (search, rowid, body, tags) SELECT 'delete', position, body, tags"
+        " FROM search_source WHERE position IN (SELECT position FROM events"
+        f" WHERE session_id = ? AND type IN ({_TYPES_SQL}))", (session_id,))
+
+
+def rebuild(db: sqlite3.Connection) -> int:
+    """Rebuild the whole index from the events (daemon.reindex); return its row count."""
+    db.execute("INSERT INTO search (search) VALUES ('rebuild')")
+    return int(db.execute("SELECT COUNT(*) FROM search_docsize").fetchone()[0])
+
+
+def problems(db: sqlite3.Connection) -> list[str]:
+    """What daemon.verify finds wrong with the index: an event of an indexed type missing
+    from it, or an entry whose event is gone."""
+    found = []
+    missing = db.execute("SELECT COUNT(*), MIN(position) FROM search_source WHERE position"
+                         " NOT IN (SELECT id FROM search_docsize)").fetchone()
+    if missing[0]:
+        found.append(f"search index: {missing[0]} events are not indexed (first at position"
+                     f" {missing[1]}); run `sessionctl reindex`")
+    extra = db.execute("SELECT COUNT(*), MIN(id) FROM search_docsize WHERE id NOT IN"
+                       " (SELECT position FROM search_source)").fetchone()
+    if extra[0]:
+        found.append(f"search index: {extra[0]} entries have no event (first at position"
+                     f" {extra[1]}); run `sessionctl reindex`")
+    return found
+
+
+# --- the query (one read connection, one read transaction) -----------------------------
+
+
+def _encode_cursor(score: float, session_id: str) -> str:
+    return base64.urlsafe_b64encode(_json.encode([score, session_id])).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        score, sid = msgspec.json.decode(base64.urlsafe_b64decode(cursor.encode()),
+                                         type=tuple[float, str])
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise InvalidParamsError("`cursor` is not a cursor session.search returned",
+                                 {"detail": str(exc), "path": "$.cursor"}) from exc
+    return score, sid
+
+
+def _bad_query(exc: sqlite3.OperationalError) -> InvalidParamsError | None:
+    text = str(exc)
+    if text.startswith(("fts5:", "no such column", "unknown special query", "unterminated")):
+        return InvalidParamsError(f"query is not a valid search: {text}",
+                                  {"detail": text, "path": "$.query"})
+    return None
+
+
+def query(con: sqlite3.Connection, *, text: str, statuses: tuple[str, ...],
+          namespace: str | None, actor_name: str | None, since: str | None,
+          until: str | None, limit: int, hits: int, mark: tuple[str, str],
+          cursor: str | None) -> SearchResult:
+    """Sessions whose events match `text`, best first, each with its best hits."""
+    where, args = ["search MATCH ?"], [text]  # type: tuple[list[str], list[Any]]
+    for column, value in (("s.namespace", namespace), ("s.actor_name", actor_name)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    if statuses:
+        where.append(f"s.status IN ({', '.join('?' * len(statuses))})")
+        args.extend(statuses)
+    if since is not None:
+        where.append("e.recorded_at >= ?")
+        args.append(since)
+    if until is not None:
+        where.append("e.recorded_at < ?")
+        args.append(until)
+    having, having_args = "", []  # type: tuple[str, list[Any]]
+    if cursor is not None:
+        having, having_args = " HAVING (MIN(f.rank), e.session_id) > (?, ?)", list(
+            _decode_cursor(cursor))
+    joins = " FROM search f JOIN events e ON e.position = f.rowid" \
+            " JOIN sessions s ON s.session_id = e.session_id"
+    con.execute("BEGIN")  # one snapshot for the ranking and the snippets
+    try:
+        try:
+            ranked = con.execute(
+                "SELECT e.session_id, MIN(f.rank) AS score, COUNT(*), s.status, s.namespace,"
+                " s.actor_name, s.task, s.updated_at" + joins + " WHERE " + " AND ".join(where)
+                + " GROUP BY e.session_id" + having + " ORDER BY score, e.session_id LIMIT ?",
+                (*args, *having_args, limit + 1)).fetchall()
+        except sqlite3.OperationalError as exc:
+            bad = _bad_query(exc)
+            if bad is not None:
+                raise bad from exc
+            raise
+        page = ranked[:limit]
+        found: list[SearchSession] = []
+        for sid, score, matches, status, ns, actor, task, updated in page:
+            rows = con.execute(
+                "SELECT f.rowid, e.version, e.type, e.recorded_at, e.data, snippet(search, -1,"
+                " ?, ?, '\u2026', 12)" + joins + " WHERE " + " AND ".join(where)
+                + " AND e.session_id = ? ORDER BY f.rank LIMIT ?",
+                (mark[0], mark[1], *args, sid, hits)).fetchall()
+            found.append(SearchSession(
+                session_id=sid, status=status, namespace=ns, actor_name=actor, task=task,
+                updated_at=updated, score=score, matches=matches,
+                hits=[_hit(con, sid, *row) for row in rows]))
+    finally:
+        con.execute("COMMIT")
+    more = len(ranked) > limit
+    return SearchResult(sessions=found, next_cursor=_encode_cursor(
+        page[-1][1], page[-1][0]) if more else None)
+
+
+def _hit(con: sqlite3.Connection, sid: str, position: int, version: int, event_type: str,
+         recorded_at: str, data: bytes, snippet: str) -> SearchHit:
+    sequence = role = current = None
+    if event_type == "message.appended":
+        d = _decode.decode(data)
+        sequence, role = d.get("sequence"), d.get("role")
+        row = con.execute("SELECT position FROM messages WHERE session_id = ? AND sequence = ?",
+                          (sid, sequence)).fetchone()
+        current = row is not None and row[0] == position
+    return SearchHit(position=position, version=version, type=event_type,
+                     recorded_at=recorded_at, snippet=snippet, sequence=sequence, role=role,
+                     current=current)
+
+
+def storage_error(exc: sqlite3.Error) -> StorageError:
+    return StorageError(f"storage error: {exc}", {"detail": str(exc)})
