@@ -21,7 +21,7 @@ from .events import (
     TokensRecorded,
     Typed,
 )
-from .state import Message, Progress, SessionState, SessionSummary, TokenUsage
+from .state import ForkLink, Message, Progress, SessionState, SessionSummary, TokenUsage
 
 RequestId = int | str | None
 Version = Annotated[int, msgspec.Meta(ge=0)]
@@ -636,7 +636,7 @@ class ForkInfo(msgspec.Struct, kw_only=True):
 
 class ForksResult(msgspec.Struct, kw_only=True):
     session_id: str
-    forked_from: Any  # ForkLink or None
+    forked_from: ForkLink | None  # this session's own source
     count: int
     forks: list[ForkInfo]
     next_cursor: str | None = None
