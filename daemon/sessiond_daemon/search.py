@@ -174,61 +174,79 @@ def _bad_query(exc: sqlite3.OperationalError) -> InvalidParamsError | None:
     return None
 
 
+WINDOW: Final = 20_000  # matching events ranked per query, newest first
+
+
 def query(con: sqlite3.Connection, *, text: str, statuses: tuple[str, ...],
           namespace: str | None, actor_name: str | None, since: str | None,
           until: str | None, limit: int, hits: int, mark: tuple[str, str],
-          cursor: str | None) -> SearchResult:
-    """Sessions whose events match `text`, best first, each with its best hits."""
+          cursor: str | None, window: int = WINDOW) -> SearchResult:
+    """Sessions whose events match `text`, best first, each with its best hits.
+
+    The cost is bounded: the newest `window` matching events (after the filters) are
+    read, in rowid order, which FTS5 walks without sorting; they are ranked by bm25 and
+    grouped by session here. Then snippets are cut for this page's hits only."""
     where, args = ["search MATCH ?"], [text]  # type: tuple[list[str], list[Any]]
+    joins = " FROM search f JOIN events e ON e.position = f.rowid"
+    session_where: list[str] = []
     for column, value in (("s.namespace", namespace), ("s.actor_name", actor_name)):
         if value is not None:
-            where.append(f"{column} = ?")
+            session_where.append(f"{column} = ?")
             args.append(value)
     if statuses:
-        where.append(f"s.status IN ({', '.join('?' * len(statuses))})")
+        session_where.append(f"s.status IN ({', '.join('?' * len(statuses))})")
         args.extend(statuses)
-    if since is not None:
-        where.append("e.recorded_at >= ?")
-        args.append(since)
-    if until is not None:
-        where.append("e.recorded_at < ?")
-        args.append(until)
-    having, having_args = "", []  # type: tuple[str, list[Any]]
-    if cursor is not None:
-        having, having_args = " HAVING (MIN(f.rank), e.session_id) > (?, ?)", list(
-            _decode_cursor(cursor))
-    joins = " FROM search f JOIN events e ON e.position = f.rowid" \
-            " JOIN sessions s ON s.session_id = e.session_id"
+    if session_where:  # the sessions table only when a filter needs it
+        joins += " JOIN sessions s ON s.session_id = e.session_id"
+        where += session_where
+    for op, value in ((">=", since), ("<", until)):
+        if value is not None:
+            where.append(f"e.recorded_at {op} ?")
+            args.append(value)
+    after = _decode_cursor(cursor) if cursor is not None else None
     con.execute("BEGIN")  # one snapshot for the ranking and the snippets
     try:
         try:
-            ranked = con.execute(
-                "SELECT e.session_id, MIN(f.rank) AS score, COUNT(*), s.status, s.namespace,"
-                " s.actor_name, s.task, s.updated_at" + joins + " WHERE " + " AND ".join(where)
-                + " GROUP BY e.session_id" + having + " ORDER BY score, e.session_id LIMIT ?",
-                (*args, *having_args, limit + 1)).fetchall()
+            rows = con.execute(
+                "SELECT f.rowid, e.session_id, f.rank" + joins + " WHERE " + " AND ".join(where)
+                + " ORDER BY f.rowid DESC LIMIT ?", (*args, window)).fetchall()
         except sqlite3.OperationalError as exc:
             bad = _bad_query(exc)
             if bad is not None:
                 raise bad from exc
             raise
+        by_session: dict[str, list[tuple[float, int]]] = {}
+        for position, sid, rank in rows:
+            by_session.setdefault(sid, []).append((rank, position))
+        ranked = sorted((min(found)[0], sid) for sid, found in by_session.items())
+        if after is not None:
+            ranked = [r for r in ranked if r > after]
         page = ranked[:limit]
-        found: list[SearchSession] = []
-        for sid, score, matches, status, ns, actor, task, updated in page:
-            rows = con.execute(
-                "SELECT f.rowid, e.version, e.type, e.recorded_at, e.data, snippet(search, -1,"
-                " ?, ?, '\u2026', 12)" + joins + " WHERE " + " AND ".join(where)
-                + " AND e.session_id = ? ORDER BY f.rank LIMIT ?",
-                (mark[0], mark[1], *args, sid, hits)).fetchall()
-            found.append(SearchSession(
-                session_id=sid, status=status, namespace=ns, actor_name=actor, task=task,
-                updated_at=updated, score=score, matches=matches,
-                hits=[_hit(con, sid, *row) for row in rows]))
+        best = {sid: [p for _, p in sorted(by_session[sid])[:hits]] for _, sid in page}
+        chosen = [p for ps in best.values() for p in ps]
+        cut: dict[int, tuple[Any, ...]] = {}
+        for start in range(0, len(chosen), 500):
+            chunk = chosen[start:start + 500]
+            for row in con.execute(
+                    "SELECT f.rowid, e.version, e.type, e.recorded_at, e.data,"
+                    " snippet(search, -1, ?, ?, '\u2026', 12) FROM search f JOIN events e"
+                    " ON e.position = f.rowid WHERE search MATCH ? AND f.rowid IN ("
+                    + ", ".join("?" * len(chunk)) + ")", (*mark, text, *chunk)):
+                cut[row[0]] = row
+        views = {r[0]: r[1:] for r in con.execute(
+            "SELECT session_id, status, namespace, actor_name, task, updated_at FROM sessions"
+            f" WHERE session_id IN ({', '.join('?' * len(page))})", tuple(best))} if page else {}
+        found = [SearchSession(
+            session_id=sid, status=views[sid][0], namespace=views[sid][1],
+            actor_name=views[sid][2], task=views[sid][3], updated_at=views[sid][4],
+            score=score, matches=len(by_session[sid]),
+            hits=[_hit(con, sid, *cut[p]) for p in best[sid] if p in cut])
+            for score, sid in page if sid in views]
     finally:
         con.execute("COMMIT")
     more = len(ranked) > limit
-    return SearchResult(sessions=found, next_cursor=_encode_cursor(
-        page[-1][1], page[-1][0]) if more else None)
+    return SearchResult(sessions=found, complete=len(rows) < window,
+                        next_cursor=_encode_cursor(page[-1][0], page[-1][1]) if more else None)
 
 
 def _hit(con: sqlite3.Connection, sid: str, position: int, version: int, event_type: str,

@@ -612,6 +612,9 @@ class SearchSession(msgspec.Struct, kw_only=True):
 
 class SearchResult(msgspec.Struct, kw_only=True):
     sessions: list[SearchSession]
+    # False when more events matched than one query ranks (the newest 20,000 were):
+    # narrow the query or add filters to reach older ones.
+    complete: bool = True
     next_cursor: str | None = None
 
 
