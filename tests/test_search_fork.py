@@ -185,6 +185,27 @@ class TestSearch:
         assert (await client.search("zebra")).sessions == []
         assert (await client.verify()).ok
 
+    async def test_the_ranked_window_is_bounded(self, daemon: Daemon,
+                                                client: AsyncClient) -> None:
+        """Past `window` matching events, the newest are ranked and complete is false."""
+        import sqlite3
+
+        from sessiond_daemon import search
+        for i in range(4):
+            await client.create_session(f"w{i}")
+            await client.append_message(f"w{i}", "user", "walrus")
+        assert (await client.search("walrus")).complete is True
+        con = sqlite3.connect(f"file:{daemon.db}?mode=ro", uri=True, isolation_level=None)
+        search.register(con)
+        try:
+            cut = search.query(con, text="walrus", statuses=(), namespace=None,
+                               actor_name=None, since=None, until=None, limit=10, hits=3,
+                               mark=("[", "]"), cursor=None, window=3)
+        finally:
+            con.close()
+        assert cut.complete is False
+        assert sorted(s.session_id for s in cut.sessions) == ["w1", "w2", "w3"]
+
     async def test_a_bad_query_is_invalid_params_naming_query(self, client: AsyncClient) -> None:
         for bad in ['"unterminated', "AND", "nosuchcolumn: word", "a NEAR("]:
             with pytest.raises(InvalidParamsError) as err:
