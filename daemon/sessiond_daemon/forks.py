@@ -24,7 +24,7 @@ from sessiond_schemas.errors import (
     SessionExistsError,
     SessionImportError,
 )
-from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, now
+from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
@@ -168,7 +168,7 @@ def _fork_id(source: str, key: str) -> str:
 
 async def fork(service: Service, p: rpc.SessionForkParams, meta: EventMeta) -> Any:
     """session.fork: a new session whose history is the source's up to at_version."""
-    from .writer import Import
+    from .writer import Import  # here: the writer imports the store, which imports us
 
     current = await service.state(p.session_id)
     at = p.at_version if p.at_version is not None else current.version
@@ -189,12 +189,9 @@ async def fork(service: Service, p: rpc.SessionForkParams, meta: EventMeta) -> A
         raise InvalidParamsError(f"session {p.session_id} has no event at version {at}",
                                  {"detail": "no such version", "path": "$.at_version"})
     key = p.idempotency_key
-    sid = p.new_session_id or (_fork_id(p.session_id, key) if key else None)
-    if sid is None:
-        from sessiond_schemas.events import new_id
-        sid = new_id()
+    sid = p.new_session_id or (_fork_id(p.session_id, key) if key else new_id())
     event_meta = msgspec.structs.replace(meta, idempotency_key=key)
-    event = Event(position=0, session_id=sid, version=at + 1, event_id=_new_event_id(),
+    event = Event(position=0, session_id=sid, version=at + 1, event_id=new_id(),
                   type="session.forked", schema_version=CURRENT_SCHEMA_VERSION,
                   recorded_at=now(), meta=event_meta, hash="",
                   data={"from": {"session_id": p.session_id, "version": at, "hash": prev},
@@ -207,11 +204,6 @@ async def fork(service: Service, p: rpc.SessionForkParams, meta: EventMeta) -> A
         return Import([event], {})
 
     return await service._submit(p, meta, plan, session_id=sid)
-
-
-def _new_event_id() -> str:
-    from sessiond_schemas.events import new_id
-    return new_id()
 
 
 async def forks_of(store: SqliteStore, p: rpc.SessionForksParams,
