@@ -34,8 +34,11 @@ MIGRATION: Final[list[str]] = [
     f"""CREATE VIEW search_source AS SELECT position,
         {FUNCTION}(0, type, data) AS body, {FUNCTION}(1, type, data) AS tags
         FROM events WHERE type IN ({_TYPES_SQL})""",
+    # prefix='2 3': short prefixes (`ka*`, `dep*`) read one prefix doclist instead of
+    # merging every term's (B13: 15x faster for a common 3-letter prefix; the index
+    # grows about 2.3x, the database about 10%).
     """CREATE VIRTUAL TABLE search USING fts5(body, tags, content='search_source',
-        content_rowid='position', tokenize='unicode61 remove_diacritics 2')""",
+        content_rowid='position', prefix='2 3', tokenize='unicode61 remove_diacritics 2')""",
     "INSERT INTO search(search) VALUES ('rebuild')",
 ]
 
@@ -174,7 +177,7 @@ def _bad_query(exc: sqlite3.OperationalError) -> InvalidParamsError | None:
     return None
 
 
-WINDOW: Final = 20_000  # matching events ranked per query, newest first
+WINDOW: Final = 5_000  # matching events ranked per query, newest first
 
 
 def query(con: sqlite3.Connection, *, text: str, statuses: tuple[str, ...],
@@ -183,9 +186,11 @@ def query(con: sqlite3.Connection, *, text: str, statuses: tuple[str, ...],
           cursor: str | None, window: int = WINDOW) -> SearchResult:
     """Sessions whose events match `text`, best first, each with its best hits.
 
-    The cost is bounded: the newest `window` matching events (after the filters) are
-    read, in rowid order, which FTS5 walks without sorting; they are ranked by bm25 and
-    grouped by session here. Then snippets are cut for this page's hits only."""
+    The cost is bounded: only the newest `window` matching events (after the filters)
+    are ranked. They are found by walking back through the positions in ranges that
+    double (2 x window positions first), each read forward, as FTS5 reads doclists best
+    (a descending walk of a long doclist costs its whole length); then ranked by bm25 and
+    grouped by session here. Snippets are cut for this page's hits only."""
     where, args = ["search MATCH ?"], [text]  # type: tuple[list[str], list[Any]]
     joins = " FROM search f JOIN events e ON e.position = f.rowid"
     session_where: list[str] = []
@@ -207,9 +212,8 @@ def query(con: sqlite3.Connection, *, text: str, statuses: tuple[str, ...],
     con.execute("BEGIN")  # one snapshot for the ranking and the snippets
     try:
         try:
-            rows = con.execute(
-                "SELECT f.rowid, e.session_id, f.rank" + joins + " WHERE " + " AND ".join(where)
-                + " ORDER BY f.rowid DESC LIMIT ?", (*args, window)).fetchall()
+            rows, complete = _newest(con, joins + " WHERE " + " AND ".join(where), args,
+                                     window)
         except sqlite3.OperationalError as exc:
             bad = _bad_query(exc)
             if bad is not None:
@@ -223,15 +227,19 @@ def query(con: sqlite3.Connection, *, text: str, statuses: tuple[str, ...],
             ranked = [r for r in ranked if r > after]
         page = ranked[:limit]
         best = {sid: [p for _, p in sorted(by_session[sid])[:hits]] for _, sid in page}
-        chosen = [p for ps in best.values() for p in ps]
+        chosen = {p for ps in best.values() for p in ps}
         cut: dict[int, tuple[Any, ...]] = {}
-        for start in range(0, len(chosen), 500):
-            chunk = chosen[start:start + 500]
+        if chosen:
+            # One walk over the hits' range (a prefix's doclists are merged once, not once
+            # per hit); `+rowid` keeps the IN out of FTS5, so that snippets are cut only
+            # for the chosen rows.
+            ids = sorted(chosen)
             for row in con.execute(
                     "SELECT f.rowid, e.version, e.type, e.recorded_at, e.data,"
                     " snippet(search, -1, ?, ?, '\u2026', 12) FROM search f JOIN events e"
-                    " ON e.position = f.rowid WHERE search MATCH ? AND f.rowid IN ("
-                    + ", ".join("?" * len(chunk)) + ")", (*mark, text, *chunk)):
+                    " ON e.position = f.rowid WHERE search MATCH ? AND f.rowid >= ?"
+                    " AND f.rowid <= ? AND +f.rowid IN (SELECT value FROM json_each(?))",
+                    (*mark, text, ids[0], ids[-1], _json.encode(ids))):
                 cut[row[0]] = row
         views = {r[0]: r[1:] for r in con.execute(
             "SELECT session_id, status, namespace, actor_name, task, updated_at FROM sessions"
@@ -245,8 +253,31 @@ def query(con: sqlite3.Connection, *, text: str, statuses: tuple[str, ...],
     finally:
         con.execute("COMMIT")
     more = len(ranked) > limit
-    return SearchResult(sessions=found, complete=len(rows) < window,
+    return SearchResult(sessions=found, complete=complete,
                         next_cursor=_encode_cursor(page[-1][0], page[-1][1]) if more else None)
+
+
+def _newest(con: sqlite3.Connection, matched: str, args: list[Any],
+            window: int) -> tuple[list[tuple[int, str, float]], bool]:
+    """(position, session_id, rank) of the newest `window` matches, newest first, and
+    whether those are all the matches."""
+    if "*" in args[0]:
+        # A prefix merges the doclists of all its terms whatever the range, so each range
+        # would pay for all of them: one descending walk instead.
+        rows = con.execute("SELECT f.rowid, e.session_id, f.rank" + matched
+                           + " ORDER BY f.rowid DESC LIMIT ?", (*args, window + 1)).fetchall()
+        return rows[:window], len(rows) <= window
+    top = con.execute("SELECT COALESCE(MAX(rowid), 0) FROM search_docsize").fetchone()[0]
+    rows: list[tuple[int, str, float]] = []
+    hi, span = top, 2 * window
+    while True:  # at least once: FTS5 parses the query here, whatever the store holds
+        lo = max(0, hi - span)
+        found = con.execute("SELECT f.rowid, e.session_id, f.rank" + matched
+                            + " AND f.rowid > ? AND f.rowid <= ?", (*args, lo, hi)).fetchall()
+        rows += sorted(found, reverse=True)
+        if lo == 0 or len(rows) > window:
+            return rows[:window], lo == 0 and len(rows) <= window
+        hi, span = lo, span * 2
 
 
 def _hit(con: sqlite3.Connection, sid: str, position: int, version: int, event_type: str,
