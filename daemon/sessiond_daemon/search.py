@@ -34,11 +34,10 @@ MIGRATION: Final[list[str]] = [
     f"""CREATE VIEW search_source AS SELECT position,
         {FUNCTION}(0, type, data) AS body, {FUNCTION}(1, type, data) AS tags
         FROM events WHERE type IN ({_TYPES_SQL})""",
-    # prefix='2 3': short prefixes (`ka*`, `dep*`) read one prefix doclist instead of
-    # merging every term's (B13: 15x faster for a common 3-letter prefix; the index
-    # grows about 2.3x, the database about 10%).
+    # No prefix index: prefix='2 3' made a common 3-letter prefix 15x faster (B13) but
+    # cost about 30 us per appended message, past the 10% the appends may pay (B13a).
     """CREATE VIRTUAL TABLE search USING fts5(body, tags, content='search_source',
-        content_rowid='position', prefix='2 3', tokenize='unicode61 remove_diacritics 2')""",
+        content_rowid='position', tokenize='unicode61 remove_diacritics 2')""",
     "INSERT INTO search(search) VALUES ('rebuild')",
 ]
 
