@@ -256,27 +256,46 @@ def query(con: sqlite3.Connection, *, text: str, statuses: tuple[str, ...],
                         next_cursor=_encode_cursor(page[-1][0], page[-1][1]) if more else None)
 
 
+BROAD: Final = 10  # a query whose newest `window` matches lie in the last BROAD x window
+# events matches a tenth of everything: bm25's idf is then near nothing, and FTS5 would
+# count the query's rows over the whole index to compute it. Such queries rank by recency.
+
+
 def _newest(con: sqlite3.Connection, matched: str, args: list[Any],
             window: int) -> tuple[list[tuple[int, str, float]], bool]:
-    """(position, session_id, rank) of the newest `window` matches, newest first, and
-    whether those are all the matches."""
+    """(position, session_id, score) of the newest `window` matches, newest first, and
+    whether those are all the matches. Score: bm25, or minus the position for a broad
+    query (see BROAD)."""
+    top = con.execute("SELECT COALESCE(MAX(rowid), 0) FROM search_docsize").fetchone()[0]
+    select = "SELECT f.rowid, e.session_id" + matched
+    rows: list[tuple[int, str]]
     if "*" in args[0]:
         # A prefix merges the doclists of all its terms whatever the range, so each range
         # would pay for all of them: one descending walk instead.
-        rows = con.execute("SELECT f.rowid, e.session_id, f.rank" + matched
-                           + " ORDER BY f.rowid DESC LIMIT ?", (*args, window + 1)).fetchall()
-        return rows[:window], len(rows) <= window
-    top = con.execute("SELECT COALESCE(MAX(rowid), 0) FROM search_docsize").fetchone()[0]
-    rows: list[tuple[int, str, float]] = []
-    hi, span = top, 2 * window
-    while True:  # at least once: FTS5 parses the query here, whatever the store holds
-        lo = max(0, hi - span)
-        found = con.execute("SELECT f.rowid, e.session_id, f.rank" + matched
-                            + " AND f.rowid > ? AND f.rowid <= ?", (*args, lo, hi)).fetchall()
-        rows += sorted(found, reverse=True)
-        if lo == 0 or len(rows) > window:
-            return rows[:window], lo == 0 and len(rows) <= window
-        hi, span = lo, span * 2
+        rows = con.execute(select + " ORDER BY f.rowid DESC LIMIT ?",
+                           (*args, window + 1)).fetchall()
+    else:
+        # Ranges that double, walking back from the newest event, each read forward (FTS5
+        # reads a long doclist backwards only by reading all of it).
+        rows, hi, span = [], top, 2 * window
+        while True:  # at least once: FTS5 parses the query here, whatever the store holds
+            lo = max(0, hi - span)
+            found = con.execute(select + " AND f.rowid > ? AND f.rowid <= ?",
+                                (*args, lo, hi)).fetchall()
+            rows += sorted(found, reverse=True)
+            if lo == 0 or len(rows) > window:
+                break
+            hi, span = lo, span * 2
+    complete = len(rows) <= window
+    rows = rows[:window]
+    if not rows:
+        return [], complete
+    oldest = rows[-1][0]
+    if not complete and top - oldest < BROAD * window:
+        return [(pos, sid, float(-pos)) for pos, sid in rows], complete
+    ranks = dict(con.execute("SELECT rowid, rank FROM search WHERE search MATCH ? AND rowid >= ?"
+                             " AND rowid <= ?", (args[0], oldest, rows[0][0])).fetchall())
+    return [(pos, sid, ranks[pos]) for pos, sid in rows], complete
 
 
 def _hit(con: sqlite3.Connection, sid: str, position: int, version: int, event_type: str,
