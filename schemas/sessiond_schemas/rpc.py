@@ -605,14 +605,14 @@ class SearchSession(msgspec.Struct, kw_only=True):
     actor_name: str | None
     task: str | None
     updated_at: str
-    score: float  # bm25 of its best hit: lower is more relevant
+    score: float  # bm25 of its best hit (or, broad query, minus its newest match's position): lower first
     matches: int  # events of the session that match
     hits: list[SearchHit]
 
 
 class SearchResult(msgspec.Struct, kw_only=True):
     sessions: list[SearchSession]
-    # False when more events matched than one query ranks (the newest 20,000 were):
+    # False when more events matched than one query ranks (the newest 5,000 were):
     # narrow the query or add filters to reach older ones.
     complete: bool = True
     next_cursor: str | None = None
