@@ -605,7 +605,8 @@ class SearchSession(msgspec.Struct, kw_only=True):
     actor_name: str | None
     task: str | None
     updated_at: str
-    score: float  # bm25 of its best hit (or, broad query, minus its newest match's position): lower first
+    # bm25 of its best hit; for a broad query minus its newest match's position. Lower first.
+    score: float
     matches: int  # events of the session that match
     hits: list[SearchHit]
 
