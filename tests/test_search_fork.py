@@ -216,8 +216,12 @@ class TestSearch:
         assert err.value.data["path"] == "$.cursor"
 
     async def test_reindex_rebuilds_and_verify_finds_a_stale_index(
-            self, daemon: Daemon, client: AsyncClient) -> None:
-        """The index is a read model: verify notices an entry gone; reindex puts it back."""
+            self, daemon: Daemon, client: AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The index is a read model: verify notices an entry gone; reindex puts it back,
+        a few positions per transaction, with writes and deletes between them."""
+        from sessiond_daemon import search_fork
+        await build(client, seed=3)
+        before = {q: {s.session_id for s in await everything(client, q)} for q, _ in QUERIES}
         await client.create_session("r1", task="rebuild me")
         await client.append_message("r1", "user", "quokka")
         position = (await client.read_events("r1", from_version=2)).events[0].position
@@ -233,8 +237,17 @@ class TestSearch:
         assert (await client.search("quokka")).sessions == []
         report = await client.verify()
         assert not report.ok and "not indexed" in report.problems[0].problem
-        assert (await client.reindex()).indexed >= 2
+        monkeypatch.setattr(search_fork, "REINDEX_RANGE", 7)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.reindex)
+            for i in range(5):  # writes and deletes while it runs
+                await client.delete_session(f"s{i:02}")
+                await client.append_message("r1", "user", f"quokka {i}")
         assert [s.session_id for s in (await client.search("quokka")).sessions] == ["r1"]
+        assert (await client.search("quokka")).sessions[0].matches == 6
+        for q, _ in QUERIES:
+            found = {s.session_id for s in await everything(client, q)}
+            assert found == before[q] - {f"s{i:02}" for i in range(5)}, q
         assert (await client.verify()).ok
 
 

@@ -121,16 +121,36 @@ def index(db: sqlite3.Connection, events: list[Event]) -> None:
 
 def forget_session(db: sqlite3.Connection, session_id: str) -> None:
     """Take a session's events out of the index (before its events are deleted): an
-    external-content index is told the text it indexed, which the view recomputes."""
+    external-content index is told the text it indexed, which the view recomputes. Only
+    rows it holds: telling it of another would corrupt it (a reindex may be under way)."""
     db.execute(
         "INSERT INTO search (search, rowid, body, tags) SELECT 'delete', position, body, tags"
         " FROM search_source WHERE position IN (SELECT position FROM events"
-        f" WHERE session_id = ? AND type IN ({_TYPES_SQL}))", (session_id,))
+        f" WHERE session_id = ? AND type IN ({_TYPES_SQL}))"
+        " AND position IN (SELECT id FROM search_docsize)", (session_id,))
 
 
 def rebuild(db: sqlite3.Connection) -> int:
-    """Rebuild the whole index from the events (daemon.reindex); return its row count."""
+    """Rebuild the whole index from the events in one statement; return its row count."""
     db.execute("INSERT INTO search (search) VALUES ('rebuild')")
+    return int(db.execute("SELECT COUNT(*) FROM search_docsize").fetchone()[0])
+
+
+def clear(db: sqlite3.Connection) -> int:
+    """Empty the index (the first step of daemon.reindex); return the last position, up to
+    which rebuild_range must then be run (the writer indexes what comes after)."""
+    db.execute("INSERT INTO search (search) VALUES ('delete-all')")
+    return int(db.execute("SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0])
+
+
+def rebuild_range(db: sqlite3.Connection, after: int, upto: int) -> None:
+    """Index the events with after < position <= upto that the index does not hold."""
+    db.execute("INSERT INTO search (rowid, body, tags) SELECT position, body, tags"
+               " FROM search_source WHERE position > ? AND position <= ?"
+               " AND position NOT IN (SELECT id FROM search_docsize)", (after, upto))
+
+
+def count(db: sqlite3.Connection) -> int:
     return int(db.execute("SELECT COUNT(*) FROM search_docsize").fetchone()[0])
 
 

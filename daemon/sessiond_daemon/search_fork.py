@@ -13,6 +13,7 @@ from . import forks, search
 from .service import Service, _normalise_time
 
 log = structlog.get_logger("sessiond.search")
+REINDEX_RANGE = 50_000  # positions per transaction: about a second of work
 
 
 class SearchAndFork:
@@ -41,17 +42,30 @@ class SearchAndFork:
         return await forks.forks_of(self.store, p, state)
 
     async def daemon_reindex(self, p: rpc.NoParams, meta: EventMeta) -> rpc.ReindexResult:
-        """Rebuild the read models of search and forks from the events (writes wait)."""
-        def run(con: sqlite3.Connection) -> rpc.ReindexResult:
-            indexed = search.rebuild(con)
+        """Rebuild the read models of search and forks from the events.
+
+        The index is emptied, then refilled a range of positions per transaction, so the
+        writer's batches go on between ranges (a long single transaction would hold every
+        write, and systemd's watchdog would restart the daemon). Meanwhile search finds
+        only what is refilled; deletes skip rows not yet back (search.forget_session)."""
+        top = await self.store.on_writer(search.clear)
+        done = 0
+        while done < top:
+            upto = min(top, done + REINDEX_RANGE)
+            await self.store.on_writer(
+                lambda con, after=done, upto=upto: search.rebuild_range(con, after, upto))
+            done = upto
+
+        def relink(con: sqlite3.Connection) -> int:
             con.execute("DELETE FROM forks")
             con.execute(
                 "INSERT INTO forks (session_id, source_id, version, forked_at, position)"
                 " SELECT session_id, json_extract(data, '$.from.session_id'),"
                 " json_extract(data, '$.from.version'), recorded_at, position FROM events"
                 " WHERE type = 'session.forked'")
-            n = con.execute("SELECT COUNT(*) FROM forks").fetchone()[0]
-            return rpc.ReindexResult(indexed=indexed, forks=int(n))
-        result = await self.store.on_writer(run)
+            return int(con.execute("SELECT COUNT(*) FROM forks").fetchone()[0])
+        linked = await self.store.on_writer(relink)
+        result = rpc.ReindexResult(indexed=await self.store.on_reader(search.count),
+                                   forks=linked)
         log.info("search.reindexed", indexed=result.indexed, forks=result.forks)
         return result
