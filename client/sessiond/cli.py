@@ -395,6 +395,9 @@ def render_search(r: Any) -> None:
             where = (f"#{h.sequence} {h.role}" if h.sequence is not None else h.type)
             gone = "" if h.current is not False else " (taken out)"
             console.print(f"    {where}{gone}: {text}", highlight=False)
+    if not r.complete:
+        console.print("(only the newest 5,000 matches were ranked: add words or filters"
+                      " to reach older sessions)", highlight=False)
     if r.next_cursor:
         console.print(f"more: --cursor {r.next_cursor}", highlight=False)
 
