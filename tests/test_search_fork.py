@@ -289,6 +289,31 @@ class TestFork:
         await client.delete_session("e1-fork")
         await client.delete_session("e1")
 
+    async def test_a_fork_and_its_sources_deletion_never_both_happen(
+            self, client: AsyncClient) -> None:
+        """Sent together, either the fork is made and the delete refused, or the source is
+        deleted and the fork finds nothing: never a fork whose source is gone."""
+        from sessiond import SessiondError
+        for i in range(20):
+            src = f"race-{i}"
+            await client.create_session(src)
+            await client.append_message(src, "user", "shared")
+            results: dict[str, Any] = {}
+
+            async def attempt(name: str, call: Any) -> None:
+                try:
+                    results[name] = await call
+                except SessiondError as exc:
+                    results[name] = exc
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(attempt, "fork", client.fork(src, new_session_id=f"{src}-f"))
+                tg.start_soon(attempt, "delete", client.delete_session(src))
+            forked = not isinstance(results["fork"], SessiondError)
+            deleted = results["delete"] is True
+            assert forked != deleted, results
+        assert (await client.verify()).ok
+
     async def test_idempotent_under_a_key(self, client: AsyncClient) -> None:
         await client.create_session("k1")
         await client.append_message("k1", "user", "hello")

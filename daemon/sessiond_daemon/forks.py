@@ -14,7 +14,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 import msgspec
 from sessiond_schemas import rpc
@@ -159,6 +163,27 @@ async def link_problems(store: SqliteStore, state: SessionState,
 
 # --- the methods ---------------------------------------------------------------------------
 
+_guards: dict[str, tuple[anyio.Lock, int]] = {}
+
+
+@asynccontextmanager
+async def guard(session_id: str) -> AsyncIterator[None]:
+    """Hold a session as a source: a fork of it (from reading it to committing the fork)
+    and its deletion (from counting its forks to committing) never interleave. One daemon
+    holds the database (its lock file), so a lock in the process is enough."""
+    lock, users = _guards.get(session_id, (anyio.Lock(), 0))
+    _guards[session_id] = (lock, users + 1)
+    try:
+        async with lock:
+            yield
+    finally:
+        lock, users = _guards[session_id]
+        if users == 1:
+            del _guards[session_id]
+        else:
+            _guards[session_id] = (lock, users - 1)
+
+
 
 def _fork_id(source: str, key: str) -> str:
     """The id a keyed fork gets when none is given: a retry finds the same session."""
@@ -168,6 +193,11 @@ def _fork_id(source: str, key: str) -> str:
 
 async def fork(service: Service, p: rpc.SessionForkParams, meta: EventMeta) -> Any:
     """session.fork: a new session whose history is the source's up to at_version."""
+    async with guard(p.session_id):
+        return await _fork(service, p, meta)
+
+
+async def _fork(service: Service, p: rpc.SessionForkParams, meta: EventMeta) -> Any:
     from .writer import Import  # here: the writer imports the store, which imports us
 
     current = await service.state(p.session_id)

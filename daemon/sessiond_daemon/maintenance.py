@@ -149,8 +149,6 @@ class Maintenance:
         sid = events[0].session_id
         mark = _history_mark(events, meta)
         await forks.check_import(self.store, events[0])
-        if p.on_conflict == "replace":
-            await forks.refuse_if_forked(self.store, sid, "replaced by an import")
         clash = await self.store.foreign_event_ids(sid, [e.event_id for e in events])
         if clash:
             raise _import_failed(f"event {clash[0]} is already stored in another session")
@@ -169,7 +167,10 @@ class Maintenance:
             return Import(events + mark, by_event, replace=p.on_conflict == "replace")
 
         try:
-            return await self.service._submit(p, meta, plan, session_id=sid)
+            async with forks.guard(sid):
+                if p.on_conflict == "replace":
+                    await forks.refuse_if_forked(self.store, sid, "replaced by an import")
+                return await self.service._submit(p, meta, plan, session_id=sid)
         except SessionExistsError:
             if p.on_conflict != "skip":
                 raise

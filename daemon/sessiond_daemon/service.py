@@ -345,12 +345,13 @@ class Service:
         return await self._submit(p, meta, plan)
 
     async def session_delete(self, p: rpc.SessionDeleteParams, meta: EventMeta) -> msgspec.Raw:
-        await forks.refuse_if_forked(self.store, p.session_id, "deleted")
         def plan(state: SessionState | None) -> Delete:
             require(state, p.session_id)
             return Delete(rpc.DeleteResult(deleted=True))
 
-        return await self._submit(p, meta, plan)
+        async with forks.guard(p.session_id):  # its forks share its history
+            await forks.refuse_if_forked(self.store, p.session_id, "deleted")
+            return await self._submit(p, meta, plan)
 
     # --- messages -------------------------------------------------------------------
 
