@@ -410,7 +410,7 @@ def _render_console() -> Any:
 @command("search", render_search)
 def _search(c: Client, a: argparse.Namespace) -> Any:
     return c.search(a.query, status=a.status or None, namespace=a.namespace,
-                    actor_name=a.actor, since=_when(a.since), until=_when(a.until),
+                    actor_name=a.actor, since=a.since, until=a.until,
                     limit=a.limit, hits=a.hits, cursor=a.cursor,
                     mark=None if a.json else list(_MARK))
 
@@ -483,8 +483,10 @@ def add_search_fork_commands(cmd: Callable[..., argparse.ArgumentParser]) -> Non
     sp.add_argument("--status", action="append", choices=STATUSES)
     sp.add_argument("--namespace")
     sp.add_argument("--actor")
-    sp.add_argument("--since", help="matches since: 7d, 12h, 30m ago, or an RFC 3339 time")
-    sp.add_argument("--until", help="matches before: 7d, 12h, 30m ago, or an RFC 3339 time")
+    sp.add_argument("--since", type=_when,
+                    help="matches since: 7d, 12h, 30m ago, or an RFC 3339 time")
+    sp.add_argument("--until", type=_when,
+                    help="matches before: 7d, 12h, 30m ago, or an RFC 3339 time")
     sp.add_argument("--limit", type=int, help="sessions per page (default 20)")
     sp.add_argument("--hits", type=int, help="snippets per session (default 3)")
     sp.add_argument("--cursor")
