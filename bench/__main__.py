@@ -21,6 +21,7 @@ import anyio
 from sessiond import AsyncClient
 
 from . import baseline
+from . import search as search_bench
 from .daemon import DaemonProcess, cpu_s
 
 anyio_open = asyncio.open_unix_connection
@@ -198,6 +199,11 @@ class Bench:
             d.stop()
         if self.wanted("B7"):
             await self.b7()
+        sizes = search_bench.QUICK if self.sizes is QUICK else search_bench.FULL
+        for fid, run in (("B13a", search_bench.append_overhead), ("B13", search_bench.b13)):
+            if self.wanted(fid):
+                for fig in await run(self.dir, sizes):
+                    self.add(Figure(**fig))
 
     async def _appends(self, d: DaemonProcess, total: int) -> float:
         """16 clients appending ~200 B messages to one session: appends/s."""

@@ -169,3 +169,132 @@ async def test_stored_view_equals_fresh_fold(daemon: Daemon, client: AsyncClient
         else:
             del conversation[data["from_sequence"]:]
     assert [m.content for m in messages] == conversation
+
+
+IDENTITY = ("session_id", "forked_from")  # what a fork's view has of its own (docs/protocol.md)
+
+
+def shared(state: SessionState) -> dict[str, Any]:
+    """A view without the fields that identify its session."""
+    return {k: v for k, v in msgspec.to_builtins(state).items() if k not in IDENTITY}
+
+
+async def conversation_of(daemon: Daemon, client: AsyncClient, sid: str) -> list[str]:
+    """The conversation the message events say, through a fork's source up to its point."""
+    state = await client.get_session(sid)
+    events = await all_events(client, sid)
+    conversation: list[str] = []
+    if state.forked_from is not None:
+        source = state.forked_from
+        conversation = (await conversation_at(daemon, client, source.session_id, source.version))
+    for e in events:
+        if e.type == "message.appended":
+            conversation.append(e.data["content"])
+        elif e.type == "messages.truncated":
+            del conversation[e.data["from_sequence"]:]
+    return conversation
+
+
+async def conversation_at(daemon: Daemon, client: AsyncClient, sid: str,
+                          version: int) -> list[str]:
+    state = await client.get_session(sid)
+    conversation: list[str] = []
+    if state.forked_from is not None and state.forked_from.version < version:
+        source = state.forked_from
+        conversation = await conversation_at(daemon, client, source.session_id, source.version)
+    elif state.forked_from is not None:
+        return await conversation_at(daemon, client, state.forked_from.session_id, version)
+    for e in await all_events(client, sid):
+        if e.version > version:
+            break
+        if e.type == "message.appended":
+            conversation.append(e.data["content"])
+        elif e.type == "messages.truncated":
+            del conversation[e.data["from_sequence"]:]
+    return conversation
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(before=st.lists(commands, min_size=1, max_size=12),
+       after_source=st.lists(commands, max_size=6),
+       after_fork=st.lists(commands, max_size=8),
+       cut=st.floats(0, 1), cut2=st.floats(0, 1), twice=st.booleans())
+async def test_forks_fold_and_travel_like_their_source(
+        daemon: Daemon, client: AsyncClient, before: list[tuple[Any, ...]],
+        after_source: list[tuple[Any, ...]], after_fork: list[tuple[Any, ...]],
+        cut: float, cut2: float, twice: bool) -> None:
+    """Fork at any version (and a fork of the fork): the fork's view == fold(its events),
+    its chain goes on from the source's hash, its past at or below the fork point is the
+    source's past, and its conversation is the source's up to the point, then its own."""
+    source = f"prop-{next(counter)}"
+    await client.create_session(source)
+    for cmd in before:
+        try:
+            await run_command(client, source, cmd)
+        except SessiondError:
+            pass
+    n = (await client.get_session(source)).version
+    at = max(1, round(cut * n))
+    fork = (await client.fork(source, at_version=at)).session_id
+    for cmd in after_source:  # the source moves on; the fork keeps what it had
+        try:
+            await run_command(client, source, cmd)
+        except SessiondError:
+            pass
+    for cmd in after_fork:
+        try:
+            await run_command(client, fork, cmd)
+        except SessiondError:
+            pass
+    chain = [(source, at, fork)]
+    if twice:
+        m = (await client.get_session(fork)).version
+        at2 = max(1, round(cut2 * m))
+        child = (await client.fork(fork, at_version=at2)).session_id
+        chain.append((fork, at2, child))
+
+    for parent, point, sid in chain:
+        events = await all_events(client, sid)
+        assert events[0].type == "session.forked"
+        assert [e.version for e in events] == list(range(point + 1, point + 1 + len(events)))
+        fresh = fold(None, events)
+        served = await client.get_session(sid)
+        [(stored_json,)] = daemon.sql("SELECT state FROM sessions WHERE session_id = ?", sid)
+        assert msgspec.to_builtins(served) == msgspec.to_builtins(fresh)
+        assert msgspec.to_builtins(
+            msgspec.json.decode(stored_json, type=SessionState)) == msgspec.to_builtins(fresh)
+        assert served.forked_from is not None
+        assert (served.forked_from.session_id, served.forked_from.version) == (parent, point)
+
+        # The chain starts from the source's hash at the fork point.
+        [at_point] = [e for e in (await client.read_events(
+            parent, from_version=min(point, (await client.get_session(parent)).version)
+        )).events if e.version == point] or [None]
+        start_hash = events[0].data["from"]["hash"]
+        if at_point is not None:
+            assert at_point.hash == start_hash
+        prev = start_hash
+        for e in events:
+            prev = chain_hash(prev, e)
+            assert e.hash == prev
+
+        # At or below the fork point, the fork's past is the source's past.
+        for v in sorted({1, point // 2, point} - {0}):
+            mine = await client.get_session(sid, at_version=v)
+            theirs = await client.get_session(parent, at_version=v)
+            assert shared(mine) == shared(theirs)
+            assert mine.session_id == sid and mine.forked_from == served.forked_from
+        # Above it, the fold of its own events.
+        for k in sorted({1, len(events)}):
+            past = await client.get_session(sid, at_version=point + k)
+            assert msgspec.to_builtins(past) == msgspec.to_builtins(fold(None, events[:k]))
+
+        messages = (await client.list_messages(sid, limit=1000)).messages
+        assert [m.sequence for m in messages] == list(range(fresh.message_count))
+        assert [m.content for m in messages] == await conversation_of(daemon, client, sid)
+
+    forks = await client.forks(source)
+    assert [f.session_id for f in forks.forks] == [fork] and forks.count == 1
+    report = await client.verify()
+    assert report.ok, report.problems

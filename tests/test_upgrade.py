@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -63,6 +64,19 @@ def builtins(value: Any) -> Any:
     return msgspec.to_builtins(value)
 
 
+async def sessions_found(c: AsyncClient, content: str) -> set[str]:
+    """Every session that session.search finds for the words of `content` (as a phrase)."""
+    words = re.findall(r"\w+", content)
+    found: set[str] = set()
+    cursor = None
+    while True:
+        page = await c.search('"' + " ".join(words) + '"', limit=100, cursor=cursor)
+        found |= {s.session_id for s in page.sessions}
+        if page.next_cursor is None:
+            return found
+        cursor = page.next_cursor
+
+
 @pytest.fixture(params=FOLDERS, ids=[p.name for p in FOLDERS])
 def old(request: pytest.FixtureRequest, short_dir: str) -> Iterator[tuple[Path, str]]:
     """(release folder, a copy of its database in a private directory)."""
@@ -104,6 +118,9 @@ async def test_upgrade_serves_what_the_release_served(old: tuple[Path, str],
                 assert common(builtins(then), past, f"{sid}@{version}") == []
             messages = (await c.list_messages(sid, limit=1000)).messages
             assert common(builtins(messages), served["messages"], f"{sid} messages") == []
+            # Migration 4 indexed the old messages: search finds each one's session.
+            for m in messages[:3]:
+                assert sid in await sessions_found(c, m.content), (sid, m.content)
             events = (await c.read_events(sid, limit=1000)).events
             assert common(builtins(events), served["events"], f"{sid} events") == []
             for cp in served["checkpoints"]:
@@ -210,8 +227,9 @@ def test_a_failed_migration_leaves_the_database_as_it_was(short_dir: str) -> Non
                              "--socket", os.path.join(short_dir, "s"), "--log-format", "json"],
                             capture_output=True, text=True, timeout=60)
     assert failed.returncode == 78, failed.stderr
-    assert "migration 4" in failed.stderr and "still at schema version 1" in failed.stderr
-    assert schema_of(db) == before  # not even migrations 2 and 3, nor `extra`
+    assert f"migration {LATEST + 1}" in failed.stderr
+    assert "still at schema version 1" in failed.stderr
+    assert schema_of(db) == before  # not even migrations 2 to LATEST, nor `extra`
     assert os.path.exists(db + ".schema-1.bak")
 
 

@@ -206,6 +206,29 @@ class Methods:
         return self._call("session.trajectory", rpc.TrajectoryResult, lambda r: r.steps,
                           session_id=session_id, full=full, max_output_len=max_output_len)
 
+    # --- search and fork ----------------------------------------------------------------
+
+    def search(self, query: str, **options: Any) -> Any:
+        """Sessions whose text matches an FTS5 query, best first, with snippets (status,
+        namespace, actor_name, since, until, limit, hits, mark, cursor). -> SearchResult."""
+        return self._call("session.search", rpc.SearchResult, query=query, **options)
+
+    def fork(self, session_id: str, at_version: int | None = None,
+             new_session_id: str | None = None, **options: Any) -> Any:
+        """A new session whose history is this one's up to at_version (default: now).
+        -> SessionState (the fork's)."""
+        return self._call("session.fork", SessionState, session_id=session_id,
+                          at_version=at_version, new_session_id=new_session_id, **options)
+
+    def forks(self, session_id: str, **page: Any) -> Any:
+        """A session's forks by id (limit, cursor), its count and its own source.
+        -> ForksResult."""
+        return self._call("session.forks", rpc.ForksResult, session_id=session_id, **page)
+
+    def reindex(self) -> Any:
+        """Rebuild the search index and the fork links from the events. -> ReindexResult."""
+        return self._call("daemon.reindex", rpc.ReindexResult)
+
 
 def request_line(request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
     """The request object; `None` params are left out so the daemon's defaults apply."""

@@ -512,6 +512,145 @@ def _top(c: Client, a: argparse.Namespace) -> Any:
     return _STREAMED
 
 
+# --- search and fork ---------------------------------------------------------------------
+
+_MARK = ("\x02", "\x03")  # sessionctl's own marks, turned into highlighting when shown
+
+
+def _when(text: str | None) -> str | None:
+    """7d, 12h, 30m ago as an RFC 3339 time; an RFC 3339 time as it is."""
+    if text is None:
+        return None
+    from datetime import UTC, datetime, timedelta
+    try:
+        datetime.fromisoformat(text)
+        return text
+    except ValueError:
+        at = datetime.now(UTC) - timedelta(days=_days(text))
+        return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def render_search(r: Any) -> None:
+    from rich.markup import escape
+    console = _render_console()
+    if not r.sessions:
+        console.print("no session matches")
+    for s in r.sessions:
+        console.print(f"[bold]{s.session_id}[/bold]  {s.status}  {s.actor_name or '-'}  "
+                      f"{escape((s.task or '')[:80])}  ({s.matches} matching)", highlight=False)
+        for h in s.hits:
+            text = escape(h.snippet.replace("\n", " ")).replace(
+                _MARK[0], "[bold yellow]").replace(_MARK[1], "[/bold yellow]")
+            where = (f"#{h.sequence} {h.role}" if h.sequence is not None else h.type)
+            gone = "" if h.current is not False else " (taken out)"
+            console.print(f"    {where}{gone}: {text}", highlight=False)
+    if not r.complete:
+        console.print("(only the newest 5,000 matches were ranked: add words or filters"
+                      " to reach older sessions)", highlight=False)
+    if r.next_cursor:
+        console.print(f"more: --cursor {r.next_cursor}", highlight=False)
+
+
+def _render_console() -> Any:
+    from rich.console import Console
+    return Console()
+
+
+@command("search", render_search)
+def _search(c: Client, a: argparse.Namespace) -> Any:
+    return c.search(a.query, status=a.status or None, namespace=a.namespace,
+                    actor_name=a.actor, since=a.since, until=a.until,
+                    limit=a.limit, hits=a.hits, cursor=a.cursor,
+                    mark=None if a.json else list(_MARK))
+
+
+@command("fork", lambda s: print(s.session_id))
+def _fork(c: Client, a: argparse.Namespace) -> Any:
+    return c.fork(_sid(c, a.id), at_version=a.at, new_session_id=a.new_id,
+                  idempotency_key=a.idempotency_key)
+
+
+@command("forks")
+def _forks(c: Client, a: argparse.Namespace) -> Any:
+    return c.forks(_sid(c, a.id), limit=a.limit, cursor=a.cursor)
+
+
+@command("reindex", print_kv)
+def _reindex(c: Client, a: argparse.Namespace) -> Any:
+    return c.reindex()
+
+
+class _Shown(msgspec.Struct):
+    """show's result for people: the state, and where it sits in its fork tree."""
+
+    state: Any
+    ancestors: list[Any]  # ForkLink, nearest first
+    forks: Any  # ForksResult
+
+
+def render_show(r: Any) -> None:
+    if not isinstance(r, _Shown):
+        render_state(r)
+        return
+    render_state(r.state)
+    if not r.ancestors and not r.forks.count:
+        return
+    console = _render_console()
+    console.print(f"[bold]{'fork tree':>16}[/bold]", highlight=False)
+    depth = 0
+    for link in reversed(r.ancestors):
+        console.print(f"{'':>18}{'  ' * depth}{link.session_id} @ v{link.version}",
+                      highlight=False)
+        depth += 1
+    console.print(f"{'':>18}{'  ' * depth}{r.state.session_id}  (this session)",
+                  highlight=False)
+    for f in r.forks.forks:
+        console.print(f"{'':>18}{'  ' * (depth + 1)}{f.session_id}  forked at v{f.version}",
+                      highlight=False)
+    rest = r.forks.count - len(r.forks.forks)
+    if rest > 0:
+        console.print(f"{'':>18}{'  ' * (depth + 1)}... and {rest} more"
+                      f" (sessionctl forks {r.state.session_id})", highlight=False)
+
+
+@command("show", render_show)
+def _show_with_tree(c: Client, a: argparse.Namespace) -> Any:
+    state = _show(c, a)
+    if a.json:
+        return state
+    ancestors, link = [], state.forked_from
+    while link is not None and len(ancestors) < 20:
+        ancestors.append(link)
+        link = c.get_session(link.session_id).forked_from
+    return _Shown(state, ancestors, c.forks(state.session_id, limit=20))
+
+
+def add_search_fork_commands(cmd: Callable[..., argparse.ArgumentParser]) -> None:
+    sp = cmd("search", "find sessions by their text (FTS5 query: words, \"phrases\", prefix*,"
+             " AND OR NOT)", sid=False)
+    sp.add_argument("query")
+    sp.add_argument("--status", action="append", choices=STATUSES)
+    sp.add_argument("--namespace")
+    sp.add_argument("--actor")
+    sp.add_argument("--since", type=_when,
+                    help="matches since: 7d, 12h, 30m ago, or an RFC 3339 time")
+    sp.add_argument("--until", type=_when,
+                    help="matches before: 7d, 12h, 30m ago, or an RFC 3339 time")
+    sp.add_argument("--limit", type=int, help="sessions per page (default 20)")
+    sp.add_argument("--hits", type=int, help="snippets per session (default 3)")
+    sp.add_argument("--cursor")
+    sp = cmd("fork", "make a new session whose history is this one's up to a version;"
+             " print its id")
+    sp.add_argument("--at", type=int, help="the version to fork at (default: the latest)")
+    sp.add_argument("--new-id", help="the fork's session id (default: a new ULID)")
+    sp.add_argument("--idempotency-key", help="a repeat with this key makes no second fork")
+    sp = cmd("forks", "list a session's forks")
+    sp.add_argument("--limit", type=int)
+    sp.add_argument("--cursor")
+    cmd("reindex", "rebuild the search index and fork links from the events (writes wait)",
+        sid=False)
+
+
 # --- argument parsing --------------------------------------------------------------------
 
 
@@ -659,6 +798,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--from-position", type=int, help="events after this global position")
     sp.add_argument("--limit", type=int)
     sp.add_argument("--type", action="append")
+    add_search_fork_commands(cmd)
     return p
 
 

@@ -22,7 +22,7 @@ from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, ne
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
-from . import projection
+from . import forks, projection, search
 from .service import Service
 from .histories import unreadable_error
 from .verify import SessionCheck
@@ -60,6 +60,8 @@ class Maintenance:
         problems += [rpc.VerifyProblem(session_id=sid, problem=f"stored history {problem}")
                      for sid, problem in sorted(self.writer.damaged.items())
                      if sid not in reported]
+        problems += [rpc.VerifyProblem(session_id=None, problem=text)
+                     for text in await self.store.on_reader(search.problems)]
         return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems)
 
     async def _check_session(self, sid: str) -> list[str]:
@@ -71,7 +73,10 @@ class Maintenance:
                 check.feed(page)
             raw = await self.store.state_json(sid)
             stored = msgspec.json.decode(raw, type=SessionState) if raw else None
-            return check.finish(stored)
+            found = check.finish(stored)
+            if check.state is not None and check.state.forked_from is not None:
+                found += await forks.link_problems(self.store, check.state, check.first)
+            return found
         except StorageError:
             raise  # the file itself, not this session: verify cannot go on
         except Exception as exc:
@@ -100,6 +105,7 @@ class Maintenance:
         if not statuses:
             return rpc.CleanupResult(deleted=0, session_ids=[])
         stale = await self.store.stale_sessions(statuses, cutoff, 10_000)
+        stale = [sid for sid in stale if not await forks.count(self.store, sid)]  # shared
         if p.dry_run:
             return rpc.CleanupResult(deleted=len(stale), session_ids=stale)
         deleted: list[str] = []
@@ -163,6 +169,7 @@ class Maintenance:
         events = doc.events
         sid = events[0].session_id
         mark = _history_mark(events, meta)
+        await forks.check_import(self.store, events[0])
         clash = await self.store.foreign_event_ids(sid, [e.event_id for e in events])
         if clash:
             raise _import_failed(f"event {clash[0]} is already stored in another session")
@@ -181,7 +188,10 @@ class Maintenance:
             return Import(events + mark, by_event, replace=p.on_conflict == "replace")
 
         try:
-            return await self.service._submit(p, meta, plan, session_id=sid)
+            async with forks.guard(sid):
+                if p.on_conflict == "replace":
+                    await forks.refuse_if_forked(self.store, sid, "replaced by an import")
+                return await self.service._submit(p, meta, plan, session_id=sid)
         except SessionExistsError:
             if p.on_conflict != "skip":
                 raise
@@ -237,8 +247,14 @@ def _read_document(raw: Any) -> export.ExportDocument:
         raise _import_failed(f"corrupt document: {exc}") from exc
     if not doc.events:
         raise _import_failed("the document holds no events")
-    sid, prev = doc.events[0].session_id, ""
-    for expected, e in enumerate(doc.events, start=1):
+    sid, prev, start = doc.events[0].session_id, "", 1
+    if doc.events[0].type == "session.forked":  # a fork's chain goes on from its source's
+        source = doc.events[0].data.get("from")
+        if not isinstance(source, dict) or not isinstance(source.get("version"), int) \
+                or not isinstance(source.get("hash"), str):
+            raise _import_failed("session.forked without its source's version and hash")
+        prev, start = source["hash"], source["version"] + 1
+    for expected, e in enumerate(doc.events, start=start):
         if e.session_id != sid:
             raise _import_failed(f"event {e.event_id} belongs to session {e.session_id}")
         if e.version != expected:

@@ -14,6 +14,8 @@ from typing import Final
 
 import structlog
 
+from . import search
+
 log = structlog.get_logger("sessiond.store")
 
 MIGRATIONS: Final[list[list[str]]] = [
@@ -137,6 +139,19 @@ MIGRATIONS: Final[list[list[str]]] = [
             PRIMARY KEY (app_name, user_id, key)
         ) WITHOUT ROWID""",
     ],
+    # 4: full-text search (search.py: the FTS5 index over the events, backfilled from those
+    # stored) and forks (forks.py: each fork's source; a source's forks by id).
+    [
+        *search.MIGRATION,
+        """CREATE TABLE forks (
+            session_id TEXT PRIMARY KEY,
+            source_id TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            forked_at TEXT NOT NULL,
+            position INTEGER NOT NULL
+        ) WITHOUT ROWID""",
+        "CREATE INDEX forks_by_source ON forks (source_id, session_id)",
+    ],
 ]
 
 
@@ -220,4 +235,4 @@ def _backup(con: sqlite3.Connection, target: str) -> None:
 
 
 SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
-                         "graph_checkpoints", "graph_blobs", "graph_writes", "sessions")
+                         "graph_checkpoints", "graph_blobs", "graph_writes", "forks", "sessions")

@@ -24,13 +24,14 @@ from sessiond_schemas.events import (
     ProgressRecorded,
     ResultRecorded,
     SessionCreated,
+    SessionForked,
     StateUpdated,
     StatusChanged,
     TokensRecorded,
     decode_data,
     parse_time,
 )
-from sessiond_schemas.state import Message, SessionState, Timestamps
+from sessiond_schemas.state import ForkLink, Message, SessionState, Timestamps
 
 
 class FoldError(ValueError):
@@ -67,13 +68,14 @@ def fold(state: SessionState | None, events: Iterable[Event]) -> SessionState:
     it = iter(events)
     if state is None:
         first = next(it, None)
-        if first is None or first.type != "session.created":
-            raise FoldError("a session's history must start with session.created")
+        if first is None or first.type not in ("session.created", "session.forked"):
+            raise FoldError("a session's history must start with session.created"
+                            " (or session.forked)")
         try:
-            work = _created(first)
+            work = _created(first) if first.type == "session.created" else _forked(first)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise FoldError(f"event {first.event_id} (session {first.session_id}, version"
-                            f" {first.version}, session.created) does not fold: {exc}") from exc
+                            f" {first.version}, {first.type}) does not fold: {exc}") from exc
     else:
         work = _thaw(state)
     for event in it:
@@ -173,6 +175,21 @@ def _created(event: Event) -> SessionState:
         metadata=d.metadata,
         checkpoint_enabled=d.checkpoint_enabled,
     )
+
+
+def _forked(event: Event) -> SessionState:
+    """A fork starts from its source's view at the fork point, under its own id. The pid
+    is the source's process, never the fork's: a fork is data, not a process."""
+    d = decode_data(event.type, event.data, event.schema_version)
+    assert isinstance(d, SessionForked)
+    source = msgspec.convert(d.state, SessionState)
+    work = _thaw(source)
+    work.session_id = event.session_id
+    work.version = event.version
+    work.timestamps.updated_at = event.recorded_at
+    work.pid = None
+    work.forked_from = ForkLink(session_id=d.from_.session_id, version=d.from_.version)
+    return work
 
 
 def _session_created(s: SessionState, event: Event) -> None:
@@ -375,6 +392,7 @@ def _derive(s: SessionState) -> None:
 
 _BRANCHES: dict[str, Callable[[SessionState, Event], None]] = {
     "session.created": _session_created,
+    "session.forked": _session_created,
     "session.status_changed": _status_changed,
     "message.appended": _message_appended,
     "messages.truncated": _messages_truncated,

@@ -37,6 +37,7 @@ from .executors import Executors
 from .graphs import Graphs
 from .maintenance import Maintenance
 from .metrics import NO_METRICS, Hooks
+from .search_fork import SearchAndFork
 from .service import VERSION, Service, invalid_params
 from .store import page_budget
 from .subscriptions import Subscriptions
@@ -119,7 +120,8 @@ class Server:
                  grants: Grants = Grants()) -> None:
         self.service = service
         self.grants = grants  # what other allowed uids may call
-        providers = [service, Maintenance(service), Graphs(service), executors]
+        providers = [service, Maintenance(service), Graphs(service), SearchAndFork(service),
+                     executors]
         self.limits = limits
         self.allowed_uids = allowed_uids
         self.allowed_gids = allowed_gids

@@ -37,7 +37,7 @@ from sessiond_schemas.events import (
 )
 from sessiond_schemas.state import Message, SessionState
 
-from . import projection
+from . import forks, projection
 from .histories import unreadable_error
 from .store import Page, SessionFilters, SqliteStore, page_budget, repage
 from .writer import Command, Delete, Plan, Planner, Writer
@@ -79,11 +79,12 @@ APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
     "graph.checkpoint": None,
     "graph.writes": None,
     "graph.pruned": None,
+    "session.forked": None,
 }
 _INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint.save",
             "messages.truncated": "message.pop or message.clear",
             "graph.checkpoint": "graph.put", "graph.writes": "graph.put_writes",
-            "graph.pruned": "graph.prune or graph.delete_runs"}
+            "graph.pruned": "graph.prune or graph.delete_runs", "session.forked": "session.fork"}
 # Written only by the daemon's executor runner: their pids are what it signals, so a
 # client never writes them (docs/security.md). Imported copies are history only.
 RUNNER_ONLY = frozenset({"process.started", "process.output", "process.exited",
@@ -286,9 +287,12 @@ class Service:
                 f"at_version {p.at_version} is past session {p.session_id}'s version {current.version}",
                 {"detail": "at_version too large", "path": "$.at_version"},
             )
+        link = current.forked_from
+        if link is not None and p.at_version <= link.version:  # a fork's shared history
+            return await forks.state_in_source(self, current, p.at_version, meta)
         # Fold forward from the nearest snapshot: at most snapshot_every events to read.
         base = await self.store.snapshot(p.session_id, p.at_version)
-        start = base.version + 1 if base is not None else 1
+        start = base.version + 1 if base is not None else (link.version + 1 if link else 1)
         events = await self.store.read_events(
             session_id=p.session_id, from_version=start, after_position=0,
             limit=p.at_version - start + 1, types=None)
@@ -363,7 +367,9 @@ class Service:
             require(state, p.session_id)
             return Delete(rpc.DeleteResult(deleted=True))
 
-        return await self._submit(p, meta, plan)
+        async with forks.guard(p.session_id):  # its forks share its history
+            await forks.refuse_if_forked(self.store, p.session_id, "deleted")
+            return await self._submit(p, meta, plan)
 
     # --- messages -------------------------------------------------------------------
 

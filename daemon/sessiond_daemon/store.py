@@ -29,8 +29,10 @@ from sessiond_schemas.events import Event, EventMeta, MessageAppended
 from sessiond_schemas.rpc import CheckpointGetResult, CheckpointInfo
 from sessiond_schemas.state import Message, SessionState, SessionSummary, TokenUsage
 
+from . import forks
 from . import host
 from . import migrations
+from . import search
 from .migrations import SESSION_TABLES
 
 log = structlog.get_logger("sessiond.store")
@@ -120,6 +122,7 @@ async def _connect(path: str, synchronous: str, *, query_only: bool) -> aiosqlit
     await db.execute(f"PRAGMA synchronous = {synchronous}")
     if query_only:
         await db.execute("PRAGMA query_only = ON")
+    await search.register_async(db)  # the search index's text function
     return db
 
 
@@ -196,6 +199,7 @@ class SqliteStore:
         self._con = con
         con.execute("PRAGMA busy_timeout = 5000")
         con.execute("PRAGMA foreign_keys = ON")
+        search.register(con)  # before migration 4 builds the index with it
         migrations.refuse_newer(con, self.path)  # before anything is changed
         # synchronous is per connection and never stored in the file: set it on each.
         con.execute(f"PRAGMA synchronous = {self.synchronous}")
@@ -380,6 +384,7 @@ class SqliteStore:
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
         for sid in batch.deletes:
+            search.forget_session(db, sid)
             for table in SESSION_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
         if batch.events:
@@ -393,6 +398,7 @@ class SqliteStore:
                     for e in batch.events
                 ],
             )
+            search.index(db, batch.events)
             # The indexes of messages and graphs, in event order: a truncation or a prune
             # removes what came before it.
             messages: list[tuple[str, int, int]] = []
@@ -408,6 +414,10 @@ class SqliteStore:
                     _index_graph_event(db, e)
                 elif e.type == "state.updated":
                     _index_scoped_state(db, e)
+                elif e.type == "session.forked":
+                    _insert_messages(db, messages)
+                    messages = []
+                    forks.index(db, e)
             _insert_messages(db, messages)
             checkpoints = [
                 (e.session_id, e.data["checkpoint_id"], e.position, e.version,
@@ -443,6 +453,34 @@ class SqliteStore:
             )
 
     # --- reads (read connections; one statement each, so no transaction spans awaits) ---
+
+    async def on_reader(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` with a read connection on that connection's thread (several statements,
+        one hop); driver errors become -32012."""
+        db = self._r()
+        try:
+            return await db._execute(fn, db._conn)  # aiosqlite's own thread for this connection
+        except sqlite3.Error as exc:
+            raise _storage_error(exc) from exc
+
+    async def on_writer(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` in a transaction of its own on the write connection (maintenance)."""
+        def run() -> T:
+            con = self._w
+            self._check_identity()
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(con)
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
+            return result
+        try:
+            return await self._on_writer(run)
+        except sqlite3.Error as exc:
+            raise _storage_error(exc) from exc
 
     async def state_json(self, session_id: str) -> bytes | None:
         row = await self._one(

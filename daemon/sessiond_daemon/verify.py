@@ -20,9 +20,15 @@ class SessionCheck:
         self.state: SessionState | None = None
         self._hash = ""
         self._version = 0
+        self.first: Event | None = None  # a fork's session.forked event
 
     def feed(self, events: list[Event]) -> None:
         for event in events:
+            if self.state is None and event.type == "session.forked":
+                # A fork's versions and chain go on from its source's (forks.link_problems).
+                self.first = event
+                self._version = event.data["from"]["version"]
+                self._hash = event.data["from"]["hash"]
             if event.version != self._version + 1:
                 self.problems.append(f"version {self._version + 1} is missing"
                                      f" (next stored is {event.version})")

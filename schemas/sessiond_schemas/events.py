@@ -287,6 +287,23 @@ class ProcessDetached(msgspec.Struct, kw_only=True):
     reason: str
 
 
+class ForkSource(msgspec.Struct, kw_only=True):
+    """Where a fork's history comes from: a session, a version of it, and its hash there."""
+
+    session_id: str
+    version: NonNegInt
+    hash: str
+
+
+class SessionForked(msgspec.Struct, kw_only=True):
+    """The first event of a fork (sessiond extension, session.fork): its versions go on from
+    `from.version`, its hash chain from `from.hash`, and `state` is the source's view at
+    that version, which the fold starts from (so a fork folds without its source)."""
+
+    from_: ForkSource = msgspec.field(name="from")
+    state: dict[str, Any]
+
+
 DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "session.created": SessionCreated,
     "session.status_changed": StatusChanged,
@@ -309,6 +326,7 @@ DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "graph.writes": GraphWrites,
     "graph.pruned": GraphPruned,
     "state.updated": StateUpdated,
+    "session.forked": SessionForked,
 }
 EVENT_TYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
 EventType = Literal[
@@ -317,6 +335,7 @@ EventType = Literal[
     "result.recorded", "problem.recorded", "decision.recorded", "plan.linked",
     "process.started", "process.output", "process.exited", "process.detached",
     "messages.truncated", "graph.checkpoint", "graph.writes", "graph.pruned", "state.updated",
+    "session.forked",
 ]
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from .bounds import Float64, Int64, NonNegInt
+from .bounds import Float64, Int64, NonNegInt, PosInt
 
 
 class Timestamps(msgspec.Struct, kw_only=True):
@@ -64,6 +64,13 @@ class Message(msgspec.Struct, kw_only=True):
     metadata: dict[str, Any] = {}
 
 
+class ForkLink(msgspec.Struct, kw_only=True):
+    """A fork's source: the session and the version its history was taken at."""
+
+    session_id: str
+    version: PosInt
+
+
 class SessionState(msgspec.Struct, kw_only=True):
     """Everything the seeds keep about a session, derived only from its events.
 
@@ -112,6 +119,8 @@ class SessionState(msgspec.Struct, kw_only=True):
     duration_ms: Int64 = 0
     is_resumable: bool = False
     is_resumable_from_checkpoint: bool = False
+    # Set only on a fork (session.fork): where its history up to `version` comes from.
+    forked_from: ForkLink | None = None
 
     def to_session_state_dict(self) -> dict[str, Any]:
         """Return the seed's executor resume dict (paused_at, resume_from, memory, next_node)."""

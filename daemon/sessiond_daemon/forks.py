@@ -1,0 +1,278 @@
+"""Forks: a new session whose history is another's up to a version (session.fork).
+
+A fork references its source's history instead of copying it. Its first event,
+`session.forked` at version `at_version + 1`, names the source, the version and the
+source's hash there, and carries the source's view at that version, which the fold
+starts from; its hash chain goes on from the source's hash. What it shares is read from
+the source: time travel at or below the fork point, and the message and checkpoint
+indexes (rows pointing at the source's events, written with the session.forked event).
+So a source with forks cannot be deleted (or replaced by an import) while they exist.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+import msgspec
+from sessiond_schemas import rpc
+from sessiond_schemas.errors import (
+    InvalidParamsError,
+    InvalidTransitionError,
+    SessionExistsError,
+    SessionImportError,
+)
+from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
+from sessiond_schemas.export import chain_hash
+from sessiond_schemas.state import SessionState
+
+if TYPE_CHECKING:
+    from .service import Service
+    from .store import SqliteStore
+
+_json = msgspec.json.Encoder()
+
+
+# --- the writer's side (inside the batch transaction) --------------------------------------
+
+
+def index(db: sqlite3.Connection, e: Event) -> None:
+    """Record the link, and give the fork the source's messages and checkpoints as they
+    were at the fork point (rows pointing at the source's events)."""
+    source, version = e.data["from"]["session_id"], e.data["from"]["version"]
+    db.execute("INSERT OR REPLACE INTO forks (session_id, source_id, version, forked_at,"
+               " position) VALUES (?, ?, ?, ?, ?)",
+               (e.session_id, source, version, e.recorded_at, e.position))
+    at = _position_at(db, source, version)
+    if at is None:
+        return  # the source is gone: verify reports it
+    count = int(e.data["state"].get("message_count", 0))
+    # The source's conversation now, cut at the fork point. A message the source took out
+    # and appended again after the fork point is missing here and found below.
+    db.execute("INSERT INTO messages (session_id, sequence, position) SELECT ?, sequence,"
+               " position FROM messages WHERE session_id = ? AND sequence < ? AND position <= ?",
+               (e.session_id, source, count, at))
+    have = {r[0] for r in db.execute("SELECT sequence FROM messages WHERE session_id = ?"
+                                     " AND sequence < ?", (e.session_id, count))}
+    if len(have) < count:
+        missing = set(range(count)) - have
+        db.executemany("INSERT INTO messages (session_id, sequence, position) VALUES (?, ?, ?)",
+                       [(e.session_id, seq, pos)
+                        for seq, pos in _find_messages(db, source, version, missing).items()])
+    db.execute("INSERT OR REPLACE INTO checkpoints (session_id, checkpoint_id, position, version,"
+               " node_id, resume_from, created_at, size, payload) SELECT ?, checkpoint_id,"
+               " position, version, node_id, resume_from, created_at, size, payload"
+               " FROM checkpoints WHERE session_id = ? AND version <= ?",
+               (e.session_id, source, version))
+
+
+def _link(db: sqlite3.Connection, session_id: str) -> tuple[str, int] | None:
+    row = db.execute("SELECT source_id, version FROM forks WHERE session_id = ?",
+                     (session_id,)).fetchone()
+    return (row[0], int(row[1])) if row else None
+
+
+def _position_at(db: sqlite3.Connection, session_id: str, version: int) -> int | None:
+    """Position of the event at `version` of a session's history (in an ancestor when that
+    version is at or below the session's fork point)."""
+    while True:
+        link = _link(db, session_id)
+        if link is None or version > link[1]:
+            row = db.execute("SELECT position FROM events WHERE session_id = ? AND version = ?",
+                             (session_id, version)).fetchone()
+            return int(row[0]) if row else None
+        session_id = link[0]
+
+
+def _find_messages(db: sqlite3.Connection, session_id: str, version: int,
+                   missing: set[int]) -> dict[int, int]:
+    """sequence -> position of the message each sequence held at `version`: the last
+    message.appended with that sequence at or before it, walking up through sources."""
+    found: dict[int, int] = {}
+    while missing:
+        for data, position in db.execute(
+                "SELECT data, position FROM events WHERE session_id = ? AND version <= ?"
+                " AND type = 'message.appended' ORDER BY version", (session_id, version)):
+            seq = msgspec.json.decode(data)["sequence"]
+            if seq in missing:
+                found[seq] = position  # later ones win
+        missing -= found.keys()
+        link = _link(db, session_id)
+        if link is None:
+            break
+        session_id, version = link[0], min(version, link[1])
+    return found
+
+
+# --- reads ---------------------------------------------------------------------------------
+
+
+async def hash_at(store: SqliteStore, session_id: str, version: int) -> str | None:
+    """The chain hash of a session's history at `version` (an ancestor's, below its fork)."""
+    def read(con: sqlite3.Connection) -> str | None:
+        sid = session_id
+        while True:
+            link = _link(con, sid)
+            if link is None or version > link[1]:
+                row = con.execute("SELECT hash FROM events WHERE session_id = ? AND version = ?",
+                                  (sid, version)).fetchone()
+                return str(row[0]) if row else None
+            sid = link[0]
+    return await store.on_reader(read)
+
+
+async def count(store: SqliteStore, session_id: str) -> int:
+    def read(con: sqlite3.Connection) -> int:
+        return int(con.execute("SELECT COUNT(*) FROM forks WHERE source_id = ?",
+                               (session_id,)).fetchone()[0])
+    return await store.on_reader(read)
+
+
+async def refuse_if_forked(store: SqliteStore, session_id: str, what: str) -> None:
+    """A source's history is shared by its forks: it stays while they do (-32003)."""
+    n = await count(store, session_id)
+    if n:
+        raise InvalidTransitionError(
+            f"session {session_id} cannot be {what}: {n} fork(s) share its history"
+            " (session.forks lists them); delete them first",
+            {"session_id": session_id, "forks": n})
+
+
+async def link_problems(store: SqliteStore, state: SessionState,
+                        first: Event | None) -> list[str]:
+    """What daemon.verify finds wrong with a fork's link to its source."""
+    link = state.forked_from
+    if link is None:
+        return []
+    if first is None or first.type != "session.forked":
+        return ["forked_from is set but the history does not start with session.forked"]
+    source_hash = await hash_at(store, link.session_id, link.version)
+    if source_hash is None:
+        return [f"fork source {link.session_id} has no version {link.version}"]
+    if source_hash != first.data["from"]["hash"]:
+        return [f"fork source {link.session_id} at version {link.version} does not have the"
+                " hash this fork's chain starts from (the shared history was changed)"]
+    return []
+
+
+# --- the methods ---------------------------------------------------------------------------
+
+_guards: dict[str, tuple[anyio.Lock, int]] = {}
+
+
+@asynccontextmanager
+async def guard(session_id: str) -> AsyncIterator[None]:
+    """Hold a session as a source: a fork of it (from reading it to committing the fork)
+    and its deletion (from counting its forks to committing) never interleave. One daemon
+    holds the database (its lock file), so a lock in the process is enough."""
+    lock, users = _guards.get(session_id, (anyio.Lock(), 0))
+    _guards[session_id] = (lock, users + 1)
+    try:
+        async with lock:
+            yield
+    finally:
+        lock, users = _guards[session_id]
+        if users == 1:
+            del _guards[session_id]
+        else:
+            _guards[session_id] = (lock, users - 1)
+
+
+
+def _fork_id(source: str, key: str) -> str:
+    """The id a keyed fork gets when none is given: a retry finds the same session."""
+    digest = base64.b32encode(hashlib.sha256(f"{source}\0{key}".encode()).digest()).decode()
+    return f"fork-{digest[:26].lower()}"
+
+
+async def fork(service: Service, p: rpc.SessionForkParams, meta: EventMeta) -> Any:
+    """session.fork: a new session whose history is the source's up to at_version."""
+    async with guard(p.session_id):
+        return await _fork(service, p, meta)
+
+
+async def _fork(service: Service, p: rpc.SessionForkParams, meta: EventMeta) -> Any:
+    from .writer import Import  # here: the writer imports the store, which imports us
+
+    current = await service.state(p.session_id)
+    at = p.at_version if p.at_version is not None else current.version
+    if at > current.version:
+        raise InvalidParamsError(
+            f"at_version {at} is past session {p.session_id}'s version {current.version}",
+            {"detail": "at_version too large", "path": "$.at_version"})
+    if current.status == "active" and current.pid is not None:
+        raise InvalidTransitionError(
+            f"session {p.session_id} has a running executor (pid {current.pid}): a fork is"
+            " data, not a process; fork it when its turn has ended, or after session.kill",
+            {"session_id": p.session_id, "pid": current.pid})
+    raw = await service.session_get(rpc.SessionGetParams(session_id=p.session_id,
+                                                         at_version=at), meta)
+    state = msgspec.json.decode(raw, type=SessionState) if isinstance(raw, msgspec.Raw) else raw
+    prev = await hash_at(service.store, p.session_id, at)
+    if prev is None:
+        raise InvalidParamsError(f"session {p.session_id} has no event at version {at}",
+                                 {"detail": "no such version", "path": "$.at_version"})
+    key = p.idempotency_key
+    sid = p.new_session_id or (_fork_id(p.session_id, key) if key else new_id())
+    event_meta = msgspec.structs.replace(meta, idempotency_key=key)
+    event = Event(position=0, session_id=sid, version=at + 1, event_id=new_id(),
+                  type="session.forked", schema_version=CURRENT_SCHEMA_VERSION,
+                  recorded_at=now(), meta=event_meta, hash="",
+                  data={"from": {"session_id": p.session_id, "version": at, "hash": prev},
+                        "state": msgspec.to_builtins(state)})
+    event = msgspec.structs.replace(event, hash=chain_hash(prev, event))
+
+    def plan(existing: SessionState | None) -> Import:
+        if existing is not None:
+            raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
+        return Import([event], {})
+
+    return await service._submit(p, meta, plan, session_id=sid)
+
+
+async def forks_of(store: SqliteStore, p: rpc.SessionForksParams,
+                   state: SessionState) -> rpc.ForksResult:
+    """session.forks: a session's forks by id, a page at a time, and how many it has."""
+    def read(con: sqlite3.Connection) -> tuple[int, list[Any]]:
+        n = con.execute("SELECT COUNT(*) FROM forks WHERE source_id = ?",
+                        (p.session_id,)).fetchone()[0]
+        rows = con.execute("SELECT session_id, version, forked_at FROM forks WHERE source_id = ?"
+                           " AND session_id > ? ORDER BY session_id LIMIT ?",
+                           (p.session_id, p.cursor or "", p.limit + 1)).fetchall()
+        return int(n), rows
+    n, rows = await store.on_reader(read)
+    page = [rpc.ForkInfo(session_id=r[0], version=r[1], forked_at=r[2]) for r in rows[:p.limit]]
+    return rpc.ForksResult(session_id=p.session_id, forked_from=state.forked_from, count=n,
+                           forks=page,
+                           next_cursor=page[-1].session_id if len(rows) > p.limit else None)
+
+
+async def state_in_source(service: Service, current: SessionState, at_version: int,
+                          meta: EventMeta) -> SessionState:
+    """A fork's view at a version at or below its fork point: the source's view then,
+    under the fork's identity (session_id and forked_from)."""
+    link = current.forked_from
+    assert link is not None
+    raw = await service.session_get(rpc.SessionGetParams(session_id=link.session_id,
+                                                         at_version=at_version), meta)
+    state = msgspec.json.decode(raw, type=SessionState) if isinstance(raw, msgspec.Raw) else raw
+    return msgspec.structs.replace(state, session_id=current.session_id, forked_from=link)
+
+
+async def check_import(store: SqliteStore, first: Event) -> None:
+    """An imported fork needs its source here, with the hash its chain starts from."""
+    if first.type != "session.forked":
+        return
+    source = first.data.get("from", {})
+    have = await hash_at(store, source.get("session_id", ""), int(source.get("version", 0)))
+    if have is None or have != source.get("hash"):
+        raise SessionImportError(
+            f"import failed: this is a fork of {source.get('session_id')} at version"
+            f" {source.get('version')}, which this daemon does not hold with the same history;"
+            " import the source first", {"reason": "fork source missing"})

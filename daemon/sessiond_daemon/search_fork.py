@@ -1,0 +1,71 @@
+"""The methods of search and fork: session.search, session.fork, session.forks, daemon.reindex."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import structlog
+from sessiond_schemas import rpc
+from sessiond_schemas.events import EventMeta
+
+from . import forks, search
+from .service import Service, _normalise_time
+
+log = structlog.get_logger("sessiond.search")
+REINDEX_RANGE = 50_000  # positions per transaction: about a second of work
+
+
+class SearchAndFork:
+    """Finding sessions by their text, and branching them, beside the Service."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.store = service.store
+
+    async def session_search(self, p: rpc.SessionSearchParams, meta: EventMeta) -> rpc.SearchResult:
+        since = _normalise_time(p.since, "$.since")
+        until = _normalise_time(p.until, "$.until")
+
+        def run(con: sqlite3.Connection) -> rpc.SearchResult:
+            return search.query(con, text=p.query, statuses=tuple(p.status or ()),
+                                namespace=p.namespace, actor_name=p.actor_name, since=since,
+                                until=until, limit=p.limit, hits=p.hits, mark=p.mark,
+                                cursor=p.cursor)
+        return await self.store.on_reader(run)
+
+    async def session_fork(self, p: rpc.SessionForkParams, meta: EventMeta) -> Any:
+        return await forks.fork(self.service, p, meta)
+
+    async def session_forks(self, p: rpc.SessionForksParams, meta: EventMeta) -> rpc.ForksResult:
+        state = await self.service.state(p.session_id)
+        return await forks.forks_of(self.store, p, state)
+
+    async def daemon_reindex(self, p: rpc.NoParams, meta: EventMeta) -> rpc.ReindexResult:
+        """Rebuild the read models of search and forks from the events.
+
+        The index is emptied, then refilled a range of positions per transaction, so the
+        writer's batches go on between ranges (a long single transaction would hold every
+        write, and systemd's watchdog would restart the daemon). Meanwhile search finds
+        only what is refilled; deletes skip rows not yet back (search.forget_session)."""
+        top = await self.store.on_writer(search.clear)
+        done = 0
+        while done < top:
+            upto = min(top, done + REINDEX_RANGE)
+            await self.store.on_writer(
+                lambda con, after=done, upto=upto: search.rebuild_range(con, after, upto))
+            done = upto
+
+        def relink(con: sqlite3.Connection) -> int:
+            con.execute("DELETE FROM forks")
+            con.execute(
+                "INSERT INTO forks (session_id, source_id, version, forked_at, position)"
+                " SELECT session_id, json_extract(data, '$.from.session_id'),"
+                " json_extract(data, '$.from.version'), recorded_at, position FROM events"
+                " WHERE type = 'session.forked'")
+            return int(con.execute("SELECT COUNT(*) FROM forks").fetchone()[0])
+        linked = await self.store.on_writer(relink)
+        result = rpc.ReindexResult(indexed=await self.store.on_reader(search.count),
+                                   forks=linked)
+        log.info("search.reindexed", indexed=result.indexed, forks=result.forks)
+        return result
