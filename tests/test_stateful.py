@@ -383,6 +383,13 @@ class DaemonMachine(RuleBasedStateMachine):
                        "session.trajectory", "checkpoint.list"):
             self.send(method, {"session_id": sid})  # served, or -32012: never a crash
         self.send("events.read", {})
+        self.delete_with_forks(sid)
+
+    def delete_with_forks(self, sid: str) -> None:
+        """Delete a session, its forks first (a source with forks is not deleted: -32003)."""
+        while forks := self.send("session.forks", {"session_id": sid})["result"]["forks"]:
+            for fork in forks:
+                self.delete_with_forks(fork["session_id"])
         assert self.send("session.delete", {"session_id": sid})["result"]["deleted"] is True
 
     @rule()
