@@ -224,6 +224,64 @@ class TestEndpoint:
         assert stats.executors_running == 0
 
 
+class TestFlood:
+    def test_a_flood_of_connections_never_stops_the_daemon(self, short_dir: str) -> None:
+        """The endpoint has no peer check: 300 idle connections against a daemon allowed 128
+        descriptors. It serves a few at a time and leaves the rest queued, so it neither
+        runs out of descriptors nor dies; its socket keeps answering, and scrapes come
+        back once the flood goes."""
+        import resource
+        import time
+
+        from sessiond import Client
+
+        sock, port = os.path.join(short_dir, "s.sock"), free_port()
+        limit = (128, 128)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sessiond_daemon", "--socket", sock,
+             "--db", os.path.join(short_dir, "d.db"), "--log-level", "warning",
+             "--metrics-listen", f"127.0.0.1:{port}"],
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit))
+        flood: list[socket.socket] = []
+        try:
+            for _ in range(600):
+                try:
+                    with Client(sock) as c:
+                        c.ping()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            for _ in range(300):
+                s = socket.socket()
+                s.settimeout(2)
+                try:
+                    s.connect(("127.0.0.1", port))
+                except OSError:  # the accept queue is full: the kernel drops the SYN
+                    s.close()
+                    continue
+                flood.append(s)
+            most = 0  # the daemon's descriptors while it works through the queue
+            for _ in range(20):
+                most = max(most, len(os.listdir(f"/proc/{proc.pid}/fd")))
+                time.sleep(0.1)
+            assert most < 64, most
+            with Client(sock) as c:
+                assert c.ping().pong
+            assert proc.poll() is None
+            for s in flood:
+                s.close()
+            flood.clear()
+            url = f"http://127.0.0.1:{port}/metrics"
+            with urllib.request.urlopen(url, timeout=30) as r:
+                assert b"sessiond_connections" in r.read()
+            assert proc.poll() is None
+        finally:
+            for s in flood:
+                s.close()
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
 class TestConfig:
     def test_off_by_default(self) -> None:
         """Without --metrics-listen the hooks are the shared no-op object."""

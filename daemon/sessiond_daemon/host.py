@@ -1,4 +1,5 @@
-"""Safety on a shared host: private directories and files, and one daemon per database."""
+"""Safety on a shared host: private directories and files, one daemon per database, and
+listeners that outlive running out of descriptors."""
 
 from __future__ import annotations
 
@@ -6,6 +7,18 @@ import errno
 import fcntl
 import os
 import stat
+from collections.abc import Awaitable, Callable
+
+import anyio
+import structlog
+from anyio.abc import SocketListener, SocketStream
+
+log = structlog.get_logger("sessiond.host")
+
+ACCEPT_BACKOFF_S = 0.1
+# accept() failures that pass: out of descriptors or memory, or a client that gave up.
+TRANSIENT_ACCEPT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                              errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 
 
 class UnsafePathError(Exception):
@@ -124,3 +137,47 @@ class DatabaseLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+async def accept_forever(listener: SocketListener,
+                         handle: Callable[[SocketStream], Awaitable[None]], *,
+                         what: str, slots: anyio.Semaphore | None = None) -> None:
+    """Accept connections and run `handle` on each in a task of its own, until cancelled.
+
+    Running out of descriptors (or memory) never ends it: the client waits in the
+    kernel's accept queue while this backs off, with one log line per episode. With
+    `slots`, at most that many connections are served at once; the rest wait to be
+    accepted, so a flood of connections costs no descriptors.
+    """
+    async def run(stream: SocketStream) -> None:
+        try:
+            await handle(stream)
+        finally:
+            if slots is not None:
+                slots.release()
+
+    failures = 0
+    async with anyio.create_task_group() as tg:
+        while True:
+            if slots is not None:
+                await slots.acquire()
+            try:
+                stream = await listener.accept()
+            except (OSError, anyio.BrokenResourceError) as exc:
+                if slots is not None:
+                    slots.release()
+                # anyio reports a failed accept() as BrokenResourceError from the OSError.
+                cause = exc if isinstance(exc, OSError) else exc.__cause__
+                if not isinstance(cause, OSError) or cause.errno not in TRANSIENT_ACCEPT:
+                    raise
+                if failures == 0:
+                    log.warning(f"{what}.accept_failing", error=str(cause),
+                                hint="out of file descriptors? raise LimitNOFILE= "
+                                     "or lower max_connections")
+                failures += 1
+                await anyio.sleep(ACCEPT_BACKOFF_S)
+                continue
+            if failures:
+                log.warning(f"{what}.accept_resumed", failed_attempts=failures)
+                failures = 0
+            tg.start_soon(run, stream)

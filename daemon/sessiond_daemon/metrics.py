@@ -14,6 +14,7 @@ import weakref
 from collections import Counter as Tally
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -23,6 +24,7 @@ from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EVENT_TYPES, Event
 
+from . import host
 from .config import Config, ConfigError
 
 if TYPE_CHECKING:
@@ -317,9 +319,14 @@ async def listen(address: str, bind_unix: Callable[[str], Awaitable[SocketListen
     return await anyio.create_tcp_listener(local_host=where[0], local_port=where[1])
 
 
+MAX_SCRAPES = 8  # connections served at once; more wait, costing no descriptor
+HEAD_TIMEOUT_S = 5.0  # a scraper that sends no request in this long is dropped
+
+
 async def serve(metrics: Prometheus, listener: Listener[SocketStream], *,
                 task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Answer GET /metrics on `listener` until cancelled, one task per connection."""
+    """Answer GET /metrics on `listener` until cancelled: at most MAX_SCRAPES at once, and
+    out of descriptors is waited out, never fatal (the endpoint has no peer check)."""
 
     async def handle(stream: SocketStream) -> None:
         try:
@@ -331,14 +338,19 @@ async def serve(metrics: Prometheus, listener: Listener[SocketStream], *,
         except Exception:  # a bug: log it, keep serving
             log.exception("metrics.request_failed")
 
-    async with listener:
+    slots = anyio.Semaphore(MAX_SCRAPES)
+    # A TCP host name may bind several addresses (a MultiListener): accept on each.
+    listeners: list[SocketListener] = list(getattr(listener, "listeners", [listener]))
+    async with listener, anyio.create_task_group() as tg:
+        for one in listeners:
+            tg.start_soon(partial(host.accept_forever, one, handle, what="metrics",
+                                  slots=slots))
         task_status.started()
-        await listener.serve(handle)
 
 
 async def _answer(metrics: Prometheus, stream: SocketStream) -> None:
     head = b""
-    with anyio.move_on_after(10):
+    with anyio.move_on_after(HEAD_TIMEOUT_S):
         while b"\r\n\r\n" not in head and len(head) < _MAX_HEAD_BYTES:
             head += await stream.receive(_MAX_HEAD_BYTES)
     lines = head.split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")

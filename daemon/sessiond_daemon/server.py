@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import socket
 import struct
@@ -32,6 +31,7 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.events import EventMeta, new_id
 
+from . import host
 from .access import Grants
 from .executors import Executors
 from .graphs import Graphs
@@ -49,10 +49,6 @@ _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(rpc.Request)
 _batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _EMPTY_PARAMS = msgspec.Raw(b"{}")
-ACCEPT_BACKOFF_S = 0.1
-# accept() failures that pass: out of descriptors or memory, or a client that gave up.
-_TRANSIENT_ACCEPT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
-                               errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 _CONNECTION_METHODS = frozenset({"events.subscribe", "events.unsubscribe"})
 
 
@@ -150,30 +146,8 @@ class Server:
     async def serve(self, listener: SocketListener, *,
                     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Accept connections until cancelled; each connection runs in its own task."""
-        async with anyio.create_task_group() as tg:
-            task_status.started()
-            failures = 0
-            while True:
-                try:
-                    stream = await listener.accept()
-                except (OSError, anyio.BrokenResourceError) as exc:
-                    # anyio reports a failed accept() as BrokenResourceError from the OSError.
-                    cause = exc if isinstance(exc, OSError) else exc.__cause__
-                    if not isinstance(cause, OSError) or cause.errno not in _TRANSIENT_ACCEPT:
-                        raise
-                    # Out of descriptors and the like: the client waits in the accept
-                    # queue while we back off. One line per episode, not one per retry.
-                    if failures == 0:
-                        log.warning("rpc.accept_failing", error=str(cause),
-                                    hint="out of file descriptors? raise LimitNOFILE= "
-                                         "or lower max_connections")
-                    failures += 1
-                    await anyio.sleep(ACCEPT_BACKOFF_S)
-                    continue
-                if failures:
-                    log.warning("rpc.accept_resumed", failed_attempts=failures)
-                    failures = 0
-                tg.start_soon(self._guarded_connection, stream)
+        task_status.started()
+        await host.accept_forever(listener, self._guarded_connection, what="rpc")
 
     async def wait_idle(self) -> None:
         """Return once no request is being executed."""
