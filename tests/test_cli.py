@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from sessiond import AsyncClient
+from sessiond import AsyncClient, SessiondError
 
 from conftest import Daemon
 
@@ -375,3 +375,39 @@ class TestDatabaseOpenErrors:
                      os.path.join(run, "s"), "--log-format", "json"], check=False)
         assert done.returncode == 1
         assert f"the file system holding {point} is read-only" in done.stderr.decode()
+
+
+class TestNonFiniteNumbers:
+    """NaN and infinity are not JSON: refused before sending, never sent as null (which a
+    merge patch would take for "delete this key")."""
+
+    async def test_cli_refuses_them_in_arguments_and_stdin(self, daemon: Daemon,
+                                                           client: AsyncClient) -> None:
+        await client.create_session("nf")
+        await client.update_memory("nf", {"keep": "important", "n": 5})
+        for patch in ('{"keep": 1e999}', '{"keep": NaN}', '{"keep": -Infinity}'):
+            done = await ctl(daemon, "memory", "nf", patch, check=False)
+            assert done.returncode == 2, done.stderr
+            assert "not valid JSON" in done.stderr and "Traceback" not in done.stderr
+        done = await ctl(daemon, "append-many", "nf", "-", check=False,
+                         stdin='{"role": "user", "content": "a", "metadata": {"c": 1e999}}')
+        assert done.returncode == 2 and "not valid JSON" in done.stderr, done.stderr
+        state = await client.get_session("nf")
+        assert state.memory == {"keep": "important", "n": 5} and state.message_count == 0
+
+    async def test_clients_refuse_them_naming_the_path(self, daemon: Daemon,
+                                                       client: AsyncClient) -> None:
+        from sessiond import Client, InvalidParamsError
+
+        await client.create_session("nf2")
+        await client.update_memory("nf2", {"n": 1})
+        with pytest.raises(InvalidParamsError) as refused:
+            await client.update_memory("nf2", {"n": float("nan")})
+        assert refused.value.data["path"] == "$.patch.n"
+        with Client(daemon.socket) as blocking, pytest.raises(InvalidParamsError) as refused:
+            blocking.create_session("nf3", metadata={"cost": [1.0, float("inf")]})
+        assert refused.value.data["path"] == "$.metadata.cost[1]"
+        assert (await client.get_session("nf2")).memory == {"n": 1}
+        assert (await client.ping()).pong  # the connection is still good
+        with pytest.raises(SessiondError):
+            await client.get_session("nf3")

@@ -14,13 +14,12 @@ from sessiond_schemas import rpc
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError
 from sessiond_schemas.paths import default_socket
 
-from ._methods import Methods, request_line
+from ._methods import Methods, encode_request
 from ._subscription import Subscription
 from ._wire import ConnectionLostError, raise_for, skew_error
 from ._transport import Transport, open_transport
 
 T = TypeVar("T")
-_encoder = msgspec.json.Encoder()
 _response_decoder = msgspec.json.Decoder(rpc.Response)
 _batch_decoder = msgspec.json.Decoder(list[rpc.Response])
 
@@ -105,8 +104,8 @@ class AsyncClient(Methods):
         if self._transport is None:
             raise ConnectionLostError("not connected; use `async with AsyncClient()`")
         request_id = next(self._ids)
+        line = encode_request(request_id, method, params)  # may refuse: nothing pending yet
         pending = self._pending[request_id] = _Pending()
-        line = _encoder.encode(request_line(request_id, method, params)) + b"\n"
         try:
             await self._transport.send(line)
         except EOFError as exc:

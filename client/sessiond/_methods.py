@@ -6,10 +6,13 @@ every method here is blocking on `Client` and awaitable on `AsyncClient`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from sessiond_schemas import rpc
+from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.state import SessionState
 
 
@@ -234,3 +237,40 @@ def request_line(request_id: int, method: str, params: dict[str, Any]) -> dict[s
     """The request object; `None` params are left out so the daemon's defaults apply."""
     return {"jsonrpc": "2.0", "id": request_id, "method": method,
             "params": {k: v for k, v in params.items() if v is not None}}
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_request(request_id: int, method: str, params: dict[str, Any]) -> bytes:
+    """The request as one line. A NaN or infinity is refused here: JSON has no such
+    number, and the encoder would send it as null, which a merge patch takes for
+    "delete this key" and a typed field reports as the wrong type."""
+    line = _encoder.encode(request_line(request_id, method, params))
+    if b"null" in line:  # where the encoder may have put a non-finite float
+        where = _non_finite(params, "$")
+        if where is not None:
+            raise InvalidParamsError(
+                f"{where} is not a finite number: sessiond stores only finite numbers"
+                " (JSON has no NaN or infinity); nothing was sent",
+                {"detail": "not a finite number", "path": where})
+    return line + b"\n"
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinity in `value`, if any."""
+    if isinstance(value, float):
+        return path if not math.isfinite(value) else None
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{k}", v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    elif isinstance(value, msgspec.Struct):
+        items = ((f"{path}.{f}", getattr(value, f)) for f in value.__struct_fields__)
+    else:
+        return None
+    for where, item in items:
+        found = _non_finite(item, where)
+        if found is not None:
+            return found
+    return None

@@ -15,12 +15,11 @@ from sessiond_schemas.errors import MethodNotFoundError, SessiondError
 from sessiond_schemas.events import Event
 from sessiond_schemas.paths import default_socket
 
-from ._methods import Methods, request_line
+from ._methods import Methods, encode_request
 from ._follow import follow
 from ._wire import ConnectionLostError, connect_blocking, raise_for, skew_error
 
 T = TypeVar("T")
-_encoder = msgspec.json.Encoder()
 _response_decoder = msgspec.json.Decoder(rpc.Response)
 
 
@@ -67,7 +66,7 @@ class Client(Methods):
             assert self._sock is not None and self._file is not None
             request_id = next(self._ids)
             try:
-                self._sock.sendall(_encoder.encode(request_line(request_id, method, params)) + b"\n")
+                self._sock.sendall(encode_request(request_id, method, params))
                 while True:
                     line = self._file.readline()
                     if not line:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -60,18 +61,38 @@ class _Parser(argparse.ArgumentParser):
                        "usage", 2)
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is past the largest number sessiond stores (a finite"
+                         " 64-bit float)")
+    return value
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _loads(text: str) -> Any:
+    """Strict JSON: NaN, Infinity and numbers that overflow to infinity are errors (the
+    encoder would send them as null, which a merge patch takes for "delete")."""
+    return json.loads(text, parse_float=_finite, parse_constant=_not_a_number)
+
+
 def _parse_json(text: str, what: str) -> Any:
     try:
-        return json.loads(text)
+        return _loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"{what} is not valid JSON: {exc}", "bad_json", 2,
                        {"line": exc.lineno, "column": exc.colno}) from exc
+    except ValueError as exc:
+        raise CliError(f"{what} is not valid JSON: {exc}", "bad_json", 2) from exc
 
 
 def _json_arg(text: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return _loads(text)
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from exc
 
 
