@@ -140,6 +140,16 @@ class TestNumbersOverTheSocket:
         await assert_untouched(client, "cost", 3)
         assert (await client.get_session("cost")).token_usage.estimated_cost == 1e308
 
+    async def test_sums_across_sessions_never_break_stats(self, client: AsyncClient) -> None:
+        """Each session may hold int64's largest count and cost; their sums across sessions
+        (daemon.stats, the metrics' gauges) are past int64 and float, and still served."""
+        for sid in ("big-1", "big-2"):
+            await client.create_session(sid, actor_name="act/x", namespace="ovf")
+            await client.call("tokens.record", Any, session_id=sid, input_tokens=2**63 - 1,
+                              estimated_cost=1e308)
+        stats = await client.stats()
+        assert stats.sessions_by_status == {"active": 2}
+
     async def test_progress_totals(self, client: AsyncClient) -> None:
         await client.create_session("p")
         await client.call("progress.record", Any, session_id="p", node_id="a",

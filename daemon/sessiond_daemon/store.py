@@ -852,17 +852,18 @@ class SqliteStore:
 
     async def session_totals(self, column: str) -> list[tuple[Any, int, int, int, float]]:
         """Per value of an indexed sessions column (status, namespace, actor_name): sessions,
-        input tokens, output tokens, cost. One GROUP BY over the views, never the events."""
+        input tokens, output tokens, cost. One GROUP BY over the views, never the events.
+        TOTAL, not SUM: each session's counts fit int64, their sum across sessions may not
+        (SUM would raise "integer overflow"); a gauge is a float anyway."""
         if column not in ("status", "namespace", "actor_name"):
             raise ValueError(f"not a grouping column: {column}")
         try:
             rows = await self._all(self._r(), (
-                f"SELECT {column}, COUNT(*), SUM(input_tokens), SUM(output_tokens),"
-                f" SUM(estimated_cost) FROM sessions GROUP BY {column}"))
+                f"SELECT {column}, COUNT(*), TOTAL(input_tokens), TOTAL(output_tokens),"
+                f" TOTAL(estimated_cost) FROM sessions GROUP BY {column}"))
         except sqlite3.Error as exc:
             raise _storage_error(exc) from exc
-        return [(r[0], int(r[1]), int(r[2] or 0), int(r[3] or 0), float(r[4] or 0.0))
-                for r in rows]
+        return [(r[0], int(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
 
     def db_bytes(self) -> int:
         """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""
