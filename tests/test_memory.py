@@ -272,11 +272,18 @@ def unread(sock: socket.socket) -> int:
 
 
 @pytest.fixture
-def process_daemon() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def daemon_flags() -> list[str]:
+    """Override in a test class to start the process daemon with other settings."""
+    return []
+
+
+@pytest.fixture
+def process_daemon(daemon_flags: list[str]) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     with tempfile.TemporaryDirectory(prefix="sd-") as directory:
         path = os.path.join(directory, "s.sock")
         proc = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--socket", path,
-                                 "--db", os.path.join(directory, "m.db"), "--log-level", "error"])
+                                 "--db", os.path.join(directory, "m.db"), "--log-level", "error",
+                                 *daemon_flags])
         try:
             yield proc, path
         finally:
@@ -332,6 +339,48 @@ class TestOneLine:
         assert peak - before < 300 << 20, f"RSS grew by {(peak - before) >> 20} MB"
         batch = next(a for a in answers if isinstance(a, list))
         assert len(batch) == 40 and all(r["result"]["truncated_by_bytes"] for r in batch)
+        assert proc.poll() is None
+
+
+class TestManyLines:
+    @pytest.fixture
+    def daemon_flags(self) -> list[str]:
+        # Small buffers, so that what the bound allows is small beside what the lines ask
+        # for (250 answers of at least 64 x 60 KB: one item of a page always comes whole).
+        return ["--max-reply-buffer", str(1 << 20), "--max-inflight", "16"]
+
+    async def test_many_batch_lines_from_a_client_that_never_reads(
+            self, process_daemon: tuple[subprocess.Popen[bytes], str],
+            process_client: AsyncClient) -> None:
+        """Line after line of 64-item batches, never read. The daemon stops reading the
+        client past max_reply_buffer unsent bytes; answers already being built are kept up
+        to twice that, then the client is closed. Memory stays about max_inflight pages,
+        however many lines it sent."""
+        proc, path = process_daemon
+        sid = await session_of(process_client, 150, MESSAGE)
+        before = vm(proc.pid, "VmRSS")
+        line = rpc_line([call(i, "message.list", session_id=sid, limit=1000)
+                         for i in range(64)])
+        with socket.socket(socket.AF_UNIX) as idle:
+            idle.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            idle.connect(path)
+            idle.setblocking(False)
+            sent = 0
+            with anyio.fail_after(120):  # a guard: the daemon stops reading us at some point
+                while sent < 250:
+                    try:
+                        idle.send(line)
+                        sent += 1
+                    except BlockingIOError:  # it has stopped reading this client
+                        break
+            await anyio.sleep(2)  # let whatever it did read be answered into its buffers
+            assert (await process_client.ping()).pong
+            peak = vm(proc.pid, "VmHWM")
+            with pytest.raises(OSError):  # it was closed
+                for _ in range(100):
+                    idle.send(line)
+                    await anyio.sleep(0.01)
+        assert peak - before < 60 << 20, f"RSS grew by {(peak - before) >> 20} MB"
         assert proc.poll() is None
 
 

@@ -209,8 +209,10 @@ class Server:
         gate_size = self.limits.max_inflight
         gate = anyio.Semaphore(gate_size)
         conn: Connection
+        waiting = 0  # bytes of answers built and not yet handed to the transport
 
         async def run(line: bytes) -> None:
+            nonlocal waiting
             slot = Slot(gate, gate_size)
             try:
                 try:
@@ -221,12 +223,24 @@ class Server:
                     reply = _encoder.encode(_failure(None, INTERNAL_ERROR, "internal error",
                                                      {"error_id": error_id}))
                 if reply is not None:
-                    # A client that does not read: past max_reply_buffer unsent bytes this
-                    # answer waits (holding its max_inflight slot) until the client reads.
-                    await self._room_to_reply(writer)
-                    # One write() call per line keeps lines whole; drain() waits while the
-                    # client is not reading (a bounded buffer, never an unbounded one).
-                    writer.write(reply + b"\n")
+                    waiting += len(reply)
+                    try:
+                        if waiting > max(len(reply), 2 * self.limits.max_reply_buffer):
+                            # Answers pile up for a client that reads none of them (pages
+                            # can pass their budget: one item always comes whole). Its
+                            # requests are dropped and it is closed.
+                            log.warning("rpc.client_not_reading", waiting_bytes=waiting,
+                                        limit=self.limits.max_reply_buffer)
+                            writer.transport.abort()
+                            tg.cancel_scope.cancel()
+                            return
+                        # Past max_reply_buffer unsent bytes this answer waits (holding
+                        # its max_inflight slot) until the client reads.
+                        await self._room_to_reply(writer)
+                        # One write() call per line keeps lines whole.
+                        writer.write(reply + b"\n")
+                    finally:
+                        waiting -= len(reply)
                     await writer.drain()
             except ConnectionError:
                 pass  # the client went away; its answer has nowhere to go
