@@ -102,9 +102,12 @@ async def test_upgrade_serves_what_the_release_served(old: tuple[Path, str],
     folder, db = old
     was = expected(folder)
     config = daemon_config(short_dir, db=db)
+    old_version = release(folder)["schema_version"]
     async with running_daemon(config), AsyncClient(config.socket) as c:
         stats = await c.stats()
         assert stats.schema_version == LATEST
+        if old_version < LATEST:  # migrated: the copy from before is the release's file
+            assert schema_of(db + f".schema-{old_version}.bak")[0] == old_version
         assert (stats.sessions, stats.events, stats.last_position) == (
             was["stats"]["sessions"], was["stats"]["events"], was["stats"]["last_position"])
         report = await c.verify()
@@ -189,7 +192,7 @@ def schema_of(db: str) -> tuple[int, set[str]]:
 
 
 def old_schema(db: str, version: int) -> None:
-    """A database as schema `version` left it (the first migrations only), with a session."""
+    """A database as schema `version` left it (the first migrations only, no rows)."""
     con = sqlite3.connect(db, isolation_level=None)
     con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
     for statements in MIGRATIONS[:version]:
@@ -258,7 +261,7 @@ async def test_ping_names_protocol_and_methods(short_dir: str) -> None:
         with pytest.raises(MethodNotFoundError) as same:
             await c.call("session.nonexistent")
         assert "no method 'session.nonexistent'" in same.value.message
-        assert "same protocol" in same.value.message
+        assert "check its name" in same.value.message
         assert same.value.data["daemon_version"] == ping.version
         shown = await anyio.run_process([sys.executable, "-m", "sessiond.cli", "--socket",
                                          d.socket, "stats"])
@@ -308,6 +311,8 @@ async def test_current_client_against_the_oldest_release(
         ping = await c.ping()
         assert ping.version == info["daemon_version"] and ping.protocol == info["protocol"]
         assert ping.protocol != rpc.PROTOCOL_VERSION
+        stats = await c.stats()  # what an old daemon does not report is unknown, not 0
+        assert stats.schema_version is None and stats.sessions_by_status is None
         state = await c.get_session("all-types")
         assert state.status == "completed" and state.message_count == 4
         with pytest.raises(MethodNotFoundError) as skew:
@@ -316,6 +321,10 @@ async def test_current_client_against_the_oldest_release(
     assert "'session.search'" in message and f"sessiond {info['daemon_version']}" in message
     assert f"protocol {rpc.PROTOCOL_VERSION}" in message and "upgrade the daemon" in message
     assert skew.value.data["daemon_version"] == info["daemon_version"]
-    with Client(sock) as c, pytest.raises(MethodNotFoundError) as blocking:
-        c.call("session.search", query="login test")
-    assert "upgrade the daemon" in blocking.value.message
+    with Client(sock) as c:
+        with pytest.raises(MethodNotFoundError) as blocking:
+            c.call("session.search", query="login test")
+        assert "upgrade the daemon" in blocking.value.message
+        with pytest.raises(MethodNotFoundError) as typo:  # a name no release has
+            c.call("session.serch", query="login test")
+        assert "check its name" in typo.value.message

@@ -158,7 +158,8 @@ class Model:
                 "connections": stats.connections, "subscriptions": stats.subscriptions,
                 "appends_per_s": stats.appends_per_s, "db_bytes": stats.db_bytes,
             },
-            "sessions_by_status": dict(sorted(stats.sessions_by_status.items())),
+            "sessions_by_status": (None if stats.sessions_by_status is None  # an old daemon
+                                   else dict(sorted(stats.sessions_by_status.items()))),
             "executors_running": stats.executors_running,
             "executors": [{"session_id": sid, "pid": pid, "actor": who(sid).actor}
                           for sid, pid in sorted(executors.items())],

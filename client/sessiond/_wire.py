@@ -125,12 +125,14 @@ def skew_error(method: str, path: str, exc: MethodNotFoundError,
     theirs = (f"sessiond {daemon.version} (protocol {daemon.protocol})" if daemon
               else "a release that did not answer daemon.ping")
     skew = _protocol(daemon.protocol) if daemon else (0,)
-    if skew < _protocol(rpc.PROTOCOL_VERSION):
+    if method not in rpc.METHODS:
+        advice = "this client does not know that method either: check its name"
+    elif skew < _protocol(rpc.PROTOCOL_VERSION):
         advice = "the daemon is older than this client: upgrade the daemon"
     elif skew > _protocol(rpc.PROTOCOL_VERSION):
         advice = "the daemon is newer than this client: upgrade the client"
     else:
-        advice = "both speak the same protocol, so the method does not exist"
+        advice = "both speak the same protocol, yet the daemon does not serve it"
     return MethodNotFoundError(
         f"the daemon at {path} has no method {method!r}: it runs {theirs}, and this client"
         f" is {ours}; {advice}",

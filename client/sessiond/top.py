@@ -98,6 +98,11 @@ def _short(text: str | None, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _known(value: float | None, spec: str) -> str:
+    """A figure, or ? when the daemon is too old to report it."""
+    return "?" if value is None else format(value, spec)
+
+
 def _uptime(s: float) -> str:
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -124,12 +129,15 @@ def frame(f: dict[str, Any], *, selected: int | None = None, prompt: str | None 
                       f"{d['connections']} conns  {d['subscriptions']} subs  "
                       f"sort: {SORT_TITLES[f['sort']]}  filter: {f['filter'] or '-'}"),
         *([Text(note, style="bold red")] if note else []),
-        Text(f"health  queue {d['queue']}/{d['queue_capacity']}  batch {d['batch_size']:g}  "
-             f"commit {d['commit_latency_ms']:.2f} ms (max {d['commit_latency_max_ms']:.2f})  "
+        Text(f"health  queue {d['queue']}/{_known(d['queue_capacity'], 'd')}  "
+             f"batch {_known(d['batch_size'], 'g')}  "
+             f"commit {_known(d['commit_latency_ms'], '.2f')} ms"
+             f" (max {_known(d['commit_latency_max_ms'], '.2f')})  "
              f"{d['appends_per_s']:g} ev/s  db {_bytes(d['db_bytes'])}"),
-        Text("sessions " + str(d["sessions"]) + ": " + ("  ".join(
-            f"{k} {v}" for k, v in f["sessions_by_status"].items()) or "none")),
-        Text(f"executors running {f['executors_running']}" + (": " + "  ".join(
+        Text("sessions " + str(d["sessions"]) + ": " + (
+            "?" if f["sessions_by_status"] is None else "  ".join(
+                f"{k} {v}" for k, v in f["sessions_by_status"].items()) or "none")),
+        Text(f"executors running {_known(f['executors_running'], 'd')}" + (": " + "  ".join(
             f"{e['session_id'][:12]} ({_short(e['actor'], 14)})"
             for e in f["executors"][:4]) if f["executors"] else "")),
     ]

@@ -263,15 +263,16 @@ class StatsResult(msgspec.Struct, kw_only=True):
     uptime_s: float
     write_transactions: int
     write_commands: int
-    schema_version: int = 0  # the database's schema version (absent before protocol 1.1)
-    # Health figures for `sessionctl top` (absent before sessiond 0.2): the last minute's
-    # commits, the queue's capacity, running executors, and sessions by status.
-    write_queue_capacity: int = 0
-    commit_batch_size: float = 0.0
-    commit_latency_ms: float = 0.0
-    commit_latency_max_ms: float = 0.0
-    executors_running: int = 0
-    sessions_by_status: dict[str, int] = {}
+    # From protocol 1.1 (None from an older daemon: unknown, not zero): the database's
+    # schema version, and health figures for `sessionctl top`: the last minute's commits,
+    # the queue's capacity, running executors, and sessions by status.
+    schema_version: int | None = None
+    write_queue_capacity: int | None = None
+    commit_batch_size: float | None = None
+    commit_latency_ms: float | None = None
+    commit_latency_max_ms: float | None = None
+    executors_running: int | None = None
+    sessions_by_status: dict[str, int] | None = None
 
 
 class WriteResult(msgspec.Struct, kw_only=True):
