@@ -253,6 +253,20 @@ def test_a_newer_database_is_refused_untouched(short_dir: str) -> None:
     assert not os.path.exists(db + "-wal") or os.path.getsize(db + "-wal") == 0
 
 
+@pytest.mark.parametrize("stored", ["abc", "-1"])
+def test_a_schema_version_changed_by_hand_is_refused(short_dir: str, stored: str) -> None:
+    db = os.path.join(short_dir, "sessiond.db")
+    shutil.copyfile(FOLDERS[-1] / "sessiond.db", db)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (stored,))
+    con.commit()
+    con.close()
+    refused = run_daemon("--db", db, "--socket", os.path.join(short_dir, "s"))
+    assert refused.returncode == 78, refused.stderr
+    assert f"is {stored!r}, not a version any sessiond writes" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 async def test_ping_names_protocol_and_methods(short_dir: str) -> None:
     async with running_daemon(daemon_config(short_dir)) as d, AsyncClient(d.socket) as c:
         ping = await c.ping()

@@ -16,7 +16,7 @@ from sessiond_schemas.errors import StorageError
 from . import host, lifecycle, logs, systemd
 from .config import Config, ConfigError, load
 from .metrics import check_config as check_metrics
-from .migrations import MigrationFailed, SchemaTooNew
+from .migrations import SchemaRefused
 
 EX_CONFIG = 78
 EX_TEMPFAIL = 75
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             anyio.run(_serve, daemon, args, backend="asyncio")
     except BaseException as group:  # task groups wrap what they raise
         exc = _sole(group)
-        if isinstance(exc, (SchemaTooNew, MigrationFailed)):
+        if isinstance(exc, SchemaRefused):
             log.error("daemon.schema_refused", detail=str(exc))
             print(f"sessiond: {exc}", file=sys.stderr)
             sys.exit(EX_CONFIG)  # the same every time: restarting cannot help

@@ -158,12 +158,16 @@ MIGRATIONS: Final[list[list[str]]] = [
 LATEST: Final = len(MIGRATIONS)
 
 
-class SchemaTooNew(Exception):
-    """The database was written by a newer sessiond: refused whole (exit 78)."""
+class SchemaRefused(Exception):
+    """The database's schema cannot be served as it is; nothing was changed (exit 78)."""
 
 
-class MigrationFailed(Exception):
-    """A migration failed and was rolled back: the database is as it was (exit 78)."""
+class SchemaTooNew(SchemaRefused):
+    """The database was written by a newer sessiond: refused whole."""
+
+
+class MigrationFailed(SchemaRefused):
+    """A migration failed and was rolled back: the database is as it was."""
 
 
 def schema_version(con: sqlite3.Connection) -> int:
@@ -172,12 +176,25 @@ def schema_version(con: sqlite3.Connection) -> int:
         row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     except sqlite3.OperationalError:  # no meta table yet
         return 0
-    return int(row[0]) if row else 0
+    if row is None:
+        return 0
+    try:
+        version = int(row[0])
+    except (TypeError, ValueError):
+        version = -1
+    if version < 0:
+        raise SchemaRefused(f"the schema version stored in this database is {row[0]!r}, not"
+                            " a version any sessiond writes: the meta table was changed by"
+                            " hand; restore the database from a backup")
+    return version
 
 
 def refuse_newer(con: sqlite3.Connection, path: str) -> int:
-    """Raise SchemaTooNew for a database this code cannot read; else return its version."""
-    current = schema_version(con)
+    """Raise SchemaRefused for a database this code cannot read; else return its version."""
+    try:
+        current = schema_version(con)
+    except SchemaRefused as exc:
+        raise SchemaRefused(f"database {path}: {exc}") from None
     if current > LATEST:
         raise SchemaTooNew(
             f"database {path} has schema version {current}, newer than this sessiond's"

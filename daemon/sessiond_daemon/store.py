@@ -164,7 +164,7 @@ class SqliteStore:
                 await _connect(self.path, self.synchronous, query_only=True)
                 for _ in range(self._reader_count)
             ]
-        except (migrations.SchemaTooNew, migrations.MigrationFailed):
+        except migrations.SchemaRefused:
             await self.close()
             raise
         except sqlite3.DatabaseError as exc:
