@@ -180,6 +180,11 @@ class TestOnce:
              "cost_1h": 0.1}]
         assert f["filter"] == "team/" and f["sort"] == "events"
 
+    async def test_without_a_terminal_it_says_so(self, daemon: Daemon) -> None:
+        """No TTY (a pipe, cron, CI): the live view would draw nowhere; it refuses."""
+        done = await anyio.run_process([*CLI, "--socket", daemon.socket, "top"], check=False)
+        assert done.returncode == 2 and b"--once" in done.stderr
+
     async def test_json_without_once_is_refused(self, daemon: Daemon) -> None:
         done = await anyio.run_process([*CLI, "--socket", daemon.socket, "--json", "top"],
                                        check=False)

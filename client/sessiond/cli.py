@@ -845,10 +845,12 @@ def main(argv: list[str] | None = None) -> None:
     client = Client(args.socket)
     try:
         client.connect()
-    except (OSError, SessiondError) as exc:  # no daemon, or not one we may talk to
-        _fail(f"cannot reach sessiond at {client.socket_path}: {exc} (is it running?"
-              " start it with `sessiond`)", "unreachable", 2, {"socket": client.socket_path},
-              args.json)
+    except SessiondError as exc:  # no daemon (its message says where and what to do),
+        # or not one we may talk to
+        _fail(exc.message, "unreachable", 2, {"socket": client.socket_path}, args.json)
+    except OSError as exc:
+        _fail(f"cannot reach sessiond at {client.socket_path}: {exc}", "unreachable", 2,
+              {"socket": client.socket_path}, args.json)
     try:
         result = handler(client, args)
     except BrokenPipeError:  # our reader (say, `head`) has what it wanted

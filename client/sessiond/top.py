@@ -67,6 +67,10 @@ def run(client: Client, args: argparse.Namespace) -> None:
     if args.json:
         print("sessionctl: top --json needs --once", file=sys.stderr)
         sys.exit(2)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print("sessionctl: top draws on a terminal and reads its keys; without one, use"
+              " `sessionctl top --once` (or `--json top --once`)", file=sys.stderr)
+        sys.exit(2)
     Top(client, args).loop()
 
 
