@@ -13,7 +13,7 @@ from sessiond import AsyncClient, SessiondError
 from sessiond_daemon.projection import fold
 from sessiond_schemas import rpc
 from sessiond_schemas.export import chain_hash
-from sessiond_schemas.events import STATUSES, Event
+from sessiond_schemas.events import ALLOWED_TRANSITIONS, STATUSES, Event
 from sessiond_schemas.state import SessionState
 
 from conftest import Daemon
@@ -298,3 +298,59 @@ async def test_forks_fold_and_travel_like_their_source(
     assert [f.session_id for f in forks.forks] == [fork] and forks.count == 1
     report = await client.verify()
     assert report.ok, report.problems
+
+
+# process.* events are written only by the executor runner (clients get -32602), so the
+# command scripts above cannot make them. Imported histories can: that is how they reach
+# the fold from outside, and the import's own "history only" mark must fold too.
+process_events = st.lists(st.one_of(
+    st.tuples(st.just("process.started"), st.integers(1, 3)),
+    st.tuples(st.just("process.output"), names),
+    st.tuples(st.just("process.exited"), st.one_of(st.none(), st.integers(-9, 255))),
+    st.tuples(st.just("process.detached"), st.booleans()),
+    st.tuples(st.just("message.appended"), names),
+    st.tuples(st.just("session.status_changed"), st.sampled_from(STATUSES)),
+), max_size=12)
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(script=process_events)
+async def test_imported_process_histories_fold(daemon: Daemon, client: AsyncClient,
+                                               script: list[tuple[str, Any]]) -> None:
+    """An imported executor history: the stored view, snapshots and time travel equal a
+    fresh fold of what was stored, the import's mark included."""
+    from sessiond.importers._builder import DocumentBuilder
+
+    sid = f"proc-{next(counter)}"
+    b = DocumentBuilder(sid, "test")
+    b.add("session.created", {"adapter": "jsonl", "status": "active"}, "2026-01-01T00:00:00Z")
+    turn, status, messages = 0, "active", 0
+    for i, (kind, arg) in enumerate(script, start=1):
+        at = f"2026-01-01T00:00:{i:02d}Z"
+        if kind == "process.started":
+            turn += 1
+            b.add(kind, {"pid": 4000 + turn, "argv": ["agent"], "turn": turn}, at)
+        elif kind == "process.output" and turn:
+            b.add(kind, {"turn": turn, "line": arg}, at)
+        elif kind == "process.exited" and turn:
+            b.add(kind, {"pid": 4000 + turn, "turn": turn, "exit_code": arg}, at)
+        elif kind == "process.detached" and turn:
+            b.add(kind, {"pid": 4000 + turn, "turn": turn, "alive": arg, "reason": "test"}, at)
+        elif kind == "message.appended":
+            b.add(kind, {"message_id": f"m{messages}", "sequence": messages,
+                         "role": "assistant", "content": arg}, at)
+            messages += 1
+        elif kind == "session.status_changed" and arg in ALLOWED_TRANSITIONS[status]:
+            b.add(kind, {"from": status, "to": arg}, at)
+            status = arg
+    state = await client.import_session(b.document())
+    events = await all_events(client, sid)
+    assert [e.version for e in events] == list(range(1, len(events) + 1))
+    assert msgspec.to_builtins(state) == msgspec.to_builtins(fold(None, events))
+    [(stored_json,)] = daemon.sql("SELECT state FROM sessions WHERE session_id = ?", sid)
+    stored = msgspec.json.decode(stored_json, type=SessionState)
+    assert msgspec.to_builtins(stored) == msgspec.to_builtins(fold(None, events))
+    for k in sorted({1, len(events) // 2, len(events)} - {0}):
+        past = await client.get_session(sid, at_version=k)
+        assert msgspec.to_builtins(past) == msgspec.to_builtins(fold(None, events[:k]))
