@@ -77,7 +77,7 @@ class TestDifferential:
             assert await ours.get_items() == await reference.get_items()
         finally:
             reference.close()
-            await ours.close()
+            ours.close()
 
     async def test_session_settings_limit(self, daemon: Daemon, tmp_path: Path) -> None:
         """SessionSettings(limit) is the default limit, as in the SDK's own sessions."""
@@ -87,7 +87,7 @@ class TestDifferential:
         assert await ours.get_items() == await reference.get_items() == ITEMS[-2:]
         assert await ours.get_items(5) == ITEMS[-5:]
         reference.close()
-        await ours.close()
+        ours.close()
 
 
 class TestStored:
@@ -102,7 +102,10 @@ class TestStored:
             ("assistant", 'weather({"city": "Paris"})', None),
             ("tool", "18C and sunny", "call_1"),
             ("assistant", "It is 18C and sunny.", None)]
-        assert messages[1].metadata["item"] == ITEMS[1]
+        # The item is kept whole but for the text its content already holds (stored once).
+        assert messages[1].metadata["item"] == {**ITEMS[1], "arguments": ""}
+        assert messages[1].metadata["spans"] == [[["arguments"], 8, 17]]
+        assert messages[2].metadata["item"]["output"] == ""
         assert await session.pop_item() == ITEMS[3]
         await session.clear_session()
         assert await session.get_items() == []
@@ -115,7 +118,7 @@ class TestStored:
         await client.delete_session("user-42")
         await session.add_items(ITEMS[:1])
         assert await session.get_items() == ITEMS[:1]
-        await session.close()
+        session.close()
 
 
 class StubModel(Model):
@@ -149,7 +152,7 @@ class TestRunner:
             first = await Runner.run(agent, "Hello", session=session)
             second = await Runner.run(agent, "And again", session=session)
             assert (first.final_output, second.final_output) == ("answer 1", "answer 2")
-            await session.close()
+            session.close()
         async with running_daemon(config) as d, AsyncClient(d.socket) as c:
             session = SessiondSession("chat-1", socket=d.socket)
             third = await Runner.run(agent, "Still there?", session=session)
@@ -157,7 +160,7 @@ class TestRunner:
             texts = [m.content for m in (await c.list_messages("chat-1")).messages]
             assert texts == ["Hello", "answer 1", "And again", "answer 2", "Still there?",
                              "answer 3"]
-            await session.close()
+            session.close()
         seen = [item.get("content") if isinstance(item.get("content"), str) else
                 item["content"][0]["text"] for item in model.inputs[2]]
         assert seen == ["Hello", "answer 1", "And again", "answer 2", "Still there?"]

@@ -9,13 +9,14 @@ the event loop's callbacks, and a connection is (re)opened on the loop of the ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 from sessiond_schemas import rpc
-from sessiond_schemas.errors import SessiondError
+from sessiond_schemas.errors import InvalidRequestError, SessiondError, TooLargeError
 from sessiond_schemas.paths import default_socket
 
 from .._methods import Methods, request_line
@@ -23,6 +24,27 @@ from .._wire import ConnectionLostError, raise_for
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(rpc.Response)
+
+
+class ValueTooLargeError(TooLargeError, ValueError):
+    """A value over one of the daemon's size caps: a ValueError, as the SDKs raise for a
+    value their store cannot take; the message names the setting (data["setting"])."""
+
+
+@contextlib.contextmanager
+def sized() -> Iterator[None]:
+    """Around a write: a size cap hit (the daemon's -32005, or -32600 for a request over
+    max_request_bytes) raises ValueTooLargeError naming the setting to raise."""
+    try:
+        yield
+    except TooLargeError as exc:
+        raise ValueTooLargeError(exc.message, exc.data) from exc
+    except InvalidRequestError as exc:
+        if exc.data.get("setting") != "max_request_bytes":
+            raise
+        raise ValueTooLargeError(
+            f"the request is {exc.data.get('size')} bytes, over the daemon's"
+            f" max_request_bytes ({exc.data.get('limit')})", exc.data) from exc
 
 
 class _Protocol(asyncio.Protocol):
@@ -105,6 +127,20 @@ class LoopClient(Methods):
         return await self._call(method, result_type, **params)
 
     async def aclose(self) -> None:
-        if self._protocol is not None and self._protocol.transport is not None:
-            self._protocol.transport.close()
-        self._protocol = None
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection, from any thread, whether or not its loop still runs
+        (the next call opens a new one)."""
+        protocol, loop, self._protocol = self._protocol, self._loop, None
+        if protocol is None or protocol.transport is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is not None and loop is not running and loop.is_running():
+            loop.call_soon_threadsafe(protocol.transport.close)
+        else:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nothing to do
+                protocol.transport.close()
