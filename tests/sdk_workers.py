@@ -1,18 +1,22 @@
-"""Worker processes for the SDK concurrency tests: `python sdk_workers.py SDK SOCKET ...`.
+"""Worker processes for the SDK concurrency tests: `python sdk_workers.py SDK FDS ARGS`.
 
-Each worker is a real process with its own SDK store object. It reads commands from
-stdin, one a line, and answers each with one line on stdout (JSON), so a test can drive
-four of them in a fixed order (the same script against two stores) or let them run free.
+FDS is "r,w;r,w;...": one pair of pipe descriptors per worker. The first process imports
+the SDK, then forks one process per further pair; worker i (named p<i>) has its own SDK
+store object, reads commands from its r, one a line, and answers each with one JSON line
+on its w, so a test can drive them in a fixed order (the same script against two stores)
+or let them run free (sdk_extras.Workers).
 
-    adk SOCKET DB_URL NAME    commands: "load STORE", "append STORE N", "burst N", "exit"
-    openai SOCKET NAME        commands: "burst N", "exit"
-    langgraph SOCKET NAME     commands: "burst N", "exit"
+    adk FDS SOCKET DB_URL     commands: "load STORE", "append STORE N", "burst N", "exit"
+    openai FDS SOCKET         commands: "burst N", "exit"
+    langgraph FDS SOCKET      commands: "burst N", "exit"
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
+import os
 import sys
 from typing import Any
 
@@ -22,7 +26,7 @@ def _answer(value: Any) -> None:
     sys.stdout.flush()
 
 
-async def adk(socket: str, db_url: str, name: str) -> None:
+async def adk(name: str, socket: str, db_url: str) -> None:
     from google.adk.errors import StaleSessionError
     from google.adk.events.event import Event
     from google.adk.events.event_actions import EventActions
@@ -74,7 +78,7 @@ async def adk(socket: str, db_url: str, name: str) -> None:
         await store.close()
 
 
-async def openai(socket: str, name: str) -> None:
+async def openai(name: str, socket: str) -> None:
     from sessiond.integrations.openai_agents import SessiondSession
 
     session = SessiondSession("race", socket=socket)
@@ -88,7 +92,7 @@ async def openai(socket: str, name: str) -> None:
     session.close()
 
 
-def langgraph(socket: str, name: str) -> None:
+def langgraph(name: str, socket: str) -> None:
     from langgraph.checkpoint.base import empty_checkpoint
     from sessiond.integrations.langgraph import SessiondSaver
 
@@ -109,9 +113,46 @@ def langgraph(socket: str, name: str) -> None:
             _answer("ok")
 
 
+_PRELOAD = {"adk": ["sessiond.integrations.adk",
+                    "google.adk.sessions.database_session_service"],
+            "openai": ["sessiond.integrations.openai_agents"],
+            "langgraph": ["sessiond.integrations.langgraph"]}
+
+
+def main() -> None:
+    sdk, spec, *args = sys.argv[1:]
+    pairs = [tuple(map(int, pair.split(","))) for pair in spec.split(";")]
+    for module in _PRELOAD[sdk]:
+        importlib.import_module(module)
+    children, index = [], 0
+    for i in range(1, len(pairs)):
+        pid = os.fork()
+        if pid == 0:
+            index, children = i, []
+            break
+        children.append(pid)
+    for j, (r, w) in enumerate(pairs):
+        if j != index:
+            os.close(r)
+            os.close(w)
+    sys.stdin = os.fdopen(pairs[index][0])
+    sys.stdout = os.fdopen(pairs[index][1], "w")
+    code = 0
+    try:
+        if sdk == "langgraph":
+            langgraph(f"p{index}", *args)
+        else:
+            asyncio.run({"adk": adk, "openai": openai}[sdk](f"p{index}", *args))
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    for pid in children:
+        code |= os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+    sys.stdout.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sdk, *args = sys.argv[1:]
-    if sdk == "langgraph":
-        langgraph(*args)
-    else:
-        asyncio.run({"adk": adk, "openai": openai}[sdk](*args))
+    main()

@@ -242,7 +242,7 @@ class TestStaleAndRetries:
                   for _ in range(40)]
 
         def drive() -> tuple[dict[str, list[object]], list[object]]:
-            workers = Workers(*[["adk", daemon.socket, db_url, f"p{i}"] for i in range(4)])
+            workers = Workers("adk", 4, daemon.socket, db_url)
             try:
                 outcomes: dict[str, list[object]] = {}
                 for store in ("database", "sessiond"):
