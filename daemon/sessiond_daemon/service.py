@@ -197,7 +197,7 @@ class Service:
             setting = " or ".join(name for name in Limits.__dataclass_fields__
                                   if getattr(self.limits, name) == limit) or "limit"
             raise TooLargeError(f"{what} is {size} bytes, over {setting} ({limit})",
-                                {"limit": limit, "size": size, "setting": setting})
+                                {"limit": limit, "size": size})
 
     async def state(self, session_id: str) -> SessionState:
         state = self.writer.cached(session_id)
