@@ -59,9 +59,12 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        # A large answer comes in many pieces: look for its end only in what is new.
+        start = len(self.buffer)
         self.buffer += data
-        while (end := self.buffer.find(b"\n")) >= 0:
-            line = bytes(self.buffer[:end])
+        while (end := self.buffer.find(b"\n", start)) >= 0:
+            start = 0
+            line = self.buffer[:end]  # one copy; msgspec reads a bytearray
             del self.buffer[:end + 1]
             reply = _decoder.decode(line)
             if reply.id is None and isinstance(reply.error, rpc.ErrorObject):
