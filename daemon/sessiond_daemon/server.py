@@ -52,7 +52,7 @@ _TRANSIENT_ACCEPT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.
                                errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 _CONNECTION_METHODS = frozenset({"events.subscribe", "events.unsubscribe"})
 # The id of a request line that begins {"jsonrpc":"2.0","id":... (as the clients send them).
-_LEADING_ID = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,128}")')
+_LEADING_ID = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,128}")\s*[,}]')
 
 
 @dataclass(frozen=True, slots=True)
