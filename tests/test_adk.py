@@ -335,3 +335,19 @@ class TestStaleAndRetries:
             await service.append_event(session, make_event(0, 1))
             assert len(session.events) == 1
             await service.close()
+
+    async def test_parallel_appends_through_one_object_all_pass(self, daemon: Daemon) -> None:
+        """Branches of a ParallelAgent append through one session object at once: each waits
+        for the one before (as DatabaseSessionService's lock), none is refused as stale."""
+        service = SessiondSessionService(daemon.socket)
+        session = await service.create_session(app_name="par", user_id="u", session_id="s")
+        events = [make_event(0, n) for n in range(8)]
+        async with anyio.create_task_group() as tg:
+            for event in events:
+                tg.start_soon(service.append_event, session, event)
+        got = await service.get_session(app_name="par", user_id="u", session_id="s")
+        assert got is not None
+        assert sorted(e.id for e in got.events) == sorted(e.id for e in events)
+        assert [e.id for e in session.events] == [e.id for e in got.events]
+        assert service._locks == {}
+        await service.close()

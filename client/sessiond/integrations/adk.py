@@ -15,10 +15,13 @@ the app or user. `temp:` keys are never stored, as ADK requires.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -117,6 +120,7 @@ class SessiondSessionService(BaseSessionService):
 
     def __init__(self, socket: str | None = None, *, client: LoopClient | None = None) -> None:
         self.client = client or LoopClient(socket)
+        self._locks: dict[tuple[Any, ...], list[Any]] = {}
 
     # --- sessions ---------------------------------------------------------------------
 
@@ -187,6 +191,26 @@ class SessiondSessionService(BaseSessionService):
         # As the SDK's stores: temp: keys reach the object's state, never the store.
         self._apply_temp_state(session, event)
         event = self._trim_temp_delta_state(event)
+        async with self._session_lock(session):
+            return await self._append(session, event)
+
+    @contextlib.asynccontextmanager
+    async def _session_lock(self, session: Session) -> AsyncIterator[None]:
+        """One append at a time per session in this process, as DatabaseSessionService:
+        the branches of a ParallelAgent share one session object, and each must see the
+        revision the one before it left there."""
+        key = (id(asyncio.get_running_loop()), session.app_name, session.user_id, session.id)
+        entry = self._locks.setdefault(key, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if not entry[1]:
+                self._locks.pop(key, None)
+
+    async def _append(self, session: Session, event: Event) -> Event:
         if event.id and any(e.id == event.id for e in reversed(session.events)):
             return event  # a retry of an append this object already took: stored once
         sid = session_id_for(session.app_name, session.user_id, session.id)
