@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -322,6 +323,26 @@ class TestStaleAndRetries:
                 "big", "u", "s"))).messages
         assert message.content == "short\n" + text
         assert [p["text"] for p in message.metadata["adk_event"]["content"]["parts"]] == ["", ""]
+        # A function call's arguments and a response: shown in the content as JSON, not
+        # kept again in the event.
+        rows = {"rows": ["r" * 1000] * 300}
+        call, answer = make_event(1, 2), make_event(2, 3)
+        assert call.content and answer.content
+        call.content.parts[0].function_call.args = rows  # type: ignore[index,union-attr]
+        answer.content.parts[0].function_response.response = rows  # type: ignore[index,union-attr]
+        for e in (call, answer):
+            await service.append_event(session, e)
+        got = await service.get_session(app_name="big", user_id="u", session_id="s")
+        assert got is not None and [e.content for e in got.events[1:]] == [
+            call.content, answer.content]
+        stored = (await client.list_messages(
+            __import__("sessiond.integrations.adk", fromlist=["x"]).session_id_for(
+                "big", "u", "s"))).messages[1:]
+        assert stored[0].content == f"lookup({json.dumps(rows)})"
+        assert stored[0].metadata["adk_event"]["content"]["parts"][0]["function_call"][
+            "args"] is None
+        assert stored[1].metadata["adk_event"]["content"]["parts"][0]["function_response"][
+            "response"] is None
         await service.close()
 
     async def test_a_cap_hit_is_a_value_error_naming_the_setting(self, short_dir: str) -> None:

@@ -237,6 +237,13 @@ class TestParity:
         assert await session.get_items() == [ITEMS[0], item]
         [_, message] = (await client.list_messages(f"big-{size}")).messages
         assert len(message.content) == size and message.metadata["item"]["output"] == ""
+        # A structured output: its JSON text is the content, and it is not kept twice.
+        rows = {"type": "function_call_output", "call_id": "d", "output": {"rows": [1.5] * (size // 10)}}
+        await session.add_items([rows])
+        assert (await session.get_items(1)) == [rows]
+        [last] = (await client.list_messages(f"big-{size}", order="desc", limit=1)).messages
+        assert last.content == json.dumps(rows["output"])
+        assert last.metadata["item"]["output"] is None
         session.close()
 
     async def test_caps_raise_value_errors_naming_the_setting(self, short_dir: str) -> None:

@@ -62,21 +62,35 @@ def session_id_for(app_name: str, user_id: str, session_id: str) -> str:
     return "adk-" + hashlib.sha256(key).hexdigest()[:40]
 
 
-def _render(event: Event) -> tuple[str, str, str | None, list[list[Any]]]:
-    """(role, content, tool_call_id, spans) of the message that carries an ADK event; the
-    spans say where its text parts lie in the content, so they are stored once."""
+def _render(event: Event, stored: dict[str, Any]) -> tuple[str, str, str | None,
+                                                         list[list[Any]]]:
+    """(role, content, tool_call_id, spans) of the message that carries an ADK event
+    (`stored`: the event as JSON builtins); the spans say where its text parts and
+    function arguments and responses lie in the content, so each is stored once."""
     pieces: list[Piece] = []
     tool_call_id = None
     parts = event.content.parts if event.content and event.content.parts else []
+    kept = stored.get("content", {}).get("parts", [])
     for i, part in enumerate(parts):
         piece: Piece
         if part.text:
             piece = (part.text, ("content", "parts", i, "text"))
         elif part.function_call:
-            piece = (f"{part.function_call.name}({json.dumps(part.function_call.args)})", None)
+            call = kept[i]["function_call"]
+            if "args" in call:
+                args: Piece = (json.dumps(call["args"]),
+                               ("content", "parts", i, "function_call", "args"), "json")
+            else:
+                args = ("null", None)
+            pieces += [("\n", None)] if pieces else []
+            pieces += [(f"{part.function_call.name}(", None), args, (")", None)]
+            continue
         elif part.function_response:
             tool_call_id = part.function_response.id or part.function_response.name or "unknown"
-            piece = (json.dumps(part.function_response.response, default=str), None)
+            result = kept[i]["function_response"]
+            piece = (json.dumps(result["response"]),
+                     ("content", "parts", i, "function_response", "response"), "json") \
+                if "response" in result else ("null", None)
         else:
             continue
         if pieces:
@@ -218,7 +232,7 @@ class SessiondSessionService(BaseSessionService):
         if version is None:
             version = await self._check_unmarked(sid, session)
         stored = event.model_dump(mode="json", exclude_none=True)
-        role, content, tool_call_id, spans = _render(event)
+        role, content, tool_call_id, spans = _render(event, stored)
         message: dict[str, Any] = {"role": role, "content": content,
                                    "metadata": {"adk_event": lift(stored, spans)}}
         if spans:

@@ -91,7 +91,7 @@ def as_message(item: Any) -> dict[str, Any]:
         role, tool_call_id = "tool", str(item.get("call_id") or "unknown")
         output = item.get("output")
         pieces = [(output, ("output",)) if isinstance(output, str) else
-                  (_json_text(output), None)]
+                  (_json_text(output), ("output",), "json")]
     elif kind == "reasoning":
         pieces = _parts(item.get("summary"), "summary")
     content, spans = compose(pieces)
