@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -219,3 +221,156 @@ async def test_runner_runs_two_turns_across_a_restart(short_dir: str) -> None:
             "adk-" + __import__("hashlib").sha256(b"support\0u1\0s1").hexdigest()[:40])).messages]
         assert texts == ["first question", "answer 1", "second question", "answer 2"]
     assert StubLlm.seen[1] == ["first question", "answer 1", "second question"]
+
+
+class TestStaleAndRetries:
+    async def test_four_processes_refused_where_database_session_service_refuses(
+            self, daemon: Daemon, tmp_path: Any) -> None:
+        """Four real processes, each with its own copy of one session, append and reload in
+        a fixed order: sessiond refuses (StaleSessionError) exactly the appends that
+        DatabaseSessionService on SQLite refuses, and both then hold the same events and
+        state. Then the four append freely at once, reloading when refused: every event
+        is stored exactly once."""
+        from google.adk.sessions.database_session_service import DatabaseSessionService
+
+        from sdk_extras import Workers
+
+        db_url = f"sqlite+aiosqlite:///{tmp_path / 'adk.db'}"
+        stores = {"sessiond": SessiondSessionService(daemon.socket),
+                  "database": DatabaseSessionService(db_url)}
+        for store in stores.values():
+            await store.create_session(app_name="race", user_id="u", session_id="s")
+        rng = __import__("random").Random(17)
+        script = [(rng.randrange(4), "load" if rng.random() < 0.3 else "append")
+                  for _ in range(40)]
+
+        def drive() -> tuple[dict[str, list[object]], list[object]]:
+            workers = Workers("adk", 4, daemon.socket, db_url)
+            try:
+                outcomes: dict[str, list[object]] = {}
+                for store in ("database", "sessiond"):
+                    for i in range(4):
+                        workers.ask(i, f"load {store}")
+                    outcomes[store] = [
+                        workers.ask(p, f"load {store}" if op == "load" else f"append {store} {n}")
+                        for n, (p, op) in enumerate(script)]
+                return outcomes, workers.all("burst 25")
+            finally:
+                workers.close()
+
+        outcomes, bursts = await anyio.to_thread.run_sync(drive)
+        assert outcomes["sessiond"] == outcomes["database"]
+        assert {"ok", "stale"} <= set(outcomes["database"])
+        ours = await stores["sessiond"].get_session(app_name="race", user_id="u", session_id="s")
+        theirs = await stores["database"].get_session(app_name="race", user_id="u",
+                                                      session_id="s")
+        assert ours is not None and theirs is not None
+        scripted = [e.id for e in ours.events if int(e.id.split("-")[1]) < 10_000]
+        assert scripted == [e.id for e in theirs.events]
+        burst = sorted(e.id for e in ours.events if int(e.id.split("-")[1]) >= 10_000)
+        assert burst == sorted(f"p{i}-{10_000 + n}" for i in range(4) for n in range(25))
+        assert len({e.id for e in ours.events}) == len(ours.events)  # nothing doubled
+        assert sum(b["refused"] for b in bursts) >= 0  # type: ignore[index]
+        for store in stores.values():
+            await store.close()
+
+    async def test_an_outdated_object_is_refused_and_a_retry_is_stored_once(
+            self, daemon: Daemon, client: AsyncClient) -> None:
+        """The same refusals for objects this service did not load (ADK's fallback by time
+        and last event); a retried append leaves one copy in session.events and the store;
+        a refused append leaves the object as DatabaseSessionService leaves it."""
+        from google.adk.errors import StaleSessionError
+        from google.adk.sessions.session import Session
+
+        service = SessiondSessionService(daemon.socket)
+        a = await service.create_session(app_name="retry", user_id="u", session_id="s")
+        b = copy.deepcopy(a)
+        first = make_event(0, 1)
+        await service.append_event(a, first)
+        await service.append_event(a, first)  # retried: one copy
+        assert [e.id for e in a.events] == [first.id]
+        with pytest.raises(StaleSessionError) as refused:
+            await service.append_event(b, Event(author="agent", actions=EventActions(
+                state_delta={"temp:t": 1, "k": 2})))
+        assert isinstance(refused.value, ValueError) and "reload" in str(refused.value)
+        assert b.events == [] and b.state == {"temp:t": 1}  # temp applied first, as ADK's
+        # The answer of an append was lost: the same event through the older copy is the
+        # stored one, not a conflict, and not a second copy.
+        await service.append_event(b, copy.deepcopy(first))
+        assert [e.id for e in b.events] == [first.id]
+        # A Session made by hand (no revision): refused only when the store moved past it.
+        loose = Session(id="s", app_name="retry", user_id="u", last_update_time=0.0)
+        with pytest.raises(StaleSessionError):
+            await service.append_event(loose, make_event(1, 2))
+        loose = Session(id="s", app_name="retry", user_id="u", events=[first],
+                        last_update_time=0.0)
+        await service.append_event(loose, make_event(1, 2))
+        got = await service.get_session(app_name="retry", user_id="u", session_id="s")
+        assert got is not None and [e.id for e in got.events] == [first.id, loose.events[-1].id]
+        await service.close()
+
+    async def test_a_600_kb_event_is_stored_once(self, daemon: Daemon, client: AsyncClient,
+                                                 short_dir: str) -> None:
+        """A 600 KB text part: stored (once, in the message's content), read back whole."""
+        service = SessiondSessionService(daemon.socket)
+        session = await service.create_session(app_name="big", user_id="u", session_id="s")
+        text = "é" * 300_000  # 600 KB of UTF-8
+        event = Event(author="user", content=types.Content(role="user", parts=[
+            types.Part(text="short"), types.Part(text=text)]))
+        await service.append_event(session, event)
+        got = await service.get_session(app_name="big", user_id="u", session_id="s")
+        assert got is not None and got.events[0].content == event.content
+        [message] = (await client.list_messages(
+            __import__("sessiond.integrations.adk", fromlist=["x"]).session_id_for(
+                "big", "u", "s"))).messages
+        assert message.content == "short\n" + text
+        assert [p["text"] for p in message.metadata["adk_event"]["content"]["parts"]] == ["", ""]
+        # A function call's arguments and a response: shown in the content as JSON, not
+        # kept again in the event.
+        rows = {"rows": ["r" * 1000] * 300}
+        call, answer = make_event(1, 2), make_event(2, 3)
+        assert call.content and answer.content
+        call.content.parts[0].function_call.args = rows  # type: ignore[index,union-attr]
+        answer.content.parts[0].function_response.response = rows  # type: ignore[index,union-attr]
+        for e in (call, answer):
+            await service.append_event(session, e)
+        got = await service.get_session(app_name="big", user_id="u", session_id="s")
+        assert got is not None and [e.content for e in got.events[1:]] == [
+            call.content, answer.content]
+        stored = (await client.list_messages(
+            __import__("sessiond.integrations.adk", fromlist=["x"]).session_id_for(
+                "big", "u", "s"))).messages[1:]
+        assert stored[0].content == f"lookup({json.dumps(rows)})"
+        assert stored[0].metadata["adk_event"]["content"]["parts"][0]["function_call"][
+            "args"] is None
+        assert stored[1].metadata["adk_event"]["content"]["parts"][0]["function_response"][
+            "response"] is None
+        await service.close()
+
+    async def test_a_cap_hit_is_a_value_error_naming_the_setting(self, short_dir: str) -> None:
+        """Over max_event_bytes: a ValueError naming the setting; the service goes on."""
+        async with running_daemon(daemon_config(short_dir, max_event_bytes=1000)) as d:
+            service = SessiondSessionService(d.socket)
+            session = await service.create_session(app_name="cap", user_id="u", session_id="s")
+            with pytest.raises(ValueError, match="max_event_bytes"):
+                await service.append_event(session, Event(author="user", content=types.Content(
+                    role="user", parts=[types.Part(text="x" * 2000)])))
+            await service.append_event(session, make_event(0, 1))
+            assert len(session.events) == 1
+            await service.close()
+
+    async def test_parallel_appends_through_one_object_all_pass(self, daemon: Daemon) -> None:
+        """Branches of a ParallelAgent append through one session object at once: each waits
+        for the one before (as DatabaseSessionService's lock), none is refused as stale."""
+        service = SessiondSessionService(daemon.socket)
+        session = await service.create_session(app_name="par", user_id="u", session_id="s")
+        events = [make_event(0, n) for n in range(8)]
+        async with anyio.create_task_group() as tg:
+            for event in events:
+                tg.start_soon(service.append_event, session, event)
+        got = await service.get_session(app_name="par", user_id="u", session_id="s")
+        assert got is not None
+        assert sorted(e.id for e in got.events) == sorted(e.id for e in events)
+        assert [e.id for e in session.events] == [e.id for e in got.events]
+        assert service._locks == {}
+        await service.close()

@@ -164,6 +164,16 @@ class TestImpostor:
                 await client.ping()
         assert caught.value.data["peer_uid"] == uid
 
+    async def test_the_sdk_stores_client_refuses_it_too(
+            self, impostor: tuple[str, int]) -> None:
+        """The integrations' asyncio client (LoopClient) checks who answers as well."""
+        from sessiond.integrations._loop import LoopClient
+
+        path, uid = impostor
+        with pytest.raises(UntrustedDaemonError) as caught:
+            await LoopClient(path).ping()
+        assert caught.value.data["peer_uid"] == uid
+
     def test_a_uid_named_in_the_environment_is_trusted(
             self, impostor: tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
         """$SESSIOND_TRUSTED_UIDS lets in a daemon of that uid (a system-wide sessiond)."""

@@ -92,22 +92,23 @@ class TestHostileInput:
         assert (await client.get_session("deep")).message_count == 0
         await served_ok(daemon)
 
-    async def test_huge_line_is_cut_off(self, daemon: Daemon) -> None:
-        """A 64 MiB line (over the 16 MiB default) gets -32600 and a close."""
-        def run() -> tuple[Any, bytes]:
+    @pytest.mark.parametrize("daemon_overrides", [{"max_request_bytes": 1 << 20}])
+    async def test_huge_line_is_discarded_and_the_connection_goes_on(self, daemon: Daemon) -> None:
+        """A 64 MiB line (over max_request_bytes) is read and discarded: -32600 (id null,
+        as the line does not begin with one), and the same connection serves the next."""
+        def run() -> tuple[Any, Any]:
             raw = Raw(daemon.socket)
             try:
-                try:
-                    raw.sock.sendall(b'{"x":"' + b"a" * (64 << 20) + b'"}\n')
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the daemon may close before we finish sending
-                first = json.loads(raw.file.readline())
-                return first, raw.file.read()
+                raw.sock.sendall(b'{"x":"' + b"a" * (64 << 20) + b'"}\n'
+                                 + b'{"jsonrpc":"2.0","id":2,"method":"daemon.ping"}\n')
+                return json.loads(raw.file.readline()), json.loads(raw.file.readline())
             finally:
                 raw.close()
 
-        first, rest = await anyio.to_thread.run_sync(run)
-        assert first["error"]["code"] == -32600 and rest == b""
+        first, second = await anyio.to_thread.run_sync(run)
+        assert first["error"]["code"] == -32600 and first["id"] is None
+        assert first["error"]["data"]["size"] == (64 << 20) + 9
+        assert second["id"] == 2 and second["result"]["pong"]
         await served_ok(daemon)
 
     async def test_half_request_then_gone(self, daemon: Daemon) -> None:

@@ -36,6 +36,7 @@ async def test_conformance_suite_passes_every_capability(daemon: Daemon) -> None
     assert set(report.results) == {"put", "put_writes", "get_tuple", "list", "delete_thread",
                                    "delete_for_runs", "copy_thread", "prune"}
     assert all(r.detected and r.tests_passed > 0 for r in report.results.values())
+    assert sum(r.tests_passed for r in report.results.values()) == 81
 
 
 class Draft(TypedDict, total=False):
@@ -97,3 +98,80 @@ async def test_interrupted_graph_resumes_after_a_restart(short_dir: str) -> None
         assert [s.values for s in sync_history] == [s.values for s in history]
         await saver.aclose()
         saver.close()
+
+
+async def test_from_socket_with_and_async_with(short_dir: str) -> None:
+    """SessiondSaver.from_socket (alias from_conn_string, as SqliteSaver's) in `with` and
+    `async with`: the saver works inside and its connections are closed at the end; a
+    9 MB state value goes through a real graph and back."""
+    config = daemon_config(short_dir)
+    thread = {"configurable": {"thread_id": "big-1"}}
+    context = "c" * 9_000_000
+    async with running_daemon(config) as d:
+        async with SessiondSaver.from_socket(d.socket) as saver:
+            graph = build().compile(checkpointer=saver)
+            first = await graph.ainvoke({"topic": "big", "context": context}, thread)
+            assert first["context"] == context
+            assert saver.aclient._protocol is not None
+        assert saver.aclient._protocol is None and saver.client._sock is None
+
+        def sync() -> Any:
+            with SessiondSaver.from_conn_string(d.socket) as saver:
+                state = build().compile(checkpointer=saver).get_state(thread)
+                assert saver.client._sock is not None
+            assert saver.client._sock is None
+            with SessiondSaver(d.socket) as plain:  # the saver itself is a context manager too
+                assert plain.get_tuple(thread) is not None
+            return state
+
+        state = await anyio.to_thread.run_sync(sync)
+        assert state.values["context"] == context and state.next == ("review",)
+
+
+async def test_a_cap_hit_is_a_value_error_naming_the_setting(short_dir: str) -> None:
+    """Over max_checkpoint_bytes, or a line over max_request_bytes: a ValueError naming the
+    setting, and the same saver goes on."""
+    config = daemon_config(short_dir, max_checkpoint_bytes=100_000, max_request_bytes=400_000)
+    thread = {"configurable": {"thread_id": "cap-1"}}
+    async with running_daemon(config) as d:
+        async with SessiondSaver.from_socket(d.socket) as saver:
+            graph = build().compile(checkpointer=saver)
+            with pytest.raises(ValueError, match="max_checkpoint_bytes"):
+                await graph.ainvoke({"topic": "t", "context": "x" * 200_000}, thread)
+            with pytest.raises(ValueError, match="max_request_bytes"):
+                await graph.ainvoke({"topic": "t", "context": "x" * 500_000}, thread)
+            small = await graph.ainvoke({"topic": "t", "context": "fine"},
+                                        {"configurable": {"thread_id": "cap-2"}})
+            assert small["context"] == "fine"
+
+            def sync() -> None:
+                with pytest.raises(ValueError, match="max_request_bytes"):
+                    graph.invoke({"topic": "t", "context": "x" * 500_000},
+                                 {"configurable": {"thread_id": "cap-3"}})
+                assert graph.invoke({"topic": "t", "context": "ok"},
+                                    {"configurable": {"thread_id": "cap-4"}})["context"] == "ok"
+
+            await anyio.to_thread.run_sync(sync)
+
+
+async def test_four_processes_put_concurrently(daemon: Daemon) -> None:
+    """Four real processes put checkpoints and writes to one thread at once: every
+    checkpoint and every write is there once."""
+    from sdk_extras import Workers
+
+    def drive() -> None:
+        workers = Workers("langgraph", 4, daemon.socket)
+        try:
+            assert workers.all("burst 30") == ["ok"] * 4
+        finally:
+            workers.close()
+
+    await anyio.to_thread.run_sync(drive)
+    async with SessiondSaver.from_socket(daemon.socket) as saver:
+        tuples = [t async for t in saver.alist({"configurable": {"thread_id": "race"}})]
+        ids = [t.config["configurable"]["checkpoint_id"] for t in tuples]
+        assert sorted(ids) == sorted(f"p{i}-{n:04}" for i in range(4) for n in range(30))
+        for t in tuples:
+            name, n = t.config["configurable"]["checkpoint_id"].split("-")
+            assert t.checkpoint["channel_values"] == {"by": f"{name} {int(n)}"}
+            assert [w[1:] for w in t.pending_writes] == [("by", f"{name} write {int(n)}")]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -37,6 +39,16 @@ ITEMS: list[Any] = [
     {"role": "developer", "content": "Answer briefly."},
     {"role": "user", "content": [{"type": "input_text", "text": "And tomorrow? ünïcødé"}]},
 ]
+# Values plain JSON cannot hold: they must come back as SQLiteSession (json.dumps) gives them.
+EDGE_ITEMS: list[Any] = [
+    {"role": "user", "content": "inf and nan", "extra": [float("inf"), float("-inf")]},
+    {"type": "function_call_output", "call_id": "c", "output": {"score": float("nan")}},
+    {"role": "user", "content": "lone \ud800 surrogate"},
+    {"role": "user", "content": [{"type": "input_text", "text": "pair 😀 and lone \udfff"}]},
+    {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}", "\udc80": 1},
+    {"role": "user", "content": "ok 😀", "n": 2**70},
+]
+POOL = ITEMS + EDGE_ITEMS
 counter = itertools.count()
 
 
@@ -47,7 +59,7 @@ def both(tmp: Path, socket: str, **kwargs: Any) -> tuple[SQLiteSession, Sessiond
 
 
 operations = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.lists(st.sampled_from(range(len(ITEMS))), max_size=4)),
+    st.tuples(st.just("add"), st.lists(st.sampled_from(range(len(POOL))), max_size=4)),
     st.tuples(st.just("get"), st.one_of(st.none(), st.integers(-2, 8))),
     st.tuples(st.just("pop")),
     st.tuples(st.just("clear")),
@@ -62,22 +74,24 @@ class TestDifferential:
                                                   script: list[tuple[Any, ...]]) -> None:
         """Random add/get(limit)/pop/clear sequences: every answer equals SQLiteSession's."""
         reference, ours = both(tmp_path, daemon.socket)
+        same = json.dumps  # NaN != NaN: compare what each gives back as its JSON text
         try:
             for op in script:
                 if op[0] == "add":
-                    items = [ITEMS[i] for i in op[1]]
+                    items = [POOL[i] for i in op[1]]
                     assert await reference.add_items(items) == await ours.add_items(items)
                 elif op[0] == "get":
-                    assert await ours.get_items(op[1]) == await reference.get_items(op[1]), op
+                    assert same(await ours.get_items(op[1])) == same(
+                        await reference.get_items(op[1])), op
                 elif op[0] == "pop":
-                    assert await ours.pop_item() == await reference.pop_item()
+                    assert same(await ours.pop_item()) == same(await reference.pop_item())
                 else:
                     await reference.clear_session()
                     await ours.clear_session()
-            assert await ours.get_items() == await reference.get_items()
+            assert same(await ours.get_items()) == same(await reference.get_items())
         finally:
             reference.close()
-            await ours.close()
+            ours.close()
 
     async def test_session_settings_limit(self, daemon: Daemon, tmp_path: Path) -> None:
         """SessionSettings(limit) is the default limit, as in the SDK's own sessions."""
@@ -87,7 +101,7 @@ class TestDifferential:
         assert await ours.get_items() == await reference.get_items() == ITEMS[-2:]
         assert await ours.get_items(5) == ITEMS[-5:]
         reference.close()
-        await ours.close()
+        ours.close()
 
 
 class TestStored:
@@ -102,7 +116,10 @@ class TestStored:
             ("assistant", 'weather({"city": "Paris"})', None),
             ("tool", "18C and sunny", "call_1"),
             ("assistant", "It is 18C and sunny.", None)]
-        assert messages[1].metadata["item"] == ITEMS[1]
+        # The item is kept whole but for the text its content already holds (stored once).
+        assert messages[1].metadata["item"] == {**ITEMS[1], "arguments": ""}
+        assert messages[1].metadata["spans"] == [[["arguments"], 8, 17]]
+        assert messages[2].metadata["item"]["output"] == ""
         assert await session.pop_item() == ITEMS[3]
         await session.clear_session()
         assert await session.get_items() == []
@@ -115,7 +132,7 @@ class TestStored:
         await client.delete_session("user-42")
         await session.add_items(ITEMS[:1])
         assert await session.get_items() == ITEMS[:1]
-        await session.close()
+        session.close()
 
 
 class StubModel(Model):
@@ -149,7 +166,7 @@ class TestRunner:
             first = await Runner.run(agent, "Hello", session=session)
             second = await Runner.run(agent, "And again", session=session)
             assert (first.final_output, second.final_output) == ("answer 1", "answer 2")
-            await session.close()
+            session.close()
         async with running_daemon(config) as d, AsyncClient(d.socket) as c:
             session = SessiondSession("chat-1", socket=d.socket)
             third = await Runner.run(agent, "Still there?", session=session)
@@ -157,7 +174,112 @@ class TestRunner:
             texts = [m.content for m in (await c.list_messages("chat-1")).messages]
             assert texts == ["Hello", "answer 1", "And again", "answer 2", "Still there?",
                              "answer 3"]
-            await session.close()
+            session.close()
         seen = [item.get("content") if isinstance(item.get("content"), str) else
                 item["content"][0]["text"] for item in model.inputs[2]]
         assert seen == ["Hello", "answer 1", "And again", "answer 2", "Still there?"]
+
+
+
+
+class TestParity:
+    async def test_json_edge_values_as_sqlite_session(self, daemon: Daemon,
+                                                      tmp_path: Path) -> None:
+        """inf, NaN, lone surrogates and huge ints come back as SQLiteSession gives them back;
+        bytes are refused with SQLiteSession's TypeError, and nothing of that add is stored."""
+        import json
+
+        reference, ours = both(tmp_path, daemon.socket)
+        for item in EDGE_ITEMS:
+            await reference.add_items([item])
+            await ours.add_items([item])
+        assert json.dumps(await ours.get_items()) == json.dumps(await reference.get_items())
+        assert json.dumps(await ours.get_items(2)) == json.dumps(await reference.get_items(2))
+        raised = []
+        for session in (reference, ours):
+            with pytest.raises(TypeError) as error:
+                await session.add_items([ITEMS[0], {"role": "user", "content": b"bytes"}])
+            raised.append(str(error.value))
+        assert raised[0] == raised[1]
+        assert json.dumps(await ours.pop_item()) == json.dumps(await reference.pop_item())
+        assert json.dumps(await ours.get_items()) == json.dumps(await reference.get_items())
+        reference.close()
+        ours.close()
+
+    async def test_close_is_synchronous_as_sqlite_session(self, daemon: Daemon,
+                                                          tmp_path: Path) -> None:
+        """close() returns None at once (no coroutine to forget), closes the connection,
+        and the session then refuses use with RuntimeError, as SQLiteSession does."""
+        import warnings
+
+        reference, ours = both(tmp_path, daemon.socket)
+        await ours.add_items(ITEMS[:1])
+        protocol = ours.client._protocol
+        assert protocol is not None and protocol.transport is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert ours.close() is None and reference.close() is None
+        await anyio.sleep(0.01)
+        assert protocol.transport.is_closing()
+        for session in (reference, ours):
+            with pytest.raises(RuntimeError, match="closed"):
+                await session.add_items([])
+            with pytest.raises(RuntimeError, match="closed"):
+                await session.get_items()
+
+    @pytest.mark.parametrize("size", [1_100_000, 9_000_000])
+    async def test_large_items_are_stored_once(self, daemon: Daemon, client: AsyncClient,
+                                               size: int) -> None:
+        """Items of 1.1 MB and 9 MB: stored (their text once, in the content), read back."""
+        session = SessiondSession(f"big-{size}", socket=daemon.socket)
+        item = {"type": "function_call_output", "call_id": "c", "output": "y" * size}
+        await session.add_items([ITEMS[0], item])
+        assert await session.get_items() == [ITEMS[0], item]
+        # (a page ends at max_page_bytes: the big one may come on a page of its own)
+        [message] = (await client.list_messages(f"big-{size}", after_sequence=0)).messages
+        assert len(message.content) == size and message.metadata["item"]["output"] == ""
+        # A structured output: its JSON text is the content, and it is not kept twice.
+        rows = {"type": "function_call_output", "call_id": "d", "output": {"rows": [1.5] * (size // 10)}}
+        await session.add_items([rows])
+        assert (await session.get_items(1)) == [rows]
+        [last] = (await client.list_messages(f"big-{size}", order="desc", limit=1)).messages
+        assert last.content == json.dumps(rows["output"])
+        assert last.metadata["item"]["output"] is None
+        session.close()
+
+    async def test_caps_raise_value_errors_naming_the_setting(self, short_dir: str) -> None:
+        """Over max_message_bytes, and over max_request_bytes: a ValueError that names the
+        setting, and the same connection goes on serving."""
+        config = daemon_config(short_dir, max_message_bytes=10_000, max_request_bytes=50_000)
+        async with running_daemon(config) as d:
+            session = SessiondSession("caps", socket=d.socket)
+            await session.add_items(ITEMS[:1])
+            protocol = session.client._protocol
+            with pytest.raises(ValueError, match="max_message_bytes"):
+                await session.add_items([{"role": "user", "content": "x" * 20_000}])
+            with pytest.raises(ValueError, match="max_request_bytes"):
+                await session.add_items([{"role": "user", "content": "x" * 9_000,
+                                          "blob": "z" * 100_000}])
+            assert await session.get_items() == ITEMS[:1]
+            assert session.client._protocol is protocol and not protocol.lost
+            session.close()
+
+
+async def test_four_processes_add_concurrently(daemon: Daemon) -> None:
+    """Four real processes add to one session at once: every item once, each one's in order."""
+    from sdk_extras import Workers
+
+    def drive() -> None:
+        workers = Workers("openai", 4, daemon.socket)
+        try:
+            assert workers.all("burst 40") == ["ok"] * 4
+        finally:
+            workers.close()
+
+    await anyio.to_thread.run_sync(drive)
+    session = SessiondSession("race", socket=daemon.socket)
+    texts = [item["content"] for item in await session.get_items()]
+    assert sorted(texts) == sorted(f"p{i} {n}" for i in range(4) for n in range(40))
+    for i in range(4):
+        assert [t for t in texts if t.startswith(f"p{i} ")] == [f"p{i} {n}" for n in range(40)]
+    session.close()

@@ -92,9 +92,11 @@ class TestFraming:
         [r] = await exchange(daemon.socket, line(msg), 1)
         assert r["error"]["code"] == -32602 and r["error"]["data"]["path"] == "$"
 
-    async def test_request_too_large_closes(self, daemon_overrides: dict[str, Any],
-                                            short_dir: str) -> None:
-        """A line over max_request_bytes gets -32600 'request too large' and a close."""
+    async def test_request_too_large_keeps_the_connection(self, daemon_overrides: dict[str, Any],
+                                                          short_dir: str) -> None:
+        """A line over max_request_bytes is read to its end and discarded, answered
+        -32600 'request too large' under its own id (naming the setting), and the
+        connection goes on serving the next line."""
         import sessiond_daemon.lifecycle as lifecycle
 
         from conftest import daemon_config
@@ -105,19 +107,22 @@ class TestFraming:
             await tg.start(lifecycle.run, config, stop)
             assert config.socket
 
-            def run() -> tuple[Any, bytes]:
+            def run() -> tuple[Any, Any]:
                 conn = RawConnection(config.socket or "")
                 try:
-                    conn.send(b'{"jsonrpc":"2.0","id":1,"method":"daemon.ping","params":{"x":"'
-                              + b"a" * 4096 + b'"}}\n')
-                    first = conn.line()
-                    return first, conn.file.read()
+                    conn.send(b'{"jsonrpc":"2.0","id":7,"method":"daemon.ping","params":{"x":"'
+                              + b"a" * 100_000 + b'"}}\n'
+                              + b'{"jsonrpc":"2.0","id":8,"method":"daemon.ping"}\n')
+                    return conn.line(), conn.line()
                 finally:
                     conn.close()
 
-            first, rest = await anyio.to_thread.run_sync(run)
-            assert first["error"]["code"] == -32600 and first["error"]["message"] == "request too large"
-            assert rest == b""  # closed
+            first, second = await anyio.to_thread.run_sync(run)
+            assert first["id"] == 7 and first["error"]["code"] == -32600
+            assert first["error"]["message"] == "request too large"
+            assert first["error"]["data"]["setting"] == "max_request_bytes"
+            assert first["error"]["data"]["size"] > 100_000
+            assert second["id"] == 8 and second["result"]["pong"]  # same connection
             async with AsyncClient(config.socket) as c:
                 assert (await c.ping()).pong  # and the daemon serves others
             stop.set()

@@ -36,7 +36,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_db_bytes: CountOrZero = 0  # 0: no cap; counts the WAL too
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
-    max_request_bytes: Count = 16 << 20
+    max_request_bytes: Count = 128 << 20
     max_connections: Count = 1024
     max_inflight: Count = 256
     max_subscriptions: CountOrZero = 64  # 0: no subscriptions
@@ -45,9 +45,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch: Count = 512
     view_cache_size: Count = 4096
     snapshot_every: Count = 1000
-    max_message_bytes: Count = 1 << 20
-    max_event_bytes: Count = 1 << 20
-    max_checkpoint_bytes: Count = 8 << 20
+    max_message_bytes: Count = 16 << 20
+    max_event_bytes: Count = 32 << 20
+    max_checkpoint_bytes: Count = 96 << 20
     allowed_uids: list[Id] = []
     allowed_gids: list[Id] = []
     # Methods those other users may call beyond the default session-data set

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -50,11 +51,13 @@ _request_decoder = msgspec.json.Decoder(rpc.Request)
 _batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _EMPTY_PARAMS = msgspec.Raw(b"{}")
 _CONNECTION_METHODS = frozenset({"events.subscribe", "events.unsubscribe"})
+# The id of a request line that begins {"jsonrpc":"2.0","id":... (as the clients send them).
+_LEADING_ID = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,128}")\s*[,}]')
 
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
-    max_request_bytes: int = 16 << 20
+    max_request_bytes: int = 128 << 20
     max_connections: int = 1024
     max_inflight: int = 256
     max_subscriptions: int = 64  # per connection
@@ -258,14 +261,30 @@ class Server:
                 try:
                     line = await reader.readuntil(b"\n")  # the reader's limit is max_request_bytes
                 except asyncio.LimitOverrunError:
-                    limit = self.limits.max_request_bytes
-                    log.warning("rpc.request_too_large", limit=limit)
+                    # Too long: discard the rest of the line as it comes (never holding
+                    # more than the limit), answer it, and go on with the next line. The
+                    # answer carries the request's id when the line begins with it.
+                    limit, size, head, end = self.limits.max_request_bytes, 0, b"", False
+                    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                        while not end:
+                            try:
+                                chunk = await reader.readuntil(b"\n")
+                                end = True
+                            except asyncio.LimitOverrunError as more:
+                                chunk = await reader.readexactly(max(more.consumed, 1))
+                            head, size = head or chunk[:200], size + len(chunk)
+                    found = _LEADING_ID.match(head)
+                    request_id = msgspec.json.decode(found.group(1)) if found else None
+                    log.warning("rpc.request_too_large", limit=limit, size=size)
                     reply = _encoder.encode(_failure(
-                        None, INVALID_REQUEST, "request too large",
-                        {"detail": f"a line may hold at most {limit} bytes"}))
+                        request_id, INVALID_REQUEST, "request too large",
+                        {"detail": f"a line may hold at most {limit} bytes"
+                                   " (max_request_bytes)",
+                         "limit": limit, "size": size, "setting": "max_request_bytes"}))
                     await self._send_quietly(writer, reply)
-                    await self._linger(reader, writer)
-                    break
+                    if not end:
+                        break
+                    continue
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
                 # Back-pressure: past max_reply_buffer unsent bytes, or max_inflight

@@ -52,9 +52,9 @@ _json = msgspec.json.Encoder()
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    max_message_bytes: int = 1 << 20
-    max_event_bytes: int = 1 << 20
-    max_checkpoint_bytes: int = 8 << 20
+    max_message_bytes: int = 16 << 20
+    max_event_bytes: int = 32 << 20
+    max_checkpoint_bytes: int = 96 << 20
 
 
 class StatusChangeInput(msgspec.Struct, kw_only=True):
@@ -201,8 +201,10 @@ class Service:
         self._check_size(len(_json.encode(data)), self.limits.max_checkpoint_bytes, what)
 
     def _check_size(self, size: int, limit: int, what: str) -> None:
-        if size > limit:
-            raise TooLargeError(f"{what} is {size} bytes, over the limit of {limit}",
+        if size > limit:  # the message names the setting to raise
+            setting = " or ".join(name for name in Limits.__dataclass_fields__
+                                  if getattr(self.limits, name) == limit) or "limit"
+            raise TooLargeError(f"{what} is {size} bytes, over {setting} ({limit})",
                                 {"limit": limit, "size": size})
 
     async def state(self, session_id: str) -> SessionState:

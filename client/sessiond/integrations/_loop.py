@@ -9,20 +9,41 @@ the event loop's callbacks, and a connection is (re)opened on the loop of the ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 from sessiond_schemas import rpc
-from sessiond_schemas.errors import SessiondError
+from sessiond_schemas.errors import InvalidRequestError, SessiondError, TooLargeError
 from sessiond_schemas.paths import default_socket
 
-from .._methods import Methods, request_line
-from .._wire import ConnectionLostError, raise_for
+from .._methods import Methods, encode_request
+from .._wire import ConnectionLostError, check_peer, raise_for, unavailable
 
-_encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(rpc.Response)
+
+
+class ValueTooLargeError(TooLargeError, ValueError):
+    """A value over one of the daemon's size caps: a ValueError, as the SDKs raise for a
+    value their store cannot take; the message names the setting (data["setting"])."""
+
+
+@contextlib.contextmanager
+def sized() -> Iterator[None]:
+    """Around a write: a size cap hit (the daemon's -32005, or -32600 for a request over
+    max_request_bytes) raises ValueTooLargeError naming the setting to raise."""
+    try:
+        yield
+    except TooLargeError as exc:
+        raise ValueTooLargeError(exc.message, exc.data) from exc
+    except InvalidRequestError as exc:
+        if exc.data.get("setting") != "max_request_bytes":
+            raise
+        raise ValueTooLargeError(
+            f"the request is {exc.data.get('size')} bytes, over the daemon's"
+            f" max_request_bytes ({exc.data.get('limit')})", exc.data) from exc
 
 
 class _Protocol(asyncio.Protocol):
@@ -37,9 +58,12 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        # A large answer comes in many pieces: look for its end only in what is new.
+        start = len(self.buffer)
         self.buffer += data
-        while (end := self.buffer.find(b"\n")) >= 0:
-            line = bytes(self.buffer[:end])
+        while (end := self.buffer.find(b"\n", start)) >= 0:
+            start = 0
+            line = self.buffer[:end]  # one copy; msgspec reads a bytearray
             del self.buffer[:end + 1]
             reply = _decoder.decode(line)
             if reply.id is None and isinstance(reply.error, rpc.ErrorObject):
@@ -82,7 +106,17 @@ class LoopClient(Methods):
         assert self._connecting is not None
         async with self._connecting:
             if self._protocol is None or self._protocol.lost or self._loop is not loop:
-                _, self._protocol = await loop.create_unix_connection(_Protocol, self.socket_path)
+                try:
+                    transport, protocol = await loop.create_unix_connection(
+                        _Protocol, self.socket_path)
+                except OSError as exc:
+                    raise unavailable(self.socket_path, exc) from exc
+                try:  # who answers: our uid, root, or a trusted one (as the other clients)
+                    check_peer(transport.get_extra_info("socket"), self.socket_path)
+                except BaseException:
+                    transport.close()
+                    raise
+                self._protocol = protocol
                 self._loop = loop
         return self._protocol
 
@@ -90,9 +124,10 @@ class LoopClient(Methods):
                     pick: Callable[[Any], Any] | None = None, **params: Any) -> Any:
         protocol = await self._connection()
         request_id = next(self._ids)
+        line = encode_request(request_id, method, params)  # may refuse: nothing pending yet
         future = protocol.pending[request_id] = asyncio.get_running_loop().create_future()
         assert protocol.transport is not None
-        protocol.transport.write(_encoder.encode(request_line(request_id, method, params)) + b"\n")
+        protocol.transport.write(line)
         try:
             reply = await future
         finally:
@@ -105,6 +140,20 @@ class LoopClient(Methods):
         return await self._call(method, result_type, **params)
 
     async def aclose(self) -> None:
-        if self._protocol is not None and self._protocol.transport is not None:
-            self._protocol.transport.close()
-        self._protocol = None
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection, from any thread, whether or not its loop still runs
+        (the next call opens a new one)."""
+        protocol, loop, self._protocol = self._protocol, self._loop, None
+        if protocol is None or protocol.transport is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is not None and loop is not running and loop.is_running():
+            loop.call_soon_threadsafe(protocol.transport.close)
+        else:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nothing to do
+                protocol.transport.close()

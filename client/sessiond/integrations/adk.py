@@ -15,13 +15,17 @@ the app or user. `temp:` keys are never stored, as ADK requires.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
+from google.adk.errors import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.errors.session_not_found_error import SessionNotFoundError as AdkSessionNotFound
 from google.adk.events.event import Event
@@ -34,12 +38,16 @@ from google.adk.sessions.base_session_service import (
 from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
 from sessiond_schemas import rpc
-from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError
+from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError, VersionConflictError
 from sessiond_schemas.state import SessionState
 
-from ._loop import LoopClient
+from ._loop import LoopClient, sized
+from ._text import Piece, compose, lift, restore
 
 _PAGE = 1000
+# DatabaseSessionService's words for the same refusal.
+STALE_SESSION_MESSAGE = ("The session has been modified in storage since it was loaded. "
+                         "Please reload the session before appending more events.")
 
 
 def namespace_for(app_name: str, user_id: str | None = None) -> str:
@@ -54,21 +62,57 @@ def session_id_for(app_name: str, user_id: str, session_id: str) -> str:
     return "adk-" + hashlib.sha256(key).hexdigest()[:40]
 
 
-def _render(event: Event) -> tuple[str, str, str | None]:
-    """(role, content, tool_call_id) of the message that carries an ADK event."""
-    texts, tool_call_id = [], None
+def _render(event: Event, stored: dict[str, Any]) -> tuple[str, str, str | None,
+                                                         list[list[Any]]]:
+    """(role, content, tool_call_id, spans) of the message that carries an ADK event
+    (`stored`: the event as JSON builtins); the spans say where its text parts and
+    function arguments and responses lie in the content, so each is stored once."""
+    pieces: list[Piece] = []
+    tool_call_id = None
     parts = event.content.parts if event.content and event.content.parts else []
-    for part in parts:
+    kept = stored.get("content", {}).get("parts", [])
+    for i, part in enumerate(parts):
+        piece: Piece
         if part.text:
-            texts.append(part.text)
+            piece = (part.text, ("content", "parts", i, "text"))
         elif part.function_call:
-            texts.append(f"{part.function_call.name}({json.dumps(part.function_call.args)})")
+            call = kept[i]["function_call"]
+            if "args" in call:
+                args: Piece = (json.dumps(call["args"]),
+                               ("content", "parts", i, "function_call", "args"), "json")
+            else:
+                args = ("null", None)
+            pieces += [("\n", None)] if pieces else []
+            pieces += [(f"{part.function_call.name}(", None), args, (")", None)]
+            continue
         elif part.function_response:
             tool_call_id = part.function_response.id or part.function_response.name or "unknown"
-            texts.append(json.dumps(part.function_response.response, default=str))
+            result = kept[i]["function_response"]
+            piece = (json.dumps(result["response"]),
+                     ("content", "parts", i, "function_response", "response"), "json") \
+                if "response" in result else ("null", None)
+        else:
+            continue
+        if pieces:
+            pieces.append(("\n", None))
+        pieces.append(piece)
     role = "user" if event.author == "user" else "tool" if tool_call_id else "assistant"
-    content = "\n".join(texts)
-    return role, content if content.strip() else f"[{event.author} event]", tool_call_id
+    content, spans = compose(pieces)
+    if not content.strip():
+        return role, f"[{event.author} event]", tool_call_id, []
+    return role, content, tool_call_id, spans
+
+
+def _marker(version: int) -> str:
+    """The session object's storage revision (ADK's `_storage_update_marker`): the
+    sessiond session's version it was read at or last appended to."""
+    return f"sessiond:{version}"
+
+
+def _version(marker: str | None) -> int | None:
+    if marker and marker.startswith("sessiond:") and marker[9:].isdigit():
+        return int(marker[9:])
+    return None  # none, or another store's: ADK's fallback by time and last event
 
 
 def _state_events(state: dict[str, Any], app_name: str, user_id: str) -> list[dict[str, Any]]:
@@ -90,6 +134,7 @@ class SessiondSessionService(BaseSessionService):
 
     def __init__(self, socket: str | None = None, *, client: LoopClient | None = None) -> None:
         self.client = client or LoopClient(socket)
+        self._locks: dict[tuple[Any, ...], list[Any]] = {}
 
     # --- sessions ---------------------------------------------------------------------
 
@@ -152,31 +197,83 @@ class SessiondSessionService(BaseSessionService):
     # --- events -----------------------------------------------------------------------
 
     async def append_event(self, session: Session, event: Event) -> Event:
+        """Store the event, as DatabaseSessionService does: through a session object older
+        than the stored session it raises StaleSessionError (a ValueError) and stores
+        nothing; once stored, the object takes the event and the new revision."""
         if event.partial:
             return event
+        # As the SDK's stores: temp: keys reach the object's state, never the store.
+        self._apply_temp_state(session, event)
+        event = self._trim_temp_delta_state(event)
+        async with self._session_lock(session):
+            return await self._append(session, event)
+
+    @contextlib.asynccontextmanager
+    async def _session_lock(self, session: Session) -> AsyncIterator[None]:
+        """One append at a time per session in this process, as DatabaseSessionService:
+        the branches of a ParallelAgent share one session object, and each must see the
+        revision the one before it left there."""
+        key = (id(asyncio.get_running_loop()), session.app_name, session.user_id, session.id)
+        entry = self._locks.setdefault(key, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if not entry[1]:
+                self._locks.pop(key, None)
+
+    async def _append(self, session: Session, event: Event) -> Event:
+        if event.id and any(e.id == event.id for e in reversed(session.events)):
+            return event  # a retry of an append this object already took: stored once
         sid = session_id_for(session.app_name, session.user_id, session.id)
+        version = _version(session._storage_update_marker)
+        if version is None:
+            version = await self._check_unmarked(sid, session)
         stored = event.model_dump(mode="json", exclude_none=True)
-        delta = {k: v for k, v in (stored.get("actions", {}).get("state_delta") or {}).items()
-                 if not k.startswith(State.TEMP_PREFIX)}  # temp: keys are never stored
-        if "actions" in stored:
-            stored["actions"]["state_delta"] = delta
-        role, content, tool_call_id = _render(event)
+        role, content, tool_call_id, spans = _render(event, stored)
         message: dict[str, Any] = {"role": role, "content": content,
-                                   "metadata": {"adk_event": stored}}
+                                   "metadata": {"adk_event": lift(stored, spans)}}
+        if spans:
+            message["metadata"]["spans"] = spans
         if tool_call_id:
             message["tool_call_id"] = tool_call_id
+        delta = event.actions.state_delta if event.actions and event.actions.state_delta else {}
         events = [{"type": "message.appended", "data": message},
                   *_state_events(delta, session.app_name, session.user_id)]
-        # The same event delivered again (a retry) is stored once: its key is its content.
-        key = hashlib.sha256(json.dumps(stored, sort_keys=True).encode()).hexdigest()
+        # The same event delivered again (a retry whose answer was lost) is stored once;
+        # its key is its id (or, without one, its content).
+        key = "adk-event:" + (event.id or hashlib.sha256(
+            json.dumps(stored, sort_keys=True).encode()).hexdigest())
         try:
-            await self.client.append_events(sid, events, idempotency_key=key)
+            with sized():
+                written = await self.client.append_events(
+                    sid, events, idempotency_key=key[:256], expected_version=version)
         except SessionNotFoundError:
             raise AdkSessionNotFound(f"Session {session.id} not found.") from None
-        # Stored: now the caller's session object takes the event (temp keys included).
-        event = await super().append_event(session=session, event=event)
+        except VersionConflictError:
+            raise StaleSessionError(STALE_SESSION_MESSAGE) from None
         session.last_update_time = event.timestamp
-        return event
+        session._storage_update_marker = _marker(written.version)
+        return self._commit_event_to_session(session, event)
+
+    async def _check_unmarked(self, sid: str, session: Session) -> int:
+        """For a session object this service did not load (no marker), ADK's fallback:
+        stale only if the store moved past the object's last_update_time and its latest
+        event is not the object's latest. The version to append at."""
+        try:
+            view = await self.client.get_session(sid)
+        except SessionNotFoundError:
+            raise AdkSessionNotFound(f"Session {session.id} not found.") from None
+        last = view.last_message.metadata.get("adk_event") if view.last_message else None
+        stored_time = last["timestamp"] if last else view.metadata["adk"]["created_time"]
+        if stored_time > session.last_update_time:
+            latest = last.get("id") if last else None
+            if latest != (session.events[-1].id if session.events else None):
+                raise StaleSessionError(STALE_SESSION_MESSAGE)
+            session.last_update_time = stored_time
+        return view.version
 
     # --- reading back -----------------------------------------------------------------
 
@@ -191,8 +288,9 @@ class SessiondSessionService(BaseSessionService):
                                                    limit=min(_PAGE, wanted - len(found)))
             if not page.messages:
                 break
-            batch = [Event.model_validate(m.metadata["adk_event"]) for m in page.messages
-                     if "adk_event" in m.metadata]
+            batch = [Event.model_validate(restore(m.metadata["adk_event"], m.content,
+                                                  m.metadata.get("spans") or []))
+                     for m in page.messages if "adk_event" in m.metadata]
             found += batch
             if after is not None and batch and batch[-1].timestamp < after:
                 break
@@ -217,9 +315,11 @@ class SessiondSessionService(BaseSessionService):
         state.update({State.USER_PREFIX + k: v
                       for k, v in scoped.users.get(adk["user_id"], {}).items()})
         last = view.last_message.metadata.get("adk_event") if view.last_message else None
-        return Session(id=adk["id"], app_name=adk["app_name"], user_id=adk["user_id"],
-                       state=state, events=events,
-                       last_update_time=last["timestamp"] if last else adk["created_time"])
+        session = Session(id=adk["id"], app_name=adk["app_name"], user_id=adk["user_id"],
+                          state=state, events=events,
+                          last_update_time=last["timestamp"] if last else adk["created_time"])
+        session._storage_update_marker = _marker(view.version)
+        return session
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -37,7 +37,7 @@ from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessionNotFoundError
 
 from .._sync import Client
-from ._loop import LoopClient
+from ._loop import LoopClient, sized
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
@@ -57,6 +57,35 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         super().__init__(serde=serde)
         self.client = Client(socket)
         self.aclient = LoopClient(socket)
+
+    # --- opening and closing, as LangGraph's savers ------------------------------------
+
+    @classmethod
+    def from_socket(cls, socket: str | None = None, *,
+                    serde: SerializerProtocol | None = None) -> _Opened:
+        """A saver for `with` or `async with`, closed at the block's end, as
+        `SqliteSaver.from_conn_string` and `AsyncSqliteSaver.from_conn_string` give:
+
+            with SessiondSaver.from_socket() as saver: ...
+            async with SessiondSaver.from_socket("/run/sessiond.sock") as saver: ...
+        """
+        return _Opened(cls(socket, serde=serde))
+
+    # LangGraph users reach for this name; here the "connection string" is a socket path.
+    from_conn_string = from_socket
+
+    def __enter__(self) -> SessiondSaver:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> SessiondSaver:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+        self.close()
 
     # --- what the calls send ----------------------------------------------------------
 
@@ -143,14 +172,16 @@ class SessiondSaver(BaseCheckpointSaver[str]):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
-        self.client.call("graph.put", rpc.WriteResult,
-                         **self._put_params(config, checkpoint, metadata, new_versions))
+        with sized():
+            self.client.call("graph.put", rpc.WriteResult,
+                             **self._put_params(config, checkpoint, metadata, new_versions))
         return self._stored_config(config, checkpoint)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
-        self.client.call("graph.put_writes", rpc.WriteResult,
-                         **self._writes_params(config, writes, task_id, task_path))
+        with sized():
+            self.client.call("graph.put_writes", rpc.WriteResult,
+                             **self._writes_params(config, writes, task_id, task_path))
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         found = self.client.call("graph.get", rpc.GraphGetResult, **self._get_params(config))
@@ -190,14 +221,16 @@ class SessiondSaver(BaseCheckpointSaver[str]):
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions) -> RunnableConfig:
-        await self.aclient.call("graph.put", rpc.WriteResult,
-                                **self._put_params(config, checkpoint, metadata, new_versions))
+        with sized():
+            await self.aclient.call("graph.put", rpc.WriteResult,
+                                    **self._put_params(config, checkpoint, metadata, new_versions))
         return self._stored_config(config, checkpoint)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
-        await self.aclient.call("graph.put_writes", rpc.WriteResult,
-                                **self._writes_params(config, writes, task_id, task_path))
+        with sized():
+            await self.aclient.call("graph.put_writes", rpc.WriteResult,
+                                    **self._writes_params(config, writes, task_id, task_path))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         found = await self.aclient.call("graph.get", rpc.GraphGetResult,
@@ -244,7 +277,29 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         return f"{number + 1:032}.{random.random():016}"
 
     def close(self) -> None:
+        """Close both connections (a later call opens them again)."""
         self.client.close()
+        self.aclient.close()
 
     async def aclose(self) -> None:
         await self.aclient.aclose()
+
+
+class _Opened:
+    """What `SessiondSaver.from_socket` returns: the saver, for `with` and `async with`."""
+
+    def __init__(self, saver: SessiondSaver) -> None:
+        self.saver = saver
+
+    def __enter__(self) -> SessiondSaver:
+        return self.saver
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.saver.close()
+
+    async def __aenter__(self) -> SessiondSaver:
+        return self.saver
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.saver.aclose()
+        self.saver.close()

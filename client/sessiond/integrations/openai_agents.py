@@ -19,15 +19,18 @@ import json
 import re
 from typing import Any
 
+import msgspec
 from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
-
+from sessiond_schemas.bounds import json_out_of_bounds
 from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError
 
-from ._loop import LoopClient
+from ._loop import LoopClient, sized
+from ._text import Piece, compose, lift, restore
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _PAGE = 1000  # message.list's largest page
+_BATCH_BYTES = 48 << 20  # well under the daemon's default max_request_bytes (128 MiB)
 
 
 def session_id_for(name: str) -> str:
@@ -38,41 +41,115 @@ def session_id_for(name: str) -> str:
     return "oa-" + hashlib.sha256(name.encode()).hexdigest()[:40]
 
 
-def _text(content: Any) -> str:
+def _parts(content: Any, key: str | int) -> list[Piece]:
+    """The pieces of a content list (or string) field, joined by newlines."""
     if isinstance(content, str):
-        return content
+        return [(content, (key,))]
+    pieces: list[Piece] = []
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                parts.append(str(part.get("text") or part.get("refusal") or
-                                 f"[{part.get('type', 'part')}]"))
-        return "\n".join(parts)
-    return ""
+        for i, part in enumerate(content):
+            if not isinstance(part, dict):
+                continue
+            if pieces:
+                pieces.append(("\n", None))
+            for field in ("text", "refusal"):
+                if isinstance(part.get(field), str) and part[field]:
+                    pieces.append((part[field], (key, i, field)))
+                    break
+            else:
+                pieces.append((str(part.get("text") or part.get("refusal") or
+                                   f"[{part.get('type', 'part')}]"), None))
+    return pieces
+
+
+def _json_text(item: Any) -> str:
+    """The item as SQLiteSession stores it (`json.dumps`): bytes and other objects JSON
+    cannot hold raise TypeError as they do there; inf, NaN and lone surrogates pass."""
+    return json.dumps(item)
+
+
+# A \ud800-\udfff escape that is not half of a pair: UTF-8 (and so the daemon) cannot hold it.
+_LONG_DIGITS = re.compile(r"\d{19}")  # an int that may be past int64
+_LONE_SURROGATE = re.compile(
+    r"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f])|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}")
 
 
 def as_message(item: Any) -> dict[str, Any]:
-    """The sessiond message that carries one SDK item (kept whole in metadata)."""
+    """The sessiond message that carries one SDK item: its readable content, and the item
+    whole in metadata, minus the strings the content already holds (`_text.lift`)."""
     item = dict(item)
     kind = item.get("type")
-    role, content, tool_call_id = "assistant", "", None
+    role, tool_call_id = "assistant", None
+    pieces: list[Piece] = []
     if item.get("role") in ("user", "assistant", "system", "developer"):
         role = "system" if item["role"] == "developer" else item["role"]
-        content = _text(item.get("content"))
+        pieces = _parts(item.get("content"), "content")
     elif kind == "function_call":
-        content = f"{item.get('name')}({item.get('arguments', '')})"
+        arguments = item.get("arguments", "")
+        pieces = [(f"{item.get('name')}(", None),
+                  (arguments, ("arguments",)) if isinstance(arguments, str) else
+                  (str(arguments), None), (")", None)]
     elif kind in ("function_call_output", "computer_call_output", "custom_tool_call_output"):
         role, tool_call_id = "tool", str(item.get("call_id") or "unknown")
         output = item.get("output")
-        content = output if isinstance(output, str) else json.dumps(output)
+        pieces = [(output, ("output",)) if isinstance(output, str) else
+                  (_json_text(output), ("output",), "json")]
     elif kind == "reasoning":
-        content = _text(item.get("summary"))
+        pieces = _parts(item.get("summary"), "summary")
+    content, spans = compose(pieces)
     if not content.strip():
-        content = f"[{kind or role}]"
-    message: dict[str, Any] = {"role": role, "content": content, "metadata": {"item": item}}
+        content, spans = f"[{kind or role}]", []
+    try:
+        content.encode()
+    except UnicodeEncodeError:  # a lone surrogate: the item keeps its text, escaped
+        content, spans = content.encode("utf-8", "replace").decode(), []
+    text = _json_text(lift(item, spans))
+    metadata: dict[str, Any] = {}
+    if ("Infinity" in text or "NaN" in text or "\\ud" in text and _LONE_SURROGATE.search(text)
+            or _LONG_DIGITS.search(text) and json_out_of_bounds(json.loads(text))):
+        # What sessiond's JSON does not carry (non-finite floats, lone surrogates, ints past
+        # int64), kept as text, as SQLiteSession keeps every item.
+        metadata["item_json"] = text
+    else:
+        metadata["item"] = msgspec.Raw(text)
+    if spans:
+        metadata["spans"] = spans
+    message: dict[str, Any] = {"role": role, "content": content, "metadata": metadata}
     if tool_call_id:
         message["tool_call_id"] = tool_call_id
     return message
+
+
+def item_of(message: Any) -> Any:
+    """The SDK item a stored message carries (None if it carries none)."""
+    metadata = message.metadata
+    if "item" in metadata:
+        item = metadata["item"]
+    elif "item_json" in metadata:
+        item = json.loads(metadata["item_json"])
+    else:
+        return None
+    spans = metadata.get("spans")
+    return restore(item, message.content, spans) if spans else item
+
+
+def _batches(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """append_many calls for these messages: one (so the items are stored atomically, as
+    SQLiteSession stores them) unless it would pass append_many's 10,000 messages or
+    about _BATCH_BYTES; huge lists of huge items are then stored a batch at a time."""
+    batches: list[list[dict[str, Any]]] = [[]]
+    size = 0
+    for m in messages:
+        metadata = m["metadata"]
+        item = metadata.get("item")
+        cost = len(m["content"]) + (len(item) if isinstance(item, msgspec.Raw)
+                                    else len(metadata.get("item_json", "")))
+        if batches[-1] and (len(batches[-1]) >= 10_000 or size + cost > _BATCH_BYTES):
+            batches.append([])
+            size = 0
+        batches[-1].append(m)
+        size += cost
+    return batches
 
 
 class SessiondSession(SessionABC):
@@ -91,6 +168,7 @@ class SessiondSession(SessionABC):
         self.client = client or LoopClient(socket)
         self._sid = session_id_for(session_id)
         self._exists = False
+        self._closed = False
 
     async def _ensure(self) -> None:
         if self._exists:
@@ -104,6 +182,7 @@ class SessiondSession(SessionABC):
         self._exists = True
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
+        self._check_not_closed()
         limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None and limit < 0:
             limit = None  # as SQLiteSession's SQL LIMIT: a negative limit is no limit
@@ -111,7 +190,7 @@ class SessiondSession(SessionABC):
             messages = await (self._all() if limit is None else self._latest(limit))
         except SessionNotFoundError:
             return []
-        return [m.metadata["item"] for m in messages if "item" in m.metadata]
+        return [item for item in map(item_of, messages) if item is not None]
 
     async def _latest(self, n: int) -> list[Any]:
         found: list[Any] = []
@@ -135,34 +214,44 @@ class SessiondSession(SessionABC):
             after = page.messages[-1].sequence
 
     async def add_items(self, items: list[Any]) -> None:
+        self._check_not_closed()  # before the empty-list fast path, as SQLiteSession
         if not items:
             return
         await self._ensure()
         messages = [as_message(item) for item in items]
-        for start in range(0, len(messages), 10_000):  # append_many's largest batch
-            batch = messages[start:start + 10_000]
+        for batch in _batches(messages):
             try:
-                await self.client.append_messages(self._sid, batch)
+                with sized():
+                    await self.client.append_messages(self._sid, batch)
             except SessionNotFoundError:  # deleted behind our back: start it again
                 self._exists = False
                 await self._ensure()
-                await self.client.append_messages(self._sid, batch)
+                with sized():
+                    await self.client.append_messages(self._sid, batch)
 
     async def pop_item(self) -> Any | None:
+        self._check_not_closed()
         try:
             popped = await self.client.pop_message(self._sid)
         except SessionNotFoundError:
             return None
         if popped.message is None:
             return None
-        return popped.message.metadata.get("item")
+        return item_of(popped.message)
 
     async def clear_session(self) -> None:
+        self._check_not_closed()
         try:
             await self.client.clear_messages(self._sid)
         except SessionNotFoundError:
             pass
 
-    async def close(self) -> None:
-        """Close the connection (shared with every session given the same client)."""
-        await self.client.aclose()
+    def close(self) -> None:
+        """Close the connection (shared with every session given the same client); as
+        SQLiteSession's, synchronous, and the session refuses further use."""
+        self._closed = True
+        self.client.close()
+
+    def _check_not_closed(self) -> None:
+        if self._closed:
+            raise RuntimeError("SessiondSession is closed")
