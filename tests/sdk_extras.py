@@ -79,3 +79,18 @@ class Workers:
             r.close()
         if code != 0:
             raise AssertionError(f"a worker failed (exit {code})")
+
+
+async def burst(sdk: str, socket: str, count: int, processes: int = 4) -> None:
+    """`processes` real worker processes each write `count` items through `sdk`'s store
+    at once (their `burst` command), and all report ok."""
+    import anyio
+
+    def drive() -> None:
+        workers = Workers(sdk, processes, socket)
+        try:
+            assert workers.all(f"burst {count}") == ["ok"] * processes
+        finally:
+            workers.close()
+
+    await anyio.to_thread.run_sync(drive)

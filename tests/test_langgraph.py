@@ -157,16 +157,9 @@ async def test_a_cap_hit_is_a_value_error_naming_the_setting(short_dir: str) -> 
 async def test_four_processes_put_concurrently(daemon: Daemon) -> None:
     """Four real processes put checkpoints and writes to one thread at once: every
     checkpoint and every write is there once."""
-    from sdk_extras import Workers
+    from sdk_extras import burst
 
-    def drive() -> None:
-        workers = Workers("langgraph", 4, daemon.socket)
-        try:
-            assert workers.all("burst 30") == ["ok"] * 4
-        finally:
-            workers.close()
-
-    await anyio.to_thread.run_sync(drive)
+    await burst("langgraph", daemon.socket, 30)
     async with SessiondSaver.from_socket(daemon.socket) as saver:
         tuples = [t async for t in saver.alist({"configurable": {"thread_id": "race"}})]
         ids = [t.config["configurable"]["checkpoint_id"] for t in tuples]

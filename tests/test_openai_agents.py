@@ -267,16 +267,9 @@ class TestParity:
 
 async def test_four_processes_add_concurrently(daemon: Daemon) -> None:
     """Four real processes add to one session at once: every item once, each one's in order."""
-    from sdk_extras import Workers
+    from sdk_extras import burst
 
-    def drive() -> None:
-        workers = Workers("openai", 4, daemon.socket)
-        try:
-            assert workers.all("burst 40") == ["ok"] * 4
-        finally:
-            workers.close()
-
-    await anyio.to_thread.run_sync(drive)
+    await burst("openai", daemon.socket, 40)
     session = SessiondSession("race", socket=daemon.socket)
     texts = [item["content"] for item in await session.get_items()]
     assert sorted(texts) == sorted(f"p{i} {n}" for i in range(4) for n in range(40))
