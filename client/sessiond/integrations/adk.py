@@ -103,6 +103,9 @@ def _render(event: Event, stored: dict[str, Any]) -> tuple[str, str, str | None,
     return role, content, tool_call_id, spans
 
 
+_RETRY_WINDOW = 32  # how far back in session.events a retried append is looked for
+
+
 def _marker(version: int) -> str:
     """The session object's storage revision (ADK's `_storage_update_marker`): the
     sessiond session's version it was read at or last appended to."""
@@ -225,8 +228,11 @@ class SessiondSessionService(BaseSessionService):
                 self._locks.pop(key, None)
 
     async def _append(self, session: Session, event: Event) -> Event:
-        if event.id and any(e.id == event.id for e in reversed(session.events)):
-            return event  # a retry of an append this object already took: stored once
+        # A retry of an append this object already took: stored once, kept once. Retries
+        # come right after their first try, so the newest few events are enough to look
+        # at; scanning them all made every append cost O(history).
+        if event.id and any(e.id == event.id for e in session.events[-_RETRY_WINDOW:]):
+            return event
         sid = session_id_for(session.app_name, session.user_id, session.id)
         version = _version(session._storage_update_marker)
         if version is None:
