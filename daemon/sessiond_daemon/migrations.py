@@ -1,9 +1,10 @@
 """The SQLite schema, as numbered migrations run in order at start (never edited once released).
 
-`migrate` brings a database up to `LATEST`: it first copies a database that holds
-data to `<db>.schema-N.bak` (SQLite's backup API), then runs every pending migration
-in one transaction, so a migration that fails leaves the database as it was. A
-database newer than this code is refused before anything in it is read or changed.
+`migrate` brings a database up to `LATEST`: it first copies a database that is not new
+(schema version above 0) to `<db>.schema-N.bak` (SQLite's backup API), then runs every
+pending migration in one transaction, so a migration that fails leaves the database as
+it was. A database newer than this code is refused before anything in it is read or
+changed.
 """
 
 from __future__ import annotations
