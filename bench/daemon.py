@@ -27,11 +27,15 @@ class DaemonProcess:
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def program(self) -> list[str]:
+        """What python runs as the daemon (its arguments follow)."""
+        return ["-m", "sessiond_daemon"]
+
     async def start(self) -> float:
         """Start the daemon; return seconds until its first answered daemon.ping."""
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sessiond_daemon", "--socket", self.socket, "--db", self.db,
+            [sys.executable, *self.program(), "--socket", self.socket, "--db", self.db,
              "--log-level", "warning", *self.extra])
         while True:
             try:

@@ -215,7 +215,7 @@ async def main(dsn: str, n: int, rounds: int) -> None:
                 results[cls.name].setdefault(k, []).append(v)
     print(f"PostgreSQL drivers, {n} operations per figure, {rounds} rounds (median), "
           f"{os.cpu_count()} cores")
-    print(f"| figure | asyncpg | psycopg | asyncpg / psycopg |\n| --- | --- | --- | --- |")
+    print("| figure | asyncpg | psycopg | asyncpg / psycopg |\n| --- | --- | --- | --- |")
     for k in results["asyncpg"]:
         a, p = (statistics.median(results[d][k]) for d in ("asyncpg", "psycopg"))
         print(f"| {k} | {a:,.2f} | {p:,.2f} | {a / p:.2f} |")

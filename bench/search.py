@@ -10,8 +10,6 @@ import os
 import random
 import sqlite3
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
@@ -37,22 +35,8 @@ class _Daemon(DaemonProcess):
         super().__init__(directory)
         self.indexed = indexed
 
-    async def start(self) -> float:
-        if self.indexed:
-            return await super().start()
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", NO_SEARCH, "--socket", self.socket, "--db", self.db,
-             "--log-level", "warning"])
-        while True:
-            try:
-                async with AsyncClient(self.socket) as c:
-                    await c.ping()
-                return time.perf_counter() - t0
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"sessiond exited with {self.proc.returncode}") from None
-                await anyio.sleep(0.005)
+    def program(self) -> list[str]:
+        return super().program() if self.indexed else ["-c", NO_SEARCH]
 
 
 async def _appends(socket: str, total: int) -> float:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 import structlog
-from sessiond import AsyncClient
+from sessiond import AsyncClient, Client, DaemonUnavailableError
 from sessiond_daemon import lifecycle
 from sessiond_daemon.config import Config, load
 
@@ -92,3 +94,27 @@ async def daemon(short_dir: str, daemon_overrides: dict[str, Any]) -> AsyncItera
 async def client(daemon: Daemon) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(daemon.socket) as c:
         yield c
+
+
+def wait_until(ready: Callable[[], Any], what: str) -> Any:
+    """Poll `ready` until it returns something; fail (not flake) after a generous while."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if (value := ready()) is not None:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def wait_for_daemon(sock: str, proc: subprocess.Popen[bytes]) -> None:
+    """Wait until the daemon process `proc` answers ping on `sock` (failing if it exits)."""
+    def answered() -> bool | None:
+        assert proc.poll() is None, f"the daemon exited {proc.returncode}"
+        try:
+            with Client(sock, timeout=10) as client:
+                client.ping()
+            return True
+        except DaemonUnavailableError:
+            return None
+
+    wait_until(answered, f"a daemon on {sock}")

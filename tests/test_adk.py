@@ -258,7 +258,7 @@ class TestStaleAndRetries:
             finally:
                 workers.close()
 
-        outcomes, bursts = await anyio.to_thread.run_sync(drive)
+        outcomes, _ = await anyio.to_thread.run_sync(drive)  # the bursts: checked below
         assert outcomes["sessiond"] == outcomes["database"]
         assert {"ok", "stale"} <= set(outcomes["database"])
         ours = await stores["sessiond"].get_session(app_name="race", user_id="u", session_id="s")
@@ -270,7 +270,6 @@ class TestStaleAndRetries:
         burst = sorted(e.id for e in ours.events if int(e.id.split("-")[1]) >= 10_000)
         assert burst == sorted(f"p{i}-{10_000 + n}" for i in range(4) for n in range(25))
         assert len({e.id for e in ours.events}) == len(ours.events)  # nothing doubled
-        assert sum(b["refused"] for b in bursts) >= 0  # type: ignore[index]
         for store in stores.values():
             await store.close()
 

@@ -11,13 +11,11 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import daemon_config, running_daemon
+from conftest import daemon_config, running_daemon, wait_for_daemon, wait_until
 from sessiond import AsyncClient, Client, DaemonUnavailableError, UntrustedDaemonError
 from sessiond_schemas.errors import SessiondError, StorageError
 
@@ -57,34 +55,11 @@ def other_user() -> pwd.struct_passwd:
         pytest.skip("cannot create a throwaway user here")
 
 
-def wait_until(ready: Callable[[], Any], what: str) -> Any:
-    """Poll `ready` until it returns something; fail (not flake) after a generous while."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if (value := ready()) is not None:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
 def start_daemon(*args: str, log: Path, umask: int | None = None) -> subprocess.Popen[bytes]:
     preexec = (lambda: os.umask(umask)) if umask is not None else None  # noqa: E731
     with open(log, "wb") as stderr:  # the child keeps its own copy
         return subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--log-format",
                                  "json", *args], stderr=stderr, preexec_fn=preexec)
-
-
-def wait_for_daemon(sock: str, proc: subprocess.Popen[bytes]) -> None:
-    def answered() -> bool | None:
-        assert proc.poll() is None, f"the daemon exited {proc.returncode}"
-        try:
-            with Client(sock, timeout=10) as client:
-                client.ping()
-            return True
-        except DaemonUnavailableError:
-            return None
-
-    wait_until(answered, f"a daemon on {sock}")
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:

@@ -18,7 +18,7 @@ from sessiond import AsyncClient, MethodNotFoundError, SessionNotFoundError
 from sessiond_daemon import __main__ as daemon_main
 from sessiond_daemon.metrics import NO_METRICS, OTHER, Hooks, parse_address, top_labels
 
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, running_daemon, wait_for_daemon
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -244,13 +244,7 @@ class TestFlood:
             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit))
         flood: list[socket.socket] = []
         try:
-            for _ in range(600):
-                try:
-                    with Client(sock) as c:
-                        c.ping()
-                    break
-                except OSError:
-                    time.sleep(0.05)
+            wait_for_daemon(sock, proc)
             for _ in range(300):
                 s = socket.socket()
                 s.settimeout(2)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import re
-import sys
 from collections.abc import Callable
 from typing import Any
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -14,7 +13,6 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -28,7 +26,7 @@ from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.errors import InvalidParamsError, SessiondError, SessionImportError
 from sessiond_schemas.events import EventMeta
 
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import daemon_config, running_daemon
 
 pytestmark = pytest.mark.anyio
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import anyio
 import msgspec
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule

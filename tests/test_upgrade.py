@@ -15,7 +15,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,13 +23,12 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from sessiond import AsyncClient, Client, MethodNotFoundError, SessiondError
+from sessiond import AsyncClient, Client, MethodNotFoundError
 from sessiond_daemon.migrations import LATEST, MIGRATIONS
 from sessiond_schemas import rpc
-from sessiond_schemas.events import Event
 from sessiond_schemas.export import chain_hash
 
-from conftest import daemon_config, running_daemon
+from conftest import daemon_config, running_daemon, wait_for_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -301,16 +299,7 @@ def old_daemon(short_dir: str) -> Iterator[tuple[str, dict[str, Any], str]]:
                              "--db", db, "--log-level", "warning"],
                             env={**os.environ, "PYTHONPATH": code})
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with Client(sock) as c:
-                    c.ping()
-                break
-            except (SessiondError, OSError):
-                assert proc.poll() is None, "the release's daemon exited"
-                assert time.monotonic() < deadline, "the release's daemon did not answer"
-                time.sleep(0.1)
+        wait_for_daemon(sock, proc)
         yield sock, release(folder), folder.name
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -78,16 +78,19 @@ def _link(db: sqlite3.Connection, session_id: str) -> tuple[str, int] | None:
     return (row[0], int(row[1])) if row else None
 
 
-def _position_at(db: sqlite3.Connection, session_id: str, version: int) -> int | None:
-    """Position of the event at `version` of a session's history (in an ancestor when that
-    version is at or below the session's fork point)."""
-    while True:
-        link = _link(db, session_id)
-        if link is None or version > link[1]:
-            row = db.execute("SELECT position FROM events WHERE session_id = ? AND version = ?",
-                             (session_id, version)).fetchone()
-            return int(row[0]) if row else None
+def _holder(db: sqlite3.Connection, session_id: str, version: int) -> str:
+    """The session whose own events hold `version` of this one's history: itself, or the
+    ancestor it was forked from when that version is at or below the fork point."""
+    while (link := _link(db, session_id)) is not None and version <= link[1]:
         session_id = link[0]
+    return session_id
+
+
+def _position_at(db: sqlite3.Connection, session_id: str, version: int) -> int | None:
+    """Position of the event at `version` of a session's history."""
+    row = db.execute("SELECT position FROM events WHERE session_id = ? AND version = ?",
+                     (_holder(db, session_id, version), version)).fetchone()
+    return int(row[0]) if row else None
 
 
 def _find_messages(db: sqlite3.Connection, session_id: str, version: int,
@@ -116,14 +119,9 @@ def _find_messages(db: sqlite3.Connection, session_id: str, version: int,
 async def hash_at(store: SqliteStore, session_id: str, version: int) -> str | None:
     """The chain hash of a session's history at `version` (an ancestor's, below its fork)."""
     def read(con: sqlite3.Connection) -> str | None:
-        sid = session_id
-        while True:
-            link = _link(con, sid)
-            if link is None or version > link[1]:
-                row = con.execute("SELECT hash FROM events WHERE session_id = ? AND version = ?",
-                                  (sid, version)).fetchone()
-                return str(row[0]) if row else None
-            sid = link[0]
+        row = con.execute("SELECT hash FROM events WHERE session_id = ? AND version = ?",
+                          (_holder(con, session_id, version), version)).fetchone()
+        return str(row[0]) if row else None
     return await store.on_reader(read)
 
 
