@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import pwd
 import sqlite3
 import subprocess
 import tempfile
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -118,3 +120,27 @@ def wait_for_daemon(sock: str, proc: subprocess.Popen[bytes]) -> None:
             return None
 
     wait_until(answered, f"a daemon on {sock}")
+
+
+def as_user(user: pwd.struct_passwd, job: Callable[[], bytes]) -> bytes:
+    """Run `job` in a forked child that has become `user` (its groups dropped); return the
+    bytes it returned. A real other uid, where the interpreter itself may be out of reach."""
+    rfd, wfd = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: 3.12+
+        pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            os.close(rfd)
+            os.setgroups([])
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            with os.fdopen(wfd, "wb") as out:
+                out.write(job())
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as answer:
+        data = answer.read()
+    os.waitpid(pid, 0)
+    return data

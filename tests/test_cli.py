@@ -14,7 +14,7 @@ import anyio
 import pytest
 from sessiond import AsyncClient, SessiondError
 
-from conftest import Daemon
+from conftest import Daemon, as_user
 
 pytestmark = pytest.mark.anyio
 
@@ -320,28 +320,14 @@ class TestDatabaseOpenErrors:
 
         from sessiond_daemon.store import SqliteStore
 
-        nobody = pwd.getpwnam("nobody")
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
+        def open_store() -> bytes:
             try:
-                os.setgroups([])
-                os.setgid(nobody.pw_gid)
-                os.setuid(nobody.pw_uid)
-                store = SqliteStore(path)
-                try:
-                    asyncio.run(store.open())
-                    message = "opened"
-                except Exception as exc:  # noqa: BLE001 - its text is what we test
-                    message = str(exc)
-                os.write(w, message.encode())
-            finally:
-                os._exit(0)
-        os.close(w)
-        with os.fdopen(r, "rb") as answer:
-            text = answer.read().decode()
-        os.waitpid(pid, 0)
-        return text
+                asyncio.run(SqliteStore(path).open())
+                return b"opened"
+            except Exception as exc:  # noqa: BLE001 - its text is what we test
+                return str(exc).encode()
+
+        return as_user(pwd.getpwnam("nobody"), open_store).decode()
 
     @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
     async def test_permission_denied_is_named(self, short_dir: str) -> None:

@@ -13,7 +13,7 @@ from sessiond import AsyncClient
 from sessiond_daemon.service import VERSION
 from sessiond_schemas import rpc
 
-from conftest import Daemon
+from conftest import Daemon, as_user
 
 pytestmark = pytest.mark.anyio
 
@@ -198,25 +198,14 @@ class TestPeerCheck:
 
         nobody = pwd.getpwnam("nobody")
 
+        def ping() -> bytes:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(socket_path)
+            s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.ping"}\n')
+            return s.makefile("rb").readline()
+
         def run() -> dict[str, Any]:
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the child: drop to nobody, ping, hand back the answer
-                try:
-                    os.setgroups([])
-                    os.setgid(nobody.pw_gid)
-                    os.setuid(nobody.pw_uid)
-                    s = socket.socket(socket.AF_UNIX)
-                    s.connect(socket_path)
-                    s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.ping"}\n')
-                    os.write(w, s.makefile("rb").readline())
-                finally:
-                    os._exit(0)
-            os.close(w)
-            with os.fdopen(r, "rb") as answer:
-                data = answer.read()
-            os.waitpid(pid, 0)
-            return json.loads(data)  # type: ignore[no-any-return]
+            return json.loads(as_user(nobody, ping))  # type: ignore[no-any-return]
 
         return await anyio.to_thread.run_sync(run)
 

@@ -11,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +25,7 @@ from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.errors import InvalidParamsError, SessiondError, SessionImportError
 from sessiond_schemas.events import EventMeta
 
-from conftest import daemon_config, running_daemon
+from conftest import as_user, daemon_config, running_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -257,38 +256,24 @@ def as_peer(sock: str, user: pwd.struct_passwd, requests: list[Any]) -> dict[Any
     for r in requests:
         wanted |= {i["id"] for i in (r if isinstance(r, list) else [r])}
 
+    def ask() -> bytes:  # as the peer: send, then keep every line until all are answered
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(30)
+        s.connect(sock)
+        s.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+        answered: set[Any] = set()
+        lines = []
+        f = s.makefile("rb")
+        while not wanted <= answered and (line := f.readline()):
+            lines.append(line)
+            reply = json.loads(line)
+            for one in reply if isinstance(reply, list) else [reply]:
+                answered.add(one.get("id", "notification"))
+        return b"".join(lines)
+
     def run() -> dict[Any, Any]:
-        rfd, wfd = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: 3.12+
-            pid = os.fork()
-        if pid == 0:  # the child: become the peer, ask, hand back every line
-            try:
-                os.setgroups([])
-                os.setgid(user.pw_gid)
-                os.setuid(user.pw_uid)
-                s = socket.socket(socket.AF_UNIX)
-                s.settimeout(30)
-                s.connect(sock)
-                s.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
-                answered: set[Any] = set()
-                f = s.makefile("rb")
-                while not wanted <= answered:
-                    line = f.readline()
-                    if not line:
-                        break
-                    os.write(wfd, line)
-                    reply = json.loads(line)
-                    for one in reply if isinstance(reply, list) else [reply]:
-                        answered.add(one.get("id", "notification"))
-            finally:
-                os._exit(0)
-        os.close(wfd)
-        with os.fdopen(rfd, "rb") as answers:
-            data = answers.read()
-        os.waitpid(pid, 0)
         by_id: dict[Any, Any] = {}
-        for line in data.splitlines():
+        for line in as_user(user, ask).splitlines():
             reply = json.loads(line)
             for one in reply if isinstance(reply, list) else [reply]:
                 if "id" in one:
