@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import anyio
+
 from sessiond import AsyncClient
 
 from . import baseline

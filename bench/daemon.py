@@ -8,6 +8,7 @@ import sys
 import time
 
 import anyio
+
 from sessiond import AsyncClient
 
 

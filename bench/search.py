@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import anyio
+
 from sessiond import AsyncClient
 
 from .daemon import DaemonProcess

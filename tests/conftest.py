@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 import structlog
+
 from sessiond import AsyncClient, Client, DaemonUnavailableError
 from sessiond_daemon import lifecycle
 from sessiond_daemon.config import Config, load

@@ -32,6 +32,7 @@ async def adk(name: str, socket: str, db_url: str) -> None:
     from google.adk.events.event_actions import EventActions
     from google.adk.sessions.database_session_service import DatabaseSessionService
     from google.genai import types
+
     from sessiond.integrations.adk import SessiondSessionService
 
     stores: dict[str, Any] = {"sessiond": SessiondSessionService(socket)}
@@ -94,6 +95,7 @@ async def openai(name: str, socket: str) -> None:
 
 def langgraph(name: str, socket: str) -> None:
     from langgraph.checkpoint.base import empty_checkpoint
+
     from sessiond.integrations.langgraph import SessiondSaver
 
     with SessiondSaver.from_socket(socket) as saver:

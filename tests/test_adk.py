@@ -10,10 +10,9 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import Daemon, daemon_config, running_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from conftest import Daemon, daemon_config, running_daemon
 from sdk_extras import require_sdk
 
 require_sdk("google.adk", "adk")
@@ -28,6 +27,7 @@ from google.adk.runners import Runner  # noqa: E402
 from google.adk.sessions import InMemorySessionService  # noqa: E402
 from google.adk.sessions.base_session_service import GetSessionConfig  # noqa: E402
 from google.genai import types  # noqa: E402
+
 from sessiond import AsyncClient  # noqa: E402
 from sessiond.integrations.adk import SessiondSessionService  # noqa: E402
 
@@ -232,7 +232,6 @@ class TestStaleAndRetries:
         state. Then the four append freely at once, reloading when refused: every event
         is stored exactly once."""
         from google.adk.sessions.database_session_service import DatabaseSessionService
-
         from sdk_extras import Workers
 
         db_url = f"sqlite+aiosqlite:///{tmp_path / 'adk.db'}"

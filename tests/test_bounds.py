@@ -9,14 +9,13 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+from conftest import Daemon
+
 from sessiond import AsyncClient, SessiondError
 from sessiond_schemas import rpc
 from sessiond_schemas.bounds import INT64_MAX, json_out_of_bounds
-from sessiond_schemas.events import DATA_TYPES
-from sessiond_schemas.events import Event
+from sessiond_schemas.events import DATA_TYPES, Event
 from sessiond_schemas.export import chain_hash, checksum
-
-from conftest import Daemon
 
 pytestmark = pytest.mark.anyio
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import anyio
 import pytest
-from sessiond import AsyncClient, SessiondError
-
 from conftest import Daemon, as_user
+
+from sessiond import AsyncClient, SessiondError
 
 pytestmark = pytest.mark.anyio
 
@@ -324,7 +324,7 @@ class TestDatabaseOpenErrors:
             try:
                 asyncio.run(SqliteStore(path).open())
                 return b"opened"
-            except Exception as exc:  # noqa: BLE001 - its text is what we test
+            except Exception as exc:
                 return str(exc).encode()
 
         return as_user(pwd.getpwnam("nobody"), open_store).decode()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import anyio
 import pytest
+from conftest import Daemon
+
 from sessiond import (
     AsyncClient,
     Client,
@@ -18,8 +20,6 @@ from sessiond import (
     SessionNotFoundError,
     SessionState,
 )
-
-from conftest import Daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -103,10 +103,10 @@ async def test_async_client_under_trio(daemon: Daemon) -> None:
 
 async def test_async_client_reports_a_lost_daemon(short_dir: str) -> None:
     """Once the daemon stops, calls fail with ConnectionLostError (-32010 while it drains)."""
+    from conftest import daemon_config
+
     from sessiond import ShuttingDownError
     from sessiond_daemon import lifecycle
-
-    from conftest import daemon_config
 
     config = daemon_config(short_dir)
     stop = anyio.Event()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from sessiond import AsyncClient, VersionConflictError
-
 from conftest import Daemon
+
+from sessiond import AsyncClient, VersionConflictError
 
 pytestmark = pytest.mark.anyio
 

@@ -7,12 +7,12 @@ import socket
 
 import anyio
 import pytest
+from conftest import daemon_config
+
 from sessiond import AsyncClient, SessiondError
 from sessiond_daemon import lifecycle
 from sessiond_daemon.config import ConfigError, default_config_file, default_db, load
 from sessiond_schemas.paths import default_socket
-
-from conftest import daemon_config
 
 
 class TestDefaults:

@@ -14,13 +14,15 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
+
 import anyio
 import msgspec
 import pytest
+
 from sessiond import AsyncClient, ConnectionLostError, SessiondError, ShuttingDownError
 from sessiond_daemon.projection import fold
-from sessiond_schemas.export import chain_hash
 from sessiond_schemas.events import Event, EventMeta
+from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 pytestmark = pytest.mark.anyio

@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+
 from sessiond import AsyncClient
 from sessiond_schemas.errors import (
     InvalidParamsError,

@@ -10,10 +10,10 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import Daemon, daemon_config, running_daemon
+
 from sessiond import AsyncClient, SessionExistsError, SessionImportError, SessionNotFoundError
 from sessiond_schemas.export import checksum
-
-from conftest import Daemon, daemon_config, running_daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -133,9 +133,10 @@ async def test_old_schema_events_import_and_read_as_stored(daemon: Daemon,
                                                           client: AsyncClient) -> None:
     """A version-0 event is stored as written (its hash holds) and folded upcast."""
     import msgspec
+
     from sessiond_daemon.projection import fold
-    from sessiond_schemas.export import chain_hash
     from sessiond_schemas.events import Event
+    from sessiond_schemas.export import chain_hash
 
     await client.create_session("old")
     await client.record_tokens("old", input_tokens=1)

@@ -15,10 +15,10 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import Daemon, daemon_config, running_daemon
+
 from sessiond import AsyncClient, StorageError
 from sessiond_daemon.store import SqliteStore
-
-from conftest import Daemon, daemon_config, running_daemon
 
 pytestmark = pytest.mark.anyio
 

@@ -7,16 +7,16 @@ from typing import Any
 
 import msgspec
 import pytest
+from conftest import Daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from sessiond import AsyncClient, SessiondError
 from sessiond_daemon.projection import fold
 from sessiond_schemas import rpc
-from sessiond_schemas.export import chain_hash
 from sessiond_schemas.events import ALLOWED_TRANSITIONS, STATUSES, Event
+from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
-
-from conftest import Daemon
 
 pytestmark = pytest.mark.anyio
 

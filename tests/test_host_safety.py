@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import daemon_config, running_daemon, wait_for_daemon, wait_until
+
 from sessiond import AsyncClient, Client, DaemonUnavailableError, UntrustedDaemonError
 from sessiond_schemas.errors import SessiondError, StorageError
 
@@ -56,7 +57,7 @@ def other_user() -> pwd.struct_passwd:
 
 
 def start_daemon(*args: str, log: Path, umask: int | None = None) -> subprocess.Popen[bytes]:
-    preexec = (lambda: os.umask(umask)) if umask is not None else None  # noqa: E731
+    preexec = (lambda: os.umask(umask)) if umask is not None else None
     with open(log, "wb") as stderr:  # the child keeps its own copy
         return subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--log-format",
                                  "json", *args], stderr=stderr, preexec_fn=preexec)

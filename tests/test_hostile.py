@@ -8,11 +8,11 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import Daemon, daemon_config, running_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sessiond import AsyncClient
 
-from conftest import Daemon, daemon_config, running_daemon
+from sessiond import AsyncClient
 
 pytestmark = pytest.mark.anyio
 

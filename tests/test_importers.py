@@ -8,11 +8,11 @@ import sys
 
 import anyio
 import pytest
+from conftest import Daemon
+
 from sessiond import AsyncClient
 from sessiond.importers import FORMATS
 from sessiond.importers._builder import rfc3339
-
-from conftest import Daemon
 
 pytestmark = pytest.mark.anyio
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")

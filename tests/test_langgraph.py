@@ -7,7 +7,6 @@ from typing import Any, TypedDict
 
 import anyio
 import pytest
-
 from conftest import Daemon, daemon_config, running_daemon
 from sdk_extras import require_sdk
 
@@ -16,6 +15,7 @@ require_sdk("langgraph.checkpoint.conformance", "sdk-tests")
 from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 from langgraph.types import Command, interrupt  # noqa: E402
+
 from sessiond.integrations.langgraph import SessiondSaver  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -133,25 +133,24 @@ async def test_a_cap_hit_is_a_value_error_naming_the_setting(short_dir: str) -> 
     setting, and the same saver goes on."""
     config = daemon_config(short_dir, max_checkpoint_bytes=100_000, max_request_bytes=400_000)
     thread = {"configurable": {"thread_id": "cap-1"}}
-    async with running_daemon(config) as d:
-        async with SessiondSaver.from_socket(d.socket) as saver:
-            graph = build().compile(checkpointer=saver)
-            with pytest.raises(ValueError, match="max_checkpoint_bytes"):
-                await graph.ainvoke({"topic": "t", "context": "x" * 200_000}, thread)
+    async with running_daemon(config) as d, SessiondSaver.from_socket(d.socket) as saver:
+        graph = build().compile(checkpointer=saver)
+        with pytest.raises(ValueError, match="max_checkpoint_bytes"):
+            await graph.ainvoke({"topic": "t", "context": "x" * 200_000}, thread)
+        with pytest.raises(ValueError, match="max_request_bytes"):
+            await graph.ainvoke({"topic": "t", "context": "x" * 500_000}, thread)
+        small = await graph.ainvoke({"topic": "t", "context": "fine"},
+                                    {"configurable": {"thread_id": "cap-2"}})
+        assert small["context"] == "fine"
+
+        def sync() -> None:
             with pytest.raises(ValueError, match="max_request_bytes"):
-                await graph.ainvoke({"topic": "t", "context": "x" * 500_000}, thread)
-            small = await graph.ainvoke({"topic": "t", "context": "fine"},
-                                        {"configurable": {"thread_id": "cap-2"}})
-            assert small["context"] == "fine"
+                graph.invoke({"topic": "t", "context": "x" * 500_000},
+                             {"configurable": {"thread_id": "cap-3"}})
+            assert graph.invoke({"topic": "t", "context": "ok"},
+                                {"configurable": {"thread_id": "cap-4"}})["context"] == "ok"
 
-            def sync() -> None:
-                with pytest.raises(ValueError, match="max_request_bytes"):
-                    graph.invoke({"topic": "t", "context": "x" * 500_000},
-                                 {"configurable": {"thread_id": "cap-3"}})
-                assert graph.invoke({"topic": "t", "context": "ok"},
-                                    {"configurable": {"thread_id": "cap-4"}})["context"] == "ok"
-
-            await anyio.to_thread.run_sync(sync)
+        await anyio.to_thread.run_sync(sync)
 
 
 async def test_four_processes_put_concurrently(daemon: Daemon) -> None:

@@ -9,9 +9,9 @@ import sys
 
 import anyio
 import pytest
-from sessiond import AsyncClient, InvalidParamsError, SessionNotFoundError
-
 from conftest import Daemon, daemon_config, running_daemon
+
+from sessiond import AsyncClient, InvalidParamsError, SessionNotFoundError
 
 pytestmark = pytest.mark.anyio
 

@@ -10,18 +10,18 @@ import signal
 import socket
 import subprocess
 import sys
-import termios
 import tempfile
+import termios
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
 import pytest
+from conftest import Daemon, daemon_config
+
 from sessiond import AsyncClient
 from sessiond_daemon import lifecycle
 from sessiond_schemas.errors import SessiondError
-
-from conftest import Daemon, daemon_config
 
 pytestmark = pytest.mark.anyio
 MESSAGE = 60_000  # the 60 KB messages

@@ -6,6 +6,8 @@ import json
 
 import anyio
 import pytest
+from conftest import Daemon
+
 from sessiond import (
     AmbiguousIdError,
     AsyncClient,
@@ -19,8 +21,6 @@ from sessiond import (
 )
 from sessiond_daemon.migrations import SESSION_TABLES
 from sessiond_schemas import rpc
-
-from conftest import Daemon
 
 pytestmark = pytest.mark.anyio
 
@@ -118,9 +118,9 @@ class TestSessionGet:
     async def test_view_survives_restart(self, short_dir: str) -> None:
         """After a restart the view is read from the database, equal to before."""
         import anyio
-        from sessiond_daemon import lifecycle
-
         from conftest import daemon_config
+
+        from sessiond_daemon import lifecycle
 
         config = daemon_config(short_dir)
         for round_ in range(2):

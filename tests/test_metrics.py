@@ -14,11 +14,11 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import Daemon, daemon_config, running_daemon, wait_for_daemon
+
 from sessiond import AsyncClient, MethodNotFoundError, SessionNotFoundError
 from sessiond_daemon import __main__ as daemon_main
 from sessiond_daemon.metrics import NO_METRICS, OTHER, Hooks, parse_address, top_labels
-
-from conftest import Daemon, daemon_config, running_daemon, wait_for_daemon
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

@@ -9,10 +9,9 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import Daemon, daemon_config, running_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from conftest import Daemon, daemon_config, running_daemon
 from sdk_extras import require_sdk
 
 agents = require_sdk("agents", "openai-agents")
@@ -22,6 +21,7 @@ from agents.memory.session_settings import SessionSettings  # noqa: E402
 from agents.models.interface import Model  # noqa: E402
 from agents.usage import Usage  # noqa: E402
 from openai.types.responses import ResponseOutputMessage, ResponseOutputText  # noqa: E402
+
 from sessiond import AsyncClient  # noqa: E402
 from sessiond.integrations.openai_agents import SessiondSession, session_id_for  # noqa: E402
 

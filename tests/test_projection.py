@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from sessiond_daemon.projection import FoldError, apply, fold, merge_patch
-
 from helpers import History
+
+from sessiond_daemon.projection import FoldError, apply, fold, merge_patch
 
 
 class TestSeedHiveSemantics:

@@ -9,11 +9,11 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import Daemon, as_user
+
 from sessiond import AsyncClient
 from sessiond_daemon.service import VERSION
 from sessiond_schemas import rpc
-
-from conftest import Daemon, as_user
 
 pytestmark = pytest.mark.anyio
 
@@ -97,9 +97,9 @@ class TestFraming:
         """A line over max_request_bytes is read to its end and discarded, answered
         -32600 'request too large' under its own id (naming the setting), and the
         connection goes on serving the next line."""
-        import sessiond_daemon.lifecycle as lifecycle
-
         from conftest import daemon_config
+
+        from sessiond_daemon import lifecycle
 
         config = daemon_config(short_dir, max_request_bytes=1024)
         stop = anyio.Event()

@@ -11,6 +11,10 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+from conftest import Daemon, daemon_config, running_daemon
+from test_cli import ctl, ctl_json
+from test_executors import TOOL, finished
+
 from sessiond import AsyncClient
 from sessiond_schemas.errors import (
     InvalidParamsError,
@@ -19,10 +23,6 @@ from sessiond_schemas.errors import (
     SessionImportError,
 )
 from sessiond_schemas.events import Event
-
-from conftest import Daemon, daemon_config, running_daemon
-from test_cli import ctl, ctl_json
-from test_executors import TOOL, finished
 
 pytestmark = pytest.mark.anyio
 

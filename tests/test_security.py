@@ -17,6 +17,8 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+from conftest import as_user, daemon_config, running_daemon
+
 from sessiond import AsyncClient
 from sessiond.importers._builder import DocumentBuilder
 from sessiond_daemon.processes import boot_id, start_time
@@ -24,8 +26,6 @@ from sessiond_daemon.store import SqliteStore
 from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.errors import InvalidParamsError, SessiondError, SessionImportError
 from sessiond_schemas.events import EventMeta
-
-from conftest import as_user, daemon_config, running_daemon
 
 pytestmark = pytest.mark.anyio
 

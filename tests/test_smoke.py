@@ -1,6 +1,7 @@
 """The daemon starts in-process and answers."""
 
 import pytest
+
 from sessiond import AsyncClient
 
 pytestmark = pytest.mark.anyio

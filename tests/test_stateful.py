@@ -25,14 +25,14 @@ from typing import Any
 
 import anyio
 import msgspec
+from conftest import daemon_config, running_daemon
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
 from sessiond_schemas import rpc
 from sessiond_schemas.events import DATA_TYPES, EVENT_TYPES, Event
 from sessiond_schemas.export import FORMAT, FORMAT_VERSION, chain_hash, checksum
-
-from conftest import daemon_config, running_daemon
 
 EXAMPLES = int(os.environ.get("SESSIOND_STATEFUL_EXAMPLES", "15"))
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from conftest import Daemon
+
 from sessiond import AsyncClient
 from sessiond_daemon.migrations import MIGRATIONS
 from sessiond_daemon.store import messages_page_sql
-
-from conftest import Daemon
 
 pytestmark = pytest.mark.anyio
 

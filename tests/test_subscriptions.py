@@ -11,10 +11,10 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import Daemon, daemon_config, running_daemon
+
 from sessiond import AsyncClient, InvalidParamsError, SessionNotFoundError
 from sessiond_schemas.events import Event
-
-from conftest import Daemon, daemon_config, running_daemon
 
 pytestmark = pytest.mark.anyio
 

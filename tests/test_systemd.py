@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import pytest
 from conftest import daemon_config
+
 from sessiond import AsyncClient, Client
 from sessiond_daemon import lifecycle
 from sessiond_daemon.systemd import Notifier

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import anyio
 import pytest
-from sessiond import AsyncClient
-
 from conftest import Daemon
+
+from sessiond import AsyncClient
 
 pytestmark = pytest.mark.anyio
 

@@ -23,12 +23,12 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+from conftest import daemon_config, running_daemon, wait_for_daemon
+
 from sessiond import AsyncClient, Client, MethodNotFoundError
 from sessiond_daemon.migrations import LATEST, MIGRATIONS
 from sessiond_schemas import rpc
 from sessiond_schemas.export import chain_hash
-
-from conftest import daemon_config, running_daemon, wait_for_daemon
 
 pytestmark = pytest.mark.anyio
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import daemon_config, running_daemon
+from structlog.testing import capture_logs
+
 from sessiond import AsyncClient
 from sessiond_daemon.store import SqliteStore
 from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.errors import InternalError, SessiondError
-from structlog.testing import capture_logs
-
-from conftest import daemon_config, running_daemon
 from sessiond_schemas.events import EventMeta
 
 pytestmark = pytest.mark.anyio

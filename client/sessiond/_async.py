@@ -10,14 +10,15 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 from anyio.abc import TaskGroup
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError
 from sessiond_schemas.paths import default_socket
 
 from ._methods import Methods, encode_request
 from ._subscription import Subscription
-from ._wire import ConnectionLostError, raise_for, skew_error
 from ._transport import Transport, open_transport
+from ._wire import ConnectionLostError, raise_for, skew_error
 
 T = TypeVar("T")
 _response_decoder = msgspec.json.Decoder(rpc.Response)

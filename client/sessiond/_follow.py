@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import msgspec
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import ShuttingDownError
 from sessiond_schemas.events import Event

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.state import SessionState

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import TracebackType
 
 import anyio
+
 from sessiond_schemas.events import Event
 
 from ._follow import RESUBSCRIBE_PAUSE, Follower, backoff

@@ -10,13 +10,14 @@ from types import TracebackType
 from typing import Any, BinaryIO, TypeVar
 
 import msgspec
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError
 from sessiond_schemas.events import Event
 from sessiond_schemas.paths import default_socket
 
-from ._methods import Methods, encode_request
 from ._follow import follow
+from ._methods import Methods, encode_request
 from ._wire import ConnectionLostError, connect_blocking, raise_for, skew_error
 
 T = TypeVar("T")

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError, error_from_wire
 

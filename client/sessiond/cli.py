@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import msgspec
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessiondError, SessionNotFoundError
 from sessiond_schemas.events import STATUSES

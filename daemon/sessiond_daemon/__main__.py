@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import structlog
+
 from sessiond_schemas.errors import StorageError
 
 from . import host, lifecycle, logs, systemd

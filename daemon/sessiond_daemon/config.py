@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+
 from sessiond_schemas.paths import default_socket
 
 from .access import Grant

@@ -20,6 +20,7 @@ import anyio
 import msgspec
 import structlog
 from anyio.abc import ByteReceiveStream, Process, TaskStatus
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import (
     InvalidParamsError,

@@ -19,8 +19,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
-
 import msgspec
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import (
     InvalidParamsError,

@@ -13,6 +13,7 @@ import base64
 from typing import Any
 
 import msgspec
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.events import EventMeta, SessionCreated

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 import structlog
+
 from sessiond_schemas.bounds import bound_message, json_out_of_bounds
 from sessiond_schemas.errors import SessionImportError, StorageError
 from sessiond_schemas.events import DATA_TYPES, Event

@@ -14,6 +14,7 @@ import anyio
 import msgspec
 import structlog
 from anyio.abc import SocketListener, TaskStatus
+
 from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EventMeta
 from sessiond_schemas.rpc import SessionCleanupParams

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime, timedelta
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
 import msgspec
 import structlog
+
 from sessiond_schemas import export, rpc
 from sessiond_schemas.errors import (
     InvalidParamsError,
@@ -23,8 +24,8 @@ from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import forks, projection, search
-from .service import Service
 from .histories import unreadable_error
+from .service import Service
 from .verify import SessionCheck
 from .writer import Command, Delete, Import
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 from anyio.abc import Listener, SocketListener, SocketStream, TaskGroup, TaskStatus
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EVENT_TYPES, Event
@@ -138,9 +139,24 @@ def top_labels(rows: Iterable[tuple[Any, int, int, int, float]], limit: int,
 class Prometheus(Hooks):
     """Counters and histograms fed by the hooks; gauges read at scrape time."""
 
-    __slots__ = ("registry", "writer", "store", "server", "executors", "max_queue",
-                 "max_labels", "_events", "_requests", "_latency", "_children", "_batch",
-                 "_commit", "_subscribers", "_scraped", "_lock")
+    __slots__ = (
+        "_batch",
+        "_children",
+        "_commit",
+        "_events",
+        "_latency",
+        "_lock",
+        "_requests",
+        "_scraped",
+        "_subscribers",
+        "executors",
+        "max_labels",
+        "max_queue",
+        "registry",
+        "server",
+        "store",
+        "writer",
+    )
 
     def __init__(self, *, writer: Writer, store: SqliteStore, max_queue: int,
                  max_labels: int) -> None:

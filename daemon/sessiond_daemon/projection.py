@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 from msgspec.structs import replace
+
 from sessiond_schemas.bounds import INT64_MAX
 from sessiond_schemas.events import (
     TERMINAL_STATUSES,
@@ -15,9 +16,9 @@ from sessiond_schemas.events import (
     Event,
     MemoryUpdated,
     MessageAppended,
+    MessagesTruncated,
     MetadataUpdated,
     PlanLinked,
-    MessagesTruncated,
     ProcessDetached,
     ProcessExited,
     ProcessStarted,

@@ -18,6 +18,7 @@ import sqlite3
 from typing import Any, Final
 
 import msgspec
+
 from sessiond_schemas.errors import InvalidParamsError, StorageError
 from sessiond_schemas.events import Event
 from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession

@@ -6,6 +6,7 @@ import sqlite3
 from typing import Any
 
 import structlog
+
 from sessiond_schemas import rpc
 from sessiond_schemas.events import EventMeta
 

@@ -16,6 +16,7 @@ import anyio
 import msgspec
 import structlog
 from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskStatus
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import (
     INTERNAL_ERROR,

@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import msgspec
+
 from sessiond_schemas import rpc
 from sessiond_schemas.bounds import INT64_MAX, bound_message, json_out_of_bounds
 from sessiond_schemas.errors import (
@@ -24,13 +25,13 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.events import (
     ALLOWED_TRANSITIONS,
+    CURRENT_SCHEMA_VERSION,
     DATA_TYPES,
     Event,
     EventMeta,
     MessageFields,
     SessionCreated,
     Status,
-    CURRENT_SCHEMA_VERSION,
     new_id,
     now,
     parse_time,

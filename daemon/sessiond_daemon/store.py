@@ -24,15 +24,13 @@ import aiosqlite
 import anyio
 import msgspec
 import structlog
+
 from sessiond_schemas.errors import InvalidParamsError, StorageError
 from sessiond_schemas.events import Event, EventMeta, MessageAppended
 from sessiond_schemas.rpc import CheckpointGetResult, CheckpointInfo
 from sessiond_schemas.state import Message, SessionState, SessionSummary, TokenUsage
 
-from . import forks
-from . import host
-from . import migrations
-from . import search
+from . import forks, host, migrations, search
 from .migrations import SESSION_TABLES
 
 log = structlog.get_logger("sessiond.store")

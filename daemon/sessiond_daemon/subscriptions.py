@@ -18,6 +18,7 @@ import anyio
 import msgspec
 import structlog
 from anyio.abc import TaskGroup
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError, OverloadedError, SessionNotFoundError
 from sessiond_schemas.events import Event, new_id
@@ -177,6 +178,6 @@ class Subscriptions:
             bell = bell.next
 
     def _drop(self, sub: _Subscription, reason: str) -> None:
-        log.info("subscription.dropped", subscription=sub.id, reason=reason.split(":")[0])
+        log.info("subscription.dropped", subscription=sub.id, reason=reason.split(":", maxsplit=1)[0])
         self._notify("subscription.dropped", rpc.SubscriptionDropped(
             subscription=sub.id, reason=reason, last_position=sub.cursor))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+
 from sessiond_schemas.events import Event
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState

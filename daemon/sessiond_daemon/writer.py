@@ -17,6 +17,7 @@ import anyio
 import msgspec
 import structlog
 from anyio.abc import TaskStatus
+
 from sessiond_schemas.bounds import bound_message, json_out_of_bounds
 from sessiond_schemas.errors import (
     InternalError,
@@ -37,8 +38,8 @@ from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
-from .metrics import NO_METRICS, CommitWindow, Hooks
 from .histories import Histories, check_import, damaged_error
+from .metrics import NO_METRICS, CommitWindow, Hooks
 from .store import Batch, Entry, SqliteStore
 
 log = structlog.get_logger("sessiond.writer")
@@ -110,7 +111,7 @@ class Bell:
     """One committed batch, rung for subscribers: its events, the sessions it deleted, and
     the bell of the batch after it. Old bells are freed once no subscriber holds them."""
 
-    __slots__ = ("rung", "events", "deleted", "next", "_encoded")
+    __slots__ = ("_encoded", "deleted", "events", "next", "rung")
 
     def __init__(self) -> None:
         self.rung = anyio.Event()

@@ -6,8 +6,16 @@ import os
 from typing import Any
 
 import msgspec
+
 from sessiond_schemas import export
-from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now, parse_time
+from sessiond_schemas.events import (
+    CURRENT_SCHEMA_VERSION,
+    Event,
+    EventMeta,
+    new_id,
+    now,
+    parse_time,
+)
 
 
 def rfc3339(value: str) -> str:

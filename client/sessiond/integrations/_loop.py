@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidRequestError, SessiondError, TooLargeError
 from sessiond_schemas.paths import default_socket

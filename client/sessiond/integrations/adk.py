@@ -37,6 +37,7 @@ from google.adk.sessions.base_session_service import (
 )
 from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError, VersionConflictError
 from sessiond_schemas.state import SessionState

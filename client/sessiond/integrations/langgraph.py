@@ -33,6 +33,7 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessionNotFoundError
 

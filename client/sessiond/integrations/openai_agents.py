@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
+
 from sessiond_schemas.bounds import json_out_of_bounds
 from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError
 
@@ -105,8 +106,8 @@ def as_message(item: Any) -> dict[str, Any]:
         content, spans = content.encode("utf-8", "replace").decode(), []
     text = _json_text(lift(item, spans))
     metadata: dict[str, Any] = {}
-    if ("Infinity" in text or "NaN" in text or "\\ud" in text and _LONE_SURROGATE.search(text)
-            or _LONG_DIGITS.search(text) and json_out_of_bounds(json.loads(text))):
+    if ("Infinity" in text or "NaN" in text or ("\\ud" in text and _LONE_SURROGATE.search(text))
+            or (_LONG_DIGITS.search(text) and json_out_of_bounds(json.loads(text)))):
         # What sessiond's JSON does not carry (non-finite floats, lone surrogates, ints past
         # int64), kept as text, as SQLiteSession keeps every item.
         metadata["item_json"] = text
