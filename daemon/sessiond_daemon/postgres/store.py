@@ -1,0 +1,340 @@
+"""The PostgreSQL store: the SqliteStore surface over one database that many daemons share.
+
+One batch is one transaction on the writer's connection:
+1. every session the batch touches is locked (`SELECT … FOR UPDATE`, in session_id
+   order, so two hosts never deadlock) and its stored version compared with the one
+   the writer decided against; sessions another host moved are reported
+   (`SessionsMoved`) and nothing is written, so the writer reloads and decides again;
+2. deletes, views (a session the writer thought new but another host created counts
+   as moved), index rows, snapshots and idempotency keys (a shared table: a key
+   another host stored first also counts as moved);
+3. last, one statement takes the batch's positions from the counter row
+   (`UPDATE log_head … RETURNING`), inserts the events with them and queues one
+   NOTIFY; then COMMIT. The counter's row lock orders commits, so positions are
+   gapless and in commit order: a reader of `position > cursor` never skips an event
+   that commits late, and a rollback takes its positions back (Commanded EventStore's
+   design; a sequence or bigserial would leave holes and commit out of order).
+
+The positions the writer gave the batch's events are provisional: `commit` replaces
+them (and the views' last positions) in the batch with the ones the database gave.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import asyncpg
+import msgspec
+import structlog
+
+from sessiond_schemas.errors import StorageError
+
+from ..store import Batch, Entry
+from . import schema
+from .dsn import redact
+from .reads import Reads
+
+log = structlog.get_logger("sessiond.store")
+
+CHANNEL: Final = "sessiond_events"  # the NOTIFY channel; the payload is a hint only
+_json = msgspec.json.Encoder()
+
+
+class SessionsMoved(Exception):
+    """Another daemon wrote these sessions since the writer read them: nothing of the
+    batch was written; reload them and decide again."""
+
+    def __init__(self, session_ids: Sequence[str]) -> None:
+        self.session_ids = sorted(set(session_ids))
+        super().__init__(f"sessions written by another daemon: {', '.join(self.session_ids)}")
+
+
+# Connection failures: the batch may be retried (under its idempotency keys).
+RETRYABLE: Final = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                    asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError)
+
+
+def storage_error(exc: BaseException) -> StorageError:
+    """A driver error as the contract's -32012; connection losses say they may be retried."""
+    retryable = isinstance(exc, RETRYABLE)
+    message = (f"storage error: the database is unreachable ({exc}); nothing was written,"
+               " retry" if retryable else f"storage error: {exc}; nothing was written")
+    return StorageError(message, {"detail": str(exc), "retryable": retryable})
+
+
+def expectations(batch: Batch) -> dict[str, int]:
+    """The version each touched session had when the writer decided the batch: the one
+    before its first event here, else its view's. Deleted sessions are not checked."""
+    expected: dict[str, int] = {}
+    for e in batch.events:
+        if e.session_id not in expected:
+            expected[e.session_id] = e.version - 1
+    for sid, entry in batch.views.items():
+        expected.setdefault(sid, entry.state.version)
+    for sid in batch.deletes:
+        expected.pop(sid, None)
+    return expected
+
+
+_LOCK: Final = ("SELECT session_id, version FROM sessions WHERE session_id = ANY($1::text[])"
+                " ORDER BY session_id FOR UPDATE")
+_VIEWS: Final = """
+    INSERT INTO sessions (session_id, version, status, namespace, actor_name, source, task,
+        created_at, updated_at, message_count, input_tokens, output_tokens, estimated_cost,
+        last_hash, host, state)
+    SELECT v.sid, v.ver, v.st, v.ns, v.actor, v.src, v.task, v.created, v.updated, v.mc,
+        v.inp, v.outp, v.cost, v.hash, $15, v.state
+    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[],
+        $7::text[], $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[],
+        $13::float8[], $14::text[], $16::bytea[])
+        AS v(sid, ver, st, ns, actor, src, task, created, updated, mc, inp, outp, cost, hash,
+             state)
+    ON CONFLICT (session_id) DO UPDATE SET version = excluded.version,
+        status = excluded.status, namespace = excluded.namespace,
+        actor_name = excluded.actor_name, source = excluded.source, task = excluded.task,
+        created_at = excluded.created_at, updated_at = excluded.updated_at,
+        message_count = excluded.message_count, input_tokens = excluded.input_tokens,
+        output_tokens = excluded.output_tokens, estimated_cost = excluded.estimated_cost,
+        last_hash = excluded.last_hash, state = excluded.state
+    RETURNING session_id, xmax = 0 AS inserted"""
+_IDEMPOTENCY: Final = """
+    INSERT INTO idempotency (session_id, key, result)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])
+    ON CONFLICT (session_id, key) DO NOTHING RETURNING session_id, key"""
+# The last statement before COMMIT: the counter row, the events, the wake-up.
+_EVENTS: Final = """
+    WITH head AS (
+        UPDATE log_head SET position = position + $1 WHERE id = 1
+        RETURNING position - $1 AS base),
+    ins AS (
+        INSERT INTO events (position, session_id, version, event_id, type, schema_version,
+            recorded_at, data, meta, hash)
+        SELECT head.base + e.ord, e.session_id, e.version, e.event_id, e.type,
+            e.schema_version, e.recorded_at, e.data, e.meta, e.hash
+        FROM head, unnest($2::text[], $3::bigint[], $4::text[], $5::text[], $6::int[],
+            $7::text[], $8::bytea[], $9::bytea[], $10::text[]) WITH ORDINALITY
+            AS e(session_id, version, event_id, type, schema_version, recorded_at, data,
+                 meta, hash, ord))
+    SELECT base, pg_notify($11, (base + $1)::text) FROM head"""
+
+
+class PostgresStore(Reads):
+    """The writer's connection (only the writer task uses it) and a pool for reads."""
+
+    def __init__(self, url: str, *, password: str | None = None, readers: int = 2,
+                 host_name: str | None = None) -> None:
+        self.url = url
+        self.password = password
+        self.host_name = host_name
+        self._reader_count = readers
+        self._con: Any = None  # asyncpg.Connection of the writer
+        self._pool: Any = None  # asyncpg.Pool of the readers
+        self.schema_version = 0
+        self.migrated: list[int] = []  # the migrations this open applied
+        self.last_commit_s = 0.0
+        self.moved = 0  # batches refused because another daemon moved a session
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def connect(self) -> Any:
+        """A new connection to the database (the listener opens its own with this)."""
+        return await asyncpg.connect(self.url, password=self.password)
+
+    async def open(self) -> None:
+        """Connect, run pending migrations under the advisory lock, open the read pool."""
+        try:
+            self._con = await self.connect()
+            self.migrated = await schema.migrate(self._con, redact(self.url))
+            self.schema_version = await schema.schema_version(self._con)
+            self._pool = await asyncpg.create_pool(
+                self.url, password=self.password, min_size=1, max_size=self._reader_count)
+        except schema.SchemaTooNew:
+            await self.close()
+            raise
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
+            await self.close()
+            raise StorageError(f"cannot open database {redact(self.url)}: {exc}",
+                               {"detail": str(exc)}) from exc
+        log.info("store.opened", db=redact(self.url), schema_version=self.schema_version,
+                 migrated=self.migrated)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+        if self._con is not None:
+            await self._con.close()
+            self._con = None
+
+    async def _writer(self) -> Any:
+        """The writer's connection, opened again if the last one was lost."""
+        if self._con is None or self._con.is_closed():
+            self._con = await self.connect()
+        return self._con
+
+    async def _run(self, fn: Any) -> Any:
+        """Run `fn(connection)` on the writer's connection; driver errors become -32012."""
+        try:
+            return await fn(await self._writer())
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
+            raise storage_error(exc) from exc
+
+    # --- the writer's side -------------------------------------------------------------
+
+    async def last_position(self) -> int:
+        """The position of the last committed event (the counter row)."""
+        return int(await self._run(
+            lambda c: c.fetchval("SELECT position FROM log_head WHERE id = 1")))
+
+    async def load_entry(self, session_id: str) -> Entry | None:
+        row = await self._run(lambda c: c.fetchrow(
+            "SELECT s.state, s.last_hash, (SELECT position FROM events e WHERE"
+            " e.session_id = s.session_id ORDER BY version DESC LIMIT 1)"
+            " FROM sessions s WHERE s.session_id = $1", session_id))
+        if row is None:
+            return None
+        return Entry(self._state(row[0]), row[1], int(row[2] or 0))
+
+    async def sessions_behind(self) -> list[str]:
+        """Sessions whose events go past their stored view (or that have no view)."""
+        rows = await self._run(lambda c: c.fetch(
+            "SELECT e.session_id FROM (SELECT session_id, MAX(version) AS v FROM events"
+            " GROUP BY session_id) e LEFT JOIN sessions s ON s.session_id = e.session_id"
+            " WHERE s.version IS NULL OR s.version < e.v"))
+        return [r[0] for r in rows]
+
+    async def idempotent_results(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+        """The stored first results of these (session_id, idempotency_key) pairs, from
+        whichever daemon stored them."""
+        if not keys:
+            return {}
+        rows = await self._run(lambda c: c.fetch(
+            "SELECT i.session_id, i.key, i.result FROM idempotency i JOIN unnest($1::text[],"
+            " $2::text[]) AS k(session_id, key) USING (session_id, key)",
+            [k[0] for k in keys], [k[1] for k in keys]))
+        return {(r[0], r[1]): bytes(r[2]) for r in rows}
+
+    async def commit(self, batch: Batch, expected: Mapping[str, int] | None = None) -> None:
+        """Write a whole batch in one transaction, or nothing of it. `expected` is the
+        version each session was decided against (default: `expectations(batch)`).
+        Raises SessionsMoved when another daemon wrote one of them meanwhile."""
+        started = time.perf_counter()
+        want = dict(expectations(batch) if expected is None else expected)
+        try:
+            con = await self._writer()
+            async with con.transaction():
+                base = await self._write(con, batch, want)
+        except SessionsMoved:
+            self.moved += 1
+            raise
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name in ("events_session_version", "sessions_pkey"):
+                # Another daemon created one of these sessions at the same moment.
+                self.moved += 1
+                raise SessionsMoved([e.session_id for e in batch.events]) from exc
+            log.error("store.integrity_error", error=str(exc))
+            raise storage_error(exc) from exc
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
+            raise storage_error(exc) from exc
+        if base is not None:
+            renumber(batch, base)
+        self.last_commit_s = time.perf_counter() - started
+
+    async def _write(self, con: Any, batch: Batch, want: dict[str, int]) -> int | None:
+        touched = sorted({*want, *batch.deletes})
+        stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
+        moved = [sid for sid, version in want.items() if stored.get(sid, 0) != version]
+        if moved:
+            raise SessionsMoved(moved)
+        if batch.deletes:
+            for table in schema.SESSION_TABLES:
+                await con.execute(f"DELETE FROM {table} WHERE session_id = ANY($1::text[])",
+                                  batch.deletes)
+        if batch.views:
+            new = {sid for sid in batch.views if sid not in stored or sid in batch.deletes}
+            columns = _view_columns(batch.views)
+            rows = await con.fetch(_VIEWS, *columns[:14], self.host_name, columns[14])
+            raced = [r[0] for r in rows if r[0] in new and not r[1]]
+            if raced:
+                raise SessionsMoved(raced)
+        await _write_indexes(con, batch)
+        if batch.snapshots:
+            await con.executemany(
+                "INSERT INTO snapshots (session_id, version, state) VALUES ($1, $2, $3)"
+                " ON CONFLICT (session_id, version) DO UPDATE SET state = excluded.state",
+                [(v.session_id, v.version, _json.encode(v)) for v in batch.snapshots])
+        if batch.idempotency:
+            items = batch.idempotency
+            rows = await con.fetch(_IDEMPOTENCY, [i[0] for i in items], [i[1] for i in items],
+                                   [i[2] for i in items])
+            if len(rows) < len(items):
+                done = {(r[0], r[1]) for r in rows}
+                raise SessionsMoved([i[0] for i in items if (i[0], i[1]) not in done])
+        if not batch.events:
+            return None
+        ev = batch.events
+        return int(await con.fetchval(
+            _EVENTS, len(ev), [e.session_id for e in ev], [e.version for e in ev],
+            [e.event_id for e in ev], [e.type for e in ev], [e.schema_version for e in ev],
+            [e.recorded_at for e in ev], [_json.encode(e.data) for e in ev],
+            [_json.encode(e.meta) for e in ev], [e.hash for e in ev], CHANNEL))
+
+
+def renumber(batch: Batch, base: int) -> None:
+    """Give the batch's events the positions the database gave them (base + 1, ...), and
+    each view its session's last one."""
+    batch.events = [msgspec.structs.replace(e, position=base + i)
+                    for i, e in enumerate(batch.events, start=1)]
+    last = {e.session_id: e.position for e in batch.events}
+    for sid, entry in batch.views.items():
+        if sid in last:
+            entry.last_position = last[sid]
+
+
+def _view_columns(views: Mapping[str, Entry]) -> list[list[Any]]:
+    """The views as the columns of _VIEWS ($1..$14, then $16: the state), in
+    session_id order (two daemons inserting the same new sessions wait, never deadlock)."""
+    rows = []
+    for sid in sorted(views):
+        entry = views[sid]
+        s, u = entry.state, entry.state.token_usage
+        rows.append((s.session_id, s.version, s.status, s.namespace, s.actor_name, s.source,
+                     s.task, s.timestamps.created_at, s.timestamps.updated_at, s.message_count,
+                     u.input_tokens, u.output_tokens, u.estimated_cost, entry.last_hash,
+                     _json.encode(s)))
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+async def _write_indexes(con: Any, batch: Batch) -> None:
+    """The messages and checkpoints indexes, in event order: a truncation removes what
+    came before it. Rows point at events by id (positions come last)."""
+    messages: list[tuple[str, int, str]] = []
+    insert = "INSERT INTO messages (session_id, sequence, event_id) VALUES ($1, $2, $3)"
+    for e in batch.events:
+        if e.type == "message.appended":
+            messages.append((e.session_id, e.data["sequence"], e.event_id))
+        elif e.type == "messages.truncated":
+            if messages:
+                await con.executemany(insert, messages)
+            messages = []
+            await con.execute("DELETE FROM messages WHERE session_id = $1 AND sequence >= $2",
+                              e.session_id, e.data["from_sequence"])
+    if messages:
+        await con.executemany(insert, messages)
+    checkpoints = [
+        (e.session_id, e.data["checkpoint_id"], e.event_id, e.version, e.data.get("node_id"),
+         e.data.get("resume_from"), e.recorded_at, e.data["size"], batch.payloads[e.event_id])
+        for e in batch.events if e.type == "checkpoint.saved"
+    ]
+    if checkpoints:
+        await con.executemany(
+            "INSERT INTO checkpoints (session_id, checkpoint_id, event_id, version, node_id,"
+            " resume_from, created_at, size, payload) VALUES ($1, $2, $3, $4, $5, $6, $7,"
+            " $8, $9) ON CONFLICT (session_id, checkpoint_id) DO UPDATE SET"
+            " event_id = excluded.event_id, version = excluded.version,"
+            " node_id = excluded.node_id, resume_from = excluded.resume_from,"
+            " created_at = excluded.created_at, size = excluded.size,"
+            " payload = excluded.payload", checkpoints)
+
