@@ -112,6 +112,17 @@ class Scribe:
         """The batch committed: hold its views."""
         self.entries.update(batch.views)
 
+    async def moved(self, store: Any, moved: Any) -> None:
+        """What the writer does on `Moved`: reload the stale sessions, number after the
+        head."""
+        for sid in moved.stale:
+            entry = await store.load_entry(sid)
+            if entry is None:
+                self.entries.pop(sid, None)
+            else:
+                self.entries[sid] = entry
+        self.next_position = moved.head + 1
+
     def forget(self, session_id: str) -> None:
         self.entries.pop(session_id, None)
 

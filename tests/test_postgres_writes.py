@@ -41,9 +41,8 @@ async def test_a_batch_round_trips(store: object) -> None:
 
     assert isinstance(store, PostgresStore)
     scribe = Scribe()
-    scribe.next_position = 1000  # the writer's guess: the database gives the positions
     batch = scribe.batch(("s-1", 3), ("s-2", 1), key="k1")
-    await store.commit(batch)
+    assert await store.commit(batch) is None
     scribe.adopt(batch)
     assert [e.position for e in batch.events] == list(range(1, 7))
     assert batch.views["s-1"].last_position == 4 and batch.views["s-2"].last_position == 6
@@ -93,48 +92,49 @@ async def test_a_paged_read_stops_at_its_byte_budget(store: object) -> None:
 
 async def test_a_session_another_daemon_moved_is_refused_whole(pg_url: str) -> None:
     """Host B decided against version 2; host A wrote version 3 meanwhile: B's batch is
-    refused (nothing of it, not even its other session), and goes through once B reloads."""
-    from sessiond_daemon.postgres.store import PostgresStore, SessionsMoved
+    refused (nothing of it, not even its other session), and goes through once B reloads
+    and numbers after the new head."""
+    from sessiond_daemon.postgres.store import Moved, PostgresStore
 
     a, b = await _open(pg_url, "a"), await _open(pg_url, "b")
     assert isinstance(a, PostgresStore) and isinstance(b, PostgresStore)
     try:
         on_a, on_b = Scribe(), Scribe()
         first = on_a.batch(("s", 1))
-        await a.commit(first)
+        assert await a.commit(first) is None
         on_a.adopt(first)
-        loaded = await b.load_entry("s")
-        assert loaded is not None
-        on_b.entries["s"] = loaded
-        ahead = on_a.batch(("s", 1))
-        await a.commit(ahead)
+        await on_b.moved(b, Moved(frozenset({"s"}), await b.last_position()))
+        assert await a.commit(on_a.batch(("s", 1))) is None
         stale = on_b.batch(("s", 1), ("other", 1))
-        with pytest.raises(SessionsMoved) as moved:
-            await b.commit(stale)
-        assert moved.value.session_ids == ["s"]
+        # B numbered after the head it knew (2): the head moved, nothing is written.
+        assert await b.commit(stale) == Moved(frozenset(), 3)
+        on_b.next_position = 4
+        stale = on_b.batch(("s", 1), ("other", 1))
+        # Numbered right, but decided against version 2 of s.
+        moved = await b.commit(stale)
+        assert moved == Moved(frozenset({"s"}), 3)
         assert await b.load_entry("other") is None and await b.last_position() == 3
-        reloaded = await b.load_entry("s")
-        assert reloaded is not None and reloaded.state.version == 3
-        on_b.entries["s"] = reloaded
+        await on_b.moved(b, moved)
         retry = on_b.batch(("s", 1), ("other", 1))
-        await b.commit(retry)
+        assert await b.commit(retry) is None
         assert [e.position for e in retry.events] == [4, 5, 6]
         assert [e.version for e in await a.read_after(0, 6, "s", None, 10)] == [1, 2, 3, 4]
+        assert b.moved == 2
     finally:
         await a.close()
         await b.close()
 
 
 async def test_two_daemons_creating_one_session_one_wins(pg_url: str) -> None:
-    from sessiond_daemon.postgres.store import PostgresStore, SessionsMoved
+    from sessiond_daemon.postgres.store import Moved, PostgresStore
 
     a, b = await _open(pg_url, "a"), await _open(pg_url, "b")
     assert isinstance(a, PostgresStore) and isinstance(b, PostgresStore)
     try:
-        await a.commit(Scribe().batch(("new", 1)))
-        with pytest.raises(SessionsMoved) as moved:
-            await b.commit(Scribe().batch(("new", 2)))
-        assert moved.value.session_ids == ["new"]
+        assert await a.commit(Scribe().batch(("new", 1))) is None
+        late = Scribe()
+        late.next_position = 3
+        assert await b.commit(late.batch(("new", 2))) == Moved(frozenset({"new"}), 2)
         assert (await b.counts()) == (1, 2)
         row = await b._one("SELECT host FROM sessions WHERE session_id = 'new'")
         assert row[0] == "a"  # the host that created it
@@ -143,26 +143,50 @@ async def test_two_daemons_creating_one_session_one_wins(pg_url: str) -> None:
         await b.close()
 
 
+async def test_two_daemons_creating_one_session_at_once(pg_url: str) -> None:
+    """Both decide `new` is new, both number after the same head; the one that waits on
+    the other's insert finds the session taken: one commits, the other is moved."""
+    import anyio
+
+    from sessiond_daemon.postgres.store import Moved, PostgresStore
+
+    stores = [await _open(pg_url, f"h{i}") for i in range(2)]
+    results: list[Moved | None] = []
+    try:
+        async def create(store: object) -> None:
+            assert isinstance(store, PostgresStore)
+            results.append(await store.commit(Scribe().batch(("new", 1))))
+
+        async with anyio.create_task_group() as tg:
+            for store in stores:
+                tg.start_soon(create, store)
+        assert sorted(results, key=lambda r: r is not None) == [None, Moved(frozenset(), 2)] \
+            or sorted(results, key=lambda r: r is not None) == [None,
+                                                                Moved(frozenset({"new"}), 2)]
+    finally:
+        for store in stores:
+            assert isinstance(store, PostgresStore)
+            await store.close()
+
+
 async def test_an_idempotency_key_is_shared_by_every_daemon(pg_url: str) -> None:
     """A retry through another daemon finds the first result; committing the key again
     (a writer that had not looked) is refused as moved, never appended twice."""
-    from sessiond_daemon.postgres.store import PostgresStore, SessionsMoved
+    from sessiond_daemon.postgres.store import Moved, PostgresStore
 
     a, b = await _open(pg_url, "a"), await _open(pg_url, "b")
     assert isinstance(a, PostgresStore) and isinstance(b, PostgresStore)
     try:
         scribe = Scribe()
         first = scribe.batch(("s", 1), key="retry-me")
-        await a.commit(first)
-        scribe.adopt(first)
+        assert await a.commit(first) is None
         assert await b.idempotent_results([("s", "retry-me")]) == {
             ("s", "retry-me"): b'{"version": 2}'}
-        loaded = await b.load_entry("s")
-        assert loaded is not None
         again = Scribe()
-        again.entries["s"] = loaded
-        with pytest.raises(SessionsMoved):
-            await b.commit(again.batch(("s", 1), key="retry-me"))
+        await again.moved(b, Moved(frozenset({"s"}), 2))
+        # Decided against the current version, but the key is taken: stale, not appended.
+        assert await b.commit(again.batch(("s", 1), key="retry-me")) == Moved(
+            frozenset({"s"}), 2)
         assert await b.last_position() == 2
     finally:
         await a.close()

@@ -216,7 +216,7 @@ class Reads:
         op, order = ("<=", "DESC") if descending else (">=", "ASC")
         rows = await self._page(
             "SELECT e.data, e.recorded_at FROM messages m JOIN events e ON"
-            f" e.event_id = m.event_id WHERE m.session_id = $1 AND m.sequence {op} $2"
+            f" e.position = m.position WHERE m.session_id = $1 AND m.sequence {op} $2"
             f" ORDER BY m.sequence {order} LIMIT $3", (session_id, first, limit), max_bytes)
         messages: Page[Message] = repage(rows, [])
         for data, recorded_at in rows:
@@ -231,7 +231,7 @@ class Reads:
                          checkpoint_id: str | None) -> CheckpointGetResult | None:
         columns = ("c.checkpoint_id, c.node_id, c.resume_from, c.created_at, c.version,"
                    " c.payload, e.data")
-        source = "checkpoints c LEFT JOIN events e ON e.event_id = c.event_id"
+        source = "checkpoints c LEFT JOIN events e ON e.position = c.position"
         if checkpoint_id is None:
             row = await self._one(f"SELECT {columns} FROM {source} WHERE c.session_id = $1"
                                   " ORDER BY c.version DESC LIMIT 1", session_id)

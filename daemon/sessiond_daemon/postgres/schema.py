@@ -10,9 +10,8 @@ is refused before anything in it is changed.
 How this schema differs from SQLite's (migrations.py), and why:
 - `log_head` is the one counter row positions come from (gapless, in commit order;
   see store.py). `events.position` is a plain BIGINT key, never a sequence.
-- Index rows (messages, checkpoints) point at their event by `event_id`, not by
-  position: they are written before the batch's positions exist, so that the counter
-  update can be the last statement before COMMIT.
+- Index rows point at their event by position, as in SQLite: the writer numbers the
+  batch, and the counter update, the last statement, checks that numbering (store.py).
 - A session's last position is not stored in its row: it is its last event's
   position, read through the (session_id, version) key.
 - Text is compared byte by byte (COLLATE "C"), as SQLite does: orders, cursors and
@@ -81,13 +80,13 @@ MIGRATIONS: Final[list[list[str]]] = [
         """CREATE TABLE messages (
             session_id TEXT COLLATE "C" NOT NULL,
             sequence BIGINT NOT NULL,
-            event_id TEXT COLLATE "C" NOT NULL,
+            position BIGINT NOT NULL,
             PRIMARY KEY (session_id, sequence)
         )""",
         """CREATE TABLE checkpoints (
             session_id TEXT COLLATE "C" NOT NULL,
             checkpoint_id TEXT COLLATE "C" NOT NULL,
-            event_id TEXT COLLATE "C" NOT NULL,
+            position BIGINT NOT NULL,
             version BIGINT NOT NULL,
             node_id TEXT COLLATE "C",
             resume_from TEXT COLLATE "C",
@@ -110,6 +109,53 @@ MIGRATIONS: Final[list[list[str]]] = [
             state BYTEA NOT NULL,
             PRIMARY KEY (session_id, version)
         )""",
+        # The graph.* events' indexes (LangGraph checkpoints), as SQLite's migration 2.
+        """CREATE TABLE graph_checkpoints (
+            session_id TEXT COLLATE "C" NOT NULL,
+            ns TEXT COLLATE "C" NOT NULL,
+            checkpoint_id TEXT COLLATE "C" NOT NULL,
+            run_id TEXT COLLATE "C",
+            position BIGINT NOT NULL,
+            PRIMARY KEY (session_id, ns, checkpoint_id)
+        )""",
+        """CREATE INDEX graph_checkpoints_by_run ON graph_checkpoints (run_id)
+            WHERE run_id IS NOT NULL""",
+        """CREATE TABLE graph_blobs (
+            session_id TEXT COLLATE "C" NOT NULL,
+            ns TEXT COLLATE "C" NOT NULL,
+            channel TEXT COLLATE "C" NOT NULL,
+            version TEXT COLLATE "C" NOT NULL,
+            position BIGINT NOT NULL,
+            PRIMARY KEY (session_id, ns, channel, version)
+        )""",
+        """CREATE TABLE graph_writes (
+            session_id TEXT COLLATE "C" NOT NULL,
+            ns TEXT COLLATE "C" NOT NULL,
+            checkpoint_id TEXT COLLATE "C" NOT NULL,
+            task_id TEXT COLLATE "C" NOT NULL,
+            idx BIGINT NOT NULL,
+            position BIGINT NOT NULL,
+            item BIGINT NOT NULL,
+            PRIMARY KEY (session_id, ns, checkpoint_id, task_id, idx)
+        )""",
+        # App and user state (state.updated), shared by sessions: the latest of each key.
+        """CREATE TABLE scoped_state (
+            app_name TEXT COLLATE "C" NOT NULL,
+            user_id TEXT COLLATE "C" NOT NULL,
+            key TEXT COLLATE "C" NOT NULL,
+            value BYTEA NOT NULL,
+            position BIGINT NOT NULL,
+            PRIMARY KEY (app_name, user_id, key)
+        )""",
+        # Forks: each fork's source (forks.py).
+        """CREATE TABLE forks (
+            session_id TEXT COLLATE "C" PRIMARY KEY,
+            source_id TEXT COLLATE "C" NOT NULL,
+            version BIGINT NOT NULL,
+            forked_at TEXT COLLATE "C" NOT NULL,
+            position BIGINT NOT NULL
+        )""",
+        "CREATE INDEX forks_by_source ON forks (source_id, session_id)",
     ],
 ]
 
@@ -117,6 +163,7 @@ LATEST: Final = len(MIGRATIONS)
 
 # A session's rows, in the order a delete removes them (the view last).
 SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
+                         "graph_checkpoints", "graph_blobs", "graph_writes", "forks",
                          "sessions")
 
 

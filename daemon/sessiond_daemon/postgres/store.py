@@ -3,26 +3,27 @@
 One batch is one transaction on the writer's connection:
 1. every session the batch touches is locked (`SELECT … FOR UPDATE`, in session_id
    order, so two hosts never deadlock) and its stored version compared with the one
-   the writer decided against; sessions another host moved are reported
-   (`SessionsMoved`) and nothing is written, so the writer reloads and decides again;
-2. deletes, views (a session the writer thought new but another host created counts
-   as moved), index rows, snapshots and idempotency keys (a shared table: a key
-   another host stored first also counts as moved);
-3. last, one statement takes the batch's positions from the counter row
-   (`UPDATE log_head … RETURNING`), inserts the events with them and queues one
-   NOTIFY; then COMMIT. The counter's row lock orders commits, so positions are
-   gapless and in commit order: a reader of `position > cursor` never skips an event
-   that commits late, and a rollback takes its positions back (Commanded EventStore's
-   design; a sequence or bigserial would leave holes and commit out of order).
-
-The positions the writer gave the batch's events are provisional: `commit` replaces
-them (and the views' last positions) in the batch with the ones the database gave.
+   the writer decided from (`batch.bases`); an idempotency key another host stored
+   first counts too. Those sessions come back as `Moved.stale` and nothing is written:
+   the writer reloads them and decides again;
+2. deletes, views (a session the writer thought new but another host created is
+   stale), the read models (projections.py), snapshots, idempotency results;
+3. last, one statement moves the counter row (`UPDATE log_head … WHERE position =
+   <the writer's numbering> RETURNING`), inserts the events and queues one NOTIFY; then
+   COMMIT. The counter's row lock orders commits, so positions are gapless and in commit
+   order: a reader of `position > cursor` never skips an event that commits late, and
+   a rollback gives its positions back (Commanded EventStore's design; a sequence or
+   bigserial would leave holes and commit out of order). When another host took those
+   positions first the statement inserts nothing and the batch is `Moved` with the new
+   head: the writer numbers the batch again after it (results quote positions, so the
+   store never renumbers behind the writer's back).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import asyncpg
@@ -32,9 +33,9 @@ import structlog
 from sessiond_schemas.errors import StorageError
 
 from ..store import Batch, Entry
-from . import schema
+from . import projections, schema
 from .dsn import redact
-from .reads import Reads
+from .models import ModelReads
 
 log = structlog.get_logger("sessiond.store")
 
@@ -42,13 +43,20 @@ CHANNEL: Final = "sessiond_events"  # the NOTIFY channel; the payload is a hint 
 _json = msgspec.json.Encoder()
 
 
-class SessionsMoved(Exception):
-    """Another daemon wrote these sessions since the writer read them: nothing of the
-    batch was written; reload them and decide again."""
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """`commit` wrote nothing: another daemon wrote. `stale`: sessions whose stored version
+    is not the batch's base (reload them); `head`: the last position now (number after it)."""
 
-    def __init__(self, session_ids: Sequence[str]) -> None:
-        self.session_ids = sorted(set(session_ids))
-        super().__init__(f"sessions written by another daemon: {', '.join(self.session_ids)}")
+    stale: frozenset[str]
+    head: int
+
+
+class _Abort(Exception):
+    """Roll the batch's transaction back and answer `stale`."""
+
+    def __init__(self, stale: Sequence[str] = ()) -> None:
+        self.stale = frozenset(stale)
 
 
 # Connection failures: the batch may be retried (under its idempotency keys).
@@ -64,13 +72,16 @@ def storage_error(exc: BaseException) -> StorageError:
     return StorageError(message, {"detail": str(exc), "retryable": retryable})
 
 
-def expectations(batch: Batch) -> dict[str, int]:
-    """The version each touched session had when the writer decided the batch: the one
-    before its first event here, else its view's. Deleted sessions are not checked."""
+def bases(batch: Batch) -> dict[str, int]:
+    """The version each touched session had when the writer decided the batch (0: none):
+    `batch.bases` when the writer says, else the one before each session's first event
+    here, or its view's (deleted sessions are then not checked)."""
+    given: dict[str, int] | None = getattr(batch, "bases", None)
+    if given:
+        return dict(given)
     expected: dict[str, int] = {}
     for e in batch.events:
-        if e.session_id not in expected:
-            expected[e.session_id] = e.version - 1
+        expected.setdefault(e.session_id, e.version - 1)
     for sid, entry in batch.views.items():
         expected.setdefault(sid, entry.state.version)
     for sid in batch.deletes:
@@ -99,28 +110,26 @@ _VIEWS: Final = """
         output_tokens = excluded.output_tokens, estimated_cost = excluded.estimated_cost,
         last_hash = excluded.last_hash, state = excluded.state
     RETURNING session_id, xmax = 0 AS inserted"""
+_KEYS: Final = ("SELECT i.session_id FROM idempotency i JOIN unnest($1::text[], $2::text[])"
+                " AS k(session_id, key) USING (session_id, key)")
 _IDEMPOTENCY: Final = """
     INSERT INTO idempotency (session_id, key, result)
-    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])
-    ON CONFLICT (session_id, key) DO NOTHING RETURNING session_id, key"""
-# The last statement before COMMIT: the counter row, the events, the wake-up.
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])"""
+# The last statement before COMMIT: the counter row (only if no other host moved it past
+# the writer's numbering), the events, the wake-up. No row back: the head moved.
 _EVENTS: Final = """
     WITH head AS (
-        UPDATE log_head SET position = position + $1 WHERE id = 1
-        RETURNING position - $1 AS base),
+        UPDATE log_head SET position = position + $1 WHERE id = 1 AND position = $2
+        RETURNING position),
     ins AS (
         INSERT INTO events (position, session_id, version, event_id, type, schema_version,
             recorded_at, data, meta, hash)
-        SELECT head.base + e.ord, e.session_id, e.version, e.event_id, e.type,
-            e.schema_version, e.recorded_at, e.data, e.meta, e.hash
-        FROM head, unnest($2::text[], $3::bigint[], $4::text[], $5::text[], $6::int[],
-            $7::text[], $8::bytea[], $9::bytea[], $10::text[]) WITH ORDINALITY
-            AS e(session_id, version, event_id, type, schema_version, recorded_at, data,
-                 meta, hash, ord))
-    SELECT base, pg_notify($11, (base + $1)::text) FROM head"""
+        SELECT e.* FROM head, unnest($3::bigint[], $4::text[], $5::bigint[], $6::text[],
+            $7::text[], $8::int[], $9::text[], $10::bytea[], $11::bytea[], $12::text[]) AS e)
+    SELECT pg_notify($13, position::text) FROM head"""
 
 
-class PostgresStore(Reads):
+class PostgresStore(ModelReads):
     """The writer's connection (only the writer task uses it) and a pool for reads."""
 
     def __init__(self, url: str, *, password: str | None = None, readers: int = 2,
@@ -216,38 +225,53 @@ class PostgresStore(Reads):
             [k[0] for k in keys], [k[1] for k in keys]))
         return {(r[0], r[1]): bytes(r[2]) for r in rows}
 
-    async def commit(self, batch: Batch, expected: Mapping[str, int] | None = None) -> None:
-        """Write a whole batch in one transaction, or nothing of it. `expected` is the
-        version each session was decided against (default: `expectations(batch)`).
-        Raises SessionsMoved when another daemon wrote one of them meanwhile."""
+    async def commit(self, batch: Batch) -> Moved | None:
+        """Write the whole batch in one transaction, or nothing of it: None when written,
+        `Moved` when another daemon wrote first (see the module's docstring)."""
         started = time.perf_counter()
-        want = dict(expectations(batch) if expected is None else expected)
+        want = bases(batch)
         try:
             con = await self._writer()
-            async with con.transaction():
-                base = await self._write(con, batch, want)
-        except SessionsMoved:
-            self.moved += 1
-            raise
-        except asyncpg.UniqueViolationError as exc:
-            if exc.constraint_name in ("events_session_version", "sessions_pkey"):
+            try:
+                async with con.transaction():
+                    await self._write(con, batch, want)
+            except _Abort as abort:
+                self.moved += 1
+                return Moved(abort.stale, await self._head(con))
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name not in ("events_session_version", "sessions_pkey"):
+                    log.error("store.integrity_error", error=str(exc))
+                    raise
                 # Another daemon created one of these sessions at the same moment.
                 self.moved += 1
-                raise SessionsMoved([e.session_id for e in batch.events]) from exc
-            log.error("store.integrity_error", error=str(exc))
-            raise storage_error(exc) from exc
+                return Moved(frozenset(sid for sid, v in want.items() if v == 0),
+                             await self._head(con))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
             raise storage_error(exc) from exc
-        if base is not None:
-            renumber(batch, base)
         self.last_commit_s = time.perf_counter() - started
+        return None
 
-    async def _write(self, con: Any, batch: Batch, want: dict[str, int]) -> int | None:
+    @staticmethod
+    async def _head(con: Any) -> int:
+        return int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
+
+    async def _write(self, con: Any, batch: Batch, want: dict[str, int]) -> None:
+        ev = batch.events
+        first = ev[0].position if ev else 0
+        if ev:
+            if [e.position for e in ev] != list(range(first, first + len(ev))):
+                raise ValueError("a batch's events must be numbered consecutively")
+            if await self._head(con) != first - 1:  # fail fast; the last statement decides
+                raise _Abort()
         touched = sorted({*want, *batch.deletes})
         stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
-        moved = [sid for sid, version in want.items() if stored.get(sid, 0) != version]
-        if moved:
-            raise SessionsMoved(moved)
+        stale = {sid for sid, version in want.items() if stored.get(sid, 0) != version}
+        if batch.idempotency:
+            keyed = [i for i in batch.idempotency if i[0] not in batch.deletes]
+            stale |= {r[0] for r in await con.fetch(
+                _KEYS, [i[0] for i in keyed], [i[1] for i in keyed])}
+        if stale:
+            raise _Abort(sorted(stale))
         if batch.deletes:
             for table in schema.SESSION_TABLES:
                 await con.execute(f"DELETE FROM {table} WHERE session_id = ANY($1::text[])",
@@ -258,8 +282,8 @@ class PostgresStore(Reads):
             rows = await con.fetch(_VIEWS, *columns[:14], self.host_name, columns[14])
             raced = [r[0] for r in rows if r[0] in new and not r[1]]
             if raced:
-                raise SessionsMoved(raced)
-        await _write_indexes(con, batch)
+                raise _Abort(raced)
+        await projections.project(con, batch)
         if batch.snapshots:
             await con.executemany(
                 "INSERT INTO snapshots (session_id, version, state) VALUES ($1, $2, $3)"
@@ -267,30 +291,18 @@ class PostgresStore(Reads):
                 [(v.session_id, v.version, _json.encode(v)) for v in batch.snapshots])
         if batch.idempotency:
             items = batch.idempotency
-            rows = await con.fetch(_IDEMPOTENCY, [i[0] for i in items], [i[1] for i in items],
-                                   [i[2] for i in items])
-            if len(rows) < len(items):
-                done = {(r[0], r[1]) for r in rows}
-                raise SessionsMoved([i[0] for i in items if (i[0], i[1]) not in done])
-        if not batch.events:
-            return None
-        ev = batch.events
-        return int(await con.fetchval(
-            _EVENTS, len(ev), [e.session_id for e in ev], [e.version for e in ev],
-            [e.event_id for e in ev], [e.type for e in ev], [e.schema_version for e in ev],
-            [e.recorded_at for e in ev], [_json.encode(e.data) for e in ev],
-            [_json.encode(e.meta) for e in ev], [e.hash for e in ev], CHANNEL))
-
-
-def renumber(batch: Batch, base: int) -> None:
-    """Give the batch's events the positions the database gave them (base + 1, ...), and
-    each view its session's last one."""
-    batch.events = [msgspec.structs.replace(e, position=base + i)
-                    for i, e in enumerate(batch.events, start=1)]
-    last = {e.session_id: e.position for e in batch.events}
-    for sid, entry in batch.views.items():
-        if sid in last:
-            entry.last_position = last[sid]
+            await con.execute(_IDEMPOTENCY, [i[0] for i in items], [i[1] for i in items],
+                              [i[2] for i in items])
+        if not ev:
+            return
+        took = await con.fetchrow(
+            _EVENTS, len(ev), first - 1, [e.position for e in ev], [e.session_id for e in ev],
+            [e.version for e in ev], [e.event_id for e in ev], [e.type for e in ev],
+            [e.schema_version for e in ev], [e.recorded_at for e in ev],
+            [_json.encode(e.data) for e in ev], [_json.encode(e.meta) for e in ev],
+            [e.hash for e in ev], CHANNEL)
+        if took is None:
+            raise _Abort()  # another daemon took these positions since the check above
 
 
 def _view_columns(views: Mapping[str, Entry]) -> list[list[Any]]:
@@ -305,36 +317,3 @@ def _view_columns(views: Mapping[str, Entry]) -> list[list[Any]]:
                      u.input_tokens, u.output_tokens, u.estimated_cost, entry.last_hash,
                      _json.encode(s)))
     return [list(column) for column in zip(*rows, strict=True)]
-
-
-async def _write_indexes(con: Any, batch: Batch) -> None:
-    """The messages and checkpoints indexes, in event order: a truncation removes what
-    came before it. Rows point at events by id (positions come last)."""
-    messages: list[tuple[str, int, str]] = []
-    insert = "INSERT INTO messages (session_id, sequence, event_id) VALUES ($1, $2, $3)"
-    for e in batch.events:
-        if e.type == "message.appended":
-            messages.append((e.session_id, e.data["sequence"], e.event_id))
-        elif e.type == "messages.truncated":
-            if messages:
-                await con.executemany(insert, messages)
-            messages = []
-            await con.execute("DELETE FROM messages WHERE session_id = $1 AND sequence >= $2",
-                              e.session_id, e.data["from_sequence"])
-    if messages:
-        await con.executemany(insert, messages)
-    checkpoints = [
-        (e.session_id, e.data["checkpoint_id"], e.event_id, e.version, e.data.get("node_id"),
-         e.data.get("resume_from"), e.recorded_at, e.data["size"], batch.payloads[e.event_id])
-        for e in batch.events if e.type == "checkpoint.saved"
-    ]
-    if checkpoints:
-        await con.executemany(
-            "INSERT INTO checkpoints (session_id, checkpoint_id, event_id, version, node_id,"
-            " resume_from, created_at, size, payload) VALUES ($1, $2, $3, $4, $5, $6, $7,"
-            " $8, $9) ON CONFLICT (session_id, checkpoint_id) DO UPDATE SET"
-            " event_id = excluded.event_id, version = excluded.version,"
-            " node_id = excluded.node_id, resume_from = excluded.resume_from,"
-            " created_at = excluded.created_at, size = excluded.size,"
-            " payload = excluded.payload", checkpoints)
-
