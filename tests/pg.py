@@ -84,29 +84,36 @@ class Scribe:
         batch = Batch()
         for sid, n in items:
             entry = self.entries.get(sid)
-            prev = entry.last_hash if entry else ""
-            version = entry.state.version if entry else 0
             count = entry.state.message_count if entry else 0
-            specs: list[tuple[str, dict[str, Any]]] = [] if entry else [("session.created", {})]
-            specs += [("message.appended", {"message_id": new_id(), "sequence": count + i,
-                                            "role": "user", "content": f"m{count + i}"})
-                      for i in range(n)]
-            events = []
-            for event_type, data in specs:
-                version += 1
-                e = Event(position=self.next_position, session_id=sid, version=version,
-                          event_id=new_id(), type=event_type,
-                          schema_version=CURRENT_SCHEMA_VERSION, recorded_at=now(), data=data,
-                          meta=EventMeta(idempotency_key=key), hash="")
-                prev = chain_hash(prev, e)
-                events.append(msgspec.structs.replace(e, hash=prev))
-                self.next_position += 1
-            state = projection.fold(entry.state if entry else None, events)
-            batch.events += events
-            batch.views[sid] = Entry(state, events[-1].hash, events[-1].position)
-            if key is not None:
-                batch.idempotency.append((sid, key, b'{"version": %d}' % state.version))
+            self.add(batch, sid, [("message.appended", {
+                "message_id": new_id(), "sequence": count + i, "role": "user",
+                "content": f"m{count + i}"}) for i in range(n)], key=key)
         return batch
+
+    def add(self, batch: Batch, sid: str, specs: list[tuple[str, dict[str, Any]]],
+            key: str | None = None, *, prev_hash: str = "", version: int = 0) -> None:
+        """Add events of these (type, data) to `batch` for `sid` (a session this scribe
+        does not hold starts with session.created, unless specs start it otherwise)."""
+        entry = self.entries.get(sid) or batch.views.get(sid)
+        if entry is None and specs[0][0] != "session.forked":
+            specs = [("session.created", {}), *specs]
+        prev = entry.last_hash if entry else prev_hash
+        version = entry.state.version if entry else version
+        events = []
+        for event_type, data in specs:
+            version += 1
+            e = Event(position=self.next_position, session_id=sid, version=version,
+                      event_id=new_id(), type=event_type, schema_version=CURRENT_SCHEMA_VERSION,
+                      recorded_at=now(), data=data, meta=EventMeta(idempotency_key=key),
+                      hash="")
+            prev = chain_hash(prev, e)
+            events.append(msgspec.structs.replace(e, hash=prev))
+            self.next_position += 1
+        state = projection.fold(entry.state if entry else None, events)
+        batch.events += events
+        batch.views[sid] = Entry(state, events[-1].hash, events[-1].position)
+        if key is not None:
+            batch.idempotency.append((sid, key, b'{"version": %d}' % state.version))
 
     def adopt(self, batch: Batch) -> None:
         """The batch committed: hold its views."""

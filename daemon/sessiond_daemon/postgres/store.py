@@ -75,13 +75,15 @@ def storage_error(exc: BaseException) -> StorageError:
 def bases(batch: Batch) -> dict[str, int]:
     """The version each touched session had when the writer decided the batch (0: none):
     `batch.bases` when the writer says, else the one before each session's first event
-    here, or its view's (deleted sessions are then not checked)."""
+    here (0 before a session's first), or its view's (deleted sessions are then not
+    checked)."""
     given: dict[str, int] | None = getattr(batch, "bases", None)
     if given:
         return dict(given)
     expected: dict[str, int] = {}
-    for e in batch.events:
-        expected.setdefault(e.session_id, e.version - 1)
+    for e in batch.events:  # a fork's first event is at the source's version + 1
+        new = e.type in ("session.created", "session.forked")
+        expected.setdefault(e.session_id, 0 if new else e.version - 1)
     for sid, entry in batch.views.items():
         expected.setdefault(sid, entry.state.version)
     for sid in batch.deletes:
