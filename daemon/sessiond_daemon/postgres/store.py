@@ -3,7 +3,8 @@
 One batch is one transaction on the writer's connection:
 1. every session the batch touches is locked (`SELECT … FOR UPDATE`, in session_id
    order, so two hosts never deadlock) and its stored version compared with the one
-   the writer decided from (`batch.bases`); an idempotency key another host stored
+   the writer decided from (`batch.bases`; not for a session the batch deletes: a
+   delete is whole whatever was appended); an idempotency key another host stored
    first counts too. Those sessions come back as `Moved.stale` and nothing is written:
    the writer reloads them and decides again;
 2. deletes, views (a session the writer thought new but another host created is
@@ -75,8 +76,7 @@ def storage_error(exc: BaseException) -> StorageError:
 def bases(batch: Batch) -> dict[str, int]:
     """The version each touched session had when the writer decided the batch (0: none):
     `batch.bases` when the writer says, else the one before each session's first event
-    here (0 before a session's first), or its view's (deleted sessions are then not
-    checked)."""
+    here (0 before a session's first), or its view's."""
     given: dict[str, int] | None = getattr(batch, "bases", None)
     if given:
         return dict(given)
@@ -86,8 +86,6 @@ def bases(batch: Batch) -> dict[str, int]:
         expected.setdefault(e.session_id, 0 if new else e.version - 1)
     for sid, entry in batch.views.items():
         expected.setdefault(sid, entry.state.version)
-    for sid in batch.deletes:
-        expected.pop(sid, None)
     return expected
 
 
@@ -260,19 +258,20 @@ class PostgresStore(ModelReads):
     async def _write(self, con: Any, batch: Batch, want: dict[str, int]) -> None:
         ev = batch.events
         first = ev[0].position if ev else 0
-        if ev:
-            if [e.position for e in ev] != list(range(first, first + len(ev))):
-                raise ValueError("a batch's events must be numbered consecutively")
-            if await self._head(con) != first - 1:  # fail fast; the last statement decides
-                raise _Abort()
+        if ev and [e.position for e in ev] != list(range(first, first + len(ev))):
+            raise ValueError("a batch's events must be numbered consecutively")
+        # The head is checked first (one read, no lock) so that a moved batch says at once
+        # which of its sessions are stale too; the last statement is what decides.
+        head_moved = bool(ev) and await self._head(con) != first - 1
         touched = sorted({*want, *batch.deletes})
         stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
-        stale = {sid for sid, version in want.items() if stored.get(sid, 0) != version}
+        stale = {sid for sid, version in want.items()
+                 if sid not in batch.deletes and stored.get(sid, 0) != version}
         if batch.idempotency:
             keyed = [i for i in batch.idempotency if i[0] not in batch.deletes]
             stale |= {r[0] for r in await con.fetch(
                 _KEYS, [i[0] for i in keyed], [i[1] for i in keyed])}
-        if stale:
+        if stale or head_moved:
             raise _Abort(sorted(stale))
         if batch.deletes:
             for table in schema.SESSION_TABLES:
