@@ -259,7 +259,11 @@ class PostgresStore(ModelReads):
         ev = batch.events
         first = ev[0].position if ev else 0
         if ev and [e.position for e in ev] != list(range(first, first + len(ev))):
-            raise ValueError("a batch's events must be numbered consecutively")
+            # A bug of the writer: positions would not match the counter row.
+            log.error("store.batch_misnumbered", first=first, events=len(ev))
+            raise StorageError("storage error: the batch's events are not numbered"
+                               " consecutively; nothing was written",
+                               {"detail": "positions not consecutive"})
         # The head is checked first (one read, no lock) so that a moved batch says at once
         # which of its sessions are stale too; the last statement is what decides.
         head_moved = bool(ev) and await self._head(con) != first - 1
