@@ -7,7 +7,7 @@ import socket
 
 import anyio
 import pytest
-from conftest import daemon_config
+from conftest import daemon_config, eventually
 
 from sessiond import AsyncClient, SessiondError
 from sessiond_daemon import lifecycle
@@ -122,8 +122,7 @@ async def test_drain_keeps_every_acknowledged_write(short_dir: str) -> None:
             async with anyio.create_task_group() as writers:
                 for n in range(4):
                     writers.start_soon(writer, n)
-                while len(acked) < 50:
-                    await anyio.sleep(0.01)
+                await eventually(lambda: len(acked) >= 50, "50 acknowledged appends")
                 stop.set()
     assert acked
     stop2 = anyio.Event()

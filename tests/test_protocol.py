@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import Daemon, as_user
+from conftest import Daemon, as_user, eventually
 
 from sessiond import AsyncClient
 from sessiond_daemon.service import VERSION
@@ -162,9 +162,10 @@ class TestBatches:
         [r] = await exchange(daemon.socket, line(msg) + line(req("daemon.ping", 5)), 1)
         assert r["id"] == 5
         # Pipelined requests may finish in any order: wait for the notification's effect.
-        with anyio.fail_after(10):
-            while (await client.get_session("note")).message_count != 1:
-                await anyio.sleep(0.01)
+        async def appended() -> bool:
+            return (await client.get_session("note")).message_count == 1
+
+        await eventually(appended, "the notification's message")
 
     async def test_string_and_null_ids_are_echoed(self, daemon: Daemon) -> None:
         """String ids and explicit null ids come back as given."""

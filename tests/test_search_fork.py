@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon
 from test_cli import ctl, ctl_json
 from test_executors import TOOL, finished
 
@@ -330,9 +330,10 @@ class TestFork:
         """A fork is data, not a process: -32003 while a turn runs, and a fork of an
         ended executor session has no pid."""
         await client.spawn([*TOOL, "stubborn"], session_id="run1")
-        with anyio.fail_after(30):
-            while (await client.get_session("run1")).pid is None:
-                await anyio.sleep(0.02)
+        async def started() -> bool:
+            return (await client.get_session("run1")).pid is not None
+
+        await eventually(started, "the executor's process")
         with pytest.raises(InvalidTransitionError) as err:
             await client.fork("run1")
         assert "running executor" in err.value.message

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon
 
 from sessiond import AsyncClient, InvalidParamsError, SessionNotFoundError
 from sessiond_schemas.events import Event
@@ -67,9 +67,8 @@ async def test_catch_up_then_live_under_load(daemon: Daemon, client: AsyncClient
             tg.start_soon(consume, "all_from_now", subs["all_from_now"])
         stored = await all_events(client)
         assert len(stored) == 5000
-        with anyio.fail_after(60):
-            while subs["all_from_now"].start_position is None:
-                await anyio.sleep(0.01)
+        await eventually(lambda: subs["all_from_now"].start_position is not None,
+                         "all_from_now to start")
         now = subs["all_from_now"].start_position
         assert 0 < now < stored[-1].position  # it really started mid-stream
         expected.update({
@@ -78,9 +77,8 @@ async def test_catch_up_then_live_under_load(daemon: Daemon, client: AsyncClient
             "one_session": [e.position for e in stored if e.session_id == "w3"],
             "all_from_now": [e.position for e in stored if e.position > now],
         })
-        with anyio.fail_after(60):
-            while any(len(got[n]) < len(expected[n]) for n in expected):
-                await anyio.sleep(0.05)
+        await eventually(lambda: all(len(got[n]) >= len(expected[n]) for n in expected),
+                         "every subscriber to catch up")
         tg.cancel_scope.cancel()
     for name, positions in expected.items():
         assert [e.position for e in got[name]] == positions, name
@@ -127,9 +125,10 @@ async def test_stalled_consumer_is_dropped_and_bounded(short_dir: str) -> None:
         raw = socket.socket(socket.AF_UNIX)
         raw.connect(d.socket)
         raw.sendall(b'{"jsonrpc":"2.0","id":1,"method":"events.subscribe","params":{}}\n')
-        with anyio.fail_after(10):
-            while (await c.stats()).subscriptions != 1:
-                await anyio.sleep(0.01)
+        async def subscribed() -> bool:
+            return (await c.stats()).subscriptions == 1
+
+        await eventually(subscribed, "the raw subscription")
         for _ in range(60):  # 6,000 events, several MB of notifications, none read
             await c.append_messages("flood", [{"role": "user", "content": "x" * 300}] * 100)
         assert (await c.stats()).subscriptions == 0  # dropped; the writers never waited
@@ -170,15 +169,11 @@ async def test_iterator_survives_a_daemon_restart(short_dir: str) -> None:
             outer.start_soon(consume)
             for i in range(50):
                 await c.append_message("phoenix", "user", f"before {i}")
-            with anyio.fail_after(20):
-                while len(got) < 51:
-                    await anyio.sleep(0.01)
+            await eventually(lambda: len(got) >= 51, "the events before the restart")
         async with running_daemon(config) as d, AsyncClient(d.socket) as c:
             for i in range(50):
                 await c.append_message("phoenix", "user", f"after {i}")
-            with anyio.fail_after(30):
-                while len(got) < 101:
-                    await anyio.sleep(0.01)
+            await eventually(lambda: len(got) >= 101, "the events after the restart")
     assert [e.version for e in got] == list(range(1, 102))
 
 
