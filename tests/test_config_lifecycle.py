@@ -54,7 +54,8 @@ class TestDefaults:
             load(os.path.join(tmp_path, "missing.toml"), {}, env={})
 
     def test_default_config_file_is_read_when_present(self, tmp_path: os.PathLike[str]) -> None:
-        """Unnamed, the file is $CONFIGURATION_DIRECTORY's (systemd), else ~/.config's, if it exists."""
+        """Unnamed, the file is $CONFIGURATION_DIRECTORY's (systemd), else ~/.config's, if
+        it exists."""
         home, etc = os.path.join(tmp_path, "home"), os.path.join(tmp_path, "etc")
         env = {"HOME": home, "CONFIGURATION_DIRECTORY": etc}
         assert default_config_file(env) is None
@@ -95,7 +96,8 @@ class TestSocketHygiene:
             f.write("precious")
         with pytest.raises(BaseException) as err:
             await lifecycle.run(config, anyio.Event())
-        assert "not a socket" in str(err.value.exceptions[0] if isinstance(err.value, BaseExceptionGroup) else err.value)
+        cause = err.value.exceptions[0] if isinstance(err.value, BaseExceptionGroup) else err.value
+        assert "not a socket" in str(cause)
         with open(config.socket) as f:
             assert f.read() == "precious"
 

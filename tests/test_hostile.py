@@ -179,7 +179,8 @@ async def test_connection_limit(short_dir: str) -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12)
 methods = st.sampled_from(["daemon.ping", "session.create", "session.get", "message.append",
                            "events.append", "events.read", "session.list", "memory.update",

@@ -345,7 +345,8 @@ tests:
           - exp_labels: {severity: warning, instance: h}
             exp_annotations:
               summary: "sessiond's write queue is 97.66% full on h"
-              description: "Past full, writes get -32008 (overloaded). Check the commit latency and the disk."
+              description: "Past full, writes get -32008 (overloaded). Check the commit
+                latency and the disk."
       - eval_time: 5m
         alertname: SessiondCommitLatencyHigh
         exp_alerts: []
@@ -355,7 +356,8 @@ tests:
           - exp_labels: {severity: warning, instance: h}
             exp_annotations:
               summary: "sessiond commits take 500ms (p99) on h"
-              description: "Every write waits for its commit's fsync. A slow or failing disk, or a full one."
+              description: "Every write waits for its commit's fsync. A slow or failing
+                disk, or a full one."
 """
 
 

@@ -153,7 +153,7 @@ class TestImportedProcesses:
             stop(proc)
             proc = await daemon_process(sock, db)  # recovery: nothing of that is its
             async with AsyncClient(sock) as c:
-                for name, pid in pids.items():
+                for name in pids:
                     assert (await c.get_session(name)).status == "active"
                     assert (await c.kill(name)).status == "killed"
                     assert proc.poll() is None
@@ -316,7 +316,8 @@ class TestPeerAuthorization:
                 req(3, "message.append", session_id="theirs", role="user", content="hi"),
                 req(4, "events.append", session_id="owned",
                     events=[{"type": "metadata.updated", "data": {"patch": {"k": 1}}}]),
-                req(5, "events.read", session_id="owned"), req(6, "session.get", session_id="owned"),
+                req(5, "events.read", session_id="owned"),
+                req(6, "session.get", session_id="owned"),
                 req(7, "events.subscribe", session_id="owned"),
                 *[req(name, m, **p) for name, (m, p) in NEVER_BY_DEFAULT.items()],
                 [req("b1", "session.get", session_id="owned"),

@@ -96,7 +96,8 @@ async def test_subscribe_errors_and_unsubscribe(daemon: Daemon, client: AsyncCli
         await client.call("events.subscribe", from_version=1)
     started = await client.call("events.subscribe", session_id="u1")
     assert (await client.stats()).subscriptions == 1
-    assert await client.call("events.unsubscribe", subscription=started["subscription"]) == {"ok": True}
+    ended = await client.call("events.unsubscribe", subscription=started["subscription"])
+    assert ended == {"ok": True}
     assert (await client.stats()).subscriptions == 0
     with pytest.raises(InvalidParamsError):
         await client.call("events.unsubscribe", subscription=started["subscription"])
@@ -141,7 +142,8 @@ async def test_stalled_consumer_is_dropped_and_bounded(short_dir: str) -> None:
             received += chunk
         raw.close()
         lines = [json.loads(x) for x in bytes(received).splitlines() if x.strip()]
-        events = [m["params"]["event"]["position"] for m in lines if m.get("method") == "subscription.event"]
+        events = [m["params"]["event"]["position"] for m in lines
+                  if m.get("method") == "subscription.event"]
         dropped = [m["params"] for m in lines if m.get("method") == "subscription.dropped"]
         assert len(dropped) == 1 and "too slow" in dropped[0]["reason"]
         # Every event up to last_position was sent, in order, and no more: resuming is exact.
@@ -182,7 +184,8 @@ async def test_blocking_follow(daemon: Daemon, client: AsyncClient) -> None:
     from sessiond import Client
 
     await client.create_session("sync-follow")
-    await client.append_messages("sync-follow", [{"role": "user", "content": f"m{i}"} for i in range(5)])
+    await client.append_messages("sync-follow",
+                                 [{"role": "user", "content": f"m{i}"} for i in range(5)])
 
     def run() -> list[int]:
         with Client(daemon.socket) as c:

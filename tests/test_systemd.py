@@ -1,4 +1,5 @@
-"""systemd integration: socket activation, sd_notify, the watchdog, SIGHUP reloads, fd limits, units."""
+"""systemd integration: socket activation, sd_notify, the watchdog, SIGHUP reloads, fd
+limits, units."""
 
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ def stop(proc: subprocess.Popen[Any]) -> int:
 def has_schema(db: str) -> bool:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        return bool(con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'events'").fetchone()[0])
+        found = con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'events'")
+        return bool(found.fetchone()[0])
     finally:
         con.close()
 
@@ -326,20 +328,21 @@ class TestReload:
         conf = tmp_path / "sessiond.toml"
         conf.write_text('log_level = "warning"\nmax_message_bytes = 1000\n')
         sock, db = os.path.join(short_dir, "r.sock"), os.path.join(short_dir, "r.db")
-        log = open(tmp_path / "stderr", "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sessiond_daemon", "--config", str(conf), "--socket", sock,
-             "--db", db, "--log-format", "json"], stderr=log)
+        with open(tmp_path / "stderr", "wb") as log:  # the daemon keeps its own descriptor
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sessiond_daemon", "--config", str(conf), "--socket",
+                 sock, "--db", db, "--log-format", "json"], stderr=log)
         try:
             wait_for_daemon(sock, proc)
             client = Client(sock, timeout=10)
             client.create_session(session_id="r")
             with pytest.raises(Exception, match="message content"):
                 client.append_message("r", "user", "x" * 2000)
-            conf.write_text('log_level = "debug"\nmax_message_bytes = 5000\ndurability = "normal"\n')
+            conf.write_text('log_level = "debug"\nmax_message_bytes = 5000\n'
+                            'durability = "normal"\n')
             proc.send_signal(signal.SIGHUP)
             text = wait_for_log(tmp_path / "stderr", "config.reloaded")
-            reloaded = [line for line in text.splitlines() if "config.reloaded" in line][0]
+            reloaded = next(line for line in text.splitlines() if "config.reloaded" in line)
             assert '"log_level":["warning","debug"]' in reloaded
             assert '"max_message_bytes":[1000,5000]' in reloaded
             assert '"needs_restart":["durability"]' in reloaded
@@ -357,7 +360,6 @@ class TestReload:
             assert stop(proc) == 0
         finally:
             stop(proc)
-            log.close()
 
 
 class TestDescriptors:
@@ -370,10 +372,10 @@ class TestDescriptors:
         def low_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
-        log = open(tmp_path / "stderr", "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sessiond_daemon", "--socket", sock, "--db", db,
-             "--log-format", "json"], stderr=log, preexec_fn=low_limit)
+        with open(tmp_path / "stderr", "wb") as log:  # the daemon keeps its own descriptor
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sessiond_daemon", "--socket", sock, "--db", db,
+                 "--log-format", "json"], stderr=log, preexec_fn=low_limit)
         held: list[socket.socket] = []
         try:
             wait_for_daemon(sock, proc)
@@ -399,7 +401,6 @@ class TestDescriptors:
             for s in held:
                 s.close()
             stop(proc)
-            log.close()
 
 
 class TestUnits:
@@ -419,7 +420,8 @@ class TestUnits:
         args = [tool] + (["--user"] if variant == "user" else []) + [
             "verify", "--man=no", "sessiond.service", "sessiond.socket"]
         env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
-        out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+        out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, env=env,
+                             timeout=60)
         assert out.stdout + out.stderr == "", out.stdout + out.stderr
 
     def test_system_service_exposure_is_at_most_2(self) -> None:
@@ -433,7 +435,8 @@ class TestUnits:
         assert score <= 2.0
 
     def test_socket_units_are_private_and_survive_a_stop(self) -> None:
-        """SocketMode=0600 explicitly, and the socket outside any RuntimeDirectory that a stop removes."""
+        """SocketMode=0600 explicitly, and the socket outside any RuntimeDirectory that a
+        stop removes."""
         for directory in (UNITS, UNITS / "user"):
             socket_unit = (directory / "sessiond.socket").read_text()
             service = (directory / "sessiond.service").read_text()
