@@ -57,7 +57,7 @@ async def test_a_batch_cut_off_mid_transaction_leaves_nothing(pg_url: str) -> No
             await admin._one("SELECT pg_terminate_backend($1)", pid)
         await tx.rollback()
         assert failures[0].data is not None and failures[0].data["retryable"] is True
-        assert "retry" in failures[0].message
+        assert "retry it" in failures[0].message
         for table in ("events", "sessions", "messages", "idempotency"):
             assert (await admin._one(f"SELECT count(*) FROM {table}"))[0] == 0, table
         assert await store.commit(batch) is None  # reconnected

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
 import msgspec
 
 from ..store import Page, repage
 from . import forks
+from .errors import RETRYABLE, storage_error
 from .reads import Reads
 
 _JSON = "convert_from({}, 'UTF8')::jsonb"
@@ -145,8 +147,11 @@ class ModelReads(Reads):
     async def hash_at(self, session_id: str, version: int) -> str | None:
         """The chain hash of a session's history at `version` (an ancestor's below its
         fork point)."""
-        async with self._pool.acquire() as con:
-            return await forks.hash_at(con, session_id, version)
+        try:
+            async with self._pool.acquire() as con:
+                return await forks.hash_at(con, session_id, version)
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
+            raise storage_error(exc) from exc
 
     async def fork_count(self, session_id: str) -> int:
         row = await self._one("SELECT COUNT(*) FROM forks WHERE source_id = $1", session_id)

@@ -14,6 +14,7 @@ from sessiond_schemas.rpc import CheckpointGetResult, CheckpointInfo
 from sessiond_schemas.state import Message, SessionState, SessionSummary, TokenUsage
 
 from ..store import Page, SessionFilters, _encode_cursor, list_sessions_sql, repage
+from .errors import RETRYABLE, storage_error
 
 _state_decoder = msgspec.json.Decoder(SessionState)
 _meta_decoder = msgspec.json.Decoder(EventMeta)
@@ -54,10 +55,9 @@ class Reads:
         return _state_decoder.decode(data)
 
     async def _all(self, sql: str, *args: Any) -> list[Any]:
-        from .store import storage_error
         try:
             return list(await self._pool.fetch(sql, *args))
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
             raise storage_error(exc) from exc
 
     async def _one(self, sql: str, *args: Any) -> Any:
@@ -68,7 +68,6 @@ class Reads:
         """The rows of a paged query, stopping before the row that would pass `max_bytes`
         (0: no budget); the first row always comes. Fetched a few rows at a time through
         a cursor, so a page never holds much past its budget."""
-        from .store import storage_error
         page: Page[Any] = Page()
         if not max_bytes:
             page.extend(await self._all(sql, *args))
@@ -86,7 +85,7 @@ class Reads:
                         page.append(row)
                         used += size
                     chunk = max(1, min(1024, (max_bytes - used) // (used // len(page)) + 1))
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
             raise storage_error(exc) from exc
         return page
 

@@ -36,6 +36,7 @@ from sessiond_schemas.errors import StorageError
 from ..store import Batch, Entry
 from . import projections, schema
 from .dsn import redact
+from .errors import RETRYABLE, storage_error
 from .models import ModelReads
 
 log = structlog.get_logger("sessiond.store")
@@ -58,19 +59,6 @@ class _Abort(Exception):
 
     def __init__(self, stale: Sequence[str] = ()) -> None:
         self.stale = frozenset(stale)
-
-
-# Connection failures: the batch may be retried (under its idempotency keys).
-RETRYABLE: Final = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                    asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError)
-
-
-def storage_error(exc: BaseException) -> StorageError:
-    """A driver error as the contract's -32012; connection losses say they may be retried."""
-    retryable = isinstance(exc, RETRYABLE)
-    message = (f"storage error: the database is unreachable ({exc}); nothing was written,"
-               " retry" if retryable else f"storage error: {exc}; nothing was written")
-    return StorageError(message, {"detail": str(exc), "retryable": retryable})
 
 
 def bases(batch: Batch) -> dict[str, int]:
@@ -133,9 +121,12 @@ class PostgresStore(ModelReads):
     """The writer's connection (only the writer task uses it) and a pool for reads."""
 
     def __init__(self, url: str, *, password: str | None = None, readers: int = 2,
-                 host_name: str | None = None) -> None:
+                 host_name: str | None = None, connect_timeout_s: float = 5.0) -> None:
         self.url = url
         self.password = password
+        # A server that is down fails a commit after this long, retryable, instead of
+        # holding the writer (asyncpg's own default is 60 s).
+        self.connect_timeout_s = connect_timeout_s
         self.host_name = host_name
         self._reader_count = readers
         self._con: Any = None  # asyncpg.Connection of the writer
@@ -149,7 +140,8 @@ class PostgresStore(ModelReads):
 
     async def connect(self) -> Any:
         """A new connection to the database (the listener opens its own with this)."""
-        return await asyncpg.connect(self.url, password=self.password)
+        return await asyncpg.connect(self.url, password=self.password,
+                                     timeout=self.connect_timeout_s)
 
     async def open(self) -> None:
         """Connect, run pending migrations under the advisory lock, open the read pool."""
@@ -158,7 +150,8 @@ class PostgresStore(ModelReads):
             self.migrated = await schema.migrate(self._con, redact(self.url))
             self.schema_version = await schema.schema_version(self._con)
             self._pool = await asyncpg.create_pool(
-                self.url, password=self.password, min_size=1, max_size=self._reader_count)
+                self.url, password=self.password, min_size=1, max_size=self._reader_count,
+                timeout=self.connect_timeout_s)
         except schema.SchemaTooNew:
             await self.close()
             raise
