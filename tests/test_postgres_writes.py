@@ -133,8 +133,8 @@ async def test_two_daemons_creating_one_session_one_wins(pg_url: str) -> None:
         late.next_position = 3
         assert await b.commit(late.batch(("new", 2))) == Moved(frozenset({"new"}), 2)
         assert (await b.counts()) == (1, 2)
-        row = await b._one("SELECT host FROM sessions WHERE session_id = 'new'")
-        assert row[0] == "a"  # the host that created it
+        assert await b.session_host("new") == "a"  # the host that created it
+        assert await b.session_host("nobody") is None
     finally:
         await a.close()
         await b.close()

@@ -159,6 +159,11 @@ class Reads:
         row = await self._one("SELECT state FROM sessions WHERE session_id = $1", session_id)
         return bytes(row[0]) if row else None
 
+    async def session_host(self, session_id: str) -> str | None:
+        """The host whose daemon created the session (its executors run there), if known."""
+        row = await self._one("SELECT host FROM sessions WHERE session_id = $1", session_id)
+        return row[0] if row else None
+
     async def resolve(self, prefix: str) -> list[str]:
         rows = await self._all(
             "SELECT session_id FROM sessions WHERE session_id >= $1 AND session_id < $2"
