@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,28 @@ def gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+async def returns_once_killed(wait: Callable[[], Awaitable[None]],
+                              proc: subprocess.Popen[bytes]) -> None:
+    """`wait()` blocks while `proc` runs, and returns once it is killed."""
+    done = anyio.Event()
+
+    async def waiter() -> None:
+        await wait()
+        done.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            assert not done.is_set()
+            proc.kill()
+            with anyio.fail_after(30):
+                await done.wait()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 class TestAdapters:
@@ -436,14 +459,9 @@ class TestHandles:
         handle = Handle.of_record(record, "adopted")
         assert handle is not None and handle.pidfd is not None and handle.running()
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(handle.wait_exit)
-                await anyio.wait_all_tasks_blocked()
-                proc.kill()
+            await returns_once_killed(handle.wait_exit, proc)
         finally:
             handle.close()
-            proc.kill()
-            proc.wait()
 
     async def test_without_a_pidfd_the_exit_is_polled(self) -> None:
         """No pidfd (pidfd_open missing): the leader's /proc entry is looked at, slowly, and
@@ -452,12 +470,5 @@ class TestHandles:
 
         proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
         handle = Handle(proc.pid, start_time(proc.pid))
-        try:
-            assert handle.pidfd is None and handle.running()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(handle.wait_group_gone)
-                await anyio.wait_all_tasks_blocked()
-                proc.kill()
-        finally:
-            proc.kill()
-            proc.wait()
+        assert handle.pidfd is None and handle.running()
+        await returns_once_killed(handle.wait_group_gone, proc)
