@@ -195,7 +195,8 @@ def collapse(raw: str, appends: int, rate: int, top: int) -> list[str]:
     return out
 
 
-async def profile(directory: str, count: int, rate: int, top: int) -> list[str]:
+async def profile(directory: str, count: int, rate: int, top: int,
+                  keep: str | None = None) -> list[str]:
     """B3 twice under py-spy: sampling only the thread holding the GIL (the Python work),
     then every thread not idle (SQLite and fsync too)."""
     pyspy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
@@ -223,6 +224,8 @@ async def profile(directory: str, count: int, rate: int, top: int) -> list[str]:
             return [f"py-spy wrote nothing: {err.decode(errors='replace')[-500:]}"]
         with open(out_file) as f:
             raw = f.read()
+        if keep:
+            shutil.copy(out_file, os.path.join(keep, f"b3-{'gil' if flags else 'all'}.txt"))
         out += ["", f"B3 under py-spy, {mode} ({loop}): {med:.3f} ms median, daemon "
                 f"CPU/append {user + system:.0f} us (user {user:.0f}, system {system:.0f})",
                 *collapse(raw, count, rate, top)]
@@ -233,13 +236,14 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.loops", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes, one round")
-    p.add_argument("--rounds", type=int, help="rounds of both loops (default 3)")
+    p.add_argument("--rounds", type=int, help="rounds of both loops (default 3; 0: profile only)")
     p.add_argument("--profile", action="store_true", help="then profile B3 with py-spy")
     p.add_argument("--profile-appends", type=int, default=5_000)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--profile-raw", help="keep py-spy's collapsed stacks in this directory")
     args = p.parse_args()
     b1_total, b3_count = (3_200, 500) if args.quick else (16_000, 3_000)
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     with tempfile.TemporaryDirectory(prefix="sdb-loops-") as directory:
         per_row = baseline.write_rows(directory, 1_000 if args.quick else 3_000, 1)
         print(f"raw SQLite, one transaction per row (WAL, synchronous=FULL): "
@@ -254,7 +258,8 @@ def main() -> None:
                     runs += await one_round(directory, loop, b1_total, b3_count)
             lines = summary(runs)
             if args.profile:
-                lines += ["", *await profile(directory, args.profile_appends, 1000, args.top)]
+                lines += ["", *await profile(directory, args.profile_appends, 1000, args.top,
+                                                args.profile_raw)]
             return lines
 
         print("\n".join(anyio.run(run)))
