@@ -45,7 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cleanup-every-s", type=float, dest="cleanup_every_s")
     p.add_argument("--kill-grace-s", type=float, dest="kill_grace_s",
                    help="seconds session.kill waits after SIGTERM before SIGKILL")
-    p.add_argument("--allowed-uids", type=_int_list, help="comma-separated uids let in besides ours")
+    p.add_argument("--allowed-uids", type=_int_list,
+                   help="comma-separated uids let in besides ours")
     p.add_argument("--allowed-gids", type=_int_list, help="comma-separated gids let in")
     p.add_argument("--metrics-listen", help="serve Prometheus metrics on host:port or a"
                    " socket path (needs sessiond[metrics]; default: off)")
@@ -77,7 +78,8 @@ async def _serve(daemon: lifecycle.Daemon, args: argparse.Namespace) -> None:
     log = structlog.get_logger("sessiond")
     async with anyio.create_task_group() as tg:
         async def on_signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT,
+                                            signal.SIGHUP) as signals:
                 async for signum in signals:
                     if signum == signal.SIGHUP:
                         _reload(daemon, args)
