@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         config = load(args.config, _overrides(args))
         check_metrics(config)
         options = loop_options()
-    except ConfigError as exc:
-        print(f"sessiond: {exc}", file=sys.stderr)
+    except ConfigError as refused:
+        print(f"sessiond: {refused}", file=sys.stderr)
         sys.exit(EX_CONFIG)
     logs.configure(config.log_level, config.log_format)
     log = structlog.get_logger("sessiond")
