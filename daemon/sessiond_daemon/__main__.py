@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     notifier = systemd.Notifier.from_environment()
     try:
         inherited = systemd.inherited_listener()
-    except (systemd.ActivationError, OSError) as exc:
-        log.error("daemon.activation_failed", detail=str(exc))
+    except (systemd.ActivationError, OSError) as unusable:
+        log.error("daemon.activation_failed", detail=str(unusable))
         sys.exit(EX_CONFIG)
     daemon = lifecycle.Daemon(config, notifier=notifier, inherited=inherited)
     try:
