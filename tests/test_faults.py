@@ -18,7 +18,7 @@ import pytest
 from conftest import Daemon, daemon_config, running_daemon
 
 from sessiond import AsyncClient, StorageError
-from sessiond_daemon.store import SqliteStore
+from sessiond_daemon.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
 

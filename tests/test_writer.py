@@ -13,7 +13,7 @@ from conftest import daemon_config, running_daemon
 from structlog.testing import capture_logs
 
 from sessiond import AsyncClient
-from sessiond_daemon.store import SqliteStore
+from sessiond_daemon.sqlite import SqliteStore
 from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.errors import InternalError, SessiondError
 from sessiond_schemas.events import EventMeta

@@ -39,6 +39,7 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import SessionState
 
 from .adapters import ADAPTERS, JSONL_TYPES, Adapter, Parsed
+from .eventstore import page_budget
 from .processes import Handle, boot_id, stat, valid_pid
 from .service import (
     APPEND_INPUTS,
@@ -48,7 +49,6 @@ from .service import (
     require,
     sequenced,
 )
-from .store import page_budget
 from .writer import Plan
 
 log = structlog.get_logger("sessiond.executors")

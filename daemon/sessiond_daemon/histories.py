@@ -16,7 +16,7 @@ from sessiond_schemas.events import DATA_TYPES, Event
 from sessiond_schemas.state import SessionState
 
 from . import projection
-from .store import Batch, Entry, SqliteStore
+from .eventstore import Batch, Entry, EventStore
 
 log = structlog.get_logger("sessiond.writer")
 
@@ -56,7 +56,7 @@ class Histories:
     """The writer's view of stored histories: which sessions are damaged, and how to fold
     a view again from what is stored."""
 
-    def __init__(self, store: SqliteStore) -> None:
+    def __init__(self, store: EventStore) -> None:
         self.store = store
         self.damaged: dict[str, str] = {}  # session id -> what is wrong with its history
 

@@ -20,8 +20,9 @@ from typing import Any, Final
 import msgspec
 
 from sessiond_schemas.errors import InvalidParamsError, StorageError
-from sessiond_schemas.events import Event
 from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession
+
+from .eventstore import Batch, SqlAccess, Store
 
 FUNCTION: Final = "sessiond_search_text"
 INDEXED_TYPES: Final = ("message.appended", "session.created", "session.forked",
@@ -106,13 +107,22 @@ async def register_async(db: Any) -> None:
     await db.create_function(FUNCTION, 3, _sql_text, deterministic=True)
 
 
+def sql_of(store: Store) -> SqlAccess:
+    """The SQLite connections of a store, where the index lives."""
+    caps = store.capabilities
+    if caps.sql is None or caps.engine != "sqlite":
+        raise StorageError(f"full-text search is kept in SQLite; this store is {caps.engine}",
+                           {"detail": "no search index"})
+    return caps.sql
+
+
 # --- the writer's side (inside the batch transaction) --------------------------------------
 
 
-def index(db: sqlite3.Connection, events: list[Event]) -> None:
+def project(db: sqlite3.Connection, batch: Batch) -> None:
     """Add a batch's events of indexed types to the index."""
     rows = []
-    for e in events:
+    for e in batch.events:
         if e.type in INDEXED_TYPES:
             body, tags = text_of(e.type, e.data)
             rows.append((e.position, body, tags))

@@ -38,9 +38,9 @@ from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
+from .eventstore import Batch, Entry, EventStore
 from .histories import Histories, check_import, damaged_error
 from .metrics import NO_METRICS, CommitWindow, Hooks
-from .store import Batch, Entry, SqliteStore
 
 log = structlog.get_logger("sessiond.writer")
 
@@ -130,7 +130,7 @@ class Bell:
 class Writer:
     """Owns the write connection; the only code that appends events."""
 
-    def __init__(self, store: SqliteStore, *, max_queue: int, max_batch: int,
+    def __init__(self, store: EventStore, *, max_queue: int, max_batch: int,
                  cache_size: int, snapshot_every: int = 1000) -> None:
         self.store = store
         self.max_batch = max_batch
