@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import pytest
 from conftest import daemon_config, running_daemon
+from faulty_store import FaultyStore, faulty, for_session, touches
 from structlog.testing import capture_logs
 
 from sessiond import AsyncClient
@@ -71,15 +72,13 @@ def recorder(writer: Writer, outcomes: dict[str, Any]) -> Callable[[Command], Aw
     return submit
 
 
-def poisoned_write(bad_session: str, exc: BaseException) -> Any:
-    """SqliteStore._write that fails (after writing its rows) for batches holding one session."""
-    real = SqliteStore._write
-
-    def write(db: sqlite3.Connection, batch: Any) -> None:
-        real(db, batch)
-        if any(e.session_id == bad_session for e in batch.events):
-            raise exc
-    return staticmethod(write)
+def poisoning(store: FaultyStore, session_id: str, exc: BaseException | None) -> None:
+    """Make every commit holding `session_id` fail: raising `exc` (a bug below the writer),
+    or, with None, by the store's own error midway through its transaction."""
+    if exc is None:
+        store.break_commits_midway(touches(session_id))
+    else:
+        store.fail_commits(for_session(session_id, exc))
 
 
 class TestOneCommandFailsAlone:
@@ -87,15 +86,15 @@ class TestOneCommandFailsAlone:
 
     @pytest.mark.parametrize("exc, code", [
         (OverflowError("Python int too large to convert to SQLite INTEGER"), -32603),
-        (sqlite3.IntegrityError("UNIQUE constraint failed: events.position"), -32012),
+        (None, -32012),  # the store's own error (a UNIQUE constraint), midway
     ])
-    async def test_batch_retried_one_by_one(self, short_dir: str, monkeypatch: pytest.MonkeyPatch,
-                                            exc: BaseException, code: int) -> None:
+    async def test_batch_retried_one_by_one(self, short_dir: str,
+                                            exc: BaseException | None, code: int) -> None:
         db = os.path.join(short_dir, "w.db")
-        store = SqliteStore(db)
+        store = FaultyStore(SqliteStore(db))
         await store.open()
         writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
-        monkeypatch.setattr(SqliteStore, "_write", poisoned_write("bad", exc))
+        poisoning(store, "bad", exc)
         outcomes: dict[str, Any] = {}
         submit = recorder(writer, outcomes)
         try:
@@ -128,15 +127,17 @@ class TestOneCommandFailsAlone:
             con.close()
 
 
-async def test_a_failing_commit_over_the_socket(daemon: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_failing_commit_over_the_socket(short_dir: str) -> None:
     """Through the real client: the poisoned session's writes are -32603 with an incident id,
     everyone else's (in the same batches) commit, the daemon serves on, and the session's
     view stays what was committed."""
-    async with AsyncClient(daemon.socket) as client:
+    stores: list[FaultyStore] = []
+    async with running_daemon(daemon_config(short_dir), faulty(stores)) as daemon, \
+            AsyncClient(daemon.socket) as client:
         for sid in ("ok1", "poison", "ok2"):
             await client.create_session(sid)
-        monkeypatch.setattr(SqliteStore, "_write",
-                            poisoned_write("poison", OverflowError("int too large")))
+        store = stores[0]
+        poisoning(store, "poison", OverflowError("int too large"))
         results: dict[str, Any] = {}
 
         async def append(sid: str, i: int) -> None:
@@ -159,7 +160,7 @@ async def test_a_failing_commit_over_the_socket(daemon: Any, monkeypatch: pytest
             assert not isinstance(results[f"ok2{i}"], SessiondError)
         assert (await client.ping()).pong
         assert (await client.get_session("poison")).version == 1
-        monkeypatch.undo()
+        store.heal()
         r = await client.append_message("poison", "user", "later")
         assert (r.version, r.sequence) == (2, 0)
         positions = [p for (p,) in daemon.sql("SELECT position FROM events ORDER BY position")]
