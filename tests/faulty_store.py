@@ -7,6 +7,8 @@ methods, so they work on any store (SQLite, PostgreSQL):
   - `break_commits_midway(rule)`: for the batches `rule` picks, the real store gets the
     batch with one event repeated at its end, so it fails inside its own transaction
     after writing the batch's rows, and must roll all of them back (a real driver error);
+  - `report_moved(rule)`: for the batches `rule` answers with a `Moved`, the commit writes
+    nothing and returns it, as a shared store does when another host wrote first;
   - `fail_reads(name, exc, times)`: the read method `name` raises `exc` the next times.
 `heal()` ends every fault. Everything else goes to the real store.
 """
@@ -29,6 +31,7 @@ class FaultyStore:
         self.inner = inner
         self._commit_rule: CommitRule | None = None
         self._midway: Callable[[Batch], bool] | None = None
+        self._moved: Callable[[Batch], Moved | None] | None = None
         self._reads: dict[str, tuple[BaseException, int]] = {}
         self.commits = 0  # commits asked for since the last rule was set
         self.failed = 0  # commits refused by a rule, or broken midway
@@ -41,11 +44,14 @@ class FaultyStore:
     def break_commits_midway(self, rule: Callable[[Batch], bool]) -> None:
         self._midway, self.commits = rule, 0
 
+    def report_moved(self, rule: Callable[[Batch], Moved | None]) -> None:
+        self._moved, self.commits = rule, 0
+
     def fail_reads(self, name: str, exc: BaseException, times: int = 1) -> None:
         self._reads[name] = (exc, times)
 
     def heal(self) -> None:
-        self._commit_rule = self._midway = None
+        self._commit_rule = self._midway = self._moved = None
         self._reads.clear()
 
     # --- the Protocol ----------------------------------------------------------------
@@ -61,6 +67,8 @@ class FaultyStore:
             if exc is not None:
                 self.failed += 1
                 raise exc
+        if self._moved is not None and (moved := self._moved(batch)) is not None:
+            return moved
         if self._midway is not None and batch.events and self._midway(batch):
             self.failed += 1
             broken = dataclasses.replace(batch, events=[*batch.events, batch.events[0]])

@@ -11,9 +11,11 @@ import anyio
 import pytest
 from conftest import daemon_config, running_daemon
 from faulty_store import FaultyStore, faulty, for_session, touches
+from store_contract import Log, message
 from structlog.testing import capture_logs
 
 from sessiond import AsyncClient
+from sessiond_daemon.eventstore import Moved
 from sessiond_daemon.sqlite import SqliteStore
 from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.errors import InternalError, SessiondError
@@ -79,6 +81,44 @@ def poisoning(store: FaultyStore, session_id: str, exc: BaseException | None) ->
         store.break_commits_midway(touches(session_id))
     else:
         store.fail_commits(for_session(session_id, exc))
+
+
+async def test_the_writer_decides_again_when_the_store_moved(short_dir: str) -> None:
+    """Another writer (a host sharing the store) appended to a session the writer holds in
+    its cache: the commit reports it (`Moved`), and the writer reloads the session and
+    decides the batch again, numbered after the store's last position."""
+    store = FaultyStore(SqliteStore(os.path.join(short_dir, "w.db")))
+    await store.open()
+    writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            await writer.submit(Command(session_id="a", plan=creating(lambda s, ev: 1),
+                                        meta=EventMeta()))
+            entry = await store.load_entry("a")
+            assert entry is not None and writer.cached("a") is not None
+            theirs = Log(head=1, entries={"a": entry})  # the other host's append
+            await store.inner.commit(theirs.batch(("a", [message(0, "theirs")])))
+            reported: list[Moved] = []
+
+            def once(batch: Any) -> Moved | None:
+                if reported:
+                    return None
+                reported.append(Moved(stale=frozenset({"a"}), head=2))
+                return reported[0]
+            store.report_moved(once)
+
+            def appending(state: Any) -> Plan:
+                return Plan([("message.appended", {
+                    "message_id": "m", "sequence": state.message_count, "role": "user",
+                    "content": "ours"})], lambda s, ev: [s.version, ev[0].position])
+            result = await writer.submit(Command(session_id="a", plan=appending,
+                                                 meta=EventMeta()))
+            writer.close()
+    finally:
+        await store.close()
+    assert reported and store.commits == 2
+    assert result == b"[3,3]"  # version 3 after theirs, at position 3
 
 
 class TestOneCommandFailsAlone:
@@ -188,8 +228,8 @@ class TestStoredDataNeverStopsTheStart:
                     f"INSERT INTO events VALUES ({last + 1}, 'bad', 4, 'evil-1', 'tokens.recorded',"
                     f" {row[0]}, '{{\"input_tokens\": 9223372036854775808}}', {row[1]}, {row[2]})")
                 con.execute(  # a session with no view whose first event is not even JSON
-                    f"INSERT INTO events VALUES ({last + 2}, 'ghost', 1, 'evil-2', 'session.created',"
-                    f" {row[0]}, 'not json', {row[1]}, {row[2]})")
+                    f"INSERT INTO events VALUES ({last + 2}, 'ghost', 1, 'evil-2',"
+                    f" 'session.created', {row[0]}, 'not json', {row[1]}, {row[2]})")
                 # the issue's poison: a view whose cost was stored as null
                 con.execute("UPDATE sessions SET state = CAST(json_set(state,"
                             " '$.token_usage.estimated_cost', json('null')) AS BLOB)"
