@@ -102,9 +102,11 @@ class Histories:
             entry = await self.rebuild(session_id, base)
             if entry is None or entry is base:
                 continue
-            batch = Batch(views={session_id: entry})
+            batch = Batch(views={session_id: entry},
+                          bases={session_id: base.state.version if base else 0})
             try:
-                await self.store.commit(batch)
+                if await self.store.commit(batch) is not None:
+                    continue  # another writer moved it on: its view is its own
             except Exception:
                 log.exception("writer.catch_up_failed", session_id=session_id)
                 continue
