@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -216,3 +217,26 @@ async def query_only(store: SqliteStore, on: bool) -> None:
         lambda: store._w.execute(f"PRAGMA query_only = {'ON' if on else 'OFF'}"))
 
 
+
+
+async def test_a_failing_read_fails_only_its_request(short_dir: str) -> None:
+    """A store read that fails (the writer's idempotency look-up, a reader's events.read):
+    that request gets -32012, nothing is written, and the next requests are served."""
+    stores: list[FaultyStore] = []
+    async with running_daemon(daemon_config(short_dir), faulty(stores)) as daemon, \
+            AsyncClient(daemon.socket) as client:
+        await client.create_session("r")
+        lost = StorageError("storage error: disk I/O error; nothing was written",
+                            {"detail": "disk I/O error"})
+        stores[0].fail_reads("idempotent_results", lost)
+        with pytest.raises(StorageError) as err:
+            await client.append_message("r", "user", "lost", idempotency_key="k")
+        assert err.value.code == -32012
+        assert daemon.sql("SELECT COUNT(*) FROM events") == [(1,)]
+        stores[0].fail_reads("read_events", lost)
+        with pytest.raises(StorageError):
+            await client.call("events.read", Any, session_id="r")
+        r = await client.append_message("r", "user", "kept", idempotency_key="k")
+        assert (r.version, r.sequence) == (2, 0)
+        page = await client.call("events.read", Any, session_id="r")
+        assert [e["version"] for e in page["events"]] == [1, 2]

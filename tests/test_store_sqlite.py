@@ -16,25 +16,21 @@ from sessiond_schemas.errors import StorageError
 pytestmark = pytest.mark.anyio
 
 
-class TestSqliteStore(StoreContract):
-    @pytest.fixture
-    async def store(self, short_dir: str) -> AsyncIterator[Store]:
-        store = SqliteStore(os.path.join(short_dir, "contract.db"))
-        await store.open()
-        try:
-            yield store
-        finally:
-            await store.close()
-
-
 @pytest.fixture
 async def sqlite_store(short_dir: str) -> AsyncIterator[SqliteStore]:
+    """A fresh store on a new file, opened; closed after the test."""
     store = SqliteStore(os.path.join(short_dir, "s.db"))
     await store.open()
     try:
         yield store
     finally:
         await store.close()
+
+
+class TestSqliteStore(StoreContract):
+    @pytest.fixture
+    def store(self, sqlite_store: SqliteStore) -> Store:
+        return sqlite_store
 
 
 async def test_capabilities_are_all_there(sqlite_store: SqliteStore) -> None:

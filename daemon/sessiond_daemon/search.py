@@ -20,6 +20,7 @@ from typing import Any, Final
 import msgspec
 
 from sessiond_schemas.errors import InvalidParamsError, StorageError
+from sessiond_schemas.events import Event
 from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession
 
 from .eventstore import Batch, SqlAccess, Store
@@ -120,9 +121,14 @@ def sql_of(store: Store) -> SqlAccess:
 
 
 def project(db: sqlite3.Connection, batch: Batch) -> None:
+    """The store's projection (sqlite/store.py PROJECTIONS): index the batch's events."""
+    index(db, batch.events)
+
+
+def index(db: sqlite3.Connection, events: list[Event]) -> None:
     """Add a batch's events of indexed types to the index."""
     rows = []
-    for e in batch.events:
+    for e in events:
         if e.type in INDEXED_TYPES:
             body, tags = text_of(e.type, e.data)
             rows.append((e.position, body, tags))
