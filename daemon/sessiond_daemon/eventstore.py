@@ -10,6 +10,13 @@ them on one file; a PostgreSQL store implements the same Protocols, and
   each kept by the store inside the commit, from the committed events.
 - `Capabilities`: what only some stores can do (integrity check, file backup, size cap).
   Callers ask `store.capabilities` instead of calling a driver's method.
+
+To add a store: implement `Store` in a package of its own (as `sqlite/` does: the log and
+views in store.py, one module per read model, each fed the batch's events inside the
+commit transaction); choose it in `lifecycle.default_store` (the store factory, from the
+--db URL); subclass `tests/store_contract.py`'s `StoreContract` with a fixture that gives
+a fresh store. Positions are gapless and in commit order; see `EventStore.commit` for what
+a store that several daemons share must check.
 """
 
 from __future__ import annotations
