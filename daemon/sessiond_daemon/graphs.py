@@ -2,8 +2,8 @@
 
 A thread is a session. `graph.put` appends a graph.checkpoint event that carries the
 checkpoint and only the channel values that changed; `graph.put_writes` appends pending
-writes. The graph_* tables index those events (store.py keeps them in step), so reading
-the latest checkpoint costs a few indexed reads, not a walk over the thread's history.
+writes. The graph_* tables index those events (sqlite/graphs.py keeps them in step), so
+reading the latest checkpoint costs a few indexed reads, not a walk over the thread's history.
 Prunes and run deletions are graph.pruned events: they leave the index, not the history.
 """
 
@@ -19,8 +19,8 @@ from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.events import EventMeta, SessionCreated
 from sessiond_schemas.state import SessionState
 
+from .eventstore import page_budget
 from .service import Service, require
-from .store import page_budget
 from .writer import Delete, Plan
 
 PAGE = 200  # index rows read at a time by graph.list

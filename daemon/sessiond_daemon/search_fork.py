@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from typing import Any
 
@@ -23,6 +24,7 @@ class SearchAndFork:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.store = service.store
+        self.sql = search.sql_of(service.store)  # search and reindex are SQLite's FTS5
 
     async def session_search(self, p: rpc.SessionSearchParams, meta: EventMeta) -> rpc.SearchResult:
         since = _normalise_time(p.since, "$.since")
@@ -33,7 +35,7 @@ class SearchAndFork:
                                 namespace=p.namespace, actor_name=p.actor_name, since=since,
                                 until=until, limit=p.limit, hits=p.hits, mark=p.mark,
                                 cursor=p.cursor)
-        return await self.store.on_reader(run)
+        return await self.sql.on_reader(run)
 
     async def session_fork(self, p: rpc.SessionForkParams, meta: EventMeta) -> Any:
         return await forks.fork(self.service, p, meta)
@@ -49,12 +51,12 @@ class SearchAndFork:
         writer's batches go on between ranges (a long single transaction would hold every
         write, and systemd's watchdog would restart the daemon). Meanwhile search finds
         only what is refilled; deletes skip rows not yet back (search.forget_session)."""
-        top = await self.store.on_writer(search.clear)
+        top = await self.sql.on_writer(search.clear)
         done = 0
         while done < top:
             upto = min(top, done + REINDEX_RANGE)
-            await self.store.on_writer(
-                lambda con, after=done, upto=upto: search.rebuild_range(con, after, upto))
+            await self.sql.on_writer(functools.partial(search.rebuild_range, after=done,
+                                                       upto=upto))
             done = upto
 
         def relink(con: sqlite3.Connection) -> int:
@@ -65,8 +67,8 @@ class SearchAndFork:
                 " json_extract(data, '$.from.version'), recorded_at, position FROM events"
                 " WHERE type = 'session.forked'")
             return int(con.execute("SELECT COUNT(*) FROM forks").fetchone()[0])
-        linked = await self.store.on_writer(relink)
-        result = rpc.ReindexResult(indexed=await self.store.on_reader(search.count),
+        linked = await self.sql.on_writer(relink)
+        result = rpc.ReindexResult(indexed=await self.sql.on_reader(search.count),
                                    forks=linked)
         log.info("search.reindexed", indexed=result.indexed, forks=result.forks)
         return result

@@ -35,13 +35,13 @@ from sessiond_schemas.events import EventMeta, new_id
 
 from . import host
 from .access import Grants
+from .eventstore import page_budget
 from .executors import Executors
 from .graphs import Graphs
 from .maintenance import Maintenance
 from .metrics import NO_METRICS, Hooks
 from .search_fork import SearchAndFork
 from .service import VERSION, Service, invalid_params
-from .store import page_budget
 from .subscriptions import Subscriptions
 
 log = structlog.get_logger("sessiond.rpc")

@@ -39,8 +39,8 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import Message, SessionState
 
 from . import forks, projection
+from .eventstore import Page, SessionFilters, Store, page_budget, repage
 from .histories import unreadable_error
-from .store import Page, SessionFilters, SqliteStore, page_budget, repage
 from .writer import Command, Delete, Plan, Planner, Writer
 
 try:
@@ -174,7 +174,7 @@ def _normalise_time(value: str | None, path: str) -> str | None:
 class Service:
     """The contract's methods over one store and its writer."""
 
-    def __init__(self, store: SqliteStore, writer: Writer, limits: Limits) -> None:
+    def __init__(self, store: Store, writer: Writer, limits: Limits) -> None:
         self.store = store
         self.writer = writer
         self.limits = limits
@@ -231,7 +231,7 @@ class Service:
         return {
             "sessions": sessions, "events": events,
             "last_position": self.writer.committed_position,
-            "db_bytes": self.store.db_bytes(),
+            "db_bytes": size.db_bytes() if (size := self.store.capabilities.size) else 0,
             "write_queue_depth": self.writer.queue_depth,
             "appends_per_s": self.writer.appends_per_s(),
             "uptime_s": round(time.monotonic() - self.started, 3),
@@ -523,14 +523,20 @@ class Service:
             cid = p.checkpoint_id or "latest"
             raise CheckpointNotFoundError(
                 f"checkpoint {cid} not found in session {p.session_id}", {"checkpoint_id": cid})
-        return found
+        return rpc.CheckpointGetResult(
+            checkpoint_id=found.checkpoint_id, node_id=found.node_id,
+            resume_from=found.resume_from, created_at=found.created_at, version=found.version,
+            payload=msgspec.Raw(found.payload), memory=found.memory)
 
     async def checkpoint_list(self, p: rpc.CheckpointListParams,
                               meta: EventMeta) -> rpc.CheckpointListResult:
         await self.state(p.session_id)
         page = await self.store.checkpoints(p.session_id, p.after_version,
                                             max_bytes=page_budget.get())
-        return rpc.CheckpointListResult(checkpoints=page, truncated_by_bytes=page.cut,
+        infos = [rpc.CheckpointInfo(checkpoint_id=c.checkpoint_id, node_id=c.node_id,
+                                    created_at=c.created_at, size=c.size, version=c.version)
+                 for c in page]
+        return rpc.CheckpointListResult(checkpoints=infos, truncated_by_bytes=page.cut,
                                         next=page[-1].version if page.cut else None)
 
     # --- raw events -----------------------------------------------------------------
