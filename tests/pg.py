@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from sessiond_daemon import projection
-from sessiond_daemon.store import Batch, Entry
+from sessiond_daemon.eventstore import Batch, Entry
 from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
 from sessiond_schemas.export import chain_hash
 

@@ -65,9 +65,9 @@ async def test_a_follower_sees_every_hosts_events_once_in_order(pg_url: str) -> 
 
 
 async def test_positions_a_delete_took_are_passed_over(pg_url: str) -> None:
+    from sessiond_daemon.eventstore import Batch
     from sessiond_daemon.postgres.follow import Follower
     from sessiond_daemon.postgres.store import PostgresStore
-    from sessiond_daemon.store import Batch
 
     store = PostgresStore(pg_url)
     await store.open()

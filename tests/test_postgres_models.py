@@ -10,7 +10,7 @@ import pg
 import pytest
 from pg import Scribe
 
-from sessiond_daemon.store import Batch
+from sessiond_daemon.eventstore import Batch, ForkRow
 
 pytestmark = pytest.mark.anyio
 
@@ -106,7 +106,8 @@ async def test_a_fork_shares_its_sources_history(store: object) -> None:
     assert await store.hash_at("fork", 3) == at.hash
     assert await store.hash_at("fork", 4) == fork.events[0].hash
     assert await store.fork_count("src") == 1
-    assert await store.forks_page("src", "", 10) == (1, [("fork", 3, fork.events[0].recorded_at)])
+    assert await store.forks_page("src", "", 10) == (
+        1, [ForkRow(session_id="fork", version=3, forked_at=fork.events[0].recorded_at)])
 
 
 def projection_at(batch: Batch, version: int) -> object:

@@ -36,8 +36,8 @@ async def _open(url: str, host: str) -> object:
 
 
 async def test_a_batch_round_trips(store: object) -> None:
+    from sessiond_daemon.eventstore import SessionFilters
     from sessiond_daemon.postgres.store import PostgresStore
-    from sessiond_daemon.store import SessionFilters
 
     assert isinstance(store, PostgresStore)
     scribe = Scribe()
@@ -191,8 +191,8 @@ async def test_an_idempotency_key_is_shared_by_every_daemon(pg_url: str) -> None
 
 
 async def test_delete_takes_every_row_of_the_session(store: object) -> None:
+    from sessiond_daemon.eventstore import Batch
     from sessiond_daemon.postgres.store import PostgresStore
-    from sessiond_daemon.store import Batch
 
     assert isinstance(store, PostgresStore)
     scribe = Scribe()

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from ..store import Page, repage
+from ..eventstore import ForkRow, Page, repage
 from . import forks
 from .errors import RETRYABLE, storage_error
 from .reads import Reads
@@ -158,10 +158,10 @@ class ModelReads(Reads):
         return int(row[0])
 
     async def forks_page(self, source_id: str, after: str,
-                         limit: int) -> tuple[int, list[tuple[str, int, str]]]:
-        """(how many forks `source_id` has, (session_id, version, forked_at) of those after
-        id `after`, by id)."""
+                         limit: int) -> tuple[int, list[ForkRow]]:
+        """(how many forks `source_id` has, those after id `after`, by id)."""
         rows = await self._all("SELECT session_id, version, forked_at FROM forks WHERE"
                                " source_id = $1 AND session_id > $2 ORDER BY session_id"
                                " LIMIT $3", source_id, after, limit)
-        return await self.fork_count(source_id), [(r[0], int(r[1]), r[2]) for r in rows]
+        return await self.fork_count(source_id), [
+            ForkRow(session_id=r[0], version=int(r[1]), forked_at=r[2]) for r in rows]

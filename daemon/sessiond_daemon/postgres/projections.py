@@ -16,7 +16,7 @@ import msgspec
 
 from sessiond_schemas.events import Event
 
-from ..store import Batch
+from ..eventstore import Batch
 from . import forks
 
 _json = msgspec.json.Encoder()

@@ -4,16 +4,24 @@ read runs its cursor in a transaction of its own), so no transaction spans the w
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, Final
 
 import asyncpg
 import msgspec
 
 from sessiond_schemas.events import Event, EventMeta, MessageAppended
-from sessiond_schemas.rpc import CheckpointGetResult, CheckpointInfo
 from sessiond_schemas.state import Message, SessionState, SessionSummary, TokenUsage
 
-from ..store import Page, SessionFilters, _encode_cursor, list_sessions_sql, repage
+from ..eventstore import (
+    CheckpointRow,
+    Page,
+    SessionFilters,
+    StoredCheckpoint,
+    encode_list_cursor,
+    repage,
+)
+from ..sqlite.sessions import list_sessions_sql
 from .errors import RETRYABLE, storage_error
 
 _state_decoder = msgspec.json.Decoder(SessionState)
@@ -190,13 +198,14 @@ class Reads:
         ])
         more = len(rows) > limit or rows.cut
         page.cut = rows.cut and len(rows) < limit  # not when only the look-ahead row was cut
-        next_cursor = _encode_cursor(page[-1].created_at, page[-1].session_id) if more else None
+        next_cursor = encode_list_cursor(page[-1].created_at, page[-1].session_id) if more else None
         return page, next_cursor
 
-    async def stale_sessions(self, statuses: list[str], before: str, limit: int) -> list[str]:
+    async def stale_sessions(self, statuses: Sequence[str], before: str,
+                             limit: int) -> list[str]:
         rows = await self._all("SELECT session_id FROM sessions WHERE status = ANY($1::text[])"
                                " AND updated_at < $2 ORDER BY updated_at LIMIT $3",
-                               statuses, before, limit)
+                               list(statuses), before, limit)
         return [r[0] for r in rows]
 
     async def counts(self) -> tuple[int, int]:
@@ -232,7 +241,7 @@ class Reads:
         return messages
 
     async def checkpoint(self, session_id: str,
-                         checkpoint_id: str | None) -> CheckpointGetResult | None:
+                         checkpoint_id: str | None) -> StoredCheckpoint | None:
         columns = ("c.checkpoint_id, c.node_id, c.resume_from, c.created_at, c.version,"
                    " c.payload, e.data")
         source = "checkpoints c LEFT JOIN events e ON e.position = c.position"
@@ -245,19 +254,19 @@ class Reads:
         if row is None:
             return None
         memory = _dict_decoder.decode(row[6]).get("memory", {}) if row[6] is not None else {}
-        return CheckpointGetResult(
+        return StoredCheckpoint(
             checkpoint_id=row[0], node_id=row[1], resume_from=row[2], created_at=row[3],
-            version=row[4], payload=msgspec.Raw(bytes(row[5])), memory=memory,
+            version=row[4], payload=bytes(row[5]), memory=memory,
         )
 
     async def checkpoints(self, session_id: str, after_version: int = 0,
-                          max_bytes: int = 0) -> Page[CheckpointInfo]:
+                          max_bytes: int = 0) -> Page[CheckpointRow]:
         rows = await self._page(
             "SELECT checkpoint_id, node_id, created_at, size, version FROM checkpoints"
             " WHERE session_id = $1 AND version > $2 ORDER BY version",
             (session_id, after_version), max_bytes)
         return repage(rows, [
-            CheckpointInfo(checkpoint_id=r[0], node_id=r[1], created_at=r[2], size=r[3],
+            CheckpointRow(checkpoint_id=r[0], node_id=r[1], created_at=r[2], size=r[3],
                            version=r[4])
             for r in rows
         ])

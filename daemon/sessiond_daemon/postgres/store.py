@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg
 import msgspec
@@ -33,7 +32,7 @@ import structlog
 
 from sessiond_schemas.errors import StorageError
 
-from ..store import Batch, Entry
+from ..eventstore import Batch, Capabilities, Entry, Moved, Store
 from . import projections, schema
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
@@ -43,15 +42,6 @@ log = structlog.get_logger("sessiond.store")
 
 CHANNEL: Final = "sessiond_events"  # the NOTIFY channel; the payload is a hint only
 _json = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True, slots=True)
-class Moved:
-    """`commit` wrote nothing: another daemon wrote. `stale`: sessions whose stored version
-    is not the batch's base (reload them); `head`: the last position now (number after it)."""
-
-    stale: frozenset[str]
-    head: int
 
 
 class _Abort(Exception):
@@ -65,9 +55,8 @@ def bases(batch: Batch) -> dict[str, int]:
     """The version each touched session had when the writer decided the batch (0: none):
     `batch.bases` when the writer says, else the one before each session's first event
     here (0 before a session's first), or its view's."""
-    given: dict[str, int] | None = getattr(batch, "bases", None)
-    if given:
-        return dict(given)
+    if batch.bases:
+        return dict(batch.bases)
     expected: dict[str, int] = {}
     for e in batch.events:  # a fork's first event is at the source's version + 1
         new = e.type in ("session.created", "session.forked")
@@ -135,6 +124,12 @@ class PostgresStore(ModelReads):
         self.migrated: list[int] = []  # the migrations this open applied
         self.last_commit_s = 0.0
         self.moved = 0  # batches refused because another daemon moved a session
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Nothing beyond the Protocols yet: no file to check, copy or cap, and no SQL
+        access for search (full-text search on PostgreSQL is still to do)."""
+        return Capabilities(engine="postgresql")
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -315,3 +310,9 @@ def _view_columns(views: Mapping[str, Entry]) -> list[list[Any]]:
                      u.input_tokens, u.output_tokens, u.estimated_cost, entry.last_hash,
                      _json.encode(s)))
     return [list(column) for column in zip(*rows, strict=True)]
+
+
+if TYPE_CHECKING:
+    def _is_a_store(store: PostgresStore) -> Store:
+        """mypy checks here that PostgresStore implements every store Protocol."""
+        return store
