@@ -8,24 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sessiond_daemon import config as config_module
 from sessiond_daemon.config import ConfigError, load
 from sessiond_daemon.postgres import dsn
 
 URL = "postgresql://sessiond@db.example:5432/sessions"
-
-
-@pytest.fixture(autouse=True)
-def served(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As the daemon will be once it starts the PostgreSQL store."""
-    monkeypatch.setattr(config_module, "POSTGRES_SERVED", True)
-
-
-def test_until_the_daemon_serves_postgresql_a_url_is_refused(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(config_module, "POSTGRES_SERVED", False)
-    with pytest.raises(ConfigError, match="cannot serve a PostgreSQL database yet"):
-        load(None, {"db": URL}, {"HOME": str(tmp_path)})
 
 
 def test_the_url_comes_from_the_flag_the_environment_or_the_file(tmp_path: Path) -> None:

@@ -90,11 +90,6 @@ RELOADABLE = frozenset({
 })
 
 
-# Fleet mode's store (postgres/) is built but the daemon does not start it yet: until it
-# does, a PostgreSQL URL is refused here rather than taken for a SQLite file's path.
-POSTGRES_SERVED = False
-
-
 def differences(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
     """Settings whose value differs between two configs: name -> (old, new)."""
     return {name: (getattr(old, name), getattr(new, name))
@@ -156,8 +151,4 @@ def load(path: str | None, overrides: dict[str, Any],
             dsn.check_url(config.db)
         except dsn.DsnError as exc:
             raise ConfigError(str(exc)) from exc
-        if not POSTGRES_SERVED:
-            raise ConfigError(f"db: {dsn.redact(config.db)}: this sessiond cannot serve a"
-                              " PostgreSQL database yet (fleet mode, docs/fleet.md); give"
-                              " the path of a SQLite file")
     return config

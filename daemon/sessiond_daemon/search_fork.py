@@ -12,6 +12,7 @@ from sessiond_schemas import rpc
 from sessiond_schemas.events import EventMeta
 
 from . import forks, search
+from .eventstore import SqlAccess
 from .service import Service, _normalise_time
 
 log = structlog.get_logger("sessiond.search")
@@ -24,7 +25,12 @@ class SearchAndFork:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.store = service.store
-        self.sql = search.sql_of(service.store)  # search and reindex are SQLite's FTS5
+
+    @property
+    def sql(self) -> SqlAccess:
+        """Search and reindex are SQLite's FTS5: on another store they fail (-32012) when
+        called, and the daemon serves the rest."""
+        return search.sql_of(self.store)
 
     async def session_search(self, p: rpc.SessionSearchParams, meta: EventMeta) -> rpc.SearchResult:
         since = _normalise_time(p.since, "$.since")
