@@ -19,9 +19,10 @@ def test_the_url_comes_from_the_flag_the_environment_or_the_file(tmp_path: Path)
     assert load(None, {"db": URL}, env).db == URL
     assert load(None, {}, {**env, "SESSIOND_DB": URL}).db == URL
     toml = tmp_path / "sessiond.toml"
-    toml.write_text(f'db = "{URL}"\ndb_password_file = "/run/pw"\n')
+    (tmp_path / "pw").write_text("secret\n")
+    toml.write_text(f'db = "{URL}"\ndb_password_file = "{tmp_path / "pw"}"\n')
     config = load(str(toml), {}, env)
-    assert (config.db, config.db_password_file) == (URL, "/run/pw")
+    assert (config.db, config.db_password_file) == (URL, str(tmp_path / "pw"))
     assert dsn.is_postgres(config.db) and not dsn.is_postgres("/var/lib/sessiond/s.db")
 
 
@@ -37,6 +38,12 @@ def test_a_password_in_the_url_is_refused_without_showing_it(url: str, tmp_path:
 def test_a_url_without_a_database_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="names no database"):
         load(None, {"db": "postgresql://db.example:5432/"}, {"HOME": str(tmp_path)})
+
+
+def test_an_unreadable_password_file_is_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the database password"):
+        load(None, {"db": URL, "db_password_file": str(tmp_path / "missing")},
+             {"HOME": str(tmp_path)})
 
 
 def test_the_password_comes_from_its_file_then_the_credential(tmp_path: Path) -> None:

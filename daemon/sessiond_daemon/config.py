@@ -149,6 +149,7 @@ def load(path: str | None, overrides: dict[str, Any],
     if dsn.is_postgres(config.db):
         try:
             dsn.check_url(config.db)
+            dsn.password(config.db_password_file, env)  # readable now, not at the first connect
         except dsn.DsnError as exc:
             raise ConfigError(str(exc)) from exc
     return config
