@@ -65,7 +65,8 @@ class TestSeedHiveSemantics:
     def test_path_visits_retries_and_quality(self) -> None:
         """path, node_visit_counts, retry_details, failures and execution_quality."""
         h = History()
-        h.add("progress.recorded", {"node_id": "a", "edge": "start->a", "latency_ms": 10, "tokens": 5})
+        h.add("progress.recorded",
+              {"node_id": "a", "edge": "start->a", "latency_ms": 10, "tokens": 5})
         state = fold(None, h.events)
         assert state.progress.execution_quality == "clean"
         h.add("progress.recorded", {"node_id": "b", "edge": "a->b", "retries": 2, "latency_ms": 7})
@@ -117,7 +118,8 @@ class TestSeedCleverAgentsSemantics:
         s = fold(None, h.events)
         assert s.message_count == 2
         assert s.last_message is not None
-        assert (s.last_message.sequence, s.last_message.role, s.last_message.content) == (1, "tool", "result")
+        last = s.last_message
+        assert (last.sequence, last.role, last.content) == (1, "tool", "result")
         assert s.last_message.tool_call_id == "call-1"
         assert s.last_message.timestamp == h.events[-1].recorded_at
 
