@@ -22,10 +22,8 @@ from sessiond_schemas.events import (
     PlanLinked,
     ProcessDetached,
     ProcessExited,
-    ProcessOutput,
     ProcessStarted,
     ProgressRecorded,
-    Record,
     ResultRecorded,
     SessionCreated,
     SessionForked,
@@ -72,8 +70,9 @@ def fold(state: SessionState | None, events: Iterable[Event],
     """Return the state after `events`, in order; `state` itself is left unchanged.
 
     Each event's data is typed once (decode_data: upcast, then its Struct) and its branch
-    gets the Struct. `typed`, when given, holds one entry per event: its data's Struct as a
-    service built it (the writer's), which is not decoded again, or None to decode."""
+    gets the Struct (None for the types in _UNREAD: their data is not decoded). `typed`,
+    when given, holds one entry per event: its data's Struct as a service built it (the
+    writer's), which is not decoded again, or None to decode."""
     it = iter(events)
     datas: Iterator[msgspec.Struct | None] = iter(typed) if typed is not None else repeat(None)
     if state is None:
@@ -100,7 +99,8 @@ def fold(state: SessionState | None, events: Iterable[Event],
         if branch is None:
             raise FoldError(f"unknown event type {event.type!r}")
         try:
-            branch(work, event, _typed(event, next(datas)))
+            given = next(datas)
+            branch(work, event, None if event.type in _UNREAD else _typed(event, given))
         except SumOutOfBounds as exc:
             exc.version = event.version
             raise
@@ -203,7 +203,7 @@ def _forked(event: Event, d: SessionForked) -> SessionState:
     return work
 
 
-def _session_created(s: SessionState, event: Event, d: SessionCreated | SessionForked) -> None:
+def _session_created(s: SessionState, event: Event, d: None) -> None:
     raise FoldError(f"session {s.session_id} was created twice (event {event.event_id})")
 
 
@@ -307,12 +307,12 @@ def _result_recorded(s: SessionState, event: Event, d: ResultRecorded) -> None:
         s.error = d.error
 
 
-def _problem_recorded(s: SessionState, event: Event, d: Record) -> None:
+def _problem_recorded(s: SessionState, event: Event, d: None) -> None:
     s.problems.append(event.data)
     s.metrics.problem_count += 1
 
 
-def _decision_recorded(s: SessionState, event: Event, d: Record) -> None:
+def _decision_recorded(s: SessionState, event: Event, d: None) -> None:
     s.decisions.append(event.data)
     s.metrics.decision_count += 1
 
@@ -327,7 +327,7 @@ def _process_started(s: SessionState, event: Event, d: ProcessStarted) -> None:
     s.pid, s.turn, s.exit_code, s.error = d.pid, d.turn, None, None
 
 
-def _process_output(s: SessionState, event: Event, d: ProcessOutput) -> None:
+def _process_output(s: SessionState, event: Event, d: None) -> None:
     """Raw executor output is history only; it changes nothing but updated_at."""
 
 
@@ -347,7 +347,7 @@ def _state_updated(s: SessionState, event: Event, d: StateUpdated) -> None:
         s.memory = {**s.memory, **d.delta}
 
 
-def _graph_event(s: SessionState, event: Event, d: msgspec.Struct) -> None:
+def _graph_event(s: SessionState, event: Event, d: None) -> None:
     """LangGraph checkpoints, writes and prunes live in their own index (graph.get,
     graph.list); the session view records only that the thread moved (updated_at)."""
 
@@ -372,6 +372,15 @@ def _derive(s: SessionState) -> None:
     else:
         p.execution_quality = "clean"
 
+
+# Types whose branch reads nothing of the data, or keeps it whole as the dict it is: the
+# fold does not decode theirs (a graph checkpoint's blobs can be megabytes), and their
+# branch is given None. Each other branch is given its type's data Struct.
+_UNREAD = frozenset({
+    "session.created", "session.forked",  # a second creation is refused, unread
+    "problem.recorded", "decision.recorded",  # kept whole
+    "process.output", "graph.checkpoint", "graph.writes", "graph.pruned",  # history only
+})
 
 _BRANCHES: dict[str, Callable[[SessionState, Event, Any], None]] = {
     "session.created": _session_created,

@@ -78,7 +78,8 @@ class WriteOptions(Params, kw_only=True, forbid_unknown_fields=True):
 
 
 class WriteParams(WriteOptions, kw_only=True, forbid_unknown_fields=True):
-    """The params of a write that takes nothing else (message.pop, message.clear)."""
+    """Base of a write's params when its data is not an event's data Struct (for those,
+    `with_write_options`); alone, the params of message.pop and message.clear."""
 
 
 S = TypeVar("S", bound=msgspec.Struct)
