@@ -87,8 +87,8 @@ class SessionCreated(SessionFields, kw_only=True):
 
     actor_name: ActorName | None = None  # validated here (a view keeps what it was given)
     checkpoint_enabled: bool = False
-    input_data: dict[str, Any] = {}
-    metadata: dict[str, Any] = {}
+    input_data: dict[str, Any] = msgspec.field(default_factory=dict)
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     status: Literal["pending", "active"] = "active"
 
 
