@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 from typing import Any
 
@@ -10,10 +11,12 @@ import anyio
 import msgspec
 import pytest
 from conftest import Daemon
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sessiond import AsyncClient, SessiondError
 from sessiond_schemas import rpc
-from sessiond_schemas.bounds import INT64_MAX, json_out_of_bounds
+from sessiond_schemas.bounds import INT64_MAX, has_long_digits, json_out_of_bounds
 from sessiond_schemas.events import DATA_TYPES, Event
 from sessiond_schemas.export import chain_hash, checksum
 
@@ -251,3 +254,9 @@ class TestNumbersOverTheSocket:
         bad, ping = await anyio.to_thread.run_sync(run)
         assert bad["error"]["code"] == -32700 and "UTF-8" in bad["error"]["message"], bad
         assert ping["result"]["pong"] is True
+
+
+@given(st.binary(max_size=80) | st.text(alphabet="0123456789x-.é", max_size=80).map(str.encode))
+def test_long_digit_prefilter_finds_every_run_of_19(text: bytes) -> None:
+    """The prefilter (translate and find) says what the regex it replaced said."""
+    assert has_long_digits(text) == (re.search(rb"[0-9]{19}", text) is not None)
