@@ -85,7 +85,7 @@ class WriteParams(WriteOptions, kw_only=True, forbid_unknown_fields=True):
 S = TypeVar("S", bound=msgspec.Struct)
 
 
-def with_write_options(data: type[S], name: str, module: str, doc: str | None = None,
+def with_write_options(data: type[S], name: str, module: str,
                        **replace: tuple[Any, Any]) -> type[S]:
     """`data`'s fields followed by WriteOptions' (in that order, as JSON names them), with
     unknown fields refused: the params of a write whose data is an event's data Struct.
@@ -101,7 +101,7 @@ def with_write_options(data: type[S], name: str, module: str, doc: str | None = 
     built = msgspec.defstruct(
         name, [(n, k) if d is msgspec.NODEFAULT else (n, k, d) for n, k, d in fields],
         bases=(data,), module=module, kw_only=True, forbid_unknown_fields=True)
-    built.__doc__ = doc
+    built.__doc__ = f"{data.__name__}'s fields, then WriteOptions'."
     return cast("type[S]", built)
 
 

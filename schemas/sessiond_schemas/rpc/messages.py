@@ -12,13 +12,9 @@ from ..state import Message
 from .base import Limit1000, Params, WriteOptions, WriteParams, WriteResult, with_write_options
 
 if TYPE_CHECKING:  # what mypy sees; at run time the same Struct is built below
-    class MessageAppendParams(MessageFields, WriteOptions, kw_only=True,
-                              forbid_unknown_fields=True):
-        pass
+    class MessageAppendParams(MessageFields, WriteOptions): ...
 else:
-    MessageAppendParams = with_write_options(
-        MessageFields, "MessageAppendParams", __name__,
-        "message.append: one message, and the write options.")
+    MessageAppendParams = with_write_options(MessageFields, "MessageAppendParams", __name__)
 
 
 class MessageAppendManyParams(WriteParams, kw_only=True, forbid_unknown_fields=True):

@@ -8,24 +8,12 @@ from ..events import ProgressRecorded, TokensRecorded
 from ..state import Progress, TokenUsage
 from .base import WriteOptions, WriteParams, WriteResult, with_write_options
 
-if TYPE_CHECKING:  # what mypy sees; at run time the same Struct is built below
-    class TokensRecordParams(TokensRecorded, WriteOptions, kw_only=True,
-                             forbid_unknown_fields=True):
-        pass
+if TYPE_CHECKING:  # what mypy sees; at run time the same Structs are built below
+    class TokensRecordParams(TokensRecorded, WriteOptions): ...
+    class ProgressRecordParams(ProgressRecorded, WriteOptions): ...
 else:
-    TokensRecordParams = with_write_options(
-        TokensRecorded, "TokensRecordParams", __name__,
-        "tokens.record: the tokens.recorded data, and the write options.")
-
-
-if TYPE_CHECKING:  # what mypy sees; at run time the same Struct is built below
-    class ProgressRecordParams(ProgressRecorded, WriteOptions, kw_only=True,
-                               forbid_unknown_fields=True):
-        pass
-else:
-    ProgressRecordParams = with_write_options(
-        ProgressRecorded, "ProgressRecordParams", __name__,
-        "progress.record: the progress.recorded data, and the write options.")
+    TokensRecordParams = with_write_options(TokensRecorded, "TokensRecordParams", __name__)
+    ProgressRecordParams = with_write_options(ProgressRecorded, "ProgressRecordParams", __name__)
 
 
 class MemoryUpdateParams(WriteParams, kw_only=True, forbid_unknown_fields=True):

@@ -14,16 +14,14 @@ from .base import Limit1000, Params, WriteOptions, WriteParams, with_write_optio
 from .events import EventInput
 
 if TYPE_CHECKING:  # what mypy sees; at run time the same Struct is built below
-    class SessionCreateParams(SessionCreated, WriteOptions, kw_only=True,
-                              forbid_unknown_fields=True):
+    class SessionCreateParams(SessionCreated, WriteOptions):
         session_id: SessionId | None = None  # type: ignore[assignment]
         events: list[EventInput] = msgspec.field(default_factory=list)
 else:
+    # The id is optional (the daemon makes one); `events` are appended with the
+    # session.created, all or nothing.
     SessionCreateParams = with_write_options(
-        SessionCreated, "SessionCreateParams", __name__,
-        "session.create: the session.created data, the write options (the id is optional:"
-        " the daemon makes one), and events appended with it, all or nothing.",
-        session_id=(SessionId | None, None),
+        SessionCreated, "SessionCreateParams", __name__, session_id=(SessionId | None, None),
         events=(Annotated[list[EventInput], msgspec.Meta(max_length=10_000)], []))
 
 
