@@ -190,13 +190,6 @@ class TestFoldRules:
         with pytest.raises(FoldError):
             fold(fold(None, h.events[:1]), h.events[2:] + h.events[1:2][:0] + [h.events[0]])
 
-    def test_every_event_type_has_a_branch(self) -> None:
-        """Each event type of the schemas has its own branch in the fold."""
-        from sessiond_daemon.projection import _BRANCHES
-        from sessiond_schemas.events import DATA_TYPES
-
-        assert set(_BRANCHES) == set(DATA_TYPES)
-
     def test_old_event_shapes_are_upcast(self) -> None:
         """A version-0 tokens.recorded (Hive's field names) folds as today's shape."""
         from msgspec.structs import replace
