@@ -112,8 +112,8 @@ async def test_from_socket_with_and_async_with(short_dir: str) -> None:
             graph = build().compile(checkpointer=saver)
             first = await graph.ainvoke({"topic": "big", "context": context}, thread)
             assert first["context"] == context
-            assert saver.aclient._protocol is not None
-        assert saver.aclient._protocol is None and saver.client._sock is None
+            assert saver.aclient._conn is not None
+        assert saver.aclient._conn is None and saver.client._sock is None
 
         def sync() -> Any:
             with SessiondSaver.from_conn_string(d.socket) as saver:

@@ -214,7 +214,7 @@ class TestParity:
 
         reference, ours = both(tmp_path, daemon.socket)
         await ours.add_items(ITEMS[:1])
-        protocol = ours.client._protocol
+        protocol = ours.client._conn
         assert protocol is not None and protocol.transport is not None
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -254,14 +254,14 @@ class TestParity:
         async with running_daemon(config) as d:
             session = SessiondSession("caps", socket=d.socket)
             await session.add_items(ITEMS[:1])
-            protocol = session.client._protocol
+            protocol = session.client._conn
             with pytest.raises(ValueError, match="max_message_bytes"):
                 await session.add_items([{"role": "user", "content": "x" * 20_000}])
             with pytest.raises(ValueError, match="max_request_bytes"):
                 await session.add_items([{"role": "user", "content": "x" * 9_000,
                                           "blob": "z" * 100_000}])
             assert await session.get_items() == ITEMS[:1]
-            assert session.client._protocol is protocol and not protocol.lost
+            assert session.client._conn is protocol and not protocol.lost
             session.close()
 
 
