@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError
 from sessiond_schemas.paths import default_socket
@@ -46,7 +46,12 @@ class AsyncCalls(AsyncCaller, Methods):
             daemon = None
         return skew_error(method, self.socket_path, exc, daemon)
 
-    async def call(self, method: str, result_type: type[T] | Any = Any, **params: Any) -> T:
+    @overload
+    async def call(self, method: str, result_type: type[T], **params: Any) -> T: ...
+    @overload
+    async def call(self, method: str, result_type: Any = ..., **params: Any) -> Any: ...
+
+    async def call(self, method: str, result_type: Any = Any, **params: Any) -> Any:
         """Call any method; `None` params are left out, so the daemon's defaults apply."""
         return await self._run(decoded(method, result_type, params))
 

@@ -40,7 +40,6 @@ class Waiter:
             self.reply = reply
             self.event.set()
 
-    @property
     def done(self) -> bool:
         return self.event.is_set()
 
@@ -227,9 +226,9 @@ class StreamConnection(Connection):
             raise ConnectionLostError("the connection to the daemon is closed") from exc
 
     async def _wait(self, waiter: Waiter) -> None:
-        while not waiter.done:
+        while not waiter.done():
             async with self._read_lock:  # per chunk: whoever's answer came goes at once
-                if waiter.done:
+                if waiter.done():  # fed by the previous reader
                     return
                 try:
                     data = await self.stream.receive()

@@ -7,7 +7,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar, overload
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError
@@ -99,6 +99,11 @@ class Client(SyncCaller, Methods):
         return follow(self.socket_path, session_id=session_id, from_position=from_position,
                       from_version=from_version, types=types, retry_for=retry_for)
 
-    def call(self, method: str, result_type: type[T] | Any = Any, **params: Any) -> T:
+    @overload
+    def call(self, method: str, result_type: type[T], **params: Any) -> T: ...
+    @overload
+    def call(self, method: str, result_type: Any = ..., **params: Any) -> Any: ...
+
+    def call(self, method: str, result_type: Any = Any, **params: Any) -> Any:
         """Call any method; `None` params are left out, so the daemon's defaults apply."""
         return self._run(decoded(method, result_type, params))
