@@ -63,10 +63,10 @@ class Replies:
         self._buffer += data
         while (end := self._buffer.find(b"\n", start)) >= 0:
             start = 0
-            line = bytes(self._buffer[:end])
+            line = self._buffer[:end]  # one copy; msgspec reads a bytearray
             del self._buffer[:end + 1]
             if self.lines is not None:
-                self.lines.append(line)
+                self.lines.append(bytes(line))
                 self._wake_line_reader()
             else:
                 for reply in decode_replies(line):
@@ -154,6 +154,7 @@ class AsyncioConnection(Connection, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self._drained: asyncio.Future[None] | None = None
+        self._lost: asyncio.Future[None] = self.loop.create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -165,6 +166,8 @@ class AsyncioConnection(Connection, asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.replies.fail(ConnectionLostError("the daemon closed the connection"))
         self.resume_writing()
+        if not self._lost.done():
+            self._lost.set_result(None)
 
     def pause_writing(self) -> None:
         self._drained = self.loop.create_future()
@@ -203,7 +206,10 @@ class AsyncioConnection(Connection, asyncio.Protocol):
             self.transport.close()
 
     async def aclose(self) -> None:
+        """Close, and on this connection's own loop wait until the transport is closed."""
         self.close()
+        if self.transport is not None and asyncio.get_running_loop() is self.loop:
+            await asyncio.shield(self._lost)
 
 
 class StreamConnection(Connection):

@@ -23,7 +23,7 @@ _response_decoder = msgspec.json.Decoder(rpc.Response)
 _batch_decoder = msgspec.json.Decoder(list[rpc.Response])
 
 
-def decode_replies(line: bytes) -> list[rpc.Response]:
+def decode_replies(line: bytes | bytearray) -> list[rpc.Response]:
     """The answers one line of the daemon's carries (a batch's answers come as an array)."""
     if line[:1] == b"[":
         return _batch_decoder.decode(line)
