@@ -111,7 +111,8 @@ class Connection:
     async def request(self, request_id: int, line: bytes) -> rpc.Response:
         """Send one encoded request and wait for its answer; never leaves it pending."""
         if self.replies.error is not None:
-            raise self.replies.error
+            raise ConnectionLostError("the connection to the daemon is closed") \
+                from self.replies.error
         waiter = self.replies.pending[request_id] = Waiter()
         try:
             await self.send(line)
