@@ -76,6 +76,22 @@ class Batch:
     # The stored version each touched session was decided from (0: no session). A store
     # shared by several writers checks them in the commit; see `EventStore.commit`.
     bases: dict[str, int] = field(default_factory=dict)
+    # Told the shift when a store gives the events other positions than the writer's
+    # (`renumber`): the writer rebuilds the results that quote positions.
+    on_renumber: Callable[[int], None] | None = None
+
+    def renumber(self, first: int) -> None:
+        """Number the events from `first` on (a store that takes positions in the commit
+        calls this inside its transaction, before it writes anything that holds one)."""
+        if not self.events or self.events[0].position == first:
+            return
+        shift = first - self.events[0].position
+        self.events = [msgspec.structs.replace(e, position=e.position + shift)
+                       for e in self.events]
+        for entry in self.views.values():
+            entry.last_position += shift
+        if self.on_renumber is not None:
+            self.on_renumber(shift)
 
     def drop_session(self, session_id: str) -> None:
         """Forget what this batch would write for a session that a later command deletes."""
@@ -173,12 +189,15 @@ class EventStore(Protocol):
         """Write the whole batch in one transaction, or nothing of it.
 
         Raises StorageError (-32012) when the store fails; nothing is written then.
-        Returns None when written. A store that several writers share (several hosts)
-        checks in the transaction, after locking the touched sessions, that each one's
-        stored version is `batch.bases[sid]` and that its last position is
-        `batch.events[0].position - 1`; when not, it writes nothing and returns `Moved`,
-        and the writer reloads the stale sessions and decides the batch again. A store
-        with one writer (SQLite: the file lock) never returns `Moved`.
+        Returns None when written. The writer numbers the events after the last position
+        it knows; a store that several writers share (several hosts) takes the positions
+        in the commit instead (`batch.renumber(first)`, from its counter row, as late in
+        the transaction as it can) and checks, after locking the touched sessions, that
+        each one's stored version is `batch.bases[sid]` and that no idempotency key of
+        the batch is stored; when not, it writes nothing and returns `Moved`, and the
+        writer reloads the stale sessions and decides the batch again. A store with one
+        writer (SQLite: the file lock) keeps the writer's numbering and never returns
+        `Moved`.
         """
         ...
 

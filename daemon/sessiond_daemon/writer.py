@@ -105,6 +105,18 @@ class Command:
 _DELETED = object()
 
 
+@dataclass(slots=True)
+class _Built:
+    """A command's result that quotes positions: built again if the store renumbers the
+    batch (`build` None: a repeat of a key first used in the same batch)."""
+
+    cmd: Command
+    key: tuple[str, str] | None
+    build: Callable[[SessionState, list[Event]], Any] | None = None
+    state: SessionState | None = None
+    events: list[Event] = field(default_factory=list)
+
+
 class _BatchFailed(Exception):
     """A batch's commit (or its shared read) failed; `error` is what to answer."""
 
@@ -280,6 +292,8 @@ class Writer:
 
     async def _attempt_once(self, commands: list[Command]) -> Moved | None:
         batch = Batch()
+        built: list[_Built] = []
+        batch.on_renumber = lambda shift: self._renumbered(batch, built, shift)
         overlay: dict[str, Entry | object] = {}
         # First results of idempotency keys: those stored before this batch (read in one
         # hop for the whole batch), then those decided in it.
@@ -295,7 +309,7 @@ class Writer:
         for cmd in commands:
             numbered = self.next_position
             try:
-                await self._decide(cmd, batch, overlay, repeats)
+                await self._decide(cmd, batch, overlay, repeats, built)
             except SessiondError as exc:
                 cmd.error = exc
             except Exception:  # a bug: answer -32603, keep the writer alive
@@ -315,7 +329,10 @@ class Writer:
             raise _BatchFailed(self._incident("store.batch_crashed",
                                               commands=len(commands))) from exc
         if moved is not None:
+            self.next_position = first_position
             return moved
+        if batch.events:  # the store may have numbered them (several hosts)
+            self.next_position = batch.events[-1].position + 1
         self._adopt(overlay)
         self.transactions += 1
         self.window.add(len(commands), self.store.last_commit_s)
@@ -326,6 +343,26 @@ class Writer:
         log.debug("store.batch_committed", commands=len(commands), events=len(batch.events))
         self._ring(batch)
         return None
+
+    def _renumbered(self, batch: Batch, built: list[_Built], shift: int) -> None:
+        """The store numbered the batch `shift` past the writer's numbering: build again
+        the results that quote positions, and the idempotency results among them. Runs
+        inside the store's transaction: if a builder fails, nothing is written."""
+        results: dict[tuple[str, str], bytes] = {}
+        for b in built:
+            if b.build is None:
+                continue
+            assert b.state is not None
+            b.events = [msgspec.structs.replace(e, position=e.position + shift)
+                        for e in b.events]
+            b.cmd.result = _json.encode(b.build(b.state, b.events))
+            if b.key is not None:
+                results[b.key] = b.cmd.result
+        for b in built:
+            if b.build is None and b.key in results:
+                b.cmd.result = results[b.key]
+        batch.idempotency = [(sid, key, results.get((sid, key), result))
+                             for sid, key, result in batch.idempotency]
 
     @staticmethod
     def _incident(event: str, **context: Any) -> InternalError:
@@ -352,7 +389,7 @@ class Writer:
         bell.rung.set()
 
     async def _decide(self, cmd: Command, batch: Batch, overlay: dict[str, Entry | object],
-                      repeats: dict[tuple[str, str], bytes]) -> None:
+                      repeats: dict[tuple[str, str], bytes], built: list[_Built]) -> None:
         sid = cmd.session_id
         pending = overlay.get(sid)
         entry: Entry | None
@@ -371,6 +408,7 @@ class Writer:
             prior = repeats.get((sid, key))
             if prior is not None:
                 cmd.result = prior
+                built.append(_Built(cmd, (sid, key)))
                 return
         actual = entry.state.version if entry else 0
         if cmd.expected_version is not None and cmd.expected_version != actual:
@@ -416,6 +454,8 @@ class Writer:
                     f" {sid} past its bound; nothing was written",
                     {"detail": str(exc), "path": path}) from exc
             result = _json.encode(plan.result(state, events))
+            built.append(_Built(cmd, (sid, key) if key is not None else None, plan.result,
+                                state, events))
             payloads = {events[i].event_id: payload for i, payload in plan.payloads.items()}
         # Everything is decided; nothing below can fail, so the command joins whole.
         new_entry = Entry(state, events[-1].hash, events[-1].position)

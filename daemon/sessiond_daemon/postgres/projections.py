@@ -1,7 +1,7 @@
 """The read models the PostgreSQL store keeps inside the batch transaction, from the
 batch's events, as sqlite/ keeps SQLite's: the message index (with forks' shares of their
 sources), checkpoints, the graph.* indexes and app/user state. Every row points at its
-event by position (the writer's numbering, which the commit's last statement checks).
+event by position (written after the commit numbered the batch's events).
 
 Rows keyed by a session need no care across hosts: the commit holds the session's row
 lock. scoped_state is shared by sessions, so its rows are written in key order (two

@@ -8,16 +8,18 @@ One batch is one transaction on the writer's connection:
    first counts too. Those sessions come back as `Moved.stale` and nothing is written:
    the writer reloads them and decides again;
 2. deletes, views (a session the writer thought new but another host created is
-   stale), the read models (projections.py), snapshots, idempotency results;
-3. last, one statement moves the counter row (`UPDATE log_head … WHERE position =
-   <the writer's numbering> RETURNING`), inserts the events and queues one NOTIFY; then
-   COMMIT. The counter's row lock orders commits, so positions are gapless and in commit
-   order: a reader of `position > cursor` never skips an event that commits late, and
-   a rollback gives its positions back (Commanded EventStore's design; a sequence or
-   bigserial would leave holes and commit out of order). When another host took those
-   positions first the statement inserts nothing and the batch is `Moved` with the new
-   head: the writer numbers the batch again after it (results quote positions, so the
-   store never renumbers behind the writer's back).
+   stale), snapshots: nothing that holds a position;
+3. then the positions: one statement moves the counter row (`UPDATE log_head SET
+   position = position + n RETURNING position`), inserts the events numbered from it
+   and queues one NOTIFY. The writer's numbering is only provisional: the batch is
+   renumbered (`Batch.renumber`), and the writer rebuilds the results that quote
+   positions, inside the transaction; then the read models (projections.py, which
+   point at positions) and the idempotency results; then COMMIT. The counter's row
+   lock orders commits, so positions are gapless and in commit order: a reader of
+   `position > cursor` never skips an event that commits late, and a rollback gives its
+   positions back (Commanded EventStore's design; a sequence or bigserial would leave
+   holes and commit out of order). Another host committing first never refuses a batch:
+   only a stale session or key does.
 """
 
 from __future__ import annotations
@@ -92,18 +94,21 @@ _KEYS: Final = ("SELECT i.session_id FROM idempotency i JOIN unnest($1::text[], 
 _IDEMPOTENCY: Final = """
     INSERT INTO idempotency (session_id, key, result)
     SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])"""
-# The last statement before COMMIT: the counter row (only if no other host moved it past
-# the writer's numbering), the events, the wake-up. No row back: the head moved.
+# The positions: the counter row moved by the batch's size, the events numbered from it
+# in the batch's order, the wake-up; back comes the first position. The row lock is held
+# from here to COMMIT, so everything that needs no position comes before.
 _EVENTS: Final = """
     WITH head AS (
-        UPDATE log_head SET position = position + $1 WHERE id = 1 AND position = $2
-        RETURNING position),
+        UPDATE log_head SET position = position + $1 WHERE id = 1 RETURNING position),
     ins AS (
         INSERT INTO events (position, session_id, version, event_id, type, schema_version,
             recorded_at, data, meta, hash)
-        SELECT e.* FROM head, unnest($3::bigint[], $4::text[], $5::bigint[], $6::text[],
-            $7::text[], $8::int[], $9::text[], $10::bytea[], $11::bytea[], $12::text[]) AS e)
-    SELECT pg_notify($13, position::text) FROM head"""
+        SELECT head.position - $1 + e.n, e.sid, e.ver, e.eid, e.typ, e.sv, e.rec, e.dat,
+            e.met, e.hsh
+        FROM head, unnest($2::text[], $3::bigint[], $4::text[], $5::text[], $6::int[],
+            $7::text[], $8::bytea[], $9::bytea[], $10::text[]) WITH ORDINALITY
+            AS e(sid, ver, eid, typ, sv, rec, dat, met, hsh, n))
+    SELECT position - $1 + 1, pg_notify($11, position::text) FROM head"""
 
 
 class PostgresStore(ModelReads):
@@ -244,17 +249,6 @@ class PostgresStore(ModelReads):
         return int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
 
     async def _write(self, con: Any, batch: Batch, want: dict[str, int]) -> None:
-        ev = batch.events
-        first = ev[0].position if ev else 0
-        if ev and [e.position for e in ev] != list(range(first, first + len(ev))):
-            # A bug of the writer: positions would not match the counter row.
-            log.error("store.batch_misnumbered", first=first, events=len(ev))
-            raise StorageError("storage error: the batch's events are not numbered"
-                               " consecutively; nothing was written",
-                               {"detail": "positions not consecutive"})
-        # The head is checked first (one read, no lock) so that a moved batch says at once
-        # which of its sessions are stale too; the last statement is what decides.
-        head_moved = bool(ev) and await self._head(con) != first - 1
         touched = sorted({*want, *batch.deletes})
         stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
         stale = {sid for sid, version in want.items()
@@ -263,7 +257,7 @@ class PostgresStore(ModelReads):
             keyed = [i for i in batch.idempotency if i[0] not in batch.deletes]
             stale |= {r[0] for r in await con.fetch(
                 _KEYS, [i[0] for i in keyed], [i[1] for i in keyed])}
-        if stale or head_moved:
+        if stale:
             raise _Abort(sorted(stale))
         if batch.deletes:
             for table in schema.SESSION_TABLES:
@@ -276,26 +270,25 @@ class PostgresStore(ModelReads):
             raced = [r[0] for r in rows if r[0] in new and not r[1]]
             if raced:
                 raise _Abort(raced)
-        await projections.project(con, batch)
         if batch.snapshots:
             await con.executemany(
                 "INSERT INTO snapshots (session_id, version, state) VALUES ($1, $2, $3)"
                 " ON CONFLICT (session_id, version) DO UPDATE SET state = excluded.state",
                 [(v.session_id, v.version, _json.encode(v)) for v in batch.snapshots])
+        ev = batch.events
+        if ev:
+            first = await con.fetchval(
+                _EVENTS, len(ev), [e.session_id for e in ev], [e.version for e in ev],
+                [e.event_id for e in ev], [e.type for e in ev],
+                [e.schema_version for e in ev], [e.recorded_at for e in ev],
+                [_json.encode(e.data) for e in ev], [_json.encode(e.meta) for e in ev],
+                [e.hash for e in ev], CHANNEL)
+            batch.renumber(int(first))  # the writer's results follow (idempotency too)
+            await projections.project(con, batch)
         if batch.idempotency:
             items = batch.idempotency
             await con.execute(_IDEMPOTENCY, [i[0] for i in items], [i[1] for i in items],
                               [i[2] for i in items])
-        if not ev:
-            return
-        took = await con.fetchrow(
-            _EVENTS, len(ev), first - 1, [e.position for e in ev], [e.session_id for e in ev],
-            [e.version for e in ev], [e.event_id for e in ev], [e.type for e in ev],
-            [e.schema_version for e in ev], [e.recorded_at for e in ev],
-            [_json.encode(e.data) for e in ev], [_json.encode(e.meta) for e in ev],
-            [e.hash for e in ev], CHANNEL)
-        if took is None:
-            raise _Abort()  # another daemon took these positions since the check above
 
 
 def _view_columns(views: Mapping[str, Entry]) -> list[list[Any]]:
