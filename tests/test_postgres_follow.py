@@ -31,7 +31,7 @@ async def test_a_follower_sees_every_hosts_events_once_in_order(pg_url: str) -> 
         await s.open()
     seen: list[Event] = []
 
-    async def deliver(events: list[Event]) -> None:
+    async def deliver(events: list[Event], _upto: int) -> None:
         seen.extend(events)
 
     follower = Follower(here, deliver, page=7)
@@ -73,7 +73,7 @@ async def test_positions_a_delete_took_are_passed_over(pg_url: str) -> None:
     await store.open()
     seen: list[int] = []
 
-    async def deliver(events: list[Event]) -> None:
+    async def deliver(events: list[Event], _upto: int) -> None:
         seen.extend(e.position for e in events)
 
     try:

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import msgspec
 import structlog
-from anyio.abc import SocketListener, TaskStatus
+from anyio.abc import SocketListener, TaskGroup, TaskStatus
 
 from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EventMeta
@@ -145,7 +145,7 @@ class Daemon:
         assert config.db
         # 1. The database: open, WAL, migrations.
         store = self.store_factory(config)
-        await store.open()
+        await self._open(store)
         try:
             self.writer = Writer(store, max_queue=config.max_queue, max_batch=config.max_batch,
                                  cache_size=config.view_cache_size,
@@ -153,16 +153,71 @@ class Daemon:
             async with anyio.create_task_group() as core:
                 # 2. The writer: the only task that writes.
                 await core.start(self.writer.run)
+                following = anyio.CancelScope()
+                if dsn.is_postgres(config.db):
+                    self._follow_shared_log(core, following, store, self.writer)
                 try:
                     await self._serve(store, self.writer, shutdown, task_status)
                 finally:
                     # 5. Flush: the writer commits what is queued, then returns.
                     self.writer.close()
+                    following.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await store.close()
             self.notifier.close()
             log.info("daemon.stopped")
+
+    async def _open(self, store: Store) -> None:
+        """Open the store; a PostgreSQL server that cannot be reached yet is waited for
+        (STATUS= says so), with backoff, so that hosts may start before their database."""
+        delay = 0.2
+        while True:
+            try:
+                await store.open()
+                return
+            except SessiondError as exc:
+                data = exc.data if isinstance(exc.data, dict) else {}
+                if not data.get("retryable"):
+                    raise
+                log.warning("daemon.waiting_for_database", error=exc.message,
+                            retry_in_s=delay)
+                self.notifier.notify(f"STATUS=waiting for the database: {exc.message}"[:200])
+            await anyio.sleep(delay)
+            delay = min(5.0, delay * 2)
+
+    def _follow_shared_log(self, core: TaskGroup, scope: anyio.CancelScope, store: Store,
+                           writer: Writer) -> None:
+        """Fleet mode: one LISTEN connection wakes a follower of the shared log (and a poll
+        covers a lost one); the follower rings the writer's bells with every host's
+        events, so subscriptions see them all, in position order."""
+        from .postgres.follow import Follower
+        from .postgres.listener import Listener
+        from .postgres.store import PostgresStore
+
+        if not isinstance(store, PostgresStore):
+            return
+        follower = Follower(store, writer.deliver, cursor=writer.committed_position,
+                            at=lambda: writer.committed_position)
+        writer.wake_follower = follower.wake
+
+        def database(connected: bool) -> None:
+            if not connected:
+                log.warning("daemon.database_lost")
+                self.notifier.notify("STATUS=waiting for the database (reconnecting)")
+            elif self.server is not None:
+                log.info("daemon.database_back")
+                self.notifier.notify(f"STATUS=serving, {self.server.connections} connections")
+
+        listener = Listener(store.connect, follower.wake, on_state=database)
+
+        async def follow() -> None:
+            with scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(follower.run)
+                    tg.start_soon(listener.run)
+
+        core.start_soon(follow)
 
     async def _serve(self, store: Store, writer: Writer, shutdown: anyio.Event,
                      task_status: TaskStatus[str]) -> None:

@@ -161,6 +161,10 @@ class Writer:
         # together (no await between) they tell a subscriber where the store ends.
         self.committed_position = 0
         self.bell = Bell()
+        # Fleet mode (a store several daemons share): wakes the follower of the shared log
+        # (lifecycle), which rings the bells for batches that do not follow on from
+        # `committed_position` (another host's events come between); see `deliver`.
+        self.wake_follower: Callable[[], None] | None = None
         self.transactions = 0
         self.commands = 0
         self._rate: deque[tuple[float, int]] = deque()
@@ -381,12 +385,36 @@ class Writer:
             log.exception("writer.resync_failed")
 
     def _ring(self, batch: Batch) -> None:
+        """Ring the batch for subscribers. In fleet mode a batch that does not follow on
+        from what was rung is left to the follower, which reads it with the other hosts'
+        events before it, in position order; its deletes are rung now."""
+        events = batch.events
+        if (self.wake_follower is not None and events
+                and events[0].position != self.committed_position + 1):
+            self.wake_follower()
+            events = []
+        self._ring_bell(events, frozenset(batch.deletes),
+                        events[-1].position if events else self.committed_position)
+
+    def _ring_bell(self, events: list[Event], deleted: frozenset[str], upto: int) -> None:
         bell = self.bell
-        bell.events, bell.deleted = batch.events, frozenset(batch.deletes)
+        bell.events, bell.deleted = events, deleted
         bell.next = self.bell = Bell()
-        if batch.events:
-            self.committed_position = batch.events[-1].position
+        self.committed_position = upto
         bell.rung.set()
+
+    async def deliver(self, events: list[Event], upto: int) -> None:
+        """Fleet mode: the follower read the shared log up to `upto` (every host's events,
+        in position order; positions missing were deleted). Ring what is past
+        `committed_position`, and forget cached views other hosts moved on."""
+        if upto <= self.committed_position:
+            return
+        fresh = [e for e in events if e.position > self.committed_position]
+        for e in fresh:
+            entry = self._cache.get(e.session_id)
+            if entry is not None and entry.state.version < e.version:
+                del self._cache[e.session_id]
+        self._ring_bell(fresh, frozenset(), upto)
 
     async def _decide(self, cmd: Command, batch: Batch, overlay: dict[str, Entry | object],
                       repeats: dict[tuple[str, str], bytes], built: list[_Built]) -> None:

@@ -2,10 +2,12 @@
 
 The listener wakes a `Follower`; it reads the committed head (the counter row), then the
 events past its cursor up to that head, in position order, page by page, and hands each
-page to `deliver` (the integration feeds the subscription code from it). Every position
-at or below the head is committed, so reading up to it never skips an event that
-commits late; a position missing below the head is one a delete took away, not one to
-wait for. Wake-ups that come while it reads are folded into one more round.
+page to `deliver` with the position it reaches (the daemon rings the writer's bell with
+it: lifecycle.py). Every position at or below the head is committed, so reading up to it
+never skips an event that commits late; a position missing below the head is one a
+delete took away, not one to wait for. Wake-ups that come while it reads are folded into
+one more round. `at` tells where the daemon already is (its writer rings its own
+batches at once when they follow on), so those are not read again.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ class LogReads(Protocol):
 
 
 class Follower:
-    def __init__(self, store: LogReads, deliver: Callable[[list[Event]], Awaitable[None]], *,
-                 cursor: int = 0, page: int = 1000) -> None:
+    def __init__(self, store: LogReads,
+                 deliver: Callable[[list[Event], int], Awaitable[None]], *,
+                 cursor: int = 0, page: int = 1000,
+                 at: Callable[[], int] | None = None) -> None:
         self.store = store
         self.deliver = deliver
-        self.cursor = cursor  # the last position delivered
+        self.cursor = cursor  # the last position delivered (or passed, by `at`)
         self.page = page
+        self._at = at
         self.head = cursor  # the committed head at the last read
         self._woken = anyio.Event()
 
@@ -56,12 +61,19 @@ class Follower:
         """Deliver everything committed past the cursor; return how many events."""
         self.head = await self.store.head()
         delivered = 0
-        while self.cursor < self.head:
+        while self._catch_cursor() < self.head:
             events = await self.store.read_after(self.cursor, self.head, None, None, self.page)
-            if not events:  # the rest up to the head was deleted
-                self.cursor = self.head
-                break
-            await self.deliver(events)
-            self.cursor = events[-1].position
-            delivered += len(events)
+            # Fewer than a page: everything up to the head is here (the rest was deleted).
+            upto = self.head if len(events) < self.page else events[-1].position
+            at = self._catch_cursor()  # the daemon may have gone on while we read
+            fresh = [e for e in events if e.position > at]
+            if upto > at:
+                await self.deliver(fresh, upto)
+                delivered += len(fresh)
+            self.cursor = max(self.cursor, upto)
         return delivered
+
+    def _catch_cursor(self) -> int:
+        if self._at is not None:
+            self.cursor = max(self.cursor, self._at())
+        return self.cursor

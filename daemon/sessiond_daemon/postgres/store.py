@@ -158,7 +158,8 @@ class PostgresStore(ModelReads):
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
             await self.close()
             raise StorageError(f"cannot open database {redact(self.url)}: {exc}",
-                               {"detail": str(exc)}) from exc
+                               {"detail": str(exc),
+                                "retryable": isinstance(exc, RETRYABLE)}) from exc
         log.info("store.opened", db=redact(self.url), schema_version=self.schema_version,
                  migrated=self.migrated)
 
