@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cleanup-every-s", type=float, dest="cleanup_every_s")
     p.add_argument("--kill-grace-s", type=float, dest="kill_grace_s",
                    help="seconds session.kill waits after SIGTERM before SIGKILL")
-    p.add_argument("--allowed-uids", type=_int_list, help="comma-separated uids let in besides ours")
+    p.add_argument("--allowed-uids", type=_int_list,
+                   help="comma-separated uids let in besides ours")
     p.add_argument("--allowed-gids", type=_int_list, help="comma-separated gids let in")
     p.add_argument("--metrics-listen", help="serve Prometheus metrics on host:port or a"
                    " socket path (needs sessiond[metrics]; default: off)")
@@ -62,7 +63,8 @@ async def _serve(daemon: lifecycle.Daemon, args: argparse.Namespace) -> None:
     log = structlog.get_logger("sessiond")
     async with anyio.create_task_group() as tg:
         async def on_signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT,
+                                            signal.SIGHUP) as signals:
                 async for signum in signals:
                     if signum == signal.SIGHUP:
                         _reload(daemon, args)
@@ -119,24 +121,24 @@ def main(argv: list[str] | None = None) -> None:
         else:
             anyio.run(_serve, daemon, args, backend="asyncio")
     except BaseException as group:  # task groups wrap what they raise
-        exc = _sole(group)
-        if isinstance(exc, SchemaRefused):
-            log.error("daemon.schema_refused", detail=str(exc))
-            print(f"sessiond: {exc}", file=sys.stderr)
+        failure = _sole(group)
+        if isinstance(failure, SchemaRefused):
+            log.error("daemon.schema_refused", detail=str(failure))
+            print(f"sessiond: {failure}", file=sys.stderr)
             sys.exit(EX_CONFIG)  # the same every time: restarting cannot help
-        if isinstance(exc, (lifecycle.AlreadyRunning, host.DatabaseInUse)):
-            log.error("daemon.already_running", detail=str(exc))
+        if isinstance(failure, (lifecycle.AlreadyRunning, host.DatabaseInUse)):
+            log.error("daemon.already_running", detail=str(failure))
             sys.exit(EX_TEMPFAIL)
-        if isinstance(exc, host.UnsafePathError):
-            log.error("daemon.unsafe_path", detail=str(exc))
+        if isinstance(failure, host.UnsafePathError):
+            log.error("daemon.unsafe_path", detail=str(failure))
             sys.exit(EX_CONFIG)
-        if isinstance(exc, StorageError):
-            log.error("daemon.storage_failed", detail=exc.message)
+        if isinstance(failure, StorageError):
+            log.error("daemon.storage_failed", detail=failure.message)
             sys.exit(1)
-        if isinstance(exc, OSError):
-            log.error("daemon.start_failed", detail=str(exc))
+        if isinstance(failure, OSError):
+            log.error("daemon.start_failed", detail=str(failure))
             sys.exit(1)
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(failure, KeyboardInterrupt):
             sys.exit(130)
         raise
 

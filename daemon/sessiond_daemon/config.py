@@ -130,7 +130,8 @@ def load(path: str | None, overrides: dict[str, Any],
         try:
             values["socket_mode"] = int(values["socket_mode"], 8)
         except ValueError as exc:
-            raise ConfigError(f"socket_mode must be octal like 0660: {values['socket_mode']!r}") from exc
+            raise ConfigError(
+                f"socket_mode must be octal like 0660: {values['socket_mode']!r}") from exc
     try:
         config = msgspec.convert(values, Config)
     except msgspec.ValidationError as exc:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
 
+import msgspec
 import structlog
 
 from sessiond_schemas import rpc
 from sessiond_schemas.events import EventMeta
 
 from . import forks, search
-from .service import Service, _normalise_time
+from .commands import Commands
+from .forks import StateAt
+from .service import normalise_time
+from .store import SqliteStore
 
 log = structlog.get_logger("sessiond.search")
 REINDEX_RANGE = 50_000  # positions per transaction: about a second of work
@@ -20,13 +23,14 @@ REINDEX_RANGE = 50_000  # positions per transaction: about a second of work
 class SearchAndFork:
     """Finding sessions by their text, and branching them, beside the Service."""
 
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        self.store = service.store
+    def __init__(self, store: SqliteStore, commands: Commands, state_at: StateAt) -> None:
+        self.store = store
+        self.commands = commands
+        self.state_at = state_at  # a session's view at a version, what a fork starts from
 
     async def session_search(self, p: rpc.SessionSearchParams, meta: EventMeta) -> rpc.SearchResult:
-        since = _normalise_time(p.since, "$.since")
-        until = _normalise_time(p.until, "$.until")
+        since = normalise_time(p.since, "$.since")
+        until = normalise_time(p.until, "$.until")
 
         def run(con: sqlite3.Connection) -> rpc.SearchResult:
             return search.query(con, text=p.query, statuses=tuple(p.status or ()),
@@ -35,11 +39,11 @@ class SearchAndFork:
                                 cursor=p.cursor)
         return await self.store.on_reader(run)
 
-    async def session_fork(self, p: rpc.SessionForkParams, meta: EventMeta) -> Any:
-        return await forks.fork(self.service, p, meta)
+    async def session_fork(self, p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
+        return await forks.fork(self.commands, self.store, self.state_at, p, meta)
 
     async def session_forks(self, p: rpc.SessionForksParams, meta: EventMeta) -> rpc.ForksResult:
-        state = await self.service.state(p.session_id)
+        state = await self.commands.state(p.session_id)
         return await forks.forks_of(self.store, p, state)
 
     async def daemon_reindex(self, p: rpc.NoParams, meta: EventMeta) -> rpc.ReindexResult:
@@ -53,8 +57,10 @@ class SearchAndFork:
         done = 0
         while done < top:
             upto = min(top, done + REINDEX_RANGE)
-            await self.store.on_writer(
-                lambda con, after=done, upto=upto: search.rebuild_range(con, after, upto))
+
+            def refill(con: sqlite3.Connection, after: int = done, upto: int = upto) -> None:
+                search.rebuild_range(con, after, upto)
+            await self.store.on_writer(refill)
             done = upto
 
         def relink(con: sqlite3.Connection) -> int:
