@@ -85,6 +85,7 @@ class Daemon:
         self.server: Server | None = None
         self.service: Service | None = None
         self.commands: Commands | None = None
+        self.methods: methods.MethodTable | None = None  # what the server serves
         self.writer: Writer | None = None
 
     async def run(self, shutdown: anyio.Event, *,
@@ -141,9 +142,10 @@ class Daemon:
             max_output_lines_per_s=config.max_output_lines_per_s,
             kill_grace_s=config.kill_grace_s))
         # The method table: every method of the contract and what serves it.
-        table = methods.table(service, maintenance, Graphs(store, commands),
-                              SearchAndFork(store, commands, service.state_at), executors)
-        methods.check(table)
+        self.methods = table = methods.table(
+            service, maintenance, Graphs(store, commands),
+            SearchAndFork(store, commands, service.state_at), executors)
+        methods.check(table)  # exactly the contract's methods, or no start
         self.server = server = Server(
             table, _server_limits(config), store=store, writer=writer,
             allowed_uids=frozenset(config.allowed_uids),
