@@ -31,12 +31,13 @@ async def _assembled(short_dir: str) -> tuple[MethodTable, dict[str, Any]]:
     d = lifecycle.Daemon(config)
     async with anyio.create_task_group() as tg:
         await tg.start(d.run, shutdown)
-        assert d.methods is not None
+        table = d.methods
+        assert table is not None
         async with AsyncClient(config.socket) as a, AsyncClient(config.socket) as b:
             await a.ping()
             stats = msgspec.to_builtins(await b.stats())
         shutdown.set()
-    return d.methods, stats
+    return table, stats
 
 
 async def test_the_assembled_table_serves_exactly_the_contract(short_dir: str) -> None:
