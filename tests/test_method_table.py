@@ -37,6 +37,7 @@ async def _assembled(short_dir: str) -> tuple[MethodTable, dict[str, Any]]:
             await a.ping()
             stats = msgspec.to_builtins(await b.stats())
         shutdown.set()
+    assert table is not None
     return table, stats
 
 
