@@ -105,7 +105,8 @@ MIGRATIONS: Final[list[list[str]]] = [
             position INTEGER NOT NULL,
             PRIMARY KEY (session_id, ns, checkpoint_id)
         ) WITHOUT ROWID""",
-        "CREATE INDEX graph_checkpoints_by_run ON graph_checkpoints (run_id) WHERE run_id IS NOT NULL",
+        "CREATE INDEX graph_checkpoints_by_run ON graph_checkpoints (run_id)"
+        " WHERE run_id IS NOT NULL",
         # The event that stored each (channel, version) value: unchanged channels are
         # not stored again by later checkpoints.
         """CREATE TABLE graph_blobs (

@@ -54,7 +54,8 @@ class Notifier:
 
     @property
     def watchdog_interval(self) -> float | None:
-        """Seconds between WATCHDOG=1 pings: half of systemd's timeout, as sd_watchdog_enabled advises."""
+        """Seconds between WATCHDOG=1 pings: half of systemd's timeout, as
+        sd_watchdog_enabled advises."""
         return self.watchdog_usec / 2e6 if self.watchdog_usec else None
 
     def notify(self, *assignments: str) -> bool:
