@@ -353,7 +353,7 @@ class Bench:
                                     stdout=subprocess.PIPE)
             try:
                 assert subs.stdout is not None and subs.stdout.readline().startswith(b"ready")
-                while (await c.stats()).subscriptions < 16:
+                while (await c.stats()).subscriptions < 16:  # all 16 followers in place
                     await anyio.sleep(0.01)
                 cpu0, sub0 = d.cpu_s(), cpu_s(subs.pid)
                 followed.append(await self._appends(d, n))
@@ -363,7 +363,7 @@ class Bench:
                 subs.terminate()
                 out, _ = subs.communicate(timeout=60)
             delivered += int(out.split()[-1])
-            while (await c.stats()).subscriptions:
+            while (await c.stats()).subscriptions:  # and gone, before the next bare round
                 await anyio.sleep(0.01)
         rate, base = statistics.median(followed), statistics.median(bare)
         per = {k: v / (3 * n) * 1e6 for k, v in cpu.items()}

@@ -46,7 +46,7 @@ class DaemonProcess:
             except OSError:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"sessiond exited with {self.proc.returncode}") from None
-                await anyio.sleep(0.005)
+                await anyio.sleep(0.005)  # the poll's pace bounds how finely start time is seen
 
     def rss_mb(self) -> float:
         assert self.proc is not None

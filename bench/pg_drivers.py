@@ -50,7 +50,8 @@ INSERT = """WITH head AS (
     FROM head, unnest($3::text[], $4::bytea[]) WITH ORDINALITY AS e(event_id, data, ord)"""
 LATEST = ("SELECT position, version, data FROM events WHERE session_id = $1"
           " ORDER BY version DESC LIMIT 20")
-TAIL = "SELECT position, session_id, data FROM events WHERE position > $1 ORDER BY position LIMIT 500"
+TAIL = ("SELECT position, session_id, data FROM events WHERE position > $1"
+        " ORDER BY position LIMIT 500")
 
 
 def psycopg_sql(sql: str) -> str:

@@ -1,4 +1,5 @@
-"""Print a results file as the markdown table bench/README.md keeps: `python -m bench.report FILE`."""
+"""Print a results file as the markdown table bench/README.md keeps:
+`python -m bench.report FILE`."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def main() -> None:
         ratio = f"{f['ratio']:.2f}" if f["ratio"] is not None else ""
         met = {True: "yes", False: "**no**", None: ""}[f["met"]]
         note = f" ({f['note']})" if f["note"] else ""
-        print(f"| {f['id']} | {f['name']}{note} | {value} | {base_v} | {ratio} | {f['target']} | {met} |")
+        cells = [f["id"], f["name"] + note, value, base_v, ratio, f["target"], met]
+        print("| " + " | ".join(str(cell) for cell in cells) + " |")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,8 @@ async def median_ms(fn: Callable[[], Awaitable[Any]], n: int) -> float:
     return statistics.median(samples)
 
 
-async def openai_agents(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) -> list[Row]:
+async def openai_agents(directory: str, daemon: DaemonProcess,
+                        sizes: argparse.Namespace) -> list[Row]:
     from agents import SQLiteSession
 
     from sessiond.integrations.openai_agents import SessiondSession
@@ -243,7 +244,8 @@ async def adk(directory: str, daemon: DaemonProcess, sizes: argparse.Namespace) 
 
     def event(i: int) -> Event:
         return Event(author="agent", invocation_id=f"inv{i}",
-                     content=types.Content(role="model", parts=[types.Part(text=f"{i} {ITEM_TEXT}")]),
+                     content=types.Content(role="model",
+                                           parts=[types.Part(text=f"{i} {ITEM_TEXT}")]),
                      actions=EventActions(state_delta={"turn": i}))
 
     figures: dict[str, dict[str, float]] = {}

@@ -72,12 +72,12 @@ async def append_overhead(directory: str, sizes: dict[str, int]) -> list[dict[st
                 d.stop()
     with_, without = statistics.median(rates[True]), statistics.median(rates[False])
     ratio = with_ / without
-    return [dict(id="B13a", name="B1 appends with the search index", value=with_,
-                 unit="appends/s", baseline=without, ratio=ratio,
-                 target=">= 90% of the same without it", met=ratio >= 0.9,
-                 note=f"~200 B text messages; {sizes['rounds']} alternating rounds, medians;"
-                      f" without: {', '.join(f'{x:,.0f}' for x in rates[False])};"
-                      f" with: {', '.join(f'{x:,.0f}' for x in rates[True])}")]
+    return [{"id": "B13a", "name": "B1 appends with the search index", "value": with_,
+             "unit": "appends/s", "baseline": without, "ratio": ratio,
+             "target": ">= 90% of the same without it", "met": ratio >= 0.9,
+             "note": f"~200 B text messages; {sizes['rounds']} alternating rounds, medians;"
+                     f" without: {', '.join(f'{x:,.0f}' for x in rates[False])};"
+                     f" with: {', '.join(f'{x:,.0f}' for x in rates[True])}"}]
 
 
 # --- B13: a large store, built by raw SQL inserts ------------------------------------------
@@ -194,19 +194,21 @@ async def b13(directory: str, sizes: dict[str, int]) -> list[dict[str, Any]]:
                     found = len(result.sessions)
                 med = statistics.median(samples[1:]) * 1000  # the first warms the cache
                 selective = not any(w in name for w in ("common", "mid", "100 words"))
-                figures.append(dict(
-                    id="B13", name=f"session.search, {name}", value=med, unit="ms median",
-                    baseline=None, ratio=None,
-                    target="<= 50 ms" if selective else "(context)",
-                    met=(med <= 50) if selective else None,
-                    note=f"{query!r} {filters or ''} -> {found} sessions on the first page;"
-                         f" {sessions:,} sessions, {messages:,} messages"))
+                figures.append({
+                    "id": "B13", "name": f"session.search, {name}", "value": med,
+                    "unit": "ms median",
+                    "baseline": None, "ratio": None,
+                    "target": "<= 50 ms" if selective else "(context)",
+                    "met": (med <= 50) if selective else None,
+                    "note": f"{query!r} {filters or ''} -> {found} sessions on the first page;"
+                            f" {sessions:,} sessions, {messages:,} messages"})
     finally:
         d.stop()
-    figures.append(dict(id="B13", name="B13 store built by raw SQL", value=built, unit="s",
-                        baseline=None, ratio=None, target="(context)", met=None,
-                        note=f"{made['events']:,} events, {size_gb:.2f} GB with the index;"
-                             f" planted {made['rare']} rare words, {made['phrase']} phrases"))
+    figures.append({"id": "B13", "name": "B13 store built by raw SQL", "value": built,
+                    "unit": "s", "baseline": None, "ratio": None, "target": "(context)",
+                    "met": None,
+                    "note": f"{made['events']:,} events, {size_gb:.2f} GB with the index;"
+                            f" planted {made['rare']} rare words, {made['phrase']} phrases"})
     return figures
 
 

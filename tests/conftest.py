@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import pwd
 import sqlite3
@@ -99,14 +100,37 @@ async def client(daemon: Daemon) -> AsyncIterator[AsyncClient]:
         yield c
 
 
+# How often a condition is polled (pacing, not a guess at how long anything takes), and how
+# long before a wait fails: a guard against hanging, never a bound under test.
+POLL_S = 0.02
+PATIENCE_S = 60
+
+
 def wait_until(ready: Callable[[], Any], what: str) -> Any:
-    """Poll `ready` until it returns something; fail (not flake) after a generous while."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if (value := ready()) is not None:
+    """Poll `ready` until it returns something true, and return that; fail (not flake),
+    naming `what`, after a generous while."""
+    deadline = time.monotonic() + PATIENCE_S
+    while not (value := ready()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(POLL_S)
+    return value
+
+
+async def eventually(ready: Callable[[], Any], what: str,
+                     patience: float = PATIENCE_S) -> Any:
+    """`wait_until` for async tests: the event loop runs meanwhile, and `ready` may be a
+    coroutine function (its result is awaited)."""
+    deadline = anyio.current_time() + patience
+    while True:
+        value = ready()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
             return value
-        time.sleep(0.02)
-    raise AssertionError(f"gave up waiting for {what}")
+        if anyio.current_time() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        await anyio.sleep(POLL_S)
 
 
 def wait_for_daemon(sock: str, proc: subprocess.Popen[bytes]) -> None:

@@ -37,7 +37,8 @@ async def test_32_clients_append_to_one_session(daemon: Daemon) -> None:
     assert contents == sorted(f"{n}:{i}" for n in range(clients) for i in range(per_client))
     # Each client's own messages stay in the order it sent them.
     for n in range(clients):
-        mine = [json.loads(r[2])["content"] for r in rows if json.loads(r[2])["content"].startswith(f"{n}:")]
+        contents = [json.loads(r[2])["content"] for r in rows]
+        mine = [c for c in contents if c.startswith(f"{n}:")]
         assert mine == [f"{n}:{i}" for i in range(per_client)]
 
 

@@ -7,7 +7,7 @@ import socket
 
 import anyio
 import pytest
-from conftest import daemon_config
+from conftest import daemon_config, eventually
 
 from sessiond import AsyncClient, SessiondError
 from sessiond_daemon import lifecycle
@@ -54,7 +54,8 @@ class TestDefaults:
             load(os.path.join(tmp_path, "missing.toml"), {}, env={})
 
     def test_default_config_file_is_read_when_present(self, tmp_path: os.PathLike[str]) -> None:
-        """Unnamed, the file is $CONFIGURATION_DIRECTORY's (systemd), else ~/.config's, if it exists."""
+        """Unnamed, the file is $CONFIGURATION_DIRECTORY's (systemd), else ~/.config's, if
+        it exists."""
         home, etc = os.path.join(tmp_path, "home"), os.path.join(tmp_path, "etc")
         env = {"HOME": home, "CONFIGURATION_DIRECTORY": etc}
         assert default_config_file(env) is None
@@ -95,7 +96,8 @@ class TestSocketHygiene:
             f.write("precious")
         with pytest.raises(BaseException) as err:
             await lifecycle.run(config, anyio.Event())
-        assert "not a socket" in str(err.value.exceptions[0] if isinstance(err.value, BaseExceptionGroup) else err.value)
+        cause = err.value.exceptions[0] if isinstance(err.value, BaseExceptionGroup) else err.value
+        assert "not a socket" in str(cause)
         with open(config.socket) as f:
             assert f.read() == "precious"
 
@@ -122,8 +124,7 @@ async def test_drain_keeps_every_acknowledged_write(short_dir: str) -> None:
             async with anyio.create_task_group() as writers:
                 for n in range(4):
                     writers.start_soon(writer, n)
-                while len(acked) < 50:
-                    await anyio.sleep(0.01)
+                await eventually(lambda: len(acked) >= 50, "50 acknowledged appends")
                 stop.set()
     assert acked
     stop2 = anyio.Event()

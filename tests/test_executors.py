@@ -7,18 +7,19 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from conftest import daemon_config, running_daemon, wait_for_daemon
 
 from sessiond import AsyncClient
 from sessiond_schemas.errors import (
     InvalidParamsError,
     InvalidTransitionError,
     OverloadedError,
-    SessiondError,
 )
 
 pytestmark = pytest.mark.anyio
@@ -34,13 +35,48 @@ def daemon_overrides() -> dict[str, Any]:
 
 
 async def finished(client: AsyncClient, sid: str, timeout: float = 30) -> Any:
-    """Wait until the session's turn has ended (status left active and the exit is recorded)."""
-    with anyio.fail_after(timeout):
-        while True:
-            state = await client.get_session(sid)
-            if state.status != "active":
-                return state
-            await anyio.sleep(0.02)
+    """Wait until the session's turn has ended: the status leaves active in the same write
+    that records the exit. Status changes are followed from the session's first version (a
+    version that exists), and only those after the state read count."""
+    with anyio.fail_after(timeout):  # a guard against a hang, not a timing assertion
+        state = await client.get_session(sid)
+        if state.status != "active":
+            return state
+        async with client.subscribe(sid, from_version=1,
+                                    types=["session.status_changed"]) as events:
+            async for event in events:
+                if event.version > state.version and event.data["to"] != "active":
+                    break
+        return await client.get_session(sid)
+
+
+async def first_output(client: AsyncClient, sid: str) -> str:
+    """Wait for the session's first output line, as the daemon stores it."""
+    with anyio.fail_after(30):
+        async with client.subscribe(sid, from_version=1, types=["process.output"]) as events:
+            async for event in events:
+                return str(event.data["line"])
+    raise AssertionError(f"the subscription to {sid} ended")
+
+
+async def outputs(client: AsyncClient, enough: dict[str, int]) -> None:
+    """Wait until each session in `enough` has stored at least that many output lines."""
+    counts = dict.fromkeys(enough, 0)
+    with anyio.fail_after(30):
+        async with client.subscribe(from_position=0, types=["process.output"]) as events:
+            async for event in events:
+                counts[event.session_id] = counts.get(event.session_id, 0) + 1
+                if all(counts[sid] >= n for sid, n in enough.items()):
+                    return
+
+
+async def exited(pidfd: int) -> None:
+    """Wait until the process behind `pidfd` has exited (it need not be our child)."""
+    try:
+        with anyio.fail_after(30):
+            await anyio.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
 
 
 async def events_of(client: AsyncClient, sid: str, kind: str) -> list[Any]:
@@ -54,6 +90,28 @@ def gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+async def returns_once_killed(wait: Callable[[], Awaitable[None]],
+                              proc: subprocess.Popen[bytes]) -> None:
+    """`wait()` blocks while `proc` runs, and returns once it is killed."""
+    done = anyio.Event()
+
+    async def waiter() -> None:
+        await wait()
+        done.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            assert not done.is_set()
+            proc.kill()
+            with anyio.fail_after(30):
+                await done.wait()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 class TestAdapters:
@@ -168,7 +226,8 @@ class TestOutcomes:
         assert steps[-1].type == "exit" and steps[-1].summary == "exit code 3"
 
     @pytest.mark.parametrize(("argv", "cwd", "error"), [
-        (["no-such-agent-cli-xyz", "run"], None, "executable not found on PATH: no-such-agent-cli-xyz"),
+        (["no-such-agent-cli-xyz", "run"], None,
+         "executable not found on PATH: no-such-agent-cli-xyz"),
         (["/nonexistent/bin/agent"], None, "executable not found: /nonexistent/bin/agent"),
         (["true"], "/nonexistent/dir", "working directory does not exist: /nonexistent/dir"),
     ])
@@ -211,10 +270,7 @@ class TestLimits:
             self, client: AsyncClient) -> None:
         """SIGTERM is ignored by both; after the grace period SIGKILL ends the group."""
         state = await client.spawn([*TOOL, "stubborn"], session_id="stub")
-        with anyio.fail_after(30):
-            while not (lines := (await client.output("stub")).lines):
-                await anyio.sleep(0.02)
-        child = json.loads(lines[0])["child"]
+        child = json.loads(await first_output(client, "stub"))["child"]
         state = await client.kill("stub")
         assert (state.status, state.error) == ("killed", "Manually killed")
         exited = await events_of(client, "stub", "process.exited")
@@ -245,8 +301,6 @@ class TestLimits:
 
 class TestShutdownAndRestart:
     async def test_stopping_the_daemon_ends_executors_as_failed(self, short_dir: str) -> None:
-        from conftest import daemon_config, running_daemon
-
         config = daemon_config(short_dir, kill_grace_s=0.5)
         async with running_daemon(config) as d, AsyncClient(d.socket) as c:
             state = await c.spawn([*TOOL, "stubborn"], session_id="s")
@@ -270,21 +324,20 @@ class TestShutdownAndRestart:
             async with await connect(sock, proc) as c:
                 await c.spawn([*TOOL, "slow", "10000", "0.01"], session_id="slow")
                 quiet = await c.spawn([*TOOL, "quiet"], session_id="quiet")
-                with anyio.fail_after(30):
-                    while len(acked := (await c.output("slow")).lines) < 20 or \
-                            len((await c.output("quiet")).lines) < 3:
-                        await anyio.sleep(0.02)
+                alone = await c.spawn([*TOOL, "quiet"], session_id="alone")
+                await outputs(c, {"slow": 20, "quiet": 3, "alone": 3})
+                acked = (await c.output("slow")).lines
                 slow_pid = (await c.get_session("slow")).pid
+                slow_exit = os.pidfd_open(slow_pid)  # still the daemon's child: surely it
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             # Its stdout has no reader now: the next write kills the slow executor.
-            with anyio.fail_after(30):
-                while not gone(slow_pid):
-                    await anyio.sleep(0.02)
+            await exited(slow_exit)
             proc = subprocess.Popen(argv)
             async with await connect(sock, proc) as c:
                 slow = await c.get_session("slow")
-                assert (slow.status, slow.error) == ("failed", "daemon restarted; executor process lost")
+                assert (slow.status, slow.error) == (
+                    "failed", "daemon restarted; executor process lost")
                 lines = (await c.output("slow")).lines
                 assert lines[:len(acked)] == acked
                 assert lines == [f"tick {i}" for i in range(len(lines))]
@@ -297,26 +350,29 @@ class TestShutdownAndRestart:
                 detached = await events_of(c, "quiet", "process.detached")
                 assert detached == [{"pid": quiet.pid, "turn": 1, "alive": True,
                                      "reason": q.error}]
+                # One that ends by itself: its pidfd tells the daemon, which records it.
+                assert (await c.get_session("alone")).status == "active"
+                os.kill(alone.pid, signal.SIGKILL)
+                state = await finished(c, "alone")
+                assert (state.status, state.error) == (
+                    "failed", "executor process lost after a daemon restart; its exit status"
+                    " is unknown")
+                assert await events_of(c, "alone", "process.exited") == [
+                    {"pid": alone.pid, "turn": 1}]
         finally:
             proc.terminate()
             proc.wait(timeout=30)
 
 
 async def connect(sock: str, proc: subprocess.Popen[bytes]) -> AsyncClient:
-    """Wait until the daemon answers; return a client to use with `async with`."""
-    with anyio.fail_after(30):
-        while True:
-            try:
-                async with AsyncClient(sock) as probe:
-                    await probe.ping()
-                return AsyncClient(sock)
-            except (OSError, SessiondError):
-                assert proc.poll() is None, "the daemon exited"
-                await anyio.sleep(0.02)
+    """Wait until the daemon (another process) answers; return a client for `async with`."""
+    wait_for_daemon(sock, proc)  # blocks this loop, which serves nothing meanwhile
+    return AsyncClient(sock)
 
 
 class TestHandles:
-    """The runner's proof before a signal (processes.Handle), on real processes."""
+    """The runner's proof before a signal (processes.Handle), and its waits, on real
+    processes."""
 
     def test_a_reused_pid_is_never_signalled(self) -> None:
         """A leader whose pid now names another session leader (a later start time): neither
@@ -351,3 +407,68 @@ class TestHandles:
             handle.close()
             child.kill()
             child.wait()
+
+    async def test_a_group_is_waited_for_until_its_last_member_exits(self) -> None:
+        """The leader's exit comes through its pidfd, a member's through its own: the wait
+        ends with the member, not with the leader."""
+        from sessiond_daemon.processes import Handle
+
+        leader = subprocess.Popen(
+            [sys.executable, "-c", "import subprocess, sys;"
+             " print(subprocess.Popen(['sleep', '300']).pid, flush=True); sys.stdin.read()"],
+            start_new_session=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert leader.stdin is not None and leader.stdout is not None
+        member = int(leader.stdout.readline())
+        handle = Handle.of_child(leader.pid)
+        assert handle.pidfd is not None
+        gone_now = anyio.Event()
+
+        async def wait() -> None:
+            await handle.wait_group_gone()
+            gone_now.set()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait)
+                leader.stdin.close()
+                assert leader.wait(timeout=30) == 0
+                await exited(os.dup(handle.pidfd))  # the loop has seen the leader's exit
+                await anyio.wait_all_tasks_blocked()
+                assert not gone_now.is_set() and not gone(member)
+                os.kill(member, signal.SIGKILL)
+                with anyio.fail_after(30):
+                    await gone_now.wait()
+        finally:
+            handle.close()
+            leader.stdout.close()
+            if not gone(member):
+                os.kill(member, signal.SIGKILL)
+
+    async def test_an_adopted_process_is_proven_then_waited_for(self) -> None:
+        """A process a previous daemon recorded (not our child, its SESSIOND_* variables,
+        its start time, this boot) is proven, and its exit comes through the pidfd the
+        proof opened."""
+        from sessiond_daemon.processes import Handle, boot_id, start_time
+
+        env = {**os.environ, "SESSIOND_SESSION_ID": "adopted", "SESSIOND_TURN": "2"}
+        proc = subprocess.Popen(["sleep", "300"], start_new_session=True, env=env)
+        record = {"pid": proc.pid, "start_time": start_time(proc.pid), "turn": 2,
+                  "boot_id": boot_id()}
+        assert Handle.of_record({**record, "turn": 1}, "adopted") is None
+        assert Handle.of_record(record, "another") is None
+        handle = Handle.of_record(record, "adopted")
+        assert handle is not None and handle.pidfd is not None and handle.running()
+        try:
+            await returns_once_killed(handle.wait_exit, proc)
+        finally:
+            handle.close()
+
+    async def test_without_a_pidfd_the_exit_is_polled(self) -> None:
+        """No pidfd (pidfd_open missing): the leader's /proc entry is looked at, slowly, and
+        its start time still proves it."""
+        from sessiond_daemon.processes import Handle, start_time
+
+        proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        handle = Handle(proc.pid, start_time(proc.pid))
+        assert handle.pidfd is None and handle.running()
+        await returns_once_killed(handle.wait_group_gone, proc)

@@ -17,11 +17,10 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import Daemon, daemon_config
+from conftest import Daemon, daemon_config, eventually, wait_for_daemon
 
 from sessiond import AsyncClient
 from sessiond_daemon import lifecycle
-from sessiond_schemas.errors import SessiondError
 
 pytestmark = pytest.mark.anyio
 MESSAGE = 60_000  # the issue's 60 KB messages
@@ -202,9 +201,8 @@ class TestUnreadReplies:
         with socket.socket(socket.AF_UNIX) as idle:
             idle.connect(daemon.socket)
             idle.sendall(rpc_line(call(1, "message.list", session_id=sid, limit=1000)))
-            with anyio.fail_after(60):
-                while not unread(idle):  # the answer is on its way: most of it still unsent
-                    await anyio.sleep(0.01)
+            # The answer is on its way: most of it still unsent.
+            await eventually(lambda: unread(idle), "the first bytes of the answer")
             idle.sendall(rpc_line(call(2, "message.append", session_id=sid, role="user",
                                        content="after the big read")))
             for _ in range(3):  # round trips through the daemon and its writer meanwhile
@@ -299,15 +297,7 @@ def process_daemon(daemon_flags: list[str]) -> Iterator[tuple[subprocess.Popen[b
 async def process_client(process_daemon: tuple[subprocess.Popen[bytes], str]
                          ) -> AsyncIterator[AsyncClient]:
     proc, path = process_daemon
-    with anyio.fail_after(60):
-        while True:
-            try:
-                async with AsyncClient(path) as c:
-                    await c.ping()
-                break
-            except (OSError, SessiondError):
-                assert proc.poll() is None, "the daemon exited"
-                await anyio.sleep(0.05)
+    await anyio.to_thread.run_sync(wait_for_daemon, path, proc)
     async with AsyncClient(path) as c:
         yield c
 
@@ -330,9 +320,8 @@ class TestOneLine:
             idle.sendall(line)
             for _ in range(3):  # and more of it, on the same connection
                 idle.sendall(rpc_line(call(99, "message.list", session_id=sid, limit=1000)))
-            with anyio.fail_after(300):  # a guard, not a measure: answers begin to arrive
-                while not unread(idle):
-                    await anyio.sleep(0.05)
+            # A guard, not a measure: 40 pages of 24 MB take a while on a slow machine.
+            await eventually(lambda: unread(idle), "answers to begin to arrive", patience=300)
             assert (await process_client.ping()).pong  # while this client reads nothing
             answers = await anyio.to_thread.run_sync(read_lines, idle, 4)
         peak = vm(proc.pid, "VmHWM")  # the high-water mark: the never-read phase included
@@ -373,13 +362,16 @@ class TestManyLines:
                         sent += 1
                     except BlockingIOError:  # it has stopped reading this client
                         break
-            await anyio.sleep(2)  # let whatever it did read be answered into its buffers
+            # What it did read is answered until the answers pile past twice the buffer:
+            # then it closes this client, leaving only process_client connected.
+            async def closed() -> bool:
+                return (await process_client.stats()).connections == 1
+
+            await eventually(closed, "the daemon to close the client that never reads")
             assert (await process_client.ping()).pong
             peak = vm(proc.pid, "VmHWM")
-            with pytest.raises(OSError):  # it was closed
-                for _ in range(100):
-                    idle.send(line)
-                    await anyio.sleep(0.01)
+            with pytest.raises((BrokenPipeError, ConnectionResetError)):  # it was closed
+                idle.send(line)
         assert peak - before < 60 << 20, f"RSS grew by {(peak - before) >> 20} MB"
         assert proc.poll() is None
 
@@ -394,9 +386,10 @@ class TestOutputPages:
         """session.output ends at the budget with `next`; sessionctl output reads every page."""
         script = "for i in range(40): print(f'{i:03d} ' + 'o' * 100, flush=True)"
         state = await client.spawn([sys.executable, "-c", script], cwd="/", session_id="out")
-        with anyio.fail_after(60):
-            while (await client.get_session(state.session_id)).status == "active":
-                await anyio.sleep(0.02)
+        async def ended() -> bool:
+            return (await client.get_session(state.session_id)).status != "active"
+
+        await eventually(ended, "the script to end")
         lines: list[str] = []
         after = 0
         while True:

@@ -53,7 +53,8 @@ class TestSessionCreate:
             "session_20260101_120000_abcd1234", task="t", actor_name="ns/bot", goal_id="g",
             input_data={"q": 1}, metadata={"m": True}, status="pending")
         assert s.session_id == "session_20260101_120000_abcd1234"
-        assert (s.status, s.version, s.task, s.actor_name, s.goal_id) == ("pending", 1, "t", "ns/bot", "g")
+        assert (s.status, s.version, s.task, s.actor_name, s.goal_id) == (
+            "pending", 1, "t", "ns/bot", "g")
         assert s.input_data == {"q": 1} and s.metadata == {"m": True}
         [(data,)] = daemon.sql("SELECT data FROM events WHERE session_id = ?", s.session_id)
         assert json.loads(data)["task"] == "t"
@@ -209,7 +210,8 @@ class TestSessionTransition:
             ("pending", "active"), ("active", "paused"), ("paused", "active"),
             ("active", "completed"), ("completed", "active")]
 
-    async def test_invalid_transition_lists_allowed(self, client: AsyncClient, daemon: Daemon) -> None:
+    async def test_invalid_transition_lists_allowed(self, client: AsyncClient,
+                                                     daemon: Daemon) -> None:
         """A forbidden move is -32003 with from, to and allowed; nothing is stored."""
         s = await client.create_session()
         await client.transition(s.session_id, "cancelled")
@@ -249,7 +251,8 @@ class TestSessionResume:
         await client.transition(s.session_id, "paused", paused_at="n2")
         r = await client.resume(s.session_id)
         assert r.state.status == "active"
-        assert (r.resume.paused_at, r.resume.resume_from, r.resume.memory) == ("n2", "n2", {"k": "v"})
+        assert (r.resume.paused_at, r.resume.resume_from, r.resume.memory) == (
+            "n2", "n2", {"k": "v"})
 
     async def test_resume_from_checkpoint(self, client: AsyncClient) -> None:
         """Resume with a checkpoint returns that checkpoint's node and memory."""
@@ -360,8 +363,10 @@ class TestMessages:
         assert seqs(await client.list_messages(s.session_id, after_sequence=6)) == [7, 8, 9]
         assert seqs(await client.list_messages(s.session_id, after_sequence=2, limit=2)) == [3, 4]
         assert seqs(await client.list_messages(s.session_id, order="desc", limit=3)) == [9, 8, 7]
-        assert seqs(await client.list_messages(s.session_id, order="desc", limit=3, offset=8)) == [1, 0]
-        assert seqs(await client.list_messages(s.session_id, order="desc", after_sequence=7)) == [9, 8]
+        desc = await client.list_messages(s.session_id, order="desc", limit=3, offset=8)
+        assert seqs(desc) == [1, 0]
+        desc = await client.list_messages(s.session_id, order="desc", after_sequence=7)
+        assert seqs(desc) == [9, 8]
         r = await client.list_messages(s.session_id, limit=1)
         assert r.messages[0].content == "m0" and r.messages[0].role == "user"
         with pytest.raises(SessionNotFoundError):
@@ -404,7 +409,7 @@ class TestPopAndClear:
         assert (empty.message, empty.position, empty.version) == (None, None, 4)
         assert (await client.clear_messages("cl")).removed == 0
         assert daemon.sql("SELECT count(*) FROM events WHERE session_id = 'cl'") == [(4,)]
-        with pytest.raises(InvalidParamsError, match="message.pop or message.clear"):
+        with pytest.raises(InvalidParamsError, match=r"message\.pop or message\.clear"):
             await client.append_events("cl", [{"type": "messages.truncated",
                                                "data": {"from_sequence": 0}}])
 
@@ -431,7 +436,8 @@ class TestTokensProgressMemory:
     async def test_tokens(self, client: AsyncClient, daemon: Daemon) -> None:
         """tokens.record adds up and returns the running usage; negatives are refused."""
         s = await client.create_session()
-        await client.record_tokens(s.session_id, input_tokens=10, output_tokens=2, estimated_cost=0.5)
+        await client.record_tokens(s.session_id, input_tokens=10, output_tokens=2,
+                                   estimated_cost=0.5)
         r = await client.record_tokens(s.session_id, input_tokens=5, model="m")
         assert (r.token_usage.input_tokens, r.token_usage.output_tokens) == (15, 2)
         assert r.token_usage.estimated_cost == 0.5 and r.version == 3

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import Daemon, daemon_config, running_daemon, wait_for_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon, wait_for_daemon
 
 from sessiond import AsyncClient, MethodNotFoundError, SessionNotFoundError
 from sessiond_daemon import __main__ as daemon_main
@@ -179,9 +179,11 @@ class TestEndpoint:
             assert value(samples(text), "sessiond_executors_running") == 1
             assert (await c.stats()).executors_running == 1
             await c.kill("exec-1")
-            with anyio.fail_after(60):
-                while (await c.stats()).executors_running:
-                    await anyio.sleep(0.05)
+
+            async def reaped() -> bool:
+                return (await c.stats()).executors_running == 0
+
+            await eventually(reaped, "the killed process to be reaped")
             text, _ = await scrape(f"http://127.0.0.1:{port}/metrics")
             assert value(samples(text), "sessiond_executors_running") == 0
             assert value(samples(text), "sessiond_events_appended_total",
@@ -200,13 +202,13 @@ class TestEndpoint:
             await stalled.send(b'{"jsonrpc":"2.0","id":1,"method":"events.subscribe",'
                                b'"params":{"from_position":0}}\n')
             # Catch-up sends a page (500 events), then waits for a reader that never reads.
-            with anyio.fail_after(60):
-                while True:
-                    got = samples((await scrape(f"http://127.0.0.1:{port}/metrics"))[0])
-                    if value(got, "sessiond_subscriptions") and \
-                            value(got, "sessiond_subscription_lag_max_events") < last:
-                        break
-                    await anyio.sleep(0.05)
+            async def behind() -> Any:
+                got = samples((await scrape(f"http://127.0.0.1:{port}/metrics"))[0])
+                lagging = value(got, "sessiond_subscriptions") and \
+                    value(got, "sessiond_subscription_lag_max_events") < last
+                return got if lagging else None
+
+            got = await eventually(behind, "the subscriber to be counted, behind")
             assert value(got, "sessiond_subscription_lag_max_events") >= last - 1000
             assert value(got, "sessiond_subscriptions_lagging") == 1
             await stalled.aclose()
@@ -254,7 +256,10 @@ class TestFlood:
                     s.close()
                     continue
                 flood.append(s)
-            most = 0  # the daemon's descriptors while it works through the queue
+            # The daemon's descriptors while it works through the queue, sampled over two
+            # seconds: the sleep paces the sampling (the flood is what is under test), it
+            # stands in for no event.
+            most = 0
             for _ in range(20):
                 most = max(most, len(os.listdir(f"/proc/{proc.pid}/fd")))
                 time.sleep(0.1)
@@ -340,7 +345,8 @@ tests:
           - exp_labels: {severity: warning, instance: h}
             exp_annotations:
               summary: "sessiond's write queue is 97.66% full on h"
-              description: "Past full, writes get -32008 (overloaded). Check the commit latency and the disk."
+              description: "Past full, writes get -32008 (overloaded). Check the commit
+                latency and the disk."
       - eval_time: 5m
         alertname: SessiondCommitLatencyHigh
         exp_alerts: []
@@ -350,7 +356,8 @@ tests:
           - exp_labels: {severity: warning, instance: h}
             exp_annotations:
               summary: "sessiond commits take 500ms (p99) on h"
-              description: "Every write waits for its commit's fsync. A slow or failing disk, or a full one."
+              description: "Every write waits for its commit's fsync. A slow or failing
+                disk, or a full one."
 """
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon
 from test_cli import ctl, ctl_json
 from test_executors import TOOL, finished
 
@@ -79,7 +79,8 @@ QUERIES: list[tuple[str, Callable[[Doc], bool]]] = [
     ("login test", lambda d: has(d, "login") and has(d, "test")),
     ("fixed OR broken", lambda d: has(d, "fixed") or has(d, "broken")),
     ("retry NOT cache", lambda d: has(d, "retry") and not has(d, "cache")),
-    ("deploy AND (alpha OR beta)", lambda d: has(d, "deploy") and (has(d, "alpha") or has(d, "beta"))),
+    ("deploy AND (alpha OR beta)",
+     lambda d: has(d, "deploy") and (has(d, "alpha") or has(d, "beta"))),
     ("bash", lambda d: has(d, "bash")),  # a tool name (tool_call_id)
     ("webapp", lambda d: has(d, "webapp")),  # a metadata value
     ("timeout", lambda d: has(d, "timeout")),  # an error
@@ -175,7 +176,8 @@ class TestSearch:
         by_seq = {h.sequence: h for h in s.hits}
         assert by_seq[1].snippet == "the <zebra> login fix" and by_seq[1].role == "assistant"
         assert by_seq[1].current is True and by_seq[2].current is False
-        assert by_seq[1].position == (await client.read_events("h1", from_version=3)).events[0].position
+        third = (await client.read_events("h1", from_version=3)).events[0]
+        assert by_seq[1].position == third.position
         assert (await client.search("zebra", actor_name="me/b")).sessions == []
         assert (await client.search("zebra", namespace="other")).sessions == []
         assert (await client.search("zebra", status=["completed"])).sessions == []
@@ -293,21 +295,22 @@ class TestFork:
         """Sent together, either the fork is made and the delete refused, or the source is
         deleted and the fork finds nothing: never a fork whose source is gone."""
         from sessiond import SessiondError
+
+        async def attempt(results: dict[str, Any], name: str, call: Any) -> None:
+            try:
+                results[name] = await call
+            except SessiondError as exc:
+                results[name] = exc
+
         for i in range(20):
             src = f"race-{i}"
             await client.create_session(src)
             await client.append_message(src, "user", "shared")
             results: dict[str, Any] = {}
-
-            async def attempt(name: str, call: Any) -> None:
-                try:
-                    results[name] = await call
-                except SessiondError as exc:
-                    results[name] = exc
-
             async with anyio.create_task_group() as tg:
-                tg.start_soon(attempt, "fork", client.fork(src, new_session_id=f"{src}-f"))
-                tg.start_soon(attempt, "delete", client.delete_session(src))
+                tg.start_soon(attempt, results, "fork",
+                              client.fork(src, new_session_id=f"{src}-f"))
+                tg.start_soon(attempt, results, "delete", client.delete_session(src))
             forked = not isinstance(results["fork"], SessiondError)
             deleted = results["delete"] is True
             assert forked != deleted, results
@@ -330,9 +333,10 @@ class TestFork:
         """A fork is data, not a process: -32003 while a turn runs, and a fork of an
         ended executor session has no pid."""
         await client.spawn([*TOOL, "stubborn"], session_id="run1")
-        with anyio.fail_after(30):
-            while (await client.get_session("run1")).pid is None:
-                await anyio.sleep(0.02)
+        async def started() -> bool:
+            return (await client.get_session("run1")).pid is not None
+
+        await eventually(started, "the executor's process")
         with pytest.raises(InvalidTransitionError) as err:
             await client.fork("run1")
         assert "running executor" in err.value.message

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from conftest import as_user, daemon_config, running_daemon
+from conftest import as_user, daemon_config, eventually, running_daemon, wait_for_daemon
 
 from sessiond import AsyncClient
 from sessiond.importers._builder import DocumentBuilder
@@ -97,15 +97,8 @@ async def daemon_process(sock: str, db: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--socket", sock,
                              "--db", db, "--log-level", "error", "--kill-grace-s", "0.5"],
                             start_new_session=True)
-    with anyio.fail_after(30):
-        while True:
-            assert proc.poll() is None, f"the daemon exited with {proc.returncode}"
-            try:
-                async with AsyncClient(sock) as probe:
-                    await probe.ping()
-                return proc
-            except (OSError, SessiondError):
-                await anyio.sleep(0.02)
+    await anyio.to_thread.run_sync(wait_for_daemon, sock, proc)
+    return proc
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -160,7 +153,7 @@ class TestImportedProcesses:
             stop(proc)
             proc = await daemon_process(sock, db)  # recovery: nothing of that is its
             async with AsyncClient(sock) as c:
-                for name, pid in pids.items():
+                for name in pids:
                     assert (await c.get_session(name)).status == "active"
                     assert (await c.kill(name)).status == "killed"
                     assert proc.poll() is None
@@ -323,7 +316,8 @@ class TestPeerAuthorization:
                 req(3, "message.append", session_id="theirs", role="user", content="hi"),
                 req(4, "events.append", session_id="owned",
                     events=[{"type": "metadata.updated", "data": {"patch": {"k": 1}}}]),
-                req(5, "events.read", session_id="owned"), req(6, "session.get", session_id="owned"),
+                req(5, "events.read", session_id="owned"),
+                req(6, "session.get", session_id="owned"),
                 req(7, "events.subscribe", session_id="owned"),
                 *[req(name, m, **p) for name, (m, p) in NEVER_BY_DEFAULT.items()],
                 [req("b1", "session.get", session_id="owned"),
@@ -397,9 +391,10 @@ class TestExecutorEnvironment:
         monkeypatch.setenv("SESSIOND_TEST_SECRET", "hunter2")
         monkeypatch.setenv("LC_TIME", "C")
         state = await client.spawn(["env"], env={"ASKED": "yes"}, session_id="env")
-        with anyio.fail_after(30):
-            while (await client.get_session("env")).status == "active":
-                await anyio.sleep(0.02)
+        async def ended() -> bool:
+            return (await client.get_session("env")).status != "active"
+
+        await eventually(ended, "env to exit")
         seen = dict(line.split("=", 1) for line in (await client.output("env")).lines
                     if "=" in line)
         assert state.pid and seen["ASKED"] == "yes" and seen["SESSIOND_SESSION_ID"] == "env"

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon
 
 from sessiond import AsyncClient, InvalidParamsError, SessionNotFoundError
 from sessiond_schemas.events import Event
@@ -67,9 +67,8 @@ async def test_catch_up_then_live_under_load(daemon: Daemon, client: AsyncClient
             tg.start_soon(consume, "all_from_now", subs["all_from_now"])
         stored = await all_events(client)
         assert len(stored) == 5000
-        with anyio.fail_after(60):
-            while subs["all_from_now"].start_position is None:
-                await anyio.sleep(0.01)
+        await eventually(lambda: subs["all_from_now"].start_position is not None,
+                         "all_from_now to start")
         now = subs["all_from_now"].start_position
         assert 0 < now < stored[-1].position  # it really started mid-stream
         expected.update({
@@ -78,9 +77,8 @@ async def test_catch_up_then_live_under_load(daemon: Daemon, client: AsyncClient
             "one_session": [e.position for e in stored if e.session_id == "w3"],
             "all_from_now": [e.position for e in stored if e.position > now],
         })
-        with anyio.fail_after(60):
-            while any(len(got[n]) < len(expected[n]) for n in expected):
-                await anyio.sleep(0.05)
+        await eventually(lambda: all(len(got[n]) >= len(expected[n]) for n in expected),
+                         "every subscriber to catch up")
         tg.cancel_scope.cancel()
     for name, positions in expected.items():
         assert [e.position for e in got[name]] == positions, name
@@ -98,7 +96,8 @@ async def test_subscribe_errors_and_unsubscribe(daemon: Daemon, client: AsyncCli
         await client.call("events.subscribe", from_version=1)
     started = await client.call("events.subscribe", session_id="u1")
     assert (await client.stats()).subscriptions == 1
-    assert await client.call("events.unsubscribe", subscription=started["subscription"]) == {"ok": True}
+    ended = await client.call("events.unsubscribe", subscription=started["subscription"])
+    assert ended == {"ok": True}
     assert (await client.stats()).subscriptions == 0
     with pytest.raises(InvalidParamsError):
         await client.call("events.unsubscribe", subscription=started["subscription"])
@@ -127,9 +126,10 @@ async def test_stalled_consumer_is_dropped_and_bounded(short_dir: str) -> None:
         raw = socket.socket(socket.AF_UNIX)
         raw.connect(d.socket)
         raw.sendall(b'{"jsonrpc":"2.0","id":1,"method":"events.subscribe","params":{}}\n')
-        with anyio.fail_after(10):
-            while (await c.stats()).subscriptions != 1:
-                await anyio.sleep(0.01)
+        async def subscribed() -> bool:
+            return (await c.stats()).subscriptions == 1
+
+        await eventually(subscribed, "the raw subscription")
         for _ in range(60):  # 6,000 events, several MB of notifications, none read
             await c.append_messages("flood", [{"role": "user", "content": "x" * 300}] * 100)
         assert (await c.stats()).subscriptions == 0  # dropped; the writers never waited
@@ -142,7 +142,8 @@ async def test_stalled_consumer_is_dropped_and_bounded(short_dir: str) -> None:
             received += chunk
         raw.close()
         lines = [json.loads(x) for x in bytes(received).splitlines() if x.strip()]
-        events = [m["params"]["event"]["position"] for m in lines if m.get("method") == "subscription.event"]
+        events = [m["params"]["event"]["position"] for m in lines
+                  if m.get("method") == "subscription.event"]
         dropped = [m["params"] for m in lines if m.get("method") == "subscription.dropped"]
         assert len(dropped) == 1 and "too slow" in dropped[0]["reason"]
         # Every event up to last_position was sent, in order, and no more: resuming is exact.
@@ -170,15 +171,11 @@ async def test_iterator_survives_a_daemon_restart(short_dir: str) -> None:
             outer.start_soon(consume)
             for i in range(50):
                 await c.append_message("phoenix", "user", f"before {i}")
-            with anyio.fail_after(20):
-                while len(got) < 51:
-                    await anyio.sleep(0.01)
+            await eventually(lambda: len(got) >= 51, "the events before the restart")
         async with running_daemon(config) as d, AsyncClient(d.socket) as c:
             for i in range(50):
                 await c.append_message("phoenix", "user", f"after {i}")
-            with anyio.fail_after(30):
-                while len(got) < 101:
-                    await anyio.sleep(0.01)
+            await eventually(lambda: len(got) >= 101, "the events after the restart")
     assert [e.version for e in got] == list(range(1, 102))
 
 
@@ -187,7 +184,8 @@ async def test_blocking_follow(daemon: Daemon, client: AsyncClient) -> None:
     from sessiond import Client
 
     await client.create_session("sync-follow")
-    await client.append_messages("sync-follow", [{"role": "user", "content": f"m{i}"} for i in range(5)])
+    await client.append_messages("sync-follow",
+                                 [{"role": "user", "content": f"m{i}"} for i in range(5)])
 
     def run() -> list[int]:
         with Client(daemon.socket) as c:

@@ -53,7 +53,7 @@ def common(ours: Any, theirs: Any, where: str = "$") -> list[str]:
     if isinstance(ours, list) and isinstance(theirs, list):
         if len(ours) != len(theirs):
             return [f"{where}: {len(ours)} items, the release served {len(theirs)}"]
-        return [d for i, (a, b) in enumerate(zip(ours, theirs))
+        return [d for i, (a, b) in enumerate(zip(ours, theirs, strict=True))
                 for d in common(a, b, f"{where}[{i}]")]
     return [] if ours == theirs else [f"{where}: {ours!r}, the release served {theirs!r}"]
 

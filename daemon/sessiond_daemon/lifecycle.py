@@ -32,7 +32,7 @@ from .search_fork import SearchAndFork
 from .server import Server, ServerLimits
 from .service import LiveFigures, Service
 from .store import SqliteStore
-from .systemd import Notifier
+from .systemd import Notifier, Watchdog
 from .writer import Writer
 
 log = structlog.get_logger("sessiond.lifecycle")
@@ -205,20 +205,20 @@ class Daemon:
         watchdog timeout, so that systemd restarts a daemon that can no longer write.
         """
         interval = self.notifier.watchdog_interval
+        watchdog = Watchdog(interval) if interval is not None else None
         tick = min(interval or STATUS_EVERY_S, STATUS_EVERY_S)
-        next_ping = 0.0
-        stuck = False
         status = ""
         while True:
             stalled = writer.stalled_for()
-            if interval is not None:
-                was_stuck, stuck = stuck, stalled >= 2 * interval  # systemd's whole timeout
+            stuck = False
+            if watchdog is not None:
+                was_stuck = watchdog.stuck
+                if watchdog.beat(stalled):
+                    self.notifier.notify("WATCHDOG=1")
+                stuck = watchdog.stuck
                 if stuck and not was_stuck:
                     log.error("watchdog.writer_stuck", stalled_s=round(stalled, 1),
                               queue=writer.queue_depth)
-                elif not stuck and anyio.current_time() >= next_ping:
-                    self.notifier.notify("WATCHDOG=1")
-                    next_ping = anyio.current_time() + interval
             line = (f"STATUS={server.connections} connections, "
                     f"{writer.appends_per_s()} appends/s, queue {writer.queue_depth}"
                     + (f", writer stuck for {stalled:.0f} s" if stuck else ""))

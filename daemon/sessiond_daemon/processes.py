@@ -1,23 +1,46 @@
-"""Processes the executor runner started, and the proof, checked before every signal, that
-a pid still names one of them (docs/security.md, "Signals").
+"""Processes the executor runner starts: spawning one, the proof, checked before every
+signal, that a pid still names one of them (docs/security.md, "Signals"), and waiting for
+them to end.
 
 A turn's leader is started in a new session, so its pid is also its process group and
 session id. While the leader is not reaped, that id cannot be reused, so signalling the
 group is safe; the runner knows the leader is not reaped from a pidfd opened at spawn (or
 from the leader's start time in /proc). Once it is reaped, the runner signals what is left
 of the group one verified process at a time, each through a pidfd of its own.
+
+Exits are waited for, not polled: a pidfd turns readable when its process exits, and the
+event loop watches it. Only a process the runner holds no pidfd for (pidfd_open missing,
+Linux before 5.3) is polled, every POLL_WITHOUT_PIDFD_S, through its /proc entry, with the
+same start-time proof.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import subprocess
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import anyio
+import structlog
+from anyio.abc import Process
+
+log = structlog.get_logger("sessiond.executors")
+
 PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: no pid is larger
+POLL_WITHOUT_PIDFD_S = 0.25  # how often a process with no pidfd is looked at in /proc
+SIGKILL_WAIT_S = 5.0  # only a process stuck in the kernel outlives SIGKILL this long
+
+# What an executor inherits of the daemon's environment; nothing else of it (its secrets,
+# its LD_PRELOAD) reaches a process a client asked for.
+INHERITED_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE",
+                           "TERM", "TZ", "TMPDIR", "XDG_RUNTIME_DIR"})
+# Keys a client may not set: they make the dynamic loader or Python run other code.
+REFUSED_ENV_PREFIXES = ("LD_", "PYTHON")
 
 
 @cache
@@ -77,6 +100,34 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
+async def _exited(pidfd: int) -> None:
+    """Return once the process behind `pidfd` has exited (a zombie has): it turns readable."""
+    fd = os.dup(pidfd)  # anyio lets one task wait on a descriptor: each waiter has its own
+    try:
+        await anyio.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+async def _member_exited(group: int, pid: int, ticks: int) -> None:
+    """Return once the group member `pid` (started at `ticks`) no longer runs."""
+    def runs() -> bool:
+        fields = stat(pid)
+        return (fields is not None and fields[0] != b"Z" and int(fields[19]) == ticks
+                and int(fields[2]) == group)
+
+    fd = _pidfd(pid)
+    try:
+        if fd is not None and runs():  # checked after opening: the pidfd is this process
+            await _exited(fd)
+            return
+        while fd is None and runs():  # no pidfd for it: the slow poll
+            await anyio.sleep(POLL_WITHOUT_PIDFD_S)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 @dataclass(eq=False)
 class Handle:
     """A turn's process group: the leader's pid, start time and pidfd, checked before
@@ -104,7 +155,7 @@ class Handle:
         start time, running as our uid, leading its own session, started with this
         session's and turn's SESSIOND_* variables. None otherwise: nothing is signalled."""
         pid, ticks, turn = data.get("pid"), data.get("start_time"), data.get("turn")
-        if not (valid_pid(pid) and type(ticks) is int and type(turn) is int
+        if not (type(pid) is int and valid_pid(pid) and type(ticks) is int and type(turn) is int
                 and data.get("boot_id") is not None and data.get("boot_id") == boot_id()):
             return None
         handle = cls(pid, ticks, _pidfd(pid))
@@ -166,6 +217,26 @@ class Handle:
         """Whether anything of the group still runs."""
         return self.running() or bool(self.members())
 
+    async def wait_exit(self) -> None:
+        """Return once the leader has exited: its pidfd turns readable. Without a pidfd,
+        look at its /proc entry every POLL_WITHOUT_PIDFD_S."""
+        if self.pidfd is not None:
+            await _exited(self.pidfd)
+            return
+        while self.running():
+            await anyio.sleep(POLL_WITHOUT_PIDFD_S)
+
+    async def wait_group_gone(self) -> None:
+        """Return once nothing of the group runs. The leader is waited for through its
+        pidfd; then the members left, each through a pidfd of its own. No kernel call
+        lists a process group, so /proc is read once a round, and a round ends when
+        every member it found has exited; the next one finds what they forked meanwhile."""
+        await self.wait_exit()
+        while members := self.members():
+            async with anyio.create_task_group() as tg:
+                for pid, ticks in members:
+                    tg.start_soon(_member_exited, self.pid, pid, ticks)
+
     def signal(self, signum: int) -> None:
         """Signal the whole group, checked first; never a pid that is not provably ours."""
         if self.leader_alive():
@@ -184,3 +255,64 @@ class Handle:
                 pass
             finally:
                 os.close(fd)
+
+
+async def terminate(handle: Handle, grace_s: float) -> None:
+    """SIGTERM the process group; SIGKILL it if anything is left after the grace period."""
+    handle.signal(signal.SIGTERM)
+    with anyio.move_on_after(grace_s):
+        await handle.wait_group_gone()
+        return
+    log.info("executor.sigkill", pgid=handle.pid, grace_s=grace_s)
+    handle.signal(signal.SIGKILL)
+    with anyio.move_on_after(SIGKILL_WAIT_S):
+        await handle.wait_group_gone()
+
+
+# --- spawning -------------------------------------------------------------------------
+
+
+def inherited_env() -> dict[str, str]:
+    """The part of the daemon's environment an executor inherits (INHERITED_ENV, LC_*)."""
+    return {k: v for k, v in os.environ.items() if k in INHERITED_ENV or k.startswith("LC_")}
+
+
+def cannot_start(argv: list[str], cwd: str | None, path: str | None) -> str | None:
+    """Say in words why the command cannot start, before trying."""
+    if cwd is not None and not os.path.isdir(cwd):
+        return f"working directory does not exist: {cwd}"
+    program = argv[0]
+    if os.sep in program:
+        full = program if os.path.isabs(program) or cwd is None else os.path.join(cwd, program)
+        if not os.path.exists(full):
+            return f"executable not found: {program}"
+        if not os.access(full, os.X_OK) or os.path.isdir(full):
+            return f"not an executable file: {program}"
+    elif shutil.which(program, path=path) is None:
+        return f"executable not found on PATH: {program}"
+    return None
+
+
+async def spawn(argv: list[str], cwd: str | None, env: dict[str, str],
+                stdin: bool) -> Process | str:
+    """Start a turn's leader in a session of its own, its output on pipes; or say why not."""
+    problem = cannot_start(argv, cwd, env.get("PATH"))
+    if problem is not None:
+        return problem
+    try:
+        return await anyio.open_process(
+            argv, cwd=cwd, env=env, start_new_session=True,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except (OSError, ValueError) as exc:  # ValueError: not encodable for exec
+        return f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}"
+
+
+async def feed_stdin(proc: Process, text: str) -> None:
+    """Write `text` (a line) to the process's input, then close it."""
+    assert proc.stdin is not None
+    try:
+        await proc.stdin.send(text.encode() + (b"" if text.endswith("\n") else b"\n"))
+        await proc.stdin.aclose()
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        pass  # the process does not read its input; that is its business

@@ -102,11 +102,14 @@ class Subscriptions:
                                        {"session_id": p.session_id})
         if p.from_position is not None:
             return p.from_position
+        # Taken before the look-up: an event committed while it runs is either seen by it
+        # or lies past this mark, so none falls between the two.
+        mark = self.writer.committed_position
         if p.from_version is not None and p.session_id is not None:
             first = await self.store.first_position(p.session_id, p.from_version)
             if first is not None:
                 return first - 1
-        return self.writer.committed_position  # from now
+        return mark  # from now (or from the first event at from_version, when it comes)
 
     async def _exists(self, session_id: str) -> bool:
         return (self.writer.cached(session_id) is not None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
-from collections.abc import MutableMapping
+import time
+from collections.abc import Callable, MutableMapping
 
 import structlog
 
@@ -55,7 +57,7 @@ class Notifier:
     @property
     def watchdog_interval(self) -> float | None:
         """Seconds between WATCHDOG=1 pings: half of systemd's timeout, as
-        sd_watchdog_enabled advises."""
+        sd_watchdog_enabled(3) advises."""
         return self.watchdog_usec / 2e6 if self.watchdog_usec else None
 
     def notify(self, *assignments: str) -> bool:
@@ -75,6 +77,30 @@ class Notifier:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+class Watchdog:
+    """When to send WATCHDOG=1: every `interval` seconds while the writer moves, and none
+    while it has been stuck on one batch for systemd's whole timeout (twice the interval),
+    so that systemd restarts a daemon that can no longer write.
+
+    `clock` is monotonic seconds; tests pass their own to drive time.
+    """
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self.clock = clock
+        self.stuck = False
+        self._next_ping = -math.inf
+
+    def beat(self, stalled: float) -> bool:
+        """Take the writer's current stall (seconds on one batch); return whether to ping now."""
+        self.stuck = stalled >= 2 * self.interval
+        now = self.clock()
+        if self.stuck or now < self._next_ping:
+            return False
+        self._next_ping = now + self.interval
+        return True
 
 
 def inherited_listener(env: MutableMapping[str, str] = os.environ) -> socket.socket | None:

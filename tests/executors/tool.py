@@ -20,8 +20,9 @@ if mode == "jsonl":
     out(json.dumps({"type": "message.appended",
                     "data": {"role": "assistant", "content": f"got: {text}"}}))
     if os.environ.get("SESSIOND_TURN") == "1":
-        for line in open(os.path.join(FIXTURES, "jsonl_turn.jsonl")).read().splitlines():
-            out(line)
+        with open(os.path.join(FIXTURES, "jsonl_turn.jsonl")) as f:
+            for line in f.read().splitlines():
+                out(line)
     print("fake jsonl executor: done", file=sys.stderr, flush=True)
 elif mode == "fail":
     out("starting")

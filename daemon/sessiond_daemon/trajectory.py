@@ -1,0 +1,57 @@
+"""What an executor session's stored history says: its trajectory of steps, its resume id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sessiond_schemas import rpc
+
+from .adapters import Adapter
+
+# The events a trajectory is read from.
+TRAJECTORY_TYPES = ("message.appended", "process.started", "process.output", "process.exited")
+
+
+def steps(rows: list[tuple[str, Any]], adapter: Adapter | None) -> list[rpc.Step]:
+    """The steps of a session, from its TRAJECTORY_TYPES events in order: user messages,
+    the adapter's steps from stdout lines, and an `exit` step for a non-zero exit."""
+    out: list[rpc.Step] = []
+    turn = 0
+    for kind, d in rows:
+        if kind == "process.started":
+            turn = d.get("turn", turn)
+        elif kind == "message.appended" and d.get("role") == "user":
+            out.append(rpc.Step(type="user", summary=d["content"], turn=turn + 1))
+        elif kind == "process.output" and d.get("stream", "stdout") == "stdout" and adapter:
+            parsed = adapter.parse(d["line"])
+            if parsed is not None:  # user messages are already steps, from their events
+                out += [rpc.Step(turn=d.get("turn", turn), **s) for s in parsed.steps
+                        if s["type"] != "user"]
+        elif kind == "process.exited" and (d.get("exit_code") or d.get("signal")):
+            how = (f"exit code {d['exit_code']}" if d.get("exit_code")
+                   else f"signal {d.get('signal')}")
+            out.append(rpc.Step(type="exit", summary=how, turn=d.get("turn", turn),
+                                details={k: d[k] for k in ("exit_code", "signal") if k in d}))
+    return out
+
+
+def resume_id(rows: list[tuple[str, Any]], adapter: Adapter) -> str | None:
+    """The last thread or session id the executor's stdout named, for its next turn."""
+    found = None
+    for t, d in rows:
+        if t == "process.output" and d.get("stream", "stdout") == "stdout":
+            parsed = adapter.parse(d["line"])
+            if parsed is not None and parsed.resume_id:
+                found = parsed.resume_id
+    return found
+
+
+def truncate_step(step: rpc.Step, limit: int) -> rpc.Step:
+    """The step with every string longer than `limit` characters cut, with `…`."""
+    def cut(value: Any) -> Any:
+        if isinstance(value, str) and len(value) > limit:
+            return value[:limit] + "…"
+        return value
+
+    return rpc.Step(type=step.type, summary=cut(step.summary), turn=step.turn,
+                    details={k: cut(v) for k, v in step.details.items()})
