@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import pwd
@@ -72,11 +73,14 @@ def daemon_config(directory: str, **overrides: Any) -> Config:
 
 
 @asynccontextmanager
-async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
-    """Run a daemon on `config` for the block; it stops (and drains) when the block ends."""
+async def running_daemon(config: Config, store_factory: lifecycle.StoreFactory
+                         = lifecycle.default_store) -> AsyncIterator[Daemon]:
+    """Run a daemon on `config` for the block; it stops (and drains) when the block ends.
+    `store_factory` builds its store (tests pass one that fails on cue)."""
     shutdown = anyio.Event()
     async with anyio.create_task_group() as tg:
-        await tg.start(lifecycle.run, config, shutdown)
+        await tg.start(functools.partial(lifecycle.run, store_factory=store_factory),
+                       config, shutdown)
         yield Daemon(config, shutdown)
         shutdown.set()
 

@@ -318,7 +318,7 @@ class TestDatabaseOpenErrors:
         import asyncio
         import pwd
 
-        from sessiond_daemon.store import SqliteStore
+        from sessiond_daemon.sqlite import SqliteStore
 
         def open_store() -> bytes:
             try:

@@ -16,41 +16,60 @@ from typing import Any
 import anyio
 import pytest
 from conftest import Daemon, daemon_config, running_daemon
+from faulty_store import FaultyStore, faulty, nth, touches
 
 from sessiond import AsyncClient, StorageError
-from sessiond_daemon.store import SqliteStore
+from sessiond_daemon.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_io_error_inside_a_batch(daemon: Daemon, client: AsyncClient,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """An I/O error after the batch's rows were written: rolled back, -32012, then recovery."""
-    await client.create_session("io")
-    await client.append_message("io", "user", "before")
-    before = daemon.sql("SELECT COUNT(*), MAX(position) FROM events")
-    real_write = SqliteStore._write
-    failing = {"on": True}
+async def test_io_error_inside_a_batch(short_dir: str) -> None:
+    """The store failing after the batch's rows were written: rolled back, -32012, then
+    recovery (the retry under the same idempotency key is stored once, with no gap)."""
+    stores: list[FaultyStore] = []
+    async with running_daemon(daemon_config(short_dir), faulty(stores)) as daemon, \
+            AsyncClient(daemon.socket) as client:
+        await client.create_session("io")
+        await client.append_message("io", "user", "before")
+        before = daemon.sql("SELECT COUNT(*), MAX(position) FROM events")
+        stores[0].break_commits_midway(touches("io"))  # the rows are in the transaction...
+        with pytest.raises(StorageError) as err:  # ...and then the store fails
+            await client.append_messages("io", [{"role": "user", "content": "lost"}] * 3,
+                                         idempotency_key="retry-me")
+        assert err.value.code == -32012 and "UNIQUE constraint" in err.value.data["detail"]
+        assert stores[0].failed == 1
+        assert daemon.sql("SELECT COUNT(*), MAX(position) FROM events") == before  # no part
+        state = await client.get_session("io")  # reads go on, and show what was committed
+        assert (state.version, state.message_count) == (2, 1)
+        stores[0].heal()
+        r = await client.append_messages("io", [{"role": "user", "content": "kept"}] * 3,
+                                         idempotency_key="retry-me")
+        assert (r.first_sequence, r.version) == (1, 5)
+        positions = [p for (p,) in daemon.sql("SELECT position FROM events ORDER BY position")]
+        assert positions == list(range(1, len(positions) + 1))  # no gap where it failed
 
-    def write_then_fail(db: sqlite3.Connection, batch: Any) -> None:
-        real_write(db, batch)  # the rows are in the transaction...
-        if failing["on"]:
-            raise sqlite3.OperationalError("disk I/O error")  # ...and then the disk fails
 
-    monkeypatch.setattr(SqliteStore, "_write", staticmethod(write_then_fail))
-    with pytest.raises(StorageError) as err:
-        await client.append_messages("io", [{"role": "user", "content": "lost"}] * 3,
-                                     idempotency_key="retry-me")
-    assert err.value.code == -32012 and "disk I/O error" in err.value.data["detail"]
-    assert daemon.sql("SELECT COUNT(*), MAX(position) FROM events") == before  # nothing partial
-    state = await client.get_session("io")  # reads go on, and show what was committed
-    assert (state.version, state.message_count) == (2, 1)
-    failing["on"] = False
-    r = await client.append_messages("io", [{"role": "user", "content": "kept"}] * 3,
-                                     idempotency_key="retry-me")
-    assert (r.first_sequence, r.version) == (1, 5)
-    positions = [p for (p,) in daemon.sql("SELECT position FROM events ORDER BY position")]
-    assert positions == list(range(1, len(positions) + 1))  # no gap where the failure was
+async def test_disk_io_error_before_a_batch(short_dir: str) -> None:
+    """A driver error raised by the store (a disk I/O error) is -32012 with its detail; the
+    writer goes on with the next command."""
+    stores: list[FaultyStore] = []
+    async with running_daemon(daemon_config(short_dir), faulty(stores)) as daemon, \
+            AsyncClient(daemon.socket) as client:
+        await client.create_session("io")
+        stores[0].fail_commits(nth(1, sqlite_storage_error("disk I/O error")))
+        with pytest.raises(StorageError) as err:
+            await client.append_message("io", "user", "lost")
+        assert err.value.code == -32012 and "disk I/O error" in err.value.data["detail"]
+        r = await client.append_message("io", "user", "kept")
+        assert (r.version, r.sequence) == (2, 0)
+        assert daemon.sql("SELECT MAX(position) FROM events") == [(2,)]
+
+
+def sqlite_storage_error(message: str) -> StorageError:
+    """The -32012 the SQLite store makes of a driver error with this message."""
+    from sessiond_daemon.sqlite.base import storage_error
+    return storage_error(sqlite3.OperationalError(message))
 
 
 async def test_disk_full_then_space_again(short_dir: str) -> None:
@@ -172,23 +191,52 @@ async def test_database_on_a_read_only_filesystem() -> None:
         assert db in result.stderr.decode() and "readonly" in result.stderr.decode()
 
 
-async def test_database_turns_read_only(daemon: Daemon, client: AsyncClient,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_database_turns_read_only(short_dir: str) -> None:
     """SQLite refusing to write (as for an unwritable file): -32012, reads go on, recovery."""
-    await client.create_session("ro")
-    real_commit = SqliteStore._commit
-    readonly = {"on": True}
+    stores: list[FaultyStore] = []
+    async with running_daemon(daemon_config(short_dir), faulty(stores)) as daemon, \
+            AsyncClient(daemon.socket) as client:
+        await client.create_session("ro")
+        sqlite = stores[0].inner
+        assert isinstance(sqlite, SqliteStore)
+        await query_only(sqlite, True)
+        with pytest.raises(StorageError) as err:
+            await client.append_message("ro", "user", "refused")
+        assert "readonly" in err.value.data["detail"]
+        assert daemon.sql("SELECT COUNT(*) FROM events WHERE session_id = 'ro'") == [(1,)]
+        assert (await client.get_session("ro")).version == 1
+        await query_only(sqlite, False)
+        await client.append_message("ro", "user", "accepted")
+        assert (await client.get_session("ro")).message_count == 1
 
-    def commit_read_only(self: SqliteStore, batch: Any) -> None:
-        self._w.execute(f"PRAGMA query_only = {'ON' if readonly['on'] else 'OFF'}")
-        real_commit(self, batch)
 
-    monkeypatch.setattr(SqliteStore, "_commit", commit_read_only)
-    with pytest.raises(StorageError) as err:
-        await client.append_message("ro", "user", "refused")
-    assert "readonly" in err.value.data["detail"]
-    assert daemon.sql("SELECT COUNT(*) FROM events WHERE session_id = 'ro'") == [(1,)]
-    assert (await client.get_session("ro")).version == 1
-    readonly["on"] = False
-    await client.append_message("ro", "user", "accepted")
-    assert (await client.get_session("ro")).message_count == 1
+async def query_only(store: SqliteStore, on: bool) -> None:
+    """Set PRAGMA query_only on the store's write connection, outside any transaction
+    (with it on, SQLite refuses even BEGIN IMMEDIATE, so `on_writer` cannot turn it off)."""
+    await store._on_writer(
+        lambda: store._w.execute(f"PRAGMA query_only = {'ON' if on else 'OFF'}"))
+
+
+
+
+async def test_a_failing_read_fails_only_its_request(short_dir: str) -> None:
+    """A store read that fails (the writer's idempotency look-up, a reader's events.read):
+    that request gets -32012, nothing is written, and the next requests are served."""
+    stores: list[FaultyStore] = []
+    async with running_daemon(daemon_config(short_dir), faulty(stores)) as daemon, \
+            AsyncClient(daemon.socket) as client:
+        await client.create_session("r")
+        lost = StorageError("storage error: disk I/O error; nothing was written",
+                            {"detail": "disk I/O error"})
+        stores[0].fail_reads("idempotent_results", lost)
+        with pytest.raises(StorageError) as err:
+            await client.append_message("r", "user", "lost", idempotency_key="k")
+        assert err.value.code == -32012
+        assert daemon.sql("SELECT COUNT(*) FROM events") == [(1,)]
+        stores[0].fail_reads("read_events", lost)
+        with pytest.raises(StorageError):
+            await client.call("events.read", Any, session_id="r")
+        r = await client.append_message("r", "user", "kept", idempotency_key="k")
+        assert (r.version, r.sequence) == (2, 0)
+        page = await client.call("events.read", Any, session_id="r")
+        assert [e["version"] for e in page["events"]] == [1, 2]

@@ -32,7 +32,8 @@ class TestVerify:
         """Clean store: ok. An edited view row, and an event edited in place, are found."""
         for sid in ("v1", "v2"):
             await client.create_session(sid)
-            await client.append_messages(sid, [{"role": "user", "content": f"m{i}"} for i in range(6)])
+            await client.append_messages(sid, [{"role": "user", "content": f"m{i}"}
+                                               for i in range(6)])
         clean = await client.verify()
         assert clean.ok and clean.checked_sessions == 2 and clean.problems == []
         state = json.loads(daemon.sql("SELECT state FROM sessions WHERE session_id = 'v1'")[0][0])
@@ -50,7 +51,8 @@ class TestVerify:
         assert ("v1", "stored view differs from a fresh fold of its events") in problems
         assert ("v2", "hash chain broken at version 3") in problems
 
-    async def test_cli_exits_non_zero_on_problems(self, daemon: Daemon, client: AsyncClient) -> None:
+    async def test_cli_exits_non_zero_on_problems(self, daemon: Daemon,
+                                                  client: AsyncClient) -> None:
         """`sessionctl verify` prints the problems and exits 1; 0 when clean."""
         await client.create_session("cli-v")
         cmd = [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket, "verify"]
@@ -108,7 +110,8 @@ class TestCleanup:
             if to:
                 await client.transition(sid, to)
         assert (await client.cleanup(older_than_days=1)).deleted == 0  # all too recent
-        dry = await client.cleanup(older_than_days=0, statuses=["completed", "failed"], dry_run=True)
+        dry = await client.cleanup(older_than_days=0, statuses=["completed", "failed"],
+                                   dry_run=True)
         assert sorted(dry.session_ids) == ["broke", "done"]
         assert len((await client.list_sessions()).sessions) == 4  # a dry run deletes nothing
         done = await client.cleanup(older_than_days=0, statuses=["completed", "failed"])

@@ -22,7 +22,7 @@ from conftest import as_user, daemon_config, eventually, running_daemon, wait_fo
 from sessiond import AsyncClient
 from sessiond.importers._builder import DocumentBuilder
 from sessiond_daemon.processes import boot_id, start_time
-from sessiond_daemon.store import SqliteStore
+from sessiond_daemon.sqlite import SqliteStore
 from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.errors import InvalidParamsError, SessiondError, SessionImportError
 from sessiond_schemas.events import EventMeta

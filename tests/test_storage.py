@@ -9,7 +9,7 @@ from conftest import Daemon
 
 from sessiond import AsyncClient
 from sessiond_daemon.migrations import MIGRATIONS
-from sessiond_daemon.store import messages_page_sql
+from sessiond_daemon.sqlite.conversation import messages_page_sql
 
 pytestmark = pytest.mark.anyio
 
@@ -37,7 +37,8 @@ async def test_message_page_reads_only_the_page(daemon: Daemon, client: AsyncCli
     """message.list's query searches the primary key and its cost does not grow with history."""
     await client.create_session("short")
     await client.create_session("long")
-    await client.append_messages("short", [{"role": "user", "content": f"s{i}"} for i in range(100)])
+    await client.append_messages("short", [{"role": "user", "content": f"s{i}"}
+                                           for i in range(100)])
     for chunk in range(5):
         await client.append_messages("long", [{"role": "user", "content": f"l{chunk}-{i}"}
                                               for i in range(2000)])
@@ -57,7 +58,8 @@ async def test_message_page_reads_only_the_page(daemon: Daemon, client: AsyncCli
 async def test_database_is_wal_and_migrated(daemon: Daemon) -> None:
     """The file is in WAL mode and carries its schema version."""
     assert daemon.sql("PRAGMA journal_mode") == [("wal",)]
-    assert daemon.sql("SELECT value FROM meta WHERE key = 'schema_version'") == [(str(len(MIGRATIONS)),)]
+    assert daemon.sql("SELECT value FROM meta WHERE key = 'schema_version'") == [
+        (str(len(MIGRATIONS)),)]
 
 
 async def test_database_and_socket_modes(daemon: Daemon) -> None:
@@ -83,7 +85,8 @@ async def test_snapshots_at_every_boundary(daemon: Daemon, client: AsyncClient) 
 
 async def test_session_list_stays_flat_with_filters(daemon: Daemon, client: AsyncClient) -> None:
     """A page of an old, small namespace costs no more than one of a big, new one."""
-    from sessiond_daemon.store import SessionFilters, list_sessions_sql
+    from sessiond_daemon.eventstore import SessionFilters
+    from sessiond_daemon.sqlite.sessions import list_sessions_sql
 
     for _ in range(50):
         await client.create_session(namespace="old")

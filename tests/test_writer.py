@@ -10,10 +10,13 @@ from typing import Any
 import anyio
 import pytest
 from conftest import daemon_config, running_daemon
+from faulty_store import FaultyStore, faulty, for_session, touches
+from store_contract import Log, message
 from structlog.testing import capture_logs
 
 from sessiond import AsyncClient
-from sessiond_daemon.store import SqliteStore
+from sessiond_daemon.eventstore import Moved
+from sessiond_daemon.sqlite import SqliteStore
 from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.errors import InternalError, SessiondError
 from sessiond_schemas.events import EventMeta
@@ -71,15 +74,51 @@ def recorder(writer: Writer, outcomes: dict[str, Any]) -> Callable[[Command], Aw
     return submit
 
 
-def poisoned_write(bad_session: str, exc: BaseException) -> Any:
-    """SqliteStore._write that fails (after writing its rows) for batches holding one session."""
-    real = SqliteStore._write
+def poisoning(store: FaultyStore, session_id: str, exc: BaseException | None) -> None:
+    """Make every commit holding `session_id` fail: raising `exc` (a bug below the writer),
+    or, with None, by the store's own error midway through its transaction."""
+    if exc is None:
+        store.break_commits_midway(touches(session_id))
+    else:
+        store.fail_commits(for_session(session_id, exc))
 
-    def write(db: sqlite3.Connection, batch: Any) -> None:
-        real(db, batch)
-        if any(e.session_id == bad_session for e in batch.events):
-            raise exc
-    return staticmethod(write)
+
+async def test_the_writer_decides_again_when_the_store_moved(short_dir: str) -> None:
+    """Another writer (a host sharing the store) appended to a session the writer holds in
+    its cache: the commit reports it (`Moved`), and the writer reloads the session and
+    decides the batch again, numbered after the store's last position."""
+    store = FaultyStore(SqliteStore(os.path.join(short_dir, "w.db")))
+    await store.open()
+    writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            await writer.submit(Command(session_id="a", plan=creating(lambda s, ev: 1),
+                                        meta=EventMeta()))
+            entry = await store.load_entry("a")
+            assert entry is not None and writer.cached("a") is not None
+            theirs = Log(head=1, entries={"a": entry})  # the other host's append
+            await store.inner.commit(theirs.batch(("a", [message(0, "theirs")])))
+            reported: list[Moved] = []
+
+            def once(batch: Any) -> Moved | None:
+                if reported:
+                    return None
+                reported.append(Moved(stale=frozenset({"a"}), head=2))
+                return reported[0]
+            store.report_moved(once)
+
+            def appending(state: Any) -> Plan:
+                return Plan([("message.appended", {
+                    "message_id": "m", "sequence": state.message_count, "role": "user",
+                    "content": "ours"})], lambda s, ev: [s.version, ev[0].position])
+            result = await writer.submit(Command(session_id="a", plan=appending,
+                                                 meta=EventMeta()))
+            writer.close()
+    finally:
+        await store.close()
+    assert reported and store.commits == 2
+    assert result == b"[3,3]"  # version 3 after theirs, at position 3
 
 
 class TestOneCommandFailsAlone:
@@ -87,15 +126,15 @@ class TestOneCommandFailsAlone:
 
     @pytest.mark.parametrize("exc, code", [
         (OverflowError("Python int too large to convert to SQLite INTEGER"), -32603),
-        (sqlite3.IntegrityError("UNIQUE constraint failed: events.position"), -32012),
+        (None, -32012),  # the store's own error (a UNIQUE constraint), midway
     ])
-    async def test_batch_retried_one_by_one(self, short_dir: str, monkeypatch: pytest.MonkeyPatch,
-                                            exc: BaseException, code: int) -> None:
+    async def test_batch_retried_one_by_one(self, short_dir: str,
+                                            exc: BaseException | None, code: int) -> None:
         db = os.path.join(short_dir, "w.db")
-        store = SqliteStore(db)
+        store = FaultyStore(SqliteStore(db))
         await store.open()
         writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
-        monkeypatch.setattr(SqliteStore, "_write", poisoned_write("bad", exc))
+        poisoning(store, "bad", exc)
         outcomes: dict[str, Any] = {}
         submit = recorder(writer, outcomes)
         try:
@@ -128,15 +167,17 @@ class TestOneCommandFailsAlone:
             con.close()
 
 
-async def test_a_failing_commit_over_the_socket(daemon: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_failing_commit_over_the_socket(short_dir: str) -> None:
     """Through the real client: the poisoned session's writes are -32603 with an incident id,
     everyone else's (in the same batches) commit, the daemon serves on, and the session's
     view stays what was committed."""
-    async with AsyncClient(daemon.socket) as client:
+    stores: list[FaultyStore] = []
+    async with running_daemon(daemon_config(short_dir), faulty(stores)) as daemon, \
+            AsyncClient(daemon.socket) as client:
         for sid in ("ok1", "poison", "ok2"):
             await client.create_session(sid)
-        monkeypatch.setattr(SqliteStore, "_write",
-                            poisoned_write("poison", OverflowError("int too large")))
+        store = stores[0]
+        poisoning(store, "poison", OverflowError("int too large"))
         results: dict[str, Any] = {}
 
         async def append(sid: str, i: int) -> None:
@@ -159,7 +200,7 @@ async def test_a_failing_commit_over_the_socket(daemon: Any, monkeypatch: pytest
             assert not isinstance(results[f"ok2{i}"], SessiondError)
         assert (await client.ping()).pong
         assert (await client.get_session("poison")).version == 1
-        monkeypatch.undo()
+        store.heal()
         r = await client.append_message("poison", "user", "later")
         assert (r.version, r.sequence) == (2, 0)
         positions = [p for (p,) in daemon.sql("SELECT position FROM events ORDER BY position")]
@@ -187,8 +228,8 @@ class TestStoredDataNeverStopsTheStart:
                     f"INSERT INTO events VALUES ({last + 1}, 'bad', 4, 'evil-1', 'tokens.recorded',"
                     f" {row[0]}, '{{\"input_tokens\": 9223372036854775808}}', {row[1]}, {row[2]})")
                 con.execute(  # a session with no view whose first event is not even JSON
-                    f"INSERT INTO events VALUES ({last + 2}, 'ghost', 1, 'evil-2', 'session.created',"
-                    f" {row[0]}, 'not json', {row[1]}, {row[2]})")
+                    f"INSERT INTO events VALUES ({last + 2}, 'ghost', 1, 'evil-2',"
+                    f" 'session.created', {row[0]}, 'not json', {row[1]}, {row[2]})")
                 # the issue's poison: a view whose cost was stored as null
                 con.execute("UPDATE sessions SET state = CAST(json_set(state,"
                             " '$.token_usage.estimated_cost', json('null')) AS BLOB)"

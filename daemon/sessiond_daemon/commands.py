@@ -30,8 +30,8 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import SessionState
 
 from . import projection
+from .eventstore import Store
 from .histories import unreadable_error
-from .store import SqliteStore
 from .writer import Command, Planner, Writer
 
 _json = msgspec.json.Encoder()
@@ -106,7 +106,7 @@ class WriteOptions(Protocol):
 class Commands:
     """Plans to the writer, and the checks every write makes before it gets there."""
 
-    def __init__(self, store: SqliteStore, writer: Writer, limits: Limits) -> None:
+    def __init__(self, store: Store, writer: Writer, limits: Limits) -> None:
         self.store = store
         self.writer = writer
         self.limits = limits  # replaced on reload

@@ -31,6 +31,7 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import SessionState
 
 from .adapters import ADAPTERS
+from .eventstore import page_budget
 from .processes import REFUSED_ENV_PREFIXES
 from .recovery import Recovery, runner_rows
 from .service import (
@@ -40,7 +41,6 @@ from .service import (
     require,
     sequenced,
 )
-from .store import page_budget
 from .trajectory import TRAJECTORY_TYPES, resume_id, steps, truncate_step
 from .turns import Settings, Turn, Turns, plan_of
 from .writer import Plan

@@ -34,7 +34,7 @@ from sessiond_schemas.state import SessionState
 
 if TYPE_CHECKING:
     from .commands import Commands
-    from .store import SqliteStore
+    from .eventstore import ForkReads
 
 # A session's view at a version (Service.state_at): what a fork starts from.
 StateAt = Callable[[str, int], Awaitable[SessionState]]
@@ -116,26 +116,41 @@ def _find_messages(db: sqlite3.Connection, session_id: str, version: int,
     return found
 
 
+def hash_at_sql(con: sqlite3.Connection, session_id: str, version: int) -> str | None:
+    """The chain hash of a session's history at `version` (an ancestor's, below its fork)."""
+    row = con.execute("SELECT hash FROM events WHERE session_id = ? AND version = ?",
+                      (_holder(con, session_id, version), version)).fetchone()
+    return str(row[0]) if row else None
+
+
+def count_sql(con: sqlite3.Connection, session_id: str) -> int:
+    return int(con.execute("SELECT COUNT(*) FROM forks WHERE source_id = ?",
+                           (session_id,)).fetchone()[0])
+
+
+def page_sql(con: sqlite3.Connection, source_id: str, after: str,
+             limit: int) -> tuple[int, list[Any]]:
+    """(how many forks `source_id` has, (session_id, version, forked_at) of those after
+    `after` by id)."""
+    rows = con.execute("SELECT session_id, version, forked_at FROM forks WHERE source_id = ?"
+                       " AND session_id > ? ORDER BY session_id LIMIT ?",
+                       (source_id, after, limit)).fetchall()
+    return count_sql(con, source_id), rows
+
+
 # --- reads ---------------------------------------------------------------------------------
 
 
-async def hash_at(store: SqliteStore, session_id: str, version: int) -> str | None:
+async def hash_at(store: ForkReads, session_id: str, version: int) -> str | None:
     """The chain hash of a session's history at `version` (an ancestor's, below its fork)."""
-    def read(con: sqlite3.Connection) -> str | None:
-        row = con.execute("SELECT hash FROM events WHERE session_id = ? AND version = ?",
-                          (_holder(con, session_id, version), version)).fetchone()
-        return str(row[0]) if row else None
-    return await store.on_reader(read)
+    return await store.hash_at(session_id, version)
 
 
-async def count(store: SqliteStore, session_id: str) -> int:
-    def read(con: sqlite3.Connection) -> int:
-        return int(con.execute("SELECT COUNT(*) FROM forks WHERE source_id = ?",
-                               (session_id,)).fetchone()[0])
-    return await store.on_reader(read)
+async def count(store: ForkReads, session_id: str) -> int:
+    return await store.fork_count(session_id)
 
 
-async def refuse_if_forked(store: SqliteStore, session_id: str, what: str) -> None:
+async def refuse_if_forked(store: ForkReads, session_id: str, what: str) -> None:
     """A source's history is shared by its forks: it stays while they do (-32003)."""
     n = await count(store, session_id)
     if n:
@@ -145,7 +160,7 @@ async def refuse_if_forked(store: SqliteStore, session_id: str, what: str) -> No
             {"session_id": session_id, "forks": n})
 
 
-async def link_problems(store: SqliteStore, state: SessionState,
+async def link_problems(store: ForkReads, state: SessionState,
                         first: Event | None) -> list[str]:
     """What daemon.verify finds wrong with a fork's link to its source."""
     link = state.forked_from
@@ -192,14 +207,14 @@ def _fork_id(source: str, key: str) -> str:
     return f"fork-{digest[:26].lower()}"
 
 
-async def fork(commands: Commands, store: SqliteStore, state_at: StateAt,
+async def fork(commands: Commands, store: ForkReads, state_at: StateAt,
                p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
     """session.fork: a new session whose history is the source's up to at_version."""
     async with guard(p.session_id):
         return await _fork(commands, store, state_at, p, meta)
 
 
-async def _fork(commands: Commands, store: SqliteStore, state_at: StateAt,
+async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
                 p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
     from .writer import Import  # here: the writer imports the store, which imports us
 
@@ -237,18 +252,12 @@ async def _fork(commands: Commands, store: SqliteStore, state_at: StateAt,
     return await commands.submit(sid, meta, plan, idempotency_key=key)
 
 
-async def forks_of(store: SqliteStore, p: rpc.SessionForksParams,
+async def forks_of(store: ForkReads, p: rpc.SessionForksParams,
                    state: SessionState) -> rpc.ForksResult:
     """session.forks: a session's forks by id, a page at a time, and how many it has."""
-    def read(con: sqlite3.Connection) -> tuple[int, list[Any]]:
-        n = con.execute("SELECT COUNT(*) FROM forks WHERE source_id = ?",
-                        (p.session_id,)).fetchone()[0]
-        rows = con.execute("SELECT session_id, version, forked_at FROM forks WHERE source_id = ?"
-                           " AND session_id > ? ORDER BY session_id LIMIT ?",
-                           (p.session_id, p.cursor or "", p.limit + 1)).fetchall()
-        return int(n), rows
-    n, rows = await store.on_reader(read)
-    page = [rpc.ForkInfo(session_id=r[0], version=r[1], forked_at=r[2]) for r in rows[:p.limit]]
+    n, rows = await store.forks_page(p.session_id, p.cursor or "", p.limit + 1)
+    page = [rpc.ForkInfo(session_id=r.session_id, version=r.version, forked_at=r.forked_at)
+            for r in rows[:p.limit]]
     return rpc.ForksResult(session_id=p.session_id, forked_from=state.forked_from, count=n,
                            forks=page,
                            next_cursor=page[-1].session_id if len(rows) > p.limit else None)
@@ -264,7 +273,7 @@ async def state_in_source(state_at: StateAt, current: SessionState,
     return msgspec.structs.replace(state, session_id=current.session_id, forked_from=link)
 
 
-async def check_import(store: SqliteStore, first: Event) -> None:
+async def check_import(store: ForkReads, first: Event) -> None:
     """An imported fork needs its source here, with the hash its chain starts from."""
     if first.type != "session.forked":
         return

@@ -2,8 +2,8 @@
 
 A thread is a session. `graph.put` appends a graph.checkpoint event that carries the
 checkpoint and only the channel values that changed; `graph.put_writes` appends pending
-writes. The graph_* tables index those events (store.py keeps them in step), so reading
-the latest checkpoint costs a few indexed reads, not a walk over the thread's history.
+writes. The graph_* tables index those events (sqlite/graphs.py keeps them in step), so
+reading the latest checkpoint costs a few indexed reads, not a walk over the thread's history.
 Prunes and run deletions are graph.pruned events: they leave the index, not the history.
 """
 
@@ -20,7 +20,7 @@ from sessiond_schemas.events import EventMeta, SessionCreated
 from sessiond_schemas.state import SessionState
 
 from .commands import Commands, require
-from .store import SqliteStore, page_budget
+from .eventstore import GraphReads, page_budget
 from .writer import Delete, Plan
 
 PAGE = 200  # index rows read at a time by graph.list
@@ -31,7 +31,7 @@ NAMESPACE = "langgraph"
 class Graphs:
     """The graph.* methods over the store (its graph read model) and the commands."""
 
-    def __init__(self, store: SqliteStore, commands: Commands) -> None:
+    def __init__(self, store: GraphReads, commands: Commands) -> None:
         self.store = store
         self.commands = commands
 

@@ -16,7 +16,7 @@ from sessiond_schemas.events import DATA_TYPES, Event
 from sessiond_schemas.state import SessionState
 
 from . import projection
-from .store import Batch, Entry, SqliteStore
+from .eventstore import Batch, Entry, EventStore
 
 log = structlog.get_logger("sessiond.writer")
 
@@ -56,7 +56,7 @@ class Histories:
     """The writer's view of stored histories: which sessions are damaged, and how to fold
     a view again from what is stored."""
 
-    def __init__(self, store: SqliteStore) -> None:
+    def __init__(self, store: EventStore) -> None:
         self.store = store
         self.damaged: dict[str, str] = {}  # session id -> what is wrong with its history
 
@@ -102,9 +102,11 @@ class Histories:
             entry = await self.rebuild(session_id, base)
             if entry is None or entry is base:
                 continue
-            batch = Batch(views={session_id: entry})
+            batch = Batch(views={session_id: entry},
+                          bases={session_id: base.state.version if base else 0})
             try:
-                await self.store.commit(batch)
+                if await self.store.commit(batch) is not None:
+                    continue  # another writer moved it on: its view is its own
             except Exception:
                 log.exception("writer.catch_up_failed", session_id=session_id)
                 continue

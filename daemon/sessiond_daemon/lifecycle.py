@@ -7,6 +7,7 @@ import os
 import resource
 import socket
 import stat
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +24,7 @@ from . import host, logs, methods
 from .access import Grants
 from .commands import Commands, Limits
 from .config import RELOADABLE, Config, differences
+from .eventstore import Store
 from .executors import Executors
 from .executors import Settings as ExecutorSettings
 from .graphs import Graphs
@@ -31,7 +33,7 @@ from .metrics import start_metrics
 from .search_fork import SearchAndFork
 from .server import Server, ServerLimits
 from .service import LiveFigures, Service
-from .store import SqliteStore
+from .sqlite import SqliteStore
 from .systemd import Notifier, Watchdog
 from .writer import Writer
 
@@ -39,6 +41,17 @@ log = structlog.get_logger("sessiond.lifecycle")
 
 STATUS_EVERY_S = 5.0  # how often STATUS= is refreshed without a watchdog
 FD_RESERVE = 64  # descriptors besides connections: database, readers, executors' pipes
+
+
+# Builds the daemon's store from its config (not opened yet). Tests pass their own, e.g. a
+# store that fails on cue; a PostgreSQL store is chosen here by the --db URL.
+StoreFactory = Callable[[Config], Store]
+
+
+def default_store(config: Config) -> Store:
+    """The store `config.db` names: a SQLite file."""
+    assert config.db
+    return SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
 
 
 class AlreadyRunning(Exception):
@@ -77,9 +90,11 @@ class Daemon:
     """
 
     def __init__(self, config: Config, *, notifier: Notifier | None = None,
-                 inherited: socket.socket | None = None) -> None:
+                 inherited: socket.socket | None = None,
+                 store_factory: StoreFactory = default_store) -> None:
         assert config.socket and config.db
         self.config = config
+        self.store_factory = store_factory
         self.notifier = notifier or Notifier(None)
         self.inherited = inherited  # a listening socket from systemd, if activated
         self.server: Server | None = None
@@ -110,7 +125,7 @@ class Daemon:
         config = self.config
         assert config.db
         # 1. The database: open, WAL, migrations.
-        store = SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
+        store = self.store_factory(config)
         await store.open()
         try:
             self.writer = Writer(store, max_queue=config.max_queue, max_batch=config.max_batch,
@@ -130,7 +145,7 @@ class Daemon:
             self.notifier.close()
             log.info("daemon.stopped")
 
-    async def _serve(self, store: SqliteStore, writer: Writer, shutdown: anyio.Event,
+    async def _serve(self, store: Store, writer: Writer, shutdown: anyio.Event,
                      task_status: TaskStatus[str]) -> None:
         config = self.config
         # The features, each given what it reads and writes through.
@@ -256,7 +271,7 @@ async def migrate_only(config: Config) -> list[int]:
     lock = host.DatabaseLock(config.db)
     lock.acquire()
     try:
-        store = SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
+        store = default_store(config)
         await store.open()
         await store.close()
     finally:
@@ -267,9 +282,10 @@ async def migrate_only(config: Config) -> list[int]:
 
 
 async def run(config: Config, shutdown: anyio.Event, *,
+              store_factory: StoreFactory = default_store,
               task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
     """Run a daemon on `config` until `shutdown` is set (no systemd, no reloads)."""
-    await Daemon(config).run(shutdown, task_status=task_status)
+    await Daemon(config, store_factory=store_factory).run(shutdown, task_status=task_status)
 
 
 def _server_limits(config: Config) -> ServerLimits:

@@ -25,8 +25,8 @@ from sessiond_schemas.state import SessionState
 
 from . import forks, projection, search
 from .commands import Commands
+from .eventstore import Store
 from .histories import unreadable_error
-from .store import SqliteStore
 from .verify import SessionCheck
 from .writer import Delete, Import, Writer
 
@@ -41,14 +41,16 @@ class _NoLongerStale(SessiondError):
 class Maintenance:
     """The contract's data-lifecycle methods, beside the Service they write through."""
 
-    def __init__(self, store: SqliteStore, writer: Writer, commands: Commands) -> None:
+    def __init__(self, store: Store, writer: Writer, commands: Commands) -> None:
         self.store = store
         self.writer = writer
         self.commands = commands
 
     async def daemon_verify(self, p: rpc.NoParams, meta: EventMeta) -> rpc.VerifyResult:
+        caps = self.store.capabilities
         problems = [rpc.VerifyProblem(session_id=None, problem=f"integrity_check: {line}")
-                    for line in await self.store.integrity_check() if line != "ok"]
+                    for line in (await caps.integrity.integrity_check() if caps.integrity
+                                 else ["ok"]) if line != "ok"]
         checked, after = 0, ""
         while ids := await self.store.session_ids(after, 500):
             for sid in ids:
@@ -62,8 +64,9 @@ class Maintenance:
         problems += [rpc.VerifyProblem(session_id=sid, problem=f"stored history {problem}")
                      for sid, problem in sorted(self.writer.damaged.items())
                      if sid not in reported]
-        problems += [rpc.VerifyProblem(session_id=None, problem=text)
-                     for text in await self.store.on_reader(search.problems)]
+        if caps.sql is not None and caps.engine == "sqlite":
+            problems += [rpc.VerifyProblem(session_id=None, problem=text)
+                         for text in await caps.sql.on_reader(search.problems)]
         return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems)
 
     async def _check_session(self, sid: str) -> list[str]:
@@ -90,8 +93,12 @@ class Maintenance:
             raise InvalidParamsError("the backup path must be absolute (the daemon's working"
                                      " directory is not yours)", {"detail": "relative path",
                                                                    "path": "$.path"})
+        backup = self.store.capabilities.backup
+        if backup is None:
+            raise InvalidParamsError("this store cannot be copied to a file; back it up with"
+                                     " its own tools", {"detail": "no file backup"})
         try:
-            size, position = await self.store.backup(p.path)
+            size, position = await backup.backup(p.path)
         except FileExistsError as exc:
             raise InvalidParamsError(f"{p.path} exists; a backup never overwrites a file",
                                      {"detail": "exists", "path": "$.path"}) from exc

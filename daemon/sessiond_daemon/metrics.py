@@ -29,9 +29,9 @@ from . import host
 from .config import Config, ConfigError
 
 if TYPE_CHECKING:
+    from .eventstore import Store
     from .executors import Executors
     from .server import Server
-    from .store import SqliteStore
     from .subscriptions import Subscriptions
     from .writer import Writer
 
@@ -158,7 +158,7 @@ class Prometheus(Hooks):
         "writer",
     )
 
-    def __init__(self, *, writer: Writer, store: SqliteStore, max_queue: int,
+    def __init__(self, *, writer: Writer, store: Store, max_queue: int,
                  max_labels: int) -> None:
         require_client()
         from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -241,7 +241,7 @@ class Prometheus(Hooks):
             "lag_max": max(lags, default=0),
             "lagging": sum(1 for lag in lags if lag > 0),
             "executors": len(self.executors.running) if self.executors else 0,
-            "db_bytes": self.store.db_bytes(),
+            "db_bytes": size.db_bytes() if (size := self.store.capabilities.size) else 0,
             "position": writer.committed_position,
         }
         try:
@@ -396,7 +396,7 @@ async def _reply(stream: SocketStream, status: int, body: bytes,
     await stream.send(head if head_only else head + body)
 
 
-async def start_metrics(tg: TaskGroup, config: Config, store: SqliteStore, writer: Writer,
+async def start_metrics(tg: TaskGroup, config: Config, store: Store, writer: Writer,
                         server: Server, executors: Executors,
                         bind_unix: Callable[[str], Awaitable[SocketListener]]) -> Prometheus:
     """Hook Prometheus into the writer and server, and serve it in `tg` (--metrics-listen)."""

@@ -17,16 +17,16 @@ from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EventMeta, new_id
 from sessiond_schemas.state import SessionState
 
+from .eventstore import Store
 from .processes import Handle, stat, valid_pid
 from .service import Service, require
-from .store import SqliteStore
 from .turns import plan_of
 from .writer import Plan
 
 log = structlog.get_logger("sessiond.executors")
 
 
-async def runner_rows(store: SqliteStore, sid: str,
+async def runner_rows(store: Store, sid: str,
                       types: tuple[str, ...]) -> list[tuple[str, Any]]:
     """A session's process events (and `types`) that this daemon's runner wrote: those
     after the marker an import puts after the history it brought (maintenance.py).

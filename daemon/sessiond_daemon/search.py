@@ -23,6 +23,8 @@ from sessiond_schemas.errors import InvalidParamsError, StorageError
 from sessiond_schemas.events import Event
 from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession
 
+from .eventstore import Batch, SqlAccess, Store
+
 FUNCTION: Final = "sessiond_search_text"
 INDEXED_TYPES: Final = ("message.appended", "session.created", "session.forked",
                         "metadata.updated", "session.status_changed", "result.recorded",
@@ -106,7 +108,21 @@ async def register_async(db: Any) -> None:
     await db.create_function(FUNCTION, 3, _sql_text, deterministic=True)
 
 
+def sql_of(store: Store) -> SqlAccess:
+    """The SQLite connections of a store, where the index lives."""
+    caps = store.capabilities
+    if caps.sql is None or caps.engine != "sqlite":
+        raise StorageError(f"full-text search is kept in SQLite; this store is {caps.engine}",
+                           {"detail": "no search index"})
+    return caps.sql
+
+
 # --- the writer's side (inside the batch transaction) --------------------------------------
+
+
+def project(db: sqlite3.Connection, batch: Batch) -> None:
+    """The store's projection (sqlite/store.py PROJECTIONS): index the batch's events."""
+    index(db, batch.events)
 
 
 def index(db: sqlite3.Connection, events: list[Event]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 
 import msgspec
@@ -12,9 +13,9 @@ from sessiond_schemas.events import EventMeta
 
 from . import forks, search
 from .commands import Commands
+from .eventstore import Store
 from .forks import StateAt
 from .service import normalise_time
-from .store import SqliteStore
 
 log = structlog.get_logger("sessiond.search")
 REINDEX_RANGE = 50_000  # positions per transaction: about a second of work
@@ -23,10 +24,11 @@ REINDEX_RANGE = 50_000  # positions per transaction: about a second of work
 class SearchAndFork:
     """Finding sessions by their text, and branching them, beside the Service."""
 
-    def __init__(self, store: SqliteStore, commands: Commands, state_at: StateAt) -> None:
+    def __init__(self, store: Store, commands: Commands, state_at: StateAt) -> None:
         self.store = store
         self.commands = commands
         self.state_at = state_at  # a session's view at a version, what a fork starts from
+        self.sql = search.sql_of(store)  # search and reindex are SQLite's FTS5
 
     async def session_search(self, p: rpc.SessionSearchParams, meta: EventMeta) -> rpc.SearchResult:
         since = normalise_time(p.since, "$.since")
@@ -37,7 +39,7 @@ class SearchAndFork:
                                 namespace=p.namespace, actor_name=p.actor_name, since=since,
                                 until=until, limit=p.limit, hits=p.hits, mark=p.mark,
                                 cursor=p.cursor)
-        return await self.store.on_reader(run)
+        return await self.sql.on_reader(run)
 
     async def session_fork(self, p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
         return await forks.fork(self.commands, self.store, self.state_at, p, meta)
@@ -53,14 +55,12 @@ class SearchAndFork:
         writer's batches go on between ranges (a long single transaction would hold every
         write, and systemd's watchdog would restart the daemon). Meanwhile search finds
         only what is refilled; deletes skip rows not yet back (search.forget_session)."""
-        top = await self.store.on_writer(search.clear)
+        top = await self.sql.on_writer(search.clear)
         done = 0
         while done < top:
             upto = min(top, done + REINDEX_RANGE)
-
-            def refill(con: sqlite3.Connection, after: int = done, upto: int = upto) -> None:
-                search.rebuild_range(con, after, upto)
-            await self.store.on_writer(refill)
+            await self.sql.on_writer(functools.partial(search.rebuild_range, after=done,
+                                                       upto=upto))
             done = upto
 
         def relink(con: sqlite3.Connection) -> int:
@@ -71,8 +71,8 @@ class SearchAndFork:
                 " json_extract(data, '$.from.version'), recorded_at, position FROM events"
                 " WHERE type = 'session.forked'")
             return int(con.execute("SELECT COUNT(*) FROM forks").fetchone()[0])
-        linked = await self.store.on_writer(relink)
-        result = rpc.ReindexResult(indexed=await self.store.on_reader(search.count),
+        linked = await self.sql.on_writer(relink)
+        result = rpc.ReindexResult(indexed=await self.sql.on_reader(search.count),
                                    forks=linked)
         log.info("search.reindexed", indexed=result.indexed, forks=result.forks)
         return result

@@ -36,10 +36,10 @@ from sessiond_schemas.events import EventMeta, new_id
 
 from . import host
 from .access import Grants
+from .eventstore import Store, page_budget
 from .methods import ConnectionHandler, Handler, MethodTable
 from .metrics import NO_METRICS, Hooks
 from .service import VERSION, invalid_params
-from .store import SqliteStore, page_budget
 from .subscriptions import Subscriptions
 from .writer import Writer
 
@@ -113,7 +113,7 @@ class Server:
     """Serves the contract's methods to every connection on a listener."""
 
     def __init__(self, methods: MethodTable, limits: ServerLimits, *,
-                 store: SqliteStore, writer: Writer,
+                 store: Store, writer: Writer,
                  allowed_uids: frozenset[int] = frozenset(),
                  allowed_gids: frozenset[int] = frozenset(),
                  grants: Grants | None = None) -> None:

@@ -35,8 +35,8 @@ from sessiond_schemas.state import Message, SessionState
 
 from . import forks, projection
 from .commands import Commands, check_transition, created_view, require, sequenced
+from .eventstore import Page, SessionFilters, Store, page_budget, repage
 from .histories import unreadable_error
-from .store import Page, SessionFilters, SqliteStore, page_budget, repage
 from .writer import Delete, Plan, Planner, Writer
 
 __all__ = [  # the rules executors.py takes from here live in commands.py
@@ -137,7 +137,7 @@ class LiveFigures:
 class Service:
     """The contract's session, message and event methods over one store and its writer."""
 
-    def __init__(self, commands: Commands, store: SqliteStore, writer: Writer) -> None:
+    def __init__(self, commands: Commands, store: Store, writer: Writer) -> None:
         self.commands = commands
         self.store = store
         self.writer = writer
@@ -177,7 +177,7 @@ class Service:
         return rpc.StatsResult(
             sessions=sessions, events=events,
             last_position=self.writer.committed_position,
-            db_bytes=self.store.db_bytes(),
+            db_bytes=size.db_bytes() if (size := self.store.capabilities.size) else 0,
             connections=live.connections, subscriptions=live.subscriptions,
             write_queue_depth=self.writer.queue_depth,
             appends_per_s=self.writer.appends_per_s(),
@@ -484,14 +484,20 @@ class Service:
             cid = p.checkpoint_id or "latest"
             raise CheckpointNotFoundError(
                 f"checkpoint {cid} not found in session {p.session_id}", {"checkpoint_id": cid})
-        return found
+        return rpc.CheckpointGetResult(
+            checkpoint_id=found.checkpoint_id, node_id=found.node_id,
+            resume_from=found.resume_from, created_at=found.created_at, version=found.version,
+            payload=msgspec.Raw(found.payload), memory=found.memory)
 
     async def checkpoint_list(self, p: rpc.CheckpointListParams,
                               meta: EventMeta) -> rpc.CheckpointListResult:
         await self.state(p.session_id)
         page = await self.store.checkpoints(p.session_id, p.after_version,
                                             max_bytes=page_budget.get())
-        return rpc.CheckpointListResult(checkpoints=page, truncated_by_bytes=page.cut,
+        infos = [rpc.CheckpointInfo(checkpoint_id=c.checkpoint_id, node_id=c.node_id,
+                                    created_at=c.created_at, size=c.size, version=c.version)
+                 for c in page]
+        return rpc.CheckpointListResult(checkpoints=infos, truncated_by_bytes=page.cut,
                                         next=page[-1].version if page.cut else None)
 
     # --- raw events -----------------------------------------------------------------

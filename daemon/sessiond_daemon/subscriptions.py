@@ -23,7 +23,7 @@ from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError, OverloadedError, SessionNotFoundError
 from sessiond_schemas.events import Event, new_id
 
-from .store import SqliteStore
+from .eventstore import EventStore
 from .writer import Bell, Writer
 
 log = structlog.get_logger("sessiond.subscriptions")
@@ -47,7 +47,7 @@ class _Subscription:
 class Subscriptions:
     """The subscriptions of one connection, each a task in the connection's task group."""
 
-    def __init__(self, store: SqliteStore, writer: Writer, out: asyncio.StreamWriter,
+    def __init__(self, store: EventStore, writer: Writer, out: asyncio.StreamWriter,
                  tg: TaskGroup, *, max_buffer: int, max_subscriptions: int,
                  on_count: Callable[[int], None]) -> None:
         self.store, self.writer, self.out, self.tg = store, writer, out, tg

@@ -25,6 +25,7 @@ from sessiond_schemas.errors import (
     OverloadedError,
     SessiondError,
     ShuttingDownError,
+    StorageError,
     VersionConflictError,
 )
 from sessiond_schemas.events import (
@@ -38,13 +39,14 @@ from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
+from .eventstore import Batch, Entry, EventStore, Moved
 from .histories import Histories, check_import, damaged_error
 from .metrics import NO_METRICS, CommitWindow, Hooks
-from .store import Batch, Entry, SqliteStore
 
 log = structlog.get_logger("sessiond.writer")
 
 _json = msgspec.json.Encoder()
+MAX_MOVES = 8  # decisions of one batch when the store keeps moving under it (other hosts)
 
 
 @dataclass(slots=True)
@@ -130,7 +132,7 @@ class Bell:
 class Writer:
     """Owns the write connection; the only code that appends events."""
 
-    def __init__(self, store: SqliteStore, *, max_queue: int, max_batch: int,
+    def __init__(self, store: EventStore, *, max_queue: int, max_batch: int,
                  cache_size: int, snapshot_every: int = 1000) -> None:
         self.store = store
         self.max_batch = max_batch
@@ -255,7 +257,24 @@ class Writer:
 
     async def _attempt(self, commands: list[Command]) -> None:
         """Decide `commands` and commit them in one transaction; on a failed commit nothing
-        of the batch stays (positions, cache) and _BatchFailed says why."""
+        of the batch stays (positions, cache) and _BatchFailed says why. When the store
+        moved under us (another host wrote: `Moved`), forget what it names and decide the
+        batch again, a few times at most."""
+        for _ in range(MAX_MOVES):
+            moved = await self._attempt_once(commands)
+            if moved is None:
+                return
+            log.info("writer.store_moved", stale=len(moved.stale), head=moved.head)
+            for sid in moved.stale:
+                self._cache.pop(sid, None)
+            self.next_position = moved.head + 1
+            for cmd in commands:
+                cmd.result = cmd.error = None
+        raise _BatchFailed(StorageError(
+            "storage error: other writers kept changing these sessions; nothing was written,"
+            " retry", {"detail": "store moved", "retry_after_ms": 50}))
+
+    async def _attempt_once(self, commands: list[Command]) -> Moved | None:
         batch = Batch()
         overlay: dict[str, Entry | object] = {}
         # First results of idempotency keys: those stored before this batch (read in one
@@ -281,9 +300,9 @@ class Writer:
                 cmd.result = None
                 self.next_position = numbered  # a refused command leaves no gap
         if not (batch.events or batch.deletes):
-            return
+            return None
         try:
-            await self.store.commit(batch)
+            moved = await self.store.commit(batch)
         except Exception as exc:
             self.next_position = first_position
             if isinstance(exc, SessiondError):
@@ -291,6 +310,8 @@ class Writer:
                 raise _BatchFailed(exc) from exc
             raise _BatchFailed(self._incident("store.batch_crashed",
                                               commands=len(commands))) from exc
+        if moved is not None:
+            return moved
         self._adopt(overlay)
         self.transactions += 1
         self.window.add(len(commands), self.store.last_commit_s)
@@ -300,6 +321,7 @@ class Writer:
         self._trim_rate(now_m)
         log.debug("store.batch_committed", commands=len(commands), events=len(batch.events))
         self._ring(batch)
+        return None
 
     @staticmethod
     def _incident(event: str, **context: Any) -> InternalError:
@@ -339,6 +361,7 @@ class Writer:
         else:
             entry = await self._load(sid)
             damage = self.damaged.get(sid)
+            batch.bases.setdefault(sid, entry.state.version if entry else 0)
         key = cmd.idempotency_key
         if key is not None:
             prior = repeats.get((sid, key))

@@ -1,0 +1,366 @@
+"""The store interface: what the writer, the service and the features need from a store.
+
+One module, no driver: the Protocols and the types they speak. `sqlite/` implements
+them on one file; a PostgreSQL store implements the same Protocols, and
+`tests/store_contract.py` holds both to them.
+
+- `EventStore`: the event log and the views (the writer's batch commit, the reads of
+  streams and of the whole log by position, views and snapshots, idempotency).
+- The feature read models (`SessionQueries`, `CheckpointReads`, `GraphReads`, ...):
+  each kept by the store inside the commit, from the committed events.
+- `Capabilities`: what only some stores can do (integrity check, file backup, size cap).
+  Callers ask `store.capabilities` instead of calling a driver's method.
+
+To add a store: implement `Store` in a package of its own (as `sqlite/` does: the log and
+views in store.py, one module per read model, each fed the batch's events inside the
+commit transaction); choose it in `lifecycle.default_store` (the store factory, from the
+--db URL); subclass `tests/store_contract.py`'s `StoreContract` with a fixture that gives
+a fresh store. Positions are gapless and in commit order; see `EventStore.commit` for what
+a store that several daemons share must check.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+
+from sessiond_schemas.errors import InvalidParamsError
+from sessiond_schemas.events import Event
+from sessiond_schemas.state import Message, SessionState, SessionSummary
+
+T = TypeVar("T")
+
+# The byte budget of one page of a paged read (message.list, events.read, ...). The
+# server sets it for each request: max_page_bytes, or a share of it for a batch item.
+page_budget: ContextVar[int] = ContextVar("page_budget", default=4 << 20)
+
+
+class Page(list[T]):
+    """The rows of one page; `cut` is True when the byte budget ended it before its count."""
+
+    cut: bool = False
+
+
+def repage(rows: Page[Any], items: list[T]) -> Page[T]:
+    """`items` made from `rows`, as a page cut where the rows were."""
+    page: Page[T] = Page(items)
+    page.cut = rows.cut
+    return page
+
+
+@dataclass(slots=True)
+class Entry:
+    """A session as the writer holds it: the view, its chain head and last position."""
+
+    state: SessionState
+    last_hash: str
+    last_position: int
+
+
+@dataclass(slots=True)
+class Batch:
+    """Everything one group commit writes, in the order it is applied: deletes first, then
+    events (numbered consecutively, in order), views, idempotency results, snapshots."""
+
+    deletes: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    views: dict[str, Entry] = field(default_factory=dict)
+    payloads: dict[str, bytes] = field(default_factory=dict)  # checkpoint event_id -> payload
+    idempotency: list[tuple[str, str, bytes]] = field(default_factory=list)
+    snapshots: list[SessionState] = field(default_factory=list)
+    # The stored version each touched session was decided from (0: no session). A store
+    # shared by several writers checks them in the commit; see `EventStore.commit`.
+    bases: dict[str, int] = field(default_factory=dict)
+
+    def drop_session(self, session_id: str) -> None:
+        """Forget what this batch would write for a session that a later command deletes."""
+        self.events = [e for e in self.events if e.session_id != session_id]
+        self.views.pop(session_id, None)
+        self.idempotency = [i for i in self.idempotency if i[0] != session_id]
+        self.snapshots = [v for v in self.snapshots if v.session_id != session_id]
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """`commit` wrote nothing: the store moved under the writer (another host wrote).
+
+    `stale`: sessions whose stored version is not the batch's base (or whose idempotency
+    key another writer stored): the writer forgets their cached views and decides again.
+    `head`: the store's last position now; the writer numbers its next attempt after it.
+    """
+
+    stale: frozenset[str]
+    head: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFilters:
+    """What session.list may filter on; None means any."""
+
+    namespace: str | None = None
+    statuses: tuple[str, ...] = ()
+    actor_name: str | None = None
+    source: str | None = None
+    created_after: str | None = None
+    created_before: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRow:
+    """A stored checkpoint as checkpoint.list shows it."""
+
+    checkpoint_id: str
+    node_id: str | None
+    created_at: str
+    size: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    """A stored checkpoint with its payload (JSON bytes) and the memory saved with it."""
+
+    checkpoint_id: str
+    node_id: str | None
+    resume_from: str | None
+    created_at: str
+    version: int
+    payload: bytes
+    memory: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ForkRow:
+    session_id: str
+    version: int
+    forked_at: str
+
+
+# --- the event log and the views -------------------------------------------------------
+
+
+class EventStore(Protocol):
+    """The event log and the views. Positions are global, gapless and in commit order."""
+
+    schema_version: int
+    migrated: list[int]  # the migrations this open applied
+    last_commit_s: float  # seconds the last commit took, as the writer waited for it
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    # The writer's side. Only the writer commits; these reads see what it committed.
+    async def last_position(self) -> int:
+        """The position of the last committed event (0: none)."""
+        ...
+
+    async def load_entry(self, session_id: str) -> Entry | None: ...
+
+    async def idempotent_results(
+        self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+        """The stored first results of these (session_id, idempotency_key) pairs."""
+        ...
+
+    async def commit(self, batch: Batch) -> Moved | None:
+        """Write the whole batch in one transaction, or nothing of it.
+
+        Raises StorageError (-32012) when the store fails; nothing is written then.
+        Returns None when written. A store that several writers share (several hosts)
+        checks in the transaction, after locking the touched sessions, that each one's
+        stored version is `batch.bases[sid]` and that its last position is
+        `batch.events[0].position - 1`; when not, it writes nothing and returns `Moved`,
+        and the writer reloads the stale sessions and decides the batch again. A store
+        with one writer (SQLite: the file lock) never returns `Moved`.
+        """
+        ...
+
+    async def sessions_behind(self) -> list[str]:
+        """Sessions whose events go past their stored view (or that have none)."""
+        ...
+
+    # Reading the log.
+    async def read_events(self, *, session_id: str | None, from_version: int,
+                          after_position: int, limit: int, types: list[str] | None,
+                          max_bytes: int = 0) -> Page[Event]:
+        """One stream from `from_version` in version order, or (session_id None) the whole
+        log past `after_position` in position order; optionally only `types`."""
+        ...
+
+    async def read_after(self, after: int, upto: int, session_id: str | None,
+                         types: frozenset[str] | None, limit: int) -> list[Event]:
+        """Events with after < position <= upto, in position order (for subscribers)."""
+        ...
+
+    async def first_position(self, session_id: str, from_version: int) -> int | None: ...
+
+    async def foreign_event_ids(self, session_id: str, event_ids: list[str]) -> list[str]:
+        """Which of these event ids another session already holds."""
+        ...
+
+    async def events_of_types(self, session_id: str,
+                              types: tuple[str, ...]) -> list[tuple[str, Any]]:
+        """A session's events of the given types, in order, as (type, decoded data)."""
+        ...
+
+    # Views and snapshots.
+    async def state_json(self, session_id: str) -> bytes | None:
+        """A session's stored view, as its JSON bytes."""
+        ...
+
+    async def snapshot(self, session_id: str, at_most: int) -> SessionState | None:
+        """The latest stored view of a session at or before version `at_most`."""
+        ...
+
+    async def snapshots(self, session_id: str) -> dict[int, SessionState]: ...
+
+
+# --- feature read models (kept inside the commit, from the committed events) -----------
+
+
+class SessionQueries(Protocol):
+    """The views as lists: session.list, resolution, totals, retention."""
+
+    async def resolve(self, prefix: str) -> list[str]: ...
+    async def list_sessions(self, filters: SessionFilters, limit: int, cursor: str | None,
+                            max_bytes: int = 0) -> tuple[Page[SessionSummary], str | None]: ...
+    async def session_ids(self, after: str, limit: int) -> list[str]: ...
+    async def stale_sessions(self, statuses: Sequence[str], before: str,
+                             limit: int) -> list[str]: ...
+    async def states(self, namespace: str, prefix: bool, after: str, limit: int,
+                     max_bytes: int = 0) -> Page[bytes]: ...
+    async def counts(self) -> tuple[int, int]:
+        """(sessions, events), counted from the views."""
+        ...
+
+    async def session_totals(self, column: str) -> list[tuple[Any, int, int, int, float]]:
+        """Per status, namespace or actor_name: sessions, input and output tokens, cost."""
+        ...
+
+    async def sessions_with_process(self) -> list[str]: ...
+
+
+class MessageReads(Protocol):
+    async def list_messages(self, session_id: str, *, first: int, limit: int,
+                            descending: bool, max_bytes: int = 0) -> Page[Message]: ...
+
+
+class CheckpointReads(Protocol):
+    async def checkpoint(self, session_id: str,
+                         checkpoint_id: str | None) -> StoredCheckpoint | None: ...
+    async def checkpoints(self, session_id: str, after_version: int = 0,
+                          max_bytes: int = 0) -> Page[CheckpointRow]: ...
+    async def checkpoint_payloads(self, session_id: str) -> dict[str, bytes]: ...
+
+
+class ScopedStateReads(Protocol):
+    async def scoped_state(self, app_name: str,
+                           user_ids: list[str]) -> dict[str, dict[str, Any]]: ...
+
+
+class ProcessOutputReads(Protocol):
+    async def process_output(self, session_id: str, turn: int, stream: str | None,
+                             after_position: int = 0,
+                             max_bytes: int = 0) -> Page[tuple[int, str]]: ...
+
+
+class GraphReads(Protocol):
+    async def graph_checkpoints(self, session_id: str | None, ns: str | None,
+                                checkpoint_id: str | None, before: str | None, limit: int,
+                                offset: int, after: tuple[str, str, str] | None = None
+                                ) -> list[tuple[str, str, str, bytes]]: ...
+    async def graph_checkpoint_ids(self, session_id: str) -> list[tuple[str, str]]: ...
+    async def graph_values(self, session_id: str, ns: str,
+                           wanted: list[tuple[str, str]]) -> dict[tuple[str, str], Any]: ...
+    async def graph_pending(self, session_id: str, ns: str,
+                            checkpoint_ids: list[str]) -> dict[str, list[dict[str, Any]]]: ...
+    async def graph_runs(self, run_ids: list[str]) -> list[tuple[str, str, str]]: ...
+
+
+class ForkReads(Protocol):
+    async def hash_at(self, session_id: str, version: int) -> str | None:
+        """The chain hash of a session's history at `version` (an ancestor's below its
+        fork point)."""
+        ...
+
+    async def fork_count(self, session_id: str) -> int: ...
+    async def forks_page(self, source_id: str, after: str,
+                         limit: int) -> tuple[int, list[ForkRow]]:
+        """(how many forks `source_id` has, those after id `after`, by id)."""
+        ...
+
+
+class Store(EventStore, SessionQueries, MessageReads, CheckpointReads, ScopedStateReads,
+            ProcessOutputReads, GraphReads, ForkReads, Protocol):
+    """Everything the daemon reads and writes: the log, the views and the read models."""
+
+
+# --- capabilities (what only some stores can do) ---------------------------------------
+
+
+class IntegrityCheck(Protocol):
+    async def integrity_check(self) -> list[str]:
+        """The store's own check of its storage: ["ok"] when sound."""
+        ...
+
+
+class FileBackup(Protocol):
+    async def backup(self, target: str) -> tuple[int, int]:
+        """Copy the store online to a new file; (bytes, last position in the copy)."""
+        ...
+
+
+class SizeCap(Protocol):
+    max_bytes: int  # 0: no cap; past it writes fail with -32012
+
+    def db_bytes(self) -> int:
+        """The store's bytes on disk, as the cap counts them."""
+        ...
+
+
+class SqlAccess(Protocol):
+    """Run a function on a driver connection: search and reindex, which are SQL of one
+    engine (`Capabilities.engine`). The connection's type is the driver's."""
+
+    async def on_reader(self, fn: Callable[[Any], T]) -> T:
+        """`fn` on a read connection (several statements, one hop)."""
+        ...
+
+    async def on_writer(self, fn: Callable[[Any], T]) -> T:
+        """`fn` in a transaction of its own on the write connection (maintenance)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a store can do beyond the Protocols; None where it cannot."""
+
+    engine: str  # "sqlite", "postgresql": which SQL `sql` speaks
+    integrity: IntegrityCheck | None = None
+    backup: FileBackup | None = None
+    size: SizeCap | None = None
+    sql: SqlAccess | None = None
+
+
+def encode_list_cursor(created_at: str, session_id: str) -> str:
+    """session.list's cursor: where the last page ended, (created_at, session_id)."""
+    return base64.urlsafe_b64encode(msgspec.json.encode([created_at, session_id])).decode()
+
+
+def decode_list_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        created_at, session_id = msgspec.json.decode(
+            base64.urlsafe_b64decode(cursor.encode()), type=tuple[str, str]
+        )
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise InvalidParamsError(
+            "`cursor` is not a cursor this daemon returned",
+            {"detail": str(exc), "path": "$.cursor"}) from exc
+    return created_at, session_id

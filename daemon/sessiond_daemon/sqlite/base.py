@@ -1,0 +1,96 @@
+"""The SQLite store's read side: the read connections, paged queries, and driver errors.
+
+The read-model mixins (views.py, graphs.py) and the store (store.py) build on this.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import aiosqlite
+import msgspec
+
+from sessiond_schemas.errors import StorageError
+
+from ..eventstore import Page
+
+T = TypeVar("T")
+
+_json = msgspec.json.Encoder()
+
+
+def storage_error(exc: sqlite3.Error) -> StorageError:
+    return StorageError(f"storage error: {exc}; nothing was written", {"detail": str(exc)})
+
+
+def encode(value: Any) -> bytes:
+    return _json.encode(value)
+
+
+def marks(n: int) -> str:
+    """`?, ?, ...`: n placeholders."""
+    return ", ".join("?" * n)
+
+
+def _row_bytes(row: Any) -> int:
+    """About what a row weighs in an answer: its text and blob columns."""
+    return sum(len(v) for v in row if isinstance(v, (str, bytes))) + 16
+
+
+class SqliteReads:
+    """A few read connections, used in turn; one statement each, so no transaction
+    spans awaits."""
+
+    _readers: list[aiosqlite.Connection]
+    _next_reader: Iterator[int]
+
+    def __init__(self, readers: int) -> None:
+        self._reader_count = readers
+        self._readers = []
+        self._next_reader = itertools.cycle(range(readers))
+
+    def _r(self) -> aiosqlite.Connection:
+        return self._readers[next(self._next_reader)]
+
+    async def _one(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
+        async with self._r().execute(sql, args) as cur:
+            return await cur.fetchone()
+
+    async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        async with self._r().execute(sql, args) as cur:
+            return list(await cur.fetchall())
+
+    async def _page(self, sql: str, args: tuple[Any, ...], max_bytes: int) -> Page[Any]:
+        """The rows of a paged query, stopping before the row that would pass `max_bytes`
+        (0: no budget). The first row always comes, however large. Rows are fetched a few
+        at a time, guessed from the sizes seen, so a page never holds much past its budget."""
+        page: Page[Any] = Page()
+        async with self._r().execute(sql, args) as cur:
+            if not max_bytes:
+                page.extend(await cur.fetchall())
+                return page
+            used, chunk = 0, 1
+            while rows := await cur.fetchmany(chunk):
+                for row in rows:
+                    size = _row_bytes(row)
+                    if page and used + size > max_bytes:
+                        page.cut = True
+                        return page
+                    page.append(row)
+                    used += size
+                chunk = max(1, min(1024, (max_bytes - used) // (used // len(page)) + 1))
+        return page
+
+    async def on_reader(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` with a read connection on that connection's thread (several statements,
+        one hop); driver errors become -32012."""
+        db = self._r()
+        try:
+            # aiosqlite's own thread for this connection (private, and untyped, API)
+            result: T = await db._execute(fn, db._conn)  # type: ignore[no-untyped-call]
+        except sqlite3.Error as exc:
+            raise storage_error(exc) from exc
+        return result

@@ -1,0 +1,451 @@
+"""The SQLite store: opening and migrating the file, the writer's batch commit, and the
+reads of the log. It implements `eventstore.Store`; the read models it keeps in the
+commit are in this package, one module per feature (sessions, conversation, graphs,
+agents), with search.py's and forks.py's own SQL.
+
+The write connection is a plain sqlite3 connection living on one worker thread, so a
+whole batch transaction is one thread hop; aiosqlite would make it one hop per statement
+(measured ~150 us each here). Reads use aiosqlite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import aiosqlite
+import anyio
+import structlog
+
+from sessiond_schemas.errors import StorageError
+from sessiond_schemas.events import Event
+
+from .. import forks, host, migrations, search
+from ..eventstore import Batch, Capabilities, Entry, ForkRow, Moved, Page, repage
+from ..migrations import SESSION_TABLES
+from . import agents, conversation, graphs, sessions
+from .agents import AgentReads
+from .base import encode, marks, storage_error
+from .conversation import EVENT_COLUMNS, ConversationReads, event_from_row
+from .graphs import GraphIndex
+from .sessions import SessionViews, state_decoder
+
+log = structlog.get_logger("sessiond.store")
+T = TypeVar("T")
+
+# What the commit keeps besides the events, views and idempotency results, in this order.
+PROJECTIONS: tuple[Callable[[sqlite3.Connection, Batch], None], ...] = (
+    search.project, graphs.project, agents.project, conversation.project)
+
+
+def _open_cause(path: str) -> str | None:
+    """Why SQLite could not open `path`, when the file system says (its own message,
+    "unable to open database file", does not)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "it is a directory; give the path of a database file"
+    readonly = False
+    with contextlib.suppress(OSError):
+        readonly = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    if readonly:
+        return f"the file system holding {directory} is read-only"
+    # WAL needs the file and, beside it, -wal and -shm files: all must be writable.
+    for target, what in ((path, "the file"), (path + "-wal", "its -wal file"),
+                         (path + "-shm", "its -shm file")):
+        if os.path.exists(target) and not os.access(target, os.R_OK | os.W_OK):
+            return (f"permission denied: {what} {target} is not readable and writable by uid"
+                    f" {os.geteuid()}")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return (f"permission denied: uid {os.geteuid()} cannot create files in {directory}"
+                " (SQLite needs its -wal and -shm files there)")
+    return None
+
+
+async def _connect(path: str, synchronous: str, *, query_only: bool) -> aiosqlite.Connection:
+    db = await aiosqlite.connect(path, isolation_level=None, check_same_thread=False)
+    await db.execute("PRAGMA busy_timeout = 5000")
+    await db.execute("PRAGMA foreign_keys = ON")
+    # synchronous is per connection and never stored in the file: set it on each.
+    await db.execute(f"PRAGMA synchronous = {synchronous}")
+    if query_only:
+        await db.execute("PRAGMA query_only = ON")
+    await search.register_async(db)  # the search index's text function
+    return db
+
+
+class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
+    """The write connection (only the writer task uses it) and a few read connections."""
+
+    def __init__(self, path: str, durability: str = "full", readers: int = 2,
+                 max_bytes: int = 0) -> None:
+        super().__init__(readers)
+        self.path = path
+        self.synchronous = "FULL" if durability == "full" else "NORMAL"
+        self.max_bytes = max_bytes  # 0: no cap; else writes past it fail with "disk full"
+        self._pool: ThreadPoolExecutor | None = None
+        self._con: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file we opened
+        self._lost: str | None = None  # why the file at self.path is no longer ours
+        self.schema_version = 0
+        self.migrated: list[int] = []  # the migrations this open applied
+        self.last_commit_s = 0.0  # seconds the last commit took, fsync and thread hop included
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(engine="sqlite", integrity=self, backup=self, size=self, sql=self)
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open the database, switch it to WAL and run pending migrations."""
+        host.make_private_dirs(os.path.dirname(os.path.abspath(self.path)))
+        # SQLite gives -wal and -shm the database file's mode: 0600 covers all three.
+        host.create_private_file(self.path)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sessiond-writer")
+        try:
+            synchronous = await self._on_writer(self._open_writer)
+            self._readers = [
+                await _connect(self.path, self.synchronous, query_only=True)
+                for _ in range(self._reader_count)
+            ]
+        except migrations.SchemaRefused:
+            await self.close()
+            raise
+        except sqlite3.DatabaseError as exc:
+            await self.close()
+            cause = _open_cause(self.path)
+            raise StorageError(
+                f"cannot open database {self.path}: {cause} (SQLite: {exc})" if cause else
+                f"cannot open database {self.path}: {exc}. The file is left untouched: restore"
+                " it from a backup, or move it aside to start with an empty database.",
+                {"detail": str(exc), **({"cause": cause} if cause else {})},
+            ) from exc
+        log.info("store.opened", path=self.path, synchronous=synchronous,
+                 schema_version=self.schema_version)
+
+    async def close(self) -> None:
+        """Checkpoint the WAL and close every connection."""
+        for db in self._readers:
+            await db.close()
+        self._readers = []
+        if self._pool is not None:
+            await self._on_writer(self._close_writer)
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    async def _on_writer(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn` on the write connection's thread."""
+        assert self._pool is not None, "store is not open"
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _open_writer(self) -> int:
+        con = sqlite3.connect(self.path, isolation_level=None)
+        self._con = con
+        con.execute("PRAGMA busy_timeout = 5000")
+        con.execute("PRAGMA foreign_keys = ON")
+        search.register(con)  # before migration 4 builds the index with it
+        migrations.refuse_newer(con, self.path)  # before anything is changed
+        # synchronous is per connection and never stored in the file: set it on each.
+        con.execute(f"PRAGMA synchronous = {self.synchronous}")
+        con.execute("PRAGMA journal_mode = WAL")
+        if self.max_bytes:
+            page = con.execute("PRAGMA page_size").fetchone()[0]
+            con.execute(f"PRAGMA max_page_count = {max(1, self.max_bytes // page)}")
+        self.migrated = migrations.migrate(con, self.path)
+        self.schema_version = migrations.schema_version(con)
+        st = os.stat(self.path)
+        self._identity = (st.st_dev, st.st_ino)
+        self._lost = None
+        return int(con.execute("PRAGMA synchronous").fetchone()[0])
+
+    def _check_identity(self) -> None:
+        """Refuse to go on once the file at our path is not the one we have open.
+
+        Writes into a deleted or replaced file would be acknowledged and then gone
+        at the next start; from the first sign of it every commit is refused.
+        """
+        if self._lost is None:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                self._lost = "was deleted"
+            except OSError as exc:
+                raise StorageError(f"storage error: cannot check the database file {self.path}:"
+                                   f" {exc.strerror}", {"detail": str(exc)}) from exc
+            else:
+                if (st.st_dev, st.st_ino) != self._identity:
+                    self._lost = "was replaced by another file"
+            if self._lost is not None:
+                log.error("store.database_file_lost", path=self.path, why=self._lost)
+        if self._lost is not None:
+            raise StorageError(
+                f"storage error: the database file {self.path} {self._lost} while sessiond"
+                " was running; writes are refused, since they would be lost. Restart sessiond"
+                " (after putting the database back, if that was not meant)",
+                {"detail": f"database file {self._lost}", "path": self.path})
+
+    def _file_bytes(self) -> int:
+        """The database's bytes on disk with its WAL (a missing file counts 0)."""
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.stat(self.path + suffix).st_size
+        return total
+
+    def _keep_under_cap(self, *, before_commit: bool) -> None:
+        """max_db_bytes counts the WAL: past it, checkpoint the WAL into the file and
+        truncate it; before a commit, refuse when even that leaves no room."""
+        if not self.max_bytes or self._file_bytes() <= self.max_bytes:
+            return
+        self._w.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = self._file_bytes()
+        if before_commit and size > self.max_bytes:
+            raise sqlite3.OperationalError(
+                f"database or disk is full: {size} bytes with the WAL,"
+                f" max_db_bytes is {self.max_bytes}")
+
+    def _close_writer(self) -> None:
+        if self._con is None:
+            return
+        try:
+            self._con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            log.warning("store.checkpoint_failed", error=str(exc))
+        self._con.close()
+        self._con = None
+
+    @property
+    def _w(self) -> sqlite3.Connection:
+        assert self._con is not None, "store is not open"
+        return self._con
+
+    async def last_position(self) -> int:
+        return await self._on_writer(lambda: int(self._w.execute(
+            "SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0]))
+
+    async def load_entry(self, session_id: str) -> Entry | None:
+        row = await self._on_writer(lambda: self._w.execute(
+            "SELECT state, last_hash, last_position FROM sessions WHERE session_id = ?",
+            (session_id,)).fetchone())
+        if row is None:
+            return None
+        return Entry(state_decoder.decode(row[0]), row[1], row[2])
+
+    async def sessions_behind(self) -> list[str]:
+        """Sessions whose events go past their stored view (or that have no view): rows
+        written behind the daemon's back. One walk of the (session_id, version) index."""
+        return await self._on_writer(lambda: [r[0] for r in self._w.execute(
+            "SELECT e.session_id FROM (SELECT session_id, MAX(version) AS v FROM events"
+            " GROUP BY session_id) e LEFT JOIN sessions s ON s.session_id = e.session_id"
+            " WHERE s.version IS NULL OR s.version < e.v")])
+
+    async def idempotent_results(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+        """The stored first results of these (session_id, idempotency_key) pairs, in one hop."""
+        def read() -> dict[tuple[str, str], bytes]:
+            found = {}
+            for start in range(0, len(keys), 400):
+                chunk = keys[start:start + 400]
+                pairs = ", ".join("(?, ?)" for _ in chunk)
+                for sid, key, result in self._w.execute(
+                        "SELECT session_id, key, result FROM idempotency WHERE (session_id, key)"
+                        f" IN (VALUES {pairs})", [x for pair in chunk for x in pair]):
+                    found[(sid, key)] = bytes(result)
+            return found
+        return await self._on_writer(read)
+
+    async def commit(self, batch: Batch) -> Moved | None:
+        """Write a whole batch in one transaction (one fsync), or nothing of it. Never
+        `Moved`: the file lock (host.DatabaseLock) makes the writer the only one."""
+        started = time.perf_counter()
+        try:
+            await self._on_writer(self._commit, batch)
+        except sqlite3.IntegrityError as exc:
+            # The writer decides versions and ids alone, so this is a bug, not a race.
+            log.error("store.integrity_error", error=str(exc))
+            raise storage_error(exc) from exc
+        except sqlite3.Error as exc:
+            raise storage_error(exc) from exc
+        self.last_commit_s = time.perf_counter() - started  # what the writer waited for
+        return None
+
+    def _commit(self, batch: Batch) -> None:
+        con = self._w
+        self._check_identity()
+        self._keep_under_cap(before_commit=True)
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            self._write(con, batch)
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+        # Before anyone is answered: was that the file at our path?
+        self._check_identity()
+        try:
+            self._keep_under_cap(before_commit=False)
+        except sqlite3.Error as exc:  # committed already: the next commit tries again
+            log.warning("store.checkpoint_failed", error=str(exc))
+
+    @staticmethod
+    def _write(db: sqlite3.Connection, batch: Batch) -> None:
+        for sid in batch.deletes:
+            search.forget_session(db, sid)
+            for table in SESSION_TABLES:
+                db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
+        if batch.events:
+            db.executemany(
+                "INSERT INTO events (position, session_id, version, event_id, type,"
+                " schema_version, recorded_at, data, meta, hash)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (e.position, e.session_id, e.version, e.event_id, e.type, e.schema_version,
+                     e.recorded_at, encode(e.data), encode(e.meta), e.hash)
+                    for e in batch.events
+                ],
+            )
+            for project in PROJECTIONS:
+                project(db, batch)
+        sessions.write_views(db, batch)
+        if batch.idempotency:
+            db.executemany(
+                "INSERT INTO idempotency (session_id, key, result) VALUES (?, ?, ?)",
+                batch.idempotency,
+            )
+
+    # --- reads of the log ---------------------------------------------------------------
+
+    async def read_events(
+        self,
+        *,
+        session_id: str | None,
+        from_version: int,
+        after_position: int,
+        limit: int,
+        types: list[str] | None,
+        max_bytes: int = 0,
+    ) -> Page[Event]:
+        where: list[str] = []
+        args: list[Any] = []
+        if session_id is not None:
+            where.append("session_id = ? AND version >= ?")
+            args.extend((session_id, from_version))
+        if after_position:
+            where.append("position > ?")
+            args.append(after_position)
+        if types:
+            where.append(f"type IN ({marks(len(types))})")
+            args.extend(types)
+        order = "version" if session_id is not None else "position"
+        rows = await self._page(
+            f"SELECT {EVENT_COLUMNS} FROM events"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + f" ORDER BY {order} LIMIT ?",
+            (*args, limit), max_bytes)
+        return repage(rows, [event_from_row(r) for r in rows])
+
+    async def read_after(self, after: int, upto: int, session_id: str | None,
+                         types: frozenset[str] | None, limit: int) -> list[Event]:
+        """Events with after < position <= upto, in position order (what subscribers read)."""
+        where = ["position > ? AND position <= ?"]
+        args: list[Any] = [after, upto]
+        if session_id is not None:
+            where.append("session_id = ?")
+            args.append(session_id)
+        if types:
+            where.append(f"type IN ({marks(len(types))})")
+            args.extend(sorted(types))
+        rows = await self._all(
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)}"
+            " ORDER BY position LIMIT ?", (*args, limit))
+        return [event_from_row(r) for r in rows]
+
+    async def first_position(self, session_id: str, from_version: int) -> int | None:
+        """Position of a session's first event at or after `from_version`."""
+        row = await self._one(
+            "SELECT position FROM events WHERE session_id = ? AND version >= ?"
+            " ORDER BY version LIMIT 1", (session_id, from_version))
+        return int(row[0]) if row else None
+
+    async def foreign_event_ids(self, session_id: str, event_ids: list[str]) -> list[str]:
+        """Which of these event ids another session already holds."""
+        found: list[str] = []
+        for i in range(0, len(event_ids), 500):
+            chunk = event_ids[i:i + 500]
+            rows = await self._all(
+                f"SELECT event_id FROM events WHERE event_id IN ({marks(len(chunk))})"
+                " AND session_id != ?", (*chunk, session_id))
+            found += [r[0] for r in rows]
+        return found
+
+    # --- forks (forks.py's SQL) ----------------------------------------------------------
+
+    async def hash_at(self, session_id: str, version: int) -> str | None:
+        return await self.on_reader(lambda con: forks.hash_at_sql(con, session_id, version))
+
+    async def fork_count(self, session_id: str) -> int:
+        return await self.on_reader(lambda con: forks.count_sql(con, session_id))
+
+    async def forks_page(self, source_id: str, after: str,
+                         limit: int) -> tuple[int, list[ForkRow]]:
+        n, rows = await self.on_reader(lambda con: forks.page_sql(con, source_id, after, limit))
+        return n, [ForkRow(session_id=r[0], version=r[1], forked_at=r[2]) for r in rows]
+
+    # --- capabilities: integrity, backup, size, SQL access --------------------------------
+
+    async def integrity_check(self) -> list[str]:
+        """SQLite's own check of the file: ["ok"] when sound."""
+        return [r[0] for r in await self._all("PRAGMA integrity_check")]
+
+    def db_bytes(self) -> int:
+        """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""
+        return self._file_bytes()
+
+    async def backup(self, target: str) -> tuple[int, int]:
+        """Copy the database online (SQLite's backup API: one consistent snapshot while
+        writers go on) to a new file; return (bytes, last position in the copy)."""
+        def copy() -> tuple[int, int]:
+            source = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never overwrite
+            os.close(fd)
+            dest = sqlite3.connect(target)
+            try:
+                source.backup(dest)
+                dest.execute("PRAGMA journal_mode = WAL")
+                position = dest.execute(
+                    "SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0]
+            finally:
+                dest.close()
+                source.close()
+            return os.path.getsize(target), int(position)
+
+        try:
+            return await anyio.to_thread.run_sync(copy)
+        except sqlite3.Error as exc:
+            raise storage_error(exc) from exc
+
+    async def on_writer(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` in a transaction of its own on the write connection (maintenance)."""
+        def run() -> T:
+            con = self._w
+            self._check_identity()
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(con)
+                con.execute("COMMIT")
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
+            return result
+        try:
+            return await self._on_writer(run)
+        except sqlite3.Error as exc:
+            raise storage_error(exc) from exc
+

@@ -1,0 +1,116 @@
+"""A store that fails on cue: it wraps a real store and implements the same Protocol.
+
+Faults are injected through the store interface, never by patching a store's private
+methods, so they work on any store (SQLite, PostgreSQL):
+  - `fail_commits(rule)`: before a commit, `rule(batch, n)` (n: 1 for the first commit
+    since) returns an exception to raise instead of committing, or None to go on;
+  - `break_commits_midway(rule)`: for the batches `rule` picks, the real store gets the
+    batch with one event repeated at its end, so it fails inside its own transaction
+    after writing the batch's rows, and must roll all of them back (a real driver error);
+  - `report_moved(rule)`: for the batches `rule` answers with a `Moved`, the commit writes
+    nothing and returns it, as a shared store does when another host wrote first;
+  - `fail_reads(name, exc, times)`: the read method `name` raises `exc` the next times.
+`heal()` ends every fault. Everything else goes to the real store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from sessiond_daemon import lifecycle
+from sessiond_daemon.config import Config
+from sessiond_daemon.eventstore import Batch, Capabilities, Moved, Store
+
+CommitRule = Callable[[Batch, int], BaseException | None]
+
+
+class FaultyStore:
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self._commit_rule: CommitRule | None = None
+        self._midway: Callable[[Batch], bool] | None = None
+        self._moved: Callable[[Batch], Moved | None] | None = None
+        self._reads: dict[str, tuple[BaseException, int]] = {}
+        self.commits = 0  # commits asked for since the last rule was set
+        self.failed = 0  # commits refused by a rule, or broken midway
+
+    # --- the faults ------------------------------------------------------------------
+
+    def fail_commits(self, rule: CommitRule) -> None:
+        self._commit_rule, self.commits = rule, 0
+
+    def break_commits_midway(self, rule: Callable[[Batch], bool]) -> None:
+        self._midway, self.commits = rule, 0
+
+    def report_moved(self, rule: Callable[[Batch], Moved | None]) -> None:
+        self._moved, self.commits = rule, 0
+
+    def fail_reads(self, name: str, exc: BaseException, times: int = 1) -> None:
+        self._reads[name] = (exc, times)
+
+    def heal(self) -> None:
+        self._commit_rule = self._midway = self._moved = None
+        self._reads.clear()
+
+    # --- the Protocol ----------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.inner.capabilities
+
+    async def commit(self, batch: Batch) -> Moved | None:
+        self.commits += 1
+        if self._commit_rule is not None:
+            exc = self._commit_rule(batch, self.commits)
+            if exc is not None:
+                self.failed += 1
+                raise exc
+        if self._moved is not None and (moved := self._moved(batch)) is not None:
+            return moved
+        if self._midway is not None and batch.events and self._midway(batch):
+            self.failed += 1
+            broken = dataclasses.replace(batch, events=[*batch.events, batch.events[0]])
+            return await self.inner.commit(broken)
+        return await self.inner.commit(batch)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name not in self._reads:
+            return attr
+
+        async def failing(*args: Any, **kwargs: Any) -> Any:
+            exc, times = self._reads[name]
+            if times <= 1:
+                del self._reads[name]
+            else:
+                self._reads[name] = (exc, times - 1)
+            raise exc
+        return failing
+
+
+def for_session(session_id: str, exc: BaseException) -> CommitRule:
+    """Fail every commit whose batch writes events of `session_id`."""
+    def rule(batch: Batch, n: int) -> BaseException | None:
+        return exc if any(e.session_id == session_id for e in batch.events) else None
+    return rule
+
+
+def touches(session_id: str) -> Callable[[Batch], bool]:
+    return lambda batch: any(e.session_id == session_id for e in batch.events)
+
+
+def nth(n: int, exc: BaseException) -> CommitRule:
+    """Fail the n-th commit from now (1: the next one), only that one."""
+    return lambda batch, count: exc if count == n else None
+
+
+def faulty(made: list[FaultyStore]) -> Callable[[Config], FaultyStore]:
+    """A daemon's store factory (running_daemon's store_factory): its usual store, wrapped;
+    each store made is appended to `made`, for the test to set faults on."""
+    def factory(config: Config) -> FaultyStore:
+        store = FaultyStore(lifecycle.default_store(config))
+        made.append(store)
+        return store
+    return factory
