@@ -16,7 +16,9 @@ import pytest
 def require_sdk(module: str, extra: str) -> ModuleType:
     if os.environ.get("SESSIOND_REQUIRE_SDKS"):
         return importlib.import_module(module)
-    return pytest.importorskip(module, reason=f"pip install -e '.[{extra}]' to test it")
+    found: ModuleType = pytest.importorskip(module,
+                                            reason=f"pip install -e '.[{extra}]' to test it")
+    return found
 
 
 class Workers:
@@ -68,7 +70,7 @@ class Workers:
         return [self._receive(i, command) for i in range(len(self.pipes))]
 
     def close(self) -> None:
-        for w, r in self.pipes:
+        for w, _r in self.pipes:
             try:
                 w.write("exit\n")
                 w.close()

@@ -18,6 +18,7 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 
@@ -126,7 +127,8 @@ def main() -> None:
     pairs = [tuple(map(int, pair.split(","))) for pair in spec.split(";")]
     for module in _PRELOAD[sdk]:
         importlib.import_module(module)
-    children, index = [], 0
+    children: list[int] = []
+    index = 0
     for i in range(1, len(pairs)):
         pid = os.fork()
         if pid == 0:
@@ -144,7 +146,9 @@ def main() -> None:
         if sdk == "langgraph":
             langgraph(f"p{index}", *args)
         else:
-            asyncio.run({"adk": adk, "openai": openai}[sdk](f"p{index}", *args))
+            runners: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
+                "adk": adk, "openai": openai}
+            asyncio.run(runners[sdk](f"p{index}", *args))
     except BaseException:
         import traceback
 

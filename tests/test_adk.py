@@ -6,7 +6,7 @@ import copy
 import itertools
 import json
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import pytest
@@ -93,7 +93,7 @@ class TestDifferential:
             for op in script:
                 if op[0] == "create":
                     _, user, n, state = op
-                    results = []
+                    results: list[Any] = []  # a Session, or "exists"
                     for service in (reference, ours):
                         try:
                             results.append(await service.create_session(
@@ -146,14 +146,16 @@ class TestDifferential:
                     for s in (reference, ours)]
         for step in range(6):
             event = make_event(step % 4, step)
-            for service, session in zip((reference, ours), sessions):
+            for service, session in zip((reference, ours), sessions, strict=True):
                 await service.append_event(session, copy.deepcopy(event))
         config = GetSessionConfig(num_recent_events=recent, after_timestamp=None if after is None
                                   else 1_700_000_000.0 + after)
         got = [await s.get_session(app_name=app, user_id="u", session_id="s", config=config)
                for s in (reference, ours)]
         assert comparable(got[1]) == comparable(got[0])
-        assert len(got[1].events) == len(got[0].events)
+        theirs, mine = got
+        assert theirs is not None and mine is not None
+        assert len(mine.events) == len(theirs.events)
         await ours.close()
 
     async def test_scoped_state_is_shared_and_temp_is_not_stored(self, daemon: Daemon,
@@ -166,9 +168,10 @@ class TestDifferential:
         await ours.append_event(a, Event(author="agent", actions=EventActions(state_delta={
             "app:theme": "dark", "user:lang": "fr", "cart": 2, "temp:draft": "x"})))
         assert a.state["temp:draft"] == "x"  # the caller's object has it for this invocation
-        got = {n: await ours.get_session(app_name="shop", user_id=u, session_id=i)
-               for n, (u, i) in {"a": ("ann", "one"), "b": ("ann", "two"),
-                                 "c": ("ben", "one")}.items()}
+        got: dict[str, Any] = {
+            n: await ours.get_session(app_name="shop", user_id=u, session_id=i)
+            for n, (u, i) in {"a": ("ann", "one"), "b": ("ann", "two"),
+                              "c": ("ben", "one")}.items()}
         assert got["a"].state == {"app:theme": "dark", "user:lang": "fr", "cart": 2}
         assert got["b"].state == {"app:theme": "dark", "user:lang": "fr"}
         assert got["c"].state == {"app:theme": "dark"}
@@ -180,7 +183,7 @@ class TestDifferential:
 class StubLlm(BaseLlm):
     """An offline model: answers with a fixed text, and remembers what it was sent."""
 
-    seen: list[list[str]] = []
+    seen: ClassVar[list[list[str]]] = []
 
     async def generate_content_async(self, llm_request: LlmRequest,
                                      stream: bool = False) -> AsyncGenerator[LlmResponse, None]:
@@ -202,7 +205,7 @@ async def test_runner_runs_two_turns_across_a_restart(short_dir: str) -> None:
         replies = [p.text async for event in runner.run_async(
                        user_id="u1", session_id="s1",
                        new_message=types.Content(role="user", parts=[types.Part(text=text)]))
-                   for p in (event.content.parts if event.content else []) if p.text]
+                   for p in (event.content.parts or [] if event.content else []) if p.text]
         await service.close()
         return replies
 
@@ -215,6 +218,7 @@ async def test_runner_runs_two_turns_across_a_restart(short_dir: str) -> None:
         assert await turn(d.socket, "second question") == ["answer 2"]
         service = SessiondSessionService(d.socket)
         session = await service.get_session(app_name="support", user_id="u1", session_id="s1")
+        assert session is not None
         assert [e.author for e in session.events] == ["user", "helper", "user", "helper"]
         await service.close()
         texts = [m.content for m in (await c.list_messages(
@@ -235,8 +239,9 @@ class TestStaleAndRetries:
         from sdk_extras import Workers
 
         db_url = f"sqlite+aiosqlite:///{tmp_path / 'adk.db'}"
-        stores = {"sessiond": SessiondSessionService(daemon.socket),
-                  "database": DatabaseSessionService(db_url)}
+        stores: dict[str, SessiondSessionService | DatabaseSessionService] = {
+            "sessiond": SessiondSessionService(daemon.socket),
+            "database": DatabaseSessionService(db_url)}
         for store in stores.values():
             await store.create_session(app_name="race", user_id="u", session_id="s")
         rng = __import__("random").Random(17)

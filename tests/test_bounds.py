@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 from typing import Any
 
@@ -10,10 +11,12 @@ import anyio
 import msgspec
 import pytest
 from conftest import Daemon
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sessiond import AsyncClient, SessiondError
 from sessiond_schemas import rpc
-from sessiond_schemas.bounds import INT64_MAX, json_out_of_bounds
+from sessiond_schemas.bounds import INT64_MAX, has_long_digits, json_out_of_bounds
 from sessiond_schemas.events import DATA_TYPES, Event
 from sessiond_schemas.export import chain_hash, checksum
 
@@ -104,7 +107,7 @@ class TestNumbersOverTheSocket:
             err = await refused(client, "tokens.record", session_id="n", input_tokens=value)
             assert err.code == -32602 and err.data["path"] == "$.input_tokens"
         await assert_untouched(client, "n", 1)
-        r = await client.call("tokens.record", Any, session_id="n", input_tokens=2**63 - 1)
+        r: Any = await client.call("tokens.record", Any, session_id="n", input_tokens=2**63 - 1)
         assert r["token_usage"]["input_tokens"] == 2**63 - 1
 
     async def test_a_sum_that_would_overflow_is_refused(self, client: AsyncClient) -> None:
@@ -125,7 +128,7 @@ class TestNumbersOverTheSocket:
         err = await refused(client, "progress.record", session_id="sum", node_id="a", tokens=1)
         assert err.code == -32602 and err.data["path"] == "$.tokens"  # progress.total_tokens
         await assert_untouched(client, "sum", 2)
-        r = await client.call("tokens.record", Any, session_id="sum", estimated_cost=0.5)
+        r: Any = await client.call("tokens.record", Any, session_id="sum", estimated_cost=0.5)
         assert r["token_usage"]["estimated_cost"] == 0.5 and r["version"] == 3
 
     async def test_costs_stay_finite(self, client: AsyncClient) -> None:
@@ -134,7 +137,7 @@ class TestNumbersOverTheSocket:
         await client.call("tokens.record", Any, session_id="cost", estimated_cost=1e308)
         err = await refused(client, "tokens.record", session_id="cost", estimated_cost=1e308)
         assert err.code == -32602 and err.data["path"] == "$.estimated_cost"
-        r = await client.call("tokens.record", Any, session_id="cost", estimated_cost=-0.0)
+        r: Any = await client.call("tokens.record", Any, session_id="cost", estimated_cost=-0.0)
         assert r["token_usage"]["estimated_cost"] == 1e308
         await assert_untouched(client, "cost", 3)
         assert (await client.get_session("cost")).token_usage.estimated_cost == 1e308
@@ -180,14 +183,14 @@ class TestNumbersOverTheSocket:
         for at_the_bound in ({"offset": 2**63 - 1}, {"after_sequence": 2**63 - 1},
                              {"after_sequence": 2**63 - 1, "offset": 2**63 - 1},
                              {"offset": 2**63 - 1, "order": "desc"}):
-            page = await client.call("message.list", Any, session_id="r", **at_the_bound)
+            page: Any = await client.call("message.list", Any, session_id="r", **at_the_bound)
             assert page["messages"] == []
 
     async def test_free_form_numbers(self, client: AsyncClient) -> None:
         """Integers past int64 inside metadata, memory, payloads and event data are refused
         with the path to them."""
         await client.create_session("f")
-        cases = [
+        cases: list[tuple[str, dict[str, Any], str]] = [
             ("message.append", {"role": "user", "content": "x", "metadata": {"k": [1, 2**64]}},
              "$.metadata.k[1]"),
             ("memory.update", {"patch": {"a": {"b": -(2**63) - 1}}}, "$.patch.a.b"),
@@ -214,7 +217,7 @@ class TestNumbersOverTheSocket:
         await client.call("tokens.record", Any, session_id="imp", input_tokens=2**63 - 1)
         await client.call("events.append", Any, session_id="imp",
                           events=[{"type": "decision.recorded", "data": {"n": 1}}])
-        doc = await client.call("session.export", Any, session_id="imp")
+        doc: Any = await client.call("session.export", Any, session_id="imp")
         await client.call("session.delete", Any, session_id="imp")
 
         def resealed(change: Any) -> dict[str, Any]:
@@ -251,3 +254,9 @@ class TestNumbersOverTheSocket:
         bad, ping = await anyio.to_thread.run_sync(run)
         assert bad["error"]["code"] == -32700 and "UTF-8" in bad["error"]["message"], bad
         assert ping["result"]["pong"] is True
+
+
+@given(st.binary(max_size=80) | st.text(alphabet="0123456789x-.é", max_size=80).map(str.encode))
+def test_long_digit_prefilter_finds_every_run_of_19(text: bytes) -> None:
+    """The prefilter (translate and find) says what the regex it replaced said."""
+    assert has_long_digits(text) == (re.search(rb"[0-9]{19}", text) is not None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sqlite3
@@ -64,13 +65,15 @@ class TestSessionctl:
         assert sid in shown.stdout and "demo" in shown.stdout and "degraded" in shown.stdout
         listed = await ctl(daemon, "list")
         assert "me/bot" in listed.stdout
-        assert (await ctl_json(daemon, "list", "--status", "active"))["sessions"][0]["session_id"] == sid
+        listed_json = await ctl_json(daemon, "list", "--status", "active")
+        assert listed_json["sessions"][0]["session_id"] == sid
         assert (await ctl(daemon, "resolve", prefix)).stdout.strip() == sid
         assert "message.appended" in (await ctl(daemon, "events", prefix)).stdout
         past = await ctl_json(daemon, "show", prefix, "--at-version", "2")
         assert past["message_count"] == 1
 
-    async def test_transitions_checkpoints_and_delete(self, daemon: Daemon, client: AsyncClient) -> None:
+    async def test_transitions_checkpoints_and_delete(self, daemon: Daemon,
+                                                      client: AsyncClient) -> None:
         """transition, checkpoint save/get/list, resume, append-many, events-append and delete."""
         await client.create_session("cli-flow")
         await ctl(daemon, "checkpoint-save", "cli-flow", '{"step": 3}', "--node", "n3",
@@ -81,7 +84,8 @@ class TestSessionctl:
         resumed = await ctl_json(daemon, "resume", "cli-flow", "--checkpoint", "cp1")
         assert resumed["resume"]["resume_from"] == "n3" and resumed["state"]["status"] == "active"
         lines = "\n".join(json.dumps({"role": "user", "content": f"m{i}"}) for i in range(3))
-        assert (await ctl_json(daemon, "append-many", "cli-flow", stdin=lines))["first_sequence"] == 0
+        appended = await ctl_json(daemon, "append-many", "cli-flow", stdin=lines)
+        assert appended["first_sequence"] == 0
         events = json.dumps([{"type": "plan.linked", "data": {"plan_id": "p9"}}])
         await ctl(daemon, "events-append", "cli-flow", stdin=events)
         state = await client.get_session("cli-flow")
@@ -110,7 +114,8 @@ class TestSessionctl:
 
 class TestZeroConfig:
     async def test_sessiond_starts_with_no_flags(self, short_dir: str) -> None:
-        """`sessiond` with no flags puts socket and db in the user's dirs; `sessionctl ping` answers."""
+        """`sessiond` with no flags puts socket and db in the user's dirs; `sessionctl ping`
+        answers."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIOND_")}
         env.update(XDG_RUNTIME_DIR=os.path.join(short_dir, "run"),
                    XDG_STATE_HOME=os.path.join(short_dir, "state"))
@@ -145,7 +150,8 @@ class TestZeroConfig:
 class TestExecutorCommands:
     async def test_spawn_output_trajectory_inject_kill(self, daemon: Daemon, client: AsyncClient,
                                                        tmp_path: Any) -> None:
-        """spawn -- CMD runs in the caller's directory; output, trajectory, inject and kill by prefix."""
+        """spawn -- CMD runs in the caller's directory; output, trajectory, inject and kill by
+        prefix."""
         fakes = os.path.join(os.path.dirname(__file__), "executors")
         spawned = await ctl(daemon, "--json", "spawn", "--adapter", "codex", "--id", "cli-codex",
                             "--task", "fix it", "--",
@@ -268,7 +274,7 @@ class TestDeleteConfirmation:
                 [sys.executable, "-m", "sessiond.cli", "--socket", socket_path, "delete",
                  "cli-tty", *extra], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             if answer is not None:
-                assert proc.stderr is not None
+                assert isinstance(proc.stderr, io.BufferedReader)
                 prompt = b""
                 while not prompt.endswith(b"[y/N] "):
                     chunk = proc.stderr.read1(1024)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -117,10 +118,8 @@ async def test_async_client_reports_a_lost_daemon(short_dir: str) -> None:
             stop.set()
             with pytest.raises(ConnectionLostError), anyio.fail_after(10):
                 while True:
-                    try:
+                    with contextlib.suppress(ShuttingDownError):
                         await client.ping()
-                    except ShuttingDownError:
-                        pass
                     await anyio.sleep(0.01)
 
 

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import sys
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from conftest import Daemon, daemon_config, running_daemon
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sessiond import AsyncClient, SessionExistsError, SessionImportError, SessionNotFoundError
-from sessiond_schemas.export import checksum
+from sessiond_schemas.events import Event, EventMeta
+from sessiond_schemas.export import canonical, chain_hash, checksum
 
 pytestmark = pytest.mark.anyio
 
@@ -126,17 +131,14 @@ async def test_cli_export_and_import(daemon: Daemon, client: AsyncClient, short_
     summary = json.loads(result.stdout)
     assert result.returncode == 1
     assert [i["session_id"] for i in summary["imported"]] == ["e1", "e2"]
-    assert summary["failed"][0]["file"] == paths[2] and "invalid JSON" in summary["failed"][0]["error"]
+    failed = summary["failed"][0]
+    assert failed["file"] == paths[2] and "invalid JSON" in failed["error"]
 
 
 async def test_old_schema_events_import_and_read_as_stored(daemon: Daemon,
                                                           client: AsyncClient) -> None:
     """A version-0 event is stored as written (its hash holds) and folded upcast."""
-    import msgspec
-
     from sessiond_daemon.projection import fold
-    from sessiond_schemas.events import Event
-    from sessiond_schemas.export import chain_hash
 
     await client.create_session("old")
     await client.record_tokens("old", input_tokens=1)
@@ -147,10 +149,32 @@ async def test_old_schema_events_import_and_read_as_stored(daemon: Daemon,
     prev = ""
     for raw in doc["events"]:
         prev = raw["hash"] = chain_hash(prev, msgspec.convert(raw, Event))
-    doc["session"] = msgspec.to_builtins(fold(None, [msgspec.convert(e, Event) for e in doc["events"]]))
+    events = [msgspec.convert(e, Event) for e in doc["events"]]
+    doc["session"] = msgspec.to_builtins(fold(None, events))
     state = await client.import_session(resealed(doc))
     assert (state.token_usage.input_tokens, state.token_usage.output_tokens) == (40, 2)
     [stored] = (await client.read_events("old", types=["tokens.recorded"])).events
     assert stored.schema_version == 0 and stored.data == {"total_input_tokens": 40,
                                                            "total_output_tokens": 2}
     assert (await client.verify()).ok
+
+
+@given(data=st.dictionaries(st.text(max_size=8), st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                max_size=3), max_leaves=8)),
+       prev=st.sampled_from(["", "ab" * 32]))
+def test_chain_hash_is_the_documented_canonical_json(data: dict[str, Any], prev: str) -> None:
+    """chain_hash builds the body from the data's canonical JSON (encoded once, by the
+    writer) and the rest: the bytes hashed are those docs/protocol.md names, exactly."""
+    event = Event(position=7, session_id="s", version=3, event_id="01J", type="plan.linked",
+                  schema_version=1, recorded_at="2026-12-01T00:00:00.000000Z", data=data,
+                  meta=EventMeta(peer_uid=1000, idempotency_key="k"), hash="")
+    body = json.dumps({k: msgspec.to_builtins(v) for k, v in {
+        "session_id": "s", "version": 3, "event_id": "01J", "type": "plan.linked",
+        "schema_version": 1, "recorded_at": "2026-12-01T00:00:00.000000Z", "data": data,
+        "meta": event.meta}.items()}, sort_keys=True, separators=(",", ":"),
+        ensure_ascii=False).encode()
+    expected = hashlib.sha256(prev.encode() + body).hexdigest()
+    assert chain_hash(prev, event) == expected
+    assert chain_hash(prev, event, canonical(data)) == expected

@@ -1,4 +1,5 @@
-"""SessiondSaver: LangGraph's conformance suite, and a real graph with an interrupt across a restart."""
+"""SessiondSaver: LangGraph's conformance suite, and a real graph with an interrupt across a
+restart."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from sdk_extras import require_sdk
 
 require_sdk("langgraph", "langgraph")
 require_sdk("langgraph.checkpoint.conformance", "sdk-tests")
+from langchain_core.runnables import RunnableConfig  # noqa: E402
 from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 from langgraph.types import Command, interrupt  # noqa: E402
@@ -46,7 +48,7 @@ class Draft(TypedDict, total=False):
     approved: bool
 
 
-def build() -> StateGraph:
+def build() -> StateGraph[Draft]:
     def write(state: Draft) -> Draft:
         return {"draft": f"a draft about {state['topic']}"}
 
@@ -67,7 +69,7 @@ async def test_interrupted_graph_resumes_after_a_restart(short_dir: str) -> None
     """A compiled StateGraph stops at interrupt(); after a daemon restart it resumes from the
     checkpoint, and get_state_history (async and sync) walks every step."""
     config = daemon_config(short_dir)
-    thread = {"configurable": {"thread_id": "review-1"}}
+    thread: RunnableConfig = {"configurable": {"thread_id": "review-1"}}
     context = "background " * 400
     async with running_daemon(config) as d:
         saver = SessiondSaver(d.socket)
@@ -100,26 +102,31 @@ async def test_interrupted_graph_resumes_after_a_restart(short_dir: str) -> None
         saver.close()
 
 
+def connected(saver: SessiondSaver) -> tuple[bool, bool]:
+    """Whether the saver's async and blocking connections are open."""
+    return saver.aclient._conn is not None, saver.client._sock is not None
+
+
 async def test_from_socket_with_and_async_with(short_dir: str) -> None:
     """SessiondSaver.from_socket (alias from_conn_string, as SqliteSaver's) in `with` and
     `async with`: the saver works inside and its connections are closed at the end; a
     9 MB state value goes through a real graph and back."""
     config = daemon_config(short_dir)
-    thread = {"configurable": {"thread_id": "big-1"}}
+    thread: RunnableConfig = {"configurable": {"thread_id": "big-1"}}
     context = "c" * 9_000_000
     async with running_daemon(config) as d:
         async with SessiondSaver.from_socket(d.socket) as saver:
             graph = build().compile(checkpointer=saver)
             first = await graph.ainvoke({"topic": "big", "context": context}, thread)
             assert first["context"] == context
-            assert saver.aclient._protocol is not None
-        assert saver.aclient._protocol is None and saver.client._sock is None
+            assert connected(saver)[0]
+        assert connected(saver) == (False, False)
 
         def sync() -> Any:
             with SessiondSaver.from_conn_string(d.socket) as saver:
                 state = build().compile(checkpointer=saver).get_state(thread)
-                assert saver.client._sock is not None
-            assert saver.client._sock is None
+                assert connected(saver)[1]
+            assert connected(saver) == (False, False)
             with SessiondSaver(d.socket) as plain:  # the saver itself is a context manager too
                 assert plain.get_tuple(thread) is not None
             return state
@@ -132,7 +139,7 @@ async def test_a_cap_hit_is_a_value_error_naming_the_setting(short_dir: str) -> 
     """Over max_checkpoint_bytes, or a line over max_request_bytes: a ValueError naming the
     setting, and the same saver goes on."""
     config = daemon_config(short_dir, max_checkpoint_bytes=100_000, max_request_bytes=400_000)
-    thread = {"configurable": {"thread_id": "cap-1"}}
+    thread: RunnableConfig = {"configurable": {"thread_id": "cap-1"}}
     async with running_daemon(config) as d, SessiondSaver.from_socket(d.socket) as saver:
         graph = build().compile(checkpointer=saver)
         with pytest.raises(ValueError, match="max_checkpoint_bytes"):
@@ -166,4 +173,5 @@ async def test_four_processes_put_concurrently(daemon: Daemon) -> None:
         for t in tuples:
             name, n = t.config["configurable"]["checkpoint_id"].split("-")
             assert t.checkpoint["channel_values"] == {"by": f"{name} {int(n)}"}
+            assert t.pending_writes is not None
             assert [w[1:] for w in t.pending_writes] == [("by", f"{name} write {int(n)}")]

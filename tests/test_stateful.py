@@ -237,7 +237,7 @@ def call(path: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
         while True:
             raw = f.readline()
             assert raw, f"the daemon closed the connection on {method}"
-            reply = json.loads(raw)
+            reply: dict[str, Any] = json.loads(raw)
             if "method" not in reply:  # not a subscription notification
                 return reply
 

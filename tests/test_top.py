@@ -8,7 +8,7 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
@@ -67,7 +67,7 @@ class Tmux:
 
 
 @pytest.fixture
-async def tmux(short_dir: str) -> Tmux:
+async def tmux(short_dir: str) -> AsyncIterator[Tmux]:
     if shutil.which("tmux") is None:
         if os.environ.get("SESSIOND_REQUIRE_TMUX"):
             pytest.fail("tmux is missing and SESSIOND_REQUIRE_TMUX is set")

@@ -1,14 +1,20 @@
 """The API, written once: each method names its RPC method and result type.
 
-`Client._call` answers at once; `AsyncClient._call` returns an awaitable. So
-every method here is blocking on `Client` and awaitable on `AsyncClient`.
+A method here builds a `Call` (the RPC method, its params, how to decode the result);
+the `rpc_method` descriptor hands it to the client's `_run`, which answers at once on
+`Client` (a `SyncCaller`) and returns an awaitable on `AsyncClient` (an `AsyncCaller`).
+So every method is blocking on `Client`, awaitable on `AsyncClient`, and typed on both:
+`Client().append_message(...)` is a `MessageAppendResult`, and the same call on
+`AsyncClient` a coroutine of one.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
-from typing import Any
+import types
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import msgspec
 
@@ -16,222 +22,356 @@ from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.state import SessionState
 
+from ._wire import raise_for
+
+T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
+
+
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
+def _decoder(result_type: Any) -> msgspec.json.Decoder[Any]:
+    decoder = _decoders.get(result_type)
+    if decoder is None:
+        decoder = _decoders[result_type] = msgspec.json.Decoder(result_type)
+    return decoder
+
+
+class Call(Generic[T]):
+    """One request to make: the RPC method, its params, and how its result is decoded."""
+
+    __slots__ = ("decode", "method", "params")
+
+    def __init__(self, method: str, params: dict[str, Any],
+                 decode: Callable[[msgspec.Raw], T]) -> None:
+        self.method, self.params, self.decode = method, params, decode
+
+    @staticmethod
+    def of(method: str, result_type: type[T], /, **params: Any) -> Call[T]:
+        """A call whose result is decoded as `result_type`."""
+        return Call(method, params, _decoder(result_type).decode)
+
+    @staticmethod
+    def picked(method: str, result_type: type[R], pick: Callable[[R], T], /,
+               **params: Any) -> Call[T]:
+        """A call whose result is decoded as `result_type`, then reduced by `pick`."""
+        decode = _decoder(result_type).decode
+        return Call(method, params, lambda raw: pick(decode(raw)))
+
+    def finish(self, reply: rpc.Response) -> T:
+        """The decoded result of `reply`, or the error it carries raised."""
+        return self.decode(raise_for(reply))
+
+
+def decoded(method: str, result_type: Any, params: dict[str, Any]) -> Call[Any]:
+    """The call behind the clients' generic `call(method, result_type, **params)`."""
+    return Call(method, params, _decoder(result_type).decode)
+
+
+class SyncCaller:
+    """A client whose calls answer at once."""
+
+    def _run(self, call: Call[T]) -> T:
+        raise NotImplementedError
+
+
+class AsyncCaller:
+    """A client whose calls are awaited."""
+
+    async def _run(self, call: Call[T]) -> T:
+        raise NotImplementedError
+
+
+class rpc_method(Generic[P, T]):  # a decorator, named as one
+    """A client method: blocking on a SyncCaller, a coroutine on an AsyncCaller."""
+
+    def __init__(self, build: Callable[Concatenate[Any, P], Call[T]]) -> None:
+        def invoke(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return obj._run(build(obj, *args, **kwargs))
+
+        functools.update_wrapper(invoke, build)  # name, doc, and the signature (__wrapped__)
+        self._invoke = invoke
+        self.__doc__, self.__name__ = build.__doc__, build.__name__
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any] | None = None) -> rpc_method[P, T]: ...
+    @overload
+    def __get__(self, obj: SyncCaller, owner: type[Any] | None = None) -> Callable[P, T]: ...
+    @overload
+    def __get__(self, obj: AsyncCaller, owner: type[Any] | None = None
+                ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    def __get__(self, obj: Any, owner: type[Any] | None = None) -> Any:
+        if obj is None:
+            return self
+        return types.MethodType(self._invoke, obj)  # as cheap as binding a plain method
+
 
 class Methods:
     """One method per RPC method; results are the schema Structs named in each docstring."""
 
-    def _call(self, method: str, result_type: Any, pick: Callable[[Any], Any] | None = None,
-              **params: Any) -> Any:
-        raise NotImplementedError
+    """One method per RPC method; results are the schema Structs named in each docstring."""
 
     # --- daemon -------------------------------------------------------------------------
 
-    def ping(self) -> Any:
+    @rpc_method
+    def ping(self) -> Call[rpc.PingResult]:
         """Check the daemon answers. -> PingResult (version, uptime)."""
-        return self._call("daemon.ping", rpc.PingResult)
+        return Call.of("daemon.ping", rpc.PingResult)
 
-    def stats(self) -> Any:
+    @rpc_method
+    def stats(self) -> Call[rpc.StatsResult]:
         """The daemon's counters. -> StatsResult."""
-        return self._call("daemon.stats", rpc.StatsResult)
+        return Call.of("daemon.stats", rpc.StatsResult)
 
-    def verify(self) -> Any:
+    @rpc_method
+    def verify(self) -> Call[rpc.VerifyResult]:
         """Check the database, every hash chain and every view against the fold.
         -> VerifyResult (ok, checked_sessions, problems)."""
-        return self._call("daemon.verify", rpc.VerifyResult)
+        return Call.of("daemon.verify", rpc.VerifyResult)
 
-    def backup(self, path: str) -> Any:
+    @rpc_method
+    def backup(self, /, path: str) -> Call[rpc.BackupResult]:
         """Copy the database online to a new file (an absolute path). -> BackupResult."""
-        return self._call("daemon.backup", rpc.BackupResult, path=path)
+        return Call.of("daemon.backup", rpc.BackupResult, path=path)
 
     # --- sessions -----------------------------------------------------------------------
 
-    def create_session(self, session_id: str | None = None, **fields: Any) -> Any:
+    @rpc_method
+    def create_session(self, /, session_id: str | None = None, **fields: Any) -> Call[SessionState]:
         """Create a session (fields as `session.created` data; write options). -> SessionState."""
-        return self._call("session.create", SessionState, session_id=session_id, **fields)
+        return Call.of("session.create", SessionState, session_id=session_id, **fields)
 
-    def get_session(self, session_id: str, at_version: int | None = None) -> Any:
+    @rpc_method
+    def get_session(self, /, session_id: str, at_version: int | None = None) -> Call[SessionState]:
         """A session's state, or its state at an earlier version. -> SessionState."""
-        return self._call("session.get", SessionState, session_id=session_id,
-                          at_version=at_version)
+        return Call.of("session.get", SessionState, session_id=session_id,
+                       at_version=at_version)
 
-    def resolve(self, prefix: str) -> Any:
+    @rpc_method
+    def resolve(self, /, prefix: str) -> Call[str]:
         """The one session id starting with `prefix` (>= 4 characters). -> str."""
-        return self._call("session.resolve", rpc.ResolveResult, lambda r: r.session_id,
-                          prefix=prefix)
+        return Call.picked("session.resolve", rpc.ResolveResult, lambda r: r.session_id,
+                           prefix=prefix)
 
-    def list_sessions(self, **filters: Any) -> Any:
+    @rpc_method
+    def list_sessions(self, /, **filters: Any) -> Call[rpc.SessionListResult]:
         """Sessions newest first (namespace, status, actor_name, source, created_after,
         created_before, limit, cursor). -> SessionListResult."""
-        return self._call("session.list", rpc.SessionListResult, **filters)
+        return Call.of("session.list", rpc.SessionListResult, **filters)
 
-    def transition(self, session_id: str, to: str, **options: Any) -> Any:
+    @rpc_method
+    def transition(self, /, session_id: str, to: str, **options: Any) -> Call[SessionState]:
         """Move a session to another status (reason, error, paused_at, resume_from).
         -> SessionState."""
-        return self._call("session.transition", SessionState, session_id=session_id, to=to,
-                          **options)
+        return Call.of("session.transition", SessionState, session_id=session_id, to=to,
+                       **options)
 
-    def resume(self, session_id: str, checkpoint_id: str | None = None, **options: Any) -> Any:
+    @rpc_method
+    def resume(self, /, session_id: str, checkpoint_id: str | None = None,
+               **options: Any) -> Call[rpc.SessionResumeResult]:
         """Move a session back to active. -> SessionResumeResult (state, resume)."""
-        return self._call("session.resume", rpc.SessionResumeResult, session_id=session_id,
-                          checkpoint_id=checkpoint_id, **options)
+        return Call.of("session.resume", rpc.SessionResumeResult, session_id=session_id,
+                       checkpoint_id=checkpoint_id, **options)
 
-    def delete_session(self, session_id: str, **options: Any) -> Any:
+    @rpc_method
+    def delete_session(self, /, session_id: str, **options: Any) -> Call[bool]:
         """Delete a session with all its events, messages and checkpoints. -> bool."""
-        return self._call("session.delete", rpc.DeleteResult, lambda r: r.deleted,
-                          session_id=session_id, **options)
+        return Call.picked("session.delete", rpc.DeleteResult, lambda r: r.deleted,
+                           session_id=session_id, **options)
 
-    def export_session(self, session_id: str) -> Any:
+    @rpc_method
+    def export_session(self, /, session_id: str) -> Call[dict[str, Any]]:
         """The export document of a session (events, view, checkpoints, checksum). -> dict."""
-        return self._call("session.export", Any, session_id=session_id)
+        return Call.of("session.export", dict[str, Any], session_id=session_id)
 
-    def import_session(self, document: Any, on_conflict: str | None = None) -> Any:
+    @rpc_method
+    def import_session(self, /, document: Any,
+                       on_conflict: str | None = None) -> Call[SessionState]:
         """Store an export document (a dict, or its JSON text); on_conflict: error, skip,
         replace. -> SessionState."""
-        return self._call("session.import", SessionState, document=document,
-                          on_conflict=on_conflict)
+        return Call.of("session.import", SessionState, document=document,
+                       on_conflict=on_conflict)
 
-    def cleanup(self, **options: Any) -> Any:
+    @rpc_method
+    def cleanup(self, /, **options: Any) -> Call[rpc.CleanupResult]:
         """Delete ended sessions idle for older_than_days (statuses, dry_run). -> CleanupResult."""
-        return self._call("session.cleanup", rpc.CleanupResult, **options)
+        return Call.of("session.cleanup", rpc.CleanupResult, **options)
 
     # --- messages -----------------------------------------------------------------------
 
-    def append_message(self, session_id: str, role: str, content: str, **options: Any) -> Any:
+    @rpc_method
+    def append_message(self, /, session_id: str, role: str, content: str,
+                       **options: Any) -> Call[rpc.MessageAppendResult]:
         """Append one message (tool_call_id, metadata, expected_version, idempotency_key).
         -> MessageAppendResult."""
-        return self._call("message.append", rpc.MessageAppendResult, session_id=session_id,
-                          role=role, content=content, **options)
+        return Call.of("message.append", rpc.MessageAppendResult, session_id=session_id,
+                       role=role, content=content, **options)
 
-    def append_messages(self, session_id: str, messages: list[dict[str, Any]],
-                        **options: Any) -> Any:
+    @rpc_method
+    def append_messages(self, /, session_id: str, messages: list[dict[str, Any]],
+                        **options: Any) -> Call[rpc.MessageAppendManyResult]:
         """Append several messages atomically. -> MessageAppendManyResult."""
-        return self._call("message.append_many", rpc.MessageAppendManyResult,
-                          session_id=session_id, messages=messages, **options)
+        return Call.of("message.append_many", rpc.MessageAppendManyResult,
+                       session_id=session_id, messages=messages, **options)
 
-    def list_messages(self, session_id: str, **page: Any) -> Any:
+    @rpc_method
+    def list_messages(self, /, session_id: str, **page: Any) -> Call[rpc.MessageListResult]:
         """A page of messages (limit, offset, after_sequence, order). -> MessageListResult."""
-        return self._call("message.list", rpc.MessageListResult, session_id=session_id, **page)
+        return Call.of("message.list", rpc.MessageListResult, session_id=session_id, **page)
 
     # --- tokens, progress, memory, checkpoints ------------------------------------------
 
-    def pop_message(self, session_id: str, **options: Any) -> Any:
+    @rpc_method
+    def pop_message(self, /, session_id: str, **options: Any) -> Call[rpc.MessagePopResult]:
         """Take the last message out of the conversation (its events stay). -> MessagePopResult
         (`message` is None when there was none)."""
-        return self._call("message.pop", rpc.MessagePopResult, session_id=session_id, **options)
+        return Call.of("message.pop", rpc.MessagePopResult, session_id=session_id, **options)
 
-    def clear_messages(self, session_id: str, **options: Any) -> Any:
+    @rpc_method
+    def clear_messages(self, /, session_id: str, **options: Any) -> Call[rpc.MessageClearResult]:
         """Take every message out of the conversation (its events stay). -> MessageClearResult."""
-        return self._call("message.clear", rpc.MessageClearResult, session_id=session_id,
-                          **options)
+        return Call.of("message.clear", rpc.MessageClearResult, session_id=session_id,
+                       **options)
 
-    def record_tokens(self, session_id: str, **usage: Any) -> Any:
+    @rpc_method
+    def record_tokens(self, /, session_id: str, **usage: Any) -> Call[rpc.TokensRecordResult]:
         """Add token usage (input_tokens, output_tokens, estimated_cost, model).
         -> TokensRecordResult."""
-        return self._call("tokens.record", rpc.TokensRecordResult, session_id=session_id,
-                          **usage)
+        return Call.of("tokens.record", rpc.TokensRecordResult, session_id=session_id,
+                       **usage)
 
-    def record_progress(self, session_id: str, node_id: str, **step: Any) -> Any:
+    @rpc_method
+    def record_progress(self, /, session_id: str, node_id: str,
+                        **step: Any) -> Call[rpc.ProgressRecordResult]:
         """Record one graph step (edge, latency_ms, tokens, retries, failed).
         -> ProgressRecordResult."""
-        return self._call("progress.record", rpc.ProgressRecordResult, session_id=session_id,
-                          node_id=node_id, **step)
+        return Call.of("progress.record", rpc.ProgressRecordResult, session_id=session_id,
+                       node_id=node_id, **step)
 
-    def update_memory(self, session_id: str, patch: dict[str, Any], **options: Any) -> Any:
+    @rpc_method
+    def update_memory(self, /, session_id: str, patch: dict[str, Any],
+                      **options: Any) -> Call[rpc.MemoryUpdateResult]:
         """Apply a JSON merge patch to the session's memory. -> MemoryUpdateResult."""
-        return self._call("memory.update", rpc.MemoryUpdateResult, session_id=session_id,
-                          patch=patch, **options)
+        return Call.of("memory.update", rpc.MemoryUpdateResult, session_id=session_id,
+                       patch=patch, **options)
 
-    def save_checkpoint(self, session_id: str, payload: Any = None, **fields: Any) -> Any:
+    @rpc_method
+    def save_checkpoint(self, /, session_id: str, payload: Any = None,
+                        **fields: Any) -> Call[rpc.CheckpointSaveResult]:
         """Save a checkpoint (checkpoint_id, node_id, resume_from, memory) with its payload.
         -> CheckpointSaveResult."""
-        return self._call("checkpoint.save", rpc.CheckpointSaveResult, session_id=session_id,
-                          payload=payload, **fields)
+        return Call.of("checkpoint.save", rpc.CheckpointSaveResult, session_id=session_id,
+                       payload=payload, **fields)
 
-    def get_checkpoint(self, session_id: str, checkpoint_id: str | None = None) -> Any:
+    @rpc_method
+    def get_checkpoint(self, /, session_id: str,
+                       checkpoint_id: str | None = None) -> Call[rpc.CheckpointGetResult]:
         """A checkpoint with its payload (the latest when no id is given).
         -> CheckpointGetResult."""
-        return self._call("checkpoint.get", rpc.CheckpointGetResult, session_id=session_id,
-                          checkpoint_id=checkpoint_id)
+        return Call.of("checkpoint.get", rpc.CheckpointGetResult, session_id=session_id,
+                       checkpoint_id=checkpoint_id)
 
-    def list_checkpoints(self, session_id: str) -> Any:
+    @rpc_method
+    def list_checkpoints(self, /, session_id: str) -> Call[list[rpc.CheckpointInfo]]:
         """A session's checkpoints, oldest first. -> list[CheckpointInfo]."""
-        return self._call("checkpoint.list", rpc.CheckpointListResult, lambda r: r.checkpoints,
-                          session_id=session_id)
+        return Call.picked("checkpoint.list", rpc.CheckpointListResult, lambda r: r.checkpoints,
+                           session_id=session_id)
 
     # --- raw events ---------------------------------------------------------------------
 
-    def append_events(self, session_id: str, events: list[dict[str, Any]], **options: Any) -> Any:
+    @rpc_method
+    def append_events(self, /, session_id: str, events: list[dict[str, Any]],
+                      **options: Any) -> Call[rpc.WriteResult]:
         """Append typed events [{type, data}] atomically. -> WriteResult."""
-        return self._call("events.append", rpc.WriteResult, session_id=session_id,
-                          events=events, **options)
+        return Call.of("events.append", rpc.WriteResult, session_id=session_id,
+                       events=events, **options)
 
-    def read_events(self, session_id: str | None = None, **options: Any) -> Any:
+    @rpc_method
+    def read_events(self, /, session_id: str | None = None,
+                    **options: Any) -> Call[rpc.EventsReadResult]:
         """Stored events (from_version, from_position, limit, types). -> EventsReadResult."""
-        return self._call("events.read", rpc.EventsReadResult, session_id=session_id, **options)
+        return Call.of("events.read", rpc.EventsReadResult, session_id=session_id, **options)
 
-    def link_plan(self, session_id: str, plan_id: str, **options: Any) -> Any:
+    @rpc_method
+    def link_plan(self, /, session_id: str, plan_id: str, **options: Any) -> Call[rpc.WriteResult]:
         """Link a plan to the session (duplicates are ignored in the view). -> WriteResult."""
-        return self.append_events(
-            session_id, [{"type": "plan.linked", "data": {"plan_id": plan_id}}], **options)
+        return Call.of("events.append", rpc.WriteResult, session_id=session_id,
+                    events=[{"type": "plan.linked", "data": {"plan_id": plan_id}}], **options)
 
-    def record_result(self, session_id: str, *, success: bool | None = None,
+    @rpc_method
+    def record_result(self, /, session_id: str, *, success: bool | None = None,
                       output: dict[str, Any] | None = None, error: str | None = None,
-                      **options: Any) -> Any:
+                      **options: Any) -> Call[rpc.WriteResult]:
         """Record the session's result (success, output, error). -> WriteResult."""
         data = {k: v for k, v in (("success", success), ("output", output), ("error", error))
                 if v is not None}
-        return self.append_events(
-            session_id, [{"type": "result.recorded", "data": data}], **options)
+        return Call.of("events.append", rpc.WriteResult, session_id=session_id,
+                    events=[{"type": "result.recorded", "data": data}], **options)
 
     # --- executors ------------------------------------------------------------------------
 
-    def spawn(self, argv: list[str], **options: Any) -> Any:
+    @rpc_method
+    def spawn(self, /, argv: list[str], **options: Any) -> Call[SessionState]:
         """Start an executor process as a new session (cwd, env, adapter, task, model,
         source, session_id, namespace, metadata). -> SessionState (active, or failed if it
         could not start)."""
-        return self._call("session.spawn", SessionState, argv=argv, **options)
+        return Call.of("session.spawn", SessionState, argv=argv, **options)
 
-    def inject(self, session_id: str, message: str) -> Any:
-        """Run a follow-up turn with `message` (the session must not be running). -> SessionState."""
-        return self._call("session.inject", SessionState, session_id=session_id, message=message)
+    @rpc_method
+    def inject(self, /, session_id: str, message: str) -> Call[SessionState]:
+        """Run a follow-up turn with `message` (the session must not be running).
+        -> SessionState."""
+        return Call.of("session.inject", SessionState, session_id=session_id, message=message)
 
-    def kill(self, session_id: str) -> Any:
+    @rpc_method
+    def kill(self, /, session_id: str) -> Call[SessionState]:
         """End the session's process group (SIGTERM, then SIGKILL). -> SessionState (killed)."""
-        return self._call("session.kill", SessionState, session_id=session_id)
+        return Call.of("session.kill", SessionState, session_id=session_id)
 
-    def output(self, session_id: str, turn: int | None = None, stream: str | None = None) -> Any:
+    @rpc_method
+    def output(self, /, session_id: str, turn: int | None = None,
+               stream: str | None = None) -> Call[rpc.OutputResult]:
         """Raw output lines of one turn (default: the latest). -> OutputResult (turn, lines)."""
-        return self._call("session.output", rpc.OutputResult, session_id=session_id, turn=turn,
-                          stream=stream)
+        return Call.of("session.output", rpc.OutputResult, session_id=session_id, turn=turn,
+                       stream=stream)
 
-    def trajectory(self, session_id: str, full: bool = False,
-                   max_output_len: int | None = None) -> Any:
-        """The session's steps (user, message, reasoning, command, tool_call, ...). -> list[Step]."""
-        return self._call("session.trajectory", rpc.TrajectoryResult, lambda r: r.steps,
-                          session_id=session_id, full=full, max_output_len=max_output_len)
+    @rpc_method
+    def trajectory(self, /, session_id: str, full: bool = False,
+                   max_output_len: int | None = None) -> Call[list[rpc.Step]]:
+        """The session's steps (user, message, reasoning, command, tool_call, ...).
+        -> list[Step]."""
+        return Call.picked("session.trajectory", rpc.TrajectoryResult, lambda r: r.steps,
+                           session_id=session_id, full=full, max_output_len=max_output_len)
 
     # --- search and fork ----------------------------------------------------------------
 
-    def search(self, query: str, **options: Any) -> Any:
+    @rpc_method
+    def search(self, /, query: str, **options: Any) -> Call[rpc.SearchResult]:
         """Sessions whose text matches an FTS5 query, best first, with snippets (status,
         namespace, actor_name, since, until, limit, hits, mark, cursor). -> SearchResult."""
-        return self._call("session.search", rpc.SearchResult, query=query, **options)
+        return Call.of("session.search", rpc.SearchResult, query=query, **options)
 
-    def fork(self, session_id: str, at_version: int | None = None,
-             new_session_id: str | None = None, **options: Any) -> Any:
+    @rpc_method
+    def fork(self, /, session_id: str, at_version: int | None = None,
+             new_session_id: str | None = None, **options: Any) -> Call[SessionState]:
         """A new session whose history is this one's up to at_version (default: now).
         -> SessionState (the fork's)."""
-        return self._call("session.fork", SessionState, session_id=session_id,
-                          at_version=at_version, new_session_id=new_session_id, **options)
+        return Call.of("session.fork", SessionState, session_id=session_id,
+                       at_version=at_version, new_session_id=new_session_id, **options)
 
-    def forks(self, session_id: str, **page: Any) -> Any:
+    @rpc_method
+    def forks(self, /, session_id: str, **page: Any) -> Call[rpc.ForksResult]:
         """A session's forks by id (limit, cursor), its count and its own source.
         -> ForksResult."""
-        return self._call("session.forks", rpc.ForksResult, session_id=session_id, **page)
+        return Call.of("session.forks", rpc.ForksResult, session_id=session_id, **page)
 
-    def reindex(self) -> Any:
+    @rpc_method
+    def reindex(self) -> Call[rpc.ReindexResult]:
         """Rebuild the search index and the fork links from the events. -> ReindexResult."""
-        return self._call("daemon.reindex", rpc.ReindexResult)
+        return Call.of("daemon.reindex", rpc.ReindexResult)
 
 
 def request_line(request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:

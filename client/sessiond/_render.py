@@ -30,9 +30,9 @@ def print_kv(obj: Any) -> None:
     data = msgspec.to_builtins(obj)
     console = _console()
     for key, value in data.items():
-        if isinstance(value, (dict, list)):
-            value = json.dumps(value, ensure_ascii=False)
-        console.print(f"[bold]{key}[/bold]: {_short(str(value), 200)}", highlight=False)
+        text = json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) \
+            else str(value)
+        console.print(f"[bold]{key}[/bold]: {_short(text, 200)}", highlight=False)
 
 
 # --- renderers ---------------------------------------------------------------------------

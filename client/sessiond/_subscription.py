@@ -8,8 +8,9 @@ import anyio
 
 from sessiond_schemas.events import Event
 
+from ._connection import Connection, open_connection
 from ._follow import RESUBSCRIBE_PAUSE, Follower, backoff
-from ._transport import Transport, open_transport
+from ._wire import ConnectionLostError
 
 
 class Subscription(Follower):
@@ -21,7 +22,7 @@ class Subscription(Follower):
         super().__init__(session_id, from_position, from_version, types)
         self.socket_path = socket_path
         self.retry_for = retry_for  # seconds to keep reconnecting; None: for ever
-        self._transport: Transport | None = None
+        self._transport: Connection | None = None
 
     async def __aenter__(self) -> Subscription:
         return self
@@ -40,12 +41,14 @@ class Subscription(Follower):
 
     async def __anext__(self) -> Event:
         while self.ended is None:
+            fresh = self._transport is None
+            if self._transport is None:
+                self._transport = await self._connect()  # gives up after retry_for: raises
             try:
-                if self._transport is None:
-                    self._transport = await self._connect()
+                if fresh:
                     await self._transport.send(self.subscribe_line())
                 line = await self._transport.receive_line()
-            except EOFError:
+            except (EOFError, ConnectionLostError):  # dropped: resubscribe below
                 line = b""
             outcome = self.on_line(line) if line else False
             if isinstance(outcome, Event):
@@ -55,11 +58,11 @@ class Subscription(Follower):
                 await anyio.sleep(RESUBSCRIBE_PAUSE)
         raise StopAsyncIteration
 
-    async def _connect(self) -> Transport:
+    async def _connect(self) -> Connection:
         pauses = backoff(self.retry_for)
         while True:
             try:
-                return await open_transport(self.socket_path)
+                return await open_connection(self.socket_path, lines=True)
             except OSError:
                 pause = next(pauses, None)
                 if pause is None:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, BinaryIO, TypeVar
-
-import msgspec
+from typing import Any, BinaryIO, TypeVar, overload
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError
@@ -17,14 +15,13 @@ from sessiond_schemas.events import Event
 from sessiond_schemas.paths import default_socket
 
 from ._follow import follow
-from ._methods import Methods, encode_request
-from ._wire import ConnectionLostError, connect_blocking, raise_for, skew_error
+from ._methods import Call, Methods, SyncCaller, decoded, encode_request
+from ._wire import ConnectionLostError, connect_blocking, decode_replies, skew_error
 
 T = TypeVar("T")
-_response_decoder = msgspec.json.Decoder(rpc.Response)
 
 
-class Client(Methods):
+class Client(SyncCaller, Methods):
     """Blocking twin of AsyncClient: `with Client() as c: c.ping()`.
 
     Calls on one Client are serialised by a lock, so it may be shared by
@@ -59,31 +56,33 @@ class Client(Methods):
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def _call(self, method: str, result_type: Any, pick: Callable[[Any], Any] | None = None,
-              **params: Any) -> Any:
+    def _run(self, call: Call[T]) -> T:
         with self._lock:
             if self._sock is None:
                 self.connect()
-            assert self._sock is not None and self._file is not None
             request_id = next(self._ids)
-            try:
-                self._sock.sendall(encode_request(request_id, method, params))
-                while True:
-                    line = self._file.readline()
-                    if not line:
-                        raise ConnectionLostError("the daemon closed the connection")
-                    reply = _response_decoder.decode(line)
-                    if reply.id == request_id or reply.id is None:
-                        break  # id None: the daemon refused the connection itself
-            except OSError as exc:
-                self.close()
-                raise ConnectionLostError(f"lost the daemon: {exc}") from exc
+            line = encode_request(request_id, call.method, call.params)  # may refuse: not sent
+            reply = self._exchange(request_id, line)
         try:
-            raw = raise_for(reply)
+            return call.finish(reply)
         except MethodNotFoundError as exc:
-            raise self._skew(method, exc) from None
-        result = msgspec.json.decode(raw, type=result_type)
-        return pick(result) if pick else result
+            raise self._skew(call.method, exc) from None
+
+    def _exchange(self, request_id: int, line: bytes) -> rpc.Response:
+        """Send one request line and read until its answer (or the daemon's refusal)."""
+        assert self._sock is not None and self._file is not None
+        try:
+            self._sock.sendall(line)
+            while True:
+                answer = self._file.readline()
+                if not answer:
+                    raise ConnectionLostError("the daemon closed the connection")
+                for reply in decode_replies(answer):
+                    if reply.id == request_id or reply.id is None:
+                        return reply  # id None: the daemon refused the connection itself
+        except OSError as exc:
+            self.close()
+            raise ConnectionLostError(f"lost the daemon: {exc}") from exc
 
     def _skew(self, method: str, exc: MethodNotFoundError) -> MethodNotFoundError:
         """Name both releases in a method-not-found (the daemon may be older)."""
@@ -100,6 +99,11 @@ class Client(Methods):
         return follow(self.socket_path, session_id=session_id, from_position=from_position,
                       from_version=from_version, types=types, retry_for=retry_for)
 
-    def call(self, method: str, result_type: type[T] | Any = Any, **params: Any) -> T:
+    @overload
+    def call(self, method: str, result_type: type[T], **params: Any) -> T: ...
+    @overload
+    def call(self, method: str, result_type: Any = ..., **params: Any) -> Any: ...
+
+    def call(self, method: str, result_type: Any = Any, **params: Any) -> Any:
         """Call any method; `None` params are left out, so the daemon's defaults apply."""
-        return self._call(method, result_type, **params)  # type: ignore[no-any-return]
+        return self._run(decoded(method, result_type, params))

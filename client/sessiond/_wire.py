@@ -1,4 +1,5 @@
-"""Reading the daemon's replies: shared by both clients, free of any event loop."""
+"""Reading the daemon's replies and checking who answers: shared by every client, free
+of any event loop."""
 
 from __future__ import annotations
 
@@ -16,6 +17,17 @@ from sessiond_schemas.errors import MethodNotFoundError, SessiondError, error_fr
 
 class ConnectionLostError(SessiondError):
     """The connection to the daemon closed before the answer came."""
+
+
+_response_decoder = msgspec.json.Decoder(rpc.Response)
+_batch_decoder = msgspec.json.Decoder(list[rpc.Response])
+
+
+def decode_replies(line: bytes | bytearray) -> list[rpc.Response]:
+    """The answers one line of the daemon's carries (a batch's answers come as an array)."""
+    if line[:1] == b"[":
+        return _batch_decoder.decode(line)
+    return [_response_decoder.decode(line)]
 
 
 def raise_for(reply: rpc.Response) -> msgspec.Raw:

@@ -16,7 +16,7 @@ import msgspec
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError
-from sessiond_schemas.events import EventMeta, SessionCreated
+from sessiond_schemas.events import EventMeta, GraphPruned, SessionCreated
 from sessiond_schemas.state import SessionState
 
 from .commands import Commands, require
@@ -97,7 +97,7 @@ class Graphs:
 
     async def _prune(self, sid: str, checkpoints: list[tuple[str, str]], reason: str,
                      meta: EventMeta) -> None:
-        data = {"checkpoints": [list(c) for c in checkpoints], "reason": reason}
+        data = GraphPruned(checkpoints=checkpoints, reason=reason)
 
         def plan(state: SessionState | None) -> Plan:
             require(state, sid)

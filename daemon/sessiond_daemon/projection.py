@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
+from typing import Any, TypeVar
 
 import msgspec
 from msgspec.structs import replace
@@ -32,7 +33,7 @@ from sessiond_schemas.events import (
     decode_data,
     parse_time,
 )
-from sessiond_schemas.state import ForkLink, Message, SessionState, Timestamps
+from sessiond_schemas.state import ForkLink, Message, SessionFields, SessionState, Timestamps
 
 
 class FoldError(ValueError):
@@ -64,16 +65,25 @@ def apply(state: SessionState | None, event: Event) -> SessionState:
     return fold(state, (event,))
 
 
-def fold(state: SessionState | None, events: Iterable[Event]) -> SessionState:
-    """Return the state after `events`, in order; `state` itself is left unchanged."""
+def fold(state: SessionState | None, events: Iterable[Event],
+         typed: Sequence[msgspec.Struct | None] | None = None) -> SessionState:
+    """Return the state after `events`, in order; `state` itself is left unchanged.
+
+    Each event's data is typed once (decode_data: upcast, then its Struct) and its branch
+    gets the Struct (None for the types in _UNREAD: their data is not decoded). `typed`,
+    when given, holds one entry per event: its data's Struct as a service built it (the
+    writer's), which is not decoded again, or None to decode."""
     it = iter(events)
+    datas: Iterator[msgspec.Struct | None] = iter(typed) if typed is not None else repeat(None)
     if state is None:
         first = next(it, None)
         if first is None or first.type not in ("session.created", "session.forked"):
             raise FoldError("a session's history must start with session.created"
                             " (or session.forked)")
         try:
-            work = _created(first) if first.type == "session.created" else _forked(first)
+            d = _typed(first, next(datas))
+            work = (_created(first, d) if isinstance(d, SessionCreated)
+                    else _forked(first, _as(d, SessionForked)))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise FoldError(f"event {first.event_id} (session {first.session_id}, version"
                             f" {first.version}, {first.type}) does not fold: {exc}") from exc
@@ -89,7 +99,8 @@ def fold(state: SessionState | None, events: Iterable[Event]) -> SessionState:
         if branch is None:
             raise FoldError(f"unknown event type {event.type!r}")
         try:
-            branch(work, event)
+            given = next(datas)
+            branch(work, event, None if event.type in _UNREAD else _typed(event, given))
         except SumOutOfBounds as exc:
             exc.version = event.version
             raise
@@ -122,6 +133,22 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return merged
 
 
+def _typed(event: Event, given: msgspec.Struct | None) -> msgspec.Struct:
+    """The event's data as its type's Struct: `given`, or decoded (upcast first) once."""
+    if given is not None:
+        return given
+    return decode_data(event.type, event.data, event.schema_version)
+
+
+D = TypeVar("D", bound=msgspec.Struct)
+
+
+def _as(data: msgspec.Struct, kind: type[D]) -> D:
+    if not isinstance(data, kind):
+        raise TypeError(f"{type(data).__name__} given where {kind.__name__} was expected")
+    return data
+
+
 def _thaw(s: SessionState) -> SessionState:
     # Copy every container a branch appends to in place. memory, metadata,
     # input_data, result.output and last_message are only ever replaced whole.
@@ -147,27 +174,12 @@ def _thaw(s: SessionState) -> SessionState:
     )
 
 
-def _created(event: Event) -> SessionState:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, SessionCreated)
+def _created(event: Event, d: SessionCreated) -> SessionState:
     at = event.recorded_at
     return SessionState(
         session_id=event.session_id,
         version=event.version,
-        namespace=d.namespace,
-        actor_name=d.actor_name,
-        goal_id=d.goal_id,
-        agent_id=d.agent_id,
-        stream_id=d.stream_id,
-        correlation_id=d.correlation_id,
-        entry_point=d.entry_point,
-        task=d.task,
-        working_dir=d.working_dir,
-        model=d.model,
-        adapter=d.adapter,
-        source=d.source,
-        automation_level=d.automation_level,
-        isolation_level=d.isolation_level,
+        **{f: getattr(d, f) for f in SessionFields.__struct_fields__},
         status=d.status,
         timestamps=Timestamps(
             created_at=at, updated_at=at, started_at=at if d.status == "active" else None
@@ -178,11 +190,9 @@ def _created(event: Event) -> SessionState:
     )
 
 
-def _forked(event: Event) -> SessionState:
+def _forked(event: Event, d: SessionForked) -> SessionState:
     """A fork starts from its source's view at the fork point, under its own id. The pid
     is the source's process, never the fork's: a fork is data, not a process."""
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, SessionForked)
     source = msgspec.convert(d.state, SessionState)
     work = _thaw(source)
     work.session_id = event.session_id
@@ -193,13 +203,11 @@ def _forked(event: Event) -> SessionState:
     return work
 
 
-def _session_created(s: SessionState, event: Event) -> None:
+def _session_created(s: SessionState, event: Event, d: None) -> None:
     raise FoldError(f"session {s.session_id} was created twice (event {event.event_id})")
 
 
-def _status_changed(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, StatusChanged)
+def _status_changed(s: SessionState, event: Event, d: StatusChanged) -> None:
     t, p = s.timestamps, s.progress
     s.status = d.to
     if d.to == "active":
@@ -224,9 +232,7 @@ def _status_changed(s: SessionState, event: Event) -> None:
         s.result.error = d.error
 
 
-def _message_appended(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, MessageAppended)
+def _message_appended(s: SessionState, event: Event, d: MessageAppended) -> None:
     s.message_count += 1
     s.last_message = Message(
         message_id=d.message_id,
@@ -239,17 +245,13 @@ def _message_appended(s: SessionState, event: Event) -> None:
     )
 
 
-def _messages_truncated(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, MessagesTruncated)
+def _messages_truncated(s: SessionState, event: Event, d: MessagesTruncated) -> None:
     s.message_count = min(s.message_count, d.from_sequence)
     s.last_message = (msgspec.convert(d.last_message, Message)
                       if d.last_message is not None and s.message_count else None)
 
 
-def _tokens_recorded(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, TokensRecorded)
+def _tokens_recorded(s: SessionState, event: Event, d: TokensRecorded) -> None:
     u, p = s.token_usage, s.progress
     u.input_tokens = _add(u.input_tokens, d.input_tokens, "input_tokens",
                           "token_usage.input_tokens")
@@ -262,9 +264,7 @@ def _tokens_recorded(s: SessionState, event: Event) -> None:
                           "progress.total_tokens")
 
 
-def _progress_recorded(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, ProgressRecorded)
+def _progress_recorded(s: SessionState, event: Event, d: ProgressRecorded) -> None:
     p, m, node = s.progress, s.metrics, d.node_id
     p.current_node = node
     p.path.append(node)
@@ -287,85 +287,67 @@ def _progress_recorded(s: SessionState, event: Event) -> None:
         m.edges_traversed.append(d.edge)
 
 
-def _checkpoint_saved(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, CheckpointSaved)
+def _checkpoint_saved(s: SessionState, event: Event, d: CheckpointSaved) -> None:
     s.latest_checkpoint_id = d.checkpoint_id
     s.checkpoint_count += 1
     s.checkpoint_enabled = True  # saving one means the session uses checkpoints
 
 
-def _memory_updated(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, MemoryUpdated)
+def _memory_updated(s: SessionState, event: Event, d: MemoryUpdated) -> None:
     s.memory = merge_patch(s.memory, d.patch)
 
 
-def _metadata_updated(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, MetadataUpdated)
+def _metadata_updated(s: SessionState, event: Event, d: MetadataUpdated) -> None:
     s.metadata = merge_patch(s.metadata, d.patch)
 
 
-def _result_recorded(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, ResultRecorded)
+def _result_recorded(s: SessionState, event: Event, d: ResultRecorded) -> None:
     s.result.success, s.result.output, s.result.error = d.success, d.output, d.error
     if d.error is not None:
         s.error = d.error
 
 
-def _problem_recorded(s: SessionState, event: Event) -> None:
+def _problem_recorded(s: SessionState, event: Event, d: None) -> None:
     s.problems.append(event.data)
     s.metrics.problem_count += 1
 
 
-def _decision_recorded(s: SessionState, event: Event) -> None:
+def _decision_recorded(s: SessionState, event: Event, d: None) -> None:
     s.decisions.append(event.data)
     s.metrics.decision_count += 1
 
 
-def _plan_linked(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, PlanLinked)
+def _plan_linked(s: SessionState, event: Event, d: PlanLinked) -> None:
     if d.plan_id not in s.linked_plan_ids:
         s.linked_plan_ids.append(d.plan_id)
 
 
-def _process_started(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, ProcessStarted)
+def _process_started(s: SessionState, event: Event, d: ProcessStarted) -> None:
     # A new turn starts clean: the last turn's error belongs to that turn's history.
     s.pid, s.turn, s.exit_code, s.error = d.pid, d.turn, None, None
 
 
-def _process_output(s: SessionState, event: Event) -> None:
+def _process_output(s: SessionState, event: Event, d: None) -> None:
     """Raw executor output is history only; it changes nothing but updated_at."""
 
 
-def _process_exited(s: SessionState, event: Event) -> None:
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, ProcessExited)
+def _process_exited(s: SessionState, event: Event, d: ProcessExited) -> None:
     s.exit_code = d.exit_code
 
 
-def _process_detached(s: SessionState, event: Event) -> None:
+def _process_detached(s: SessionState, event: Event, d: ProcessDetached) -> None:
     """A restart found the turn unsupervised: say why (the status change, if any, follows)."""
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, ProcessDetached)
     if event.data.get("imported") is not True:  # an import's mark leaves the view as it was
         s.error = d.reason
 
 
-def _state_updated(s: SessionState, event: Event) -> None:
+def _state_updated(s: SessionState, event: Event, d: StateUpdated) -> None:
     """Session-scoped keys land in `memory`; app and user state live in their own index."""
-    d = decode_data(event.type, event.data, event.schema_version)
-    assert isinstance(d, StateUpdated)
     if d.scope == "session":
         s.memory = {**s.memory, **d.delta}
 
 
-def _graph_event(s: SessionState, event: Event) -> None:
+def _graph_event(s: SessionState, event: Event, d: None) -> None:
     """LangGraph checkpoints, writes and prunes live in their own index (graph.get,
     graph.list); the session view records only that the thread moved (updated_at)."""
 
@@ -391,7 +373,16 @@ def _derive(s: SessionState) -> None:
         p.execution_quality = "clean"
 
 
-_BRANCHES: dict[str, Callable[[SessionState, Event], None]] = {
+# Types whose branch reads nothing of the data, or keeps it whole as the dict it is: the
+# fold does not decode theirs (a graph checkpoint's blobs can be megabytes), and their
+# branch is given None. Each other branch is given its type's data Struct.
+_UNREAD = frozenset({
+    "session.created", "session.forked",  # a second creation is refused, unread
+    "problem.recorded", "decision.recorded",  # kept whole
+    "process.output", "graph.checkpoint", "graph.writes", "graph.pruned",  # history only
+})
+
+_BRANCHES: dict[str, Callable[[SessionState, Event, Any], None]] = {
     "session.created": _session_created,
     "session.forked": _session_created,
     "session.status_changed": _status_changed,

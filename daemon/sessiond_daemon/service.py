@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -25,9 +25,13 @@ from sessiond_schemas.events import (
     DATA_TYPES,
     Event,
     EventMeta,
+    MemoryUpdated,
+    MessageAppended,
     MessageFields,
+    MessagesTruncated,
     SessionCreated,
     Status,
+    StatusChanged,
     new_id,
     parse_time,
 )
@@ -109,10 +113,9 @@ def _cut_result(state: SessionState, events: list[Event], popped: Message | None
             **({"message": popped} if pop else {"removed": removed})}
 
 
-def _message_data(m: MessageFields, sequence: int) -> dict[str, Any]:
-    return {"message_id": new_id(), "sequence": sequence, "role": m.role, "content": m.content,
-            **_not_none(tool_call_id=m.tool_call_id),
-            **({"metadata": m.metadata} if m.metadata else {})}
+def _message_data(m: MessageFields, sequence: int) -> MessageAppended:
+    return MessageAppended(message_id=new_id(), sequence=sequence, role=m.role,
+                           content=m.content, tool_call_id=m.tool_call_id, metadata=m.metadata)
 
 
 def normalise_time(value: str | None, path: str) -> str | None:
@@ -292,8 +295,8 @@ class Service:
         def plan(state: SessionState | None) -> Plan:
             s = require(state, p.session_id)
             check_transition(p.session_id, s.status, p.to)
-            data = {"from": s.status, "to": p.to, **_not_none(
-                reason=p.reason, error=p.error, paused_at=p.paused_at, resume_from=p.resume_from)}
+            data = StatusChanged(from_=cast(Status, s.status), to=p.to, reason=p.reason,
+                                 error=p.error, paused_at=p.paused_at, resume_from=p.resume_from)
             return Plan([("session.status_changed", data)], lambda s, ev: s)
 
         return await self.commands.submit_params(p, meta, plan)
@@ -320,8 +323,8 @@ class Service:
             resume = rpc.ResumeInfo(paused_at=pr.paused_at, resume_from=resume_from,
                                     memory=memory, next_node=None,
                                     checkpoint_id=p.checkpoint_id)
-            data = {"from": s.status, "to": "active", "reason": "resumed",
-                    **_not_none(resume_from=resume_from)}
+            data = StatusChanged(from_=cast(Status, s.status), to="active", reason="resumed",
+                                 resume_from=resume_from)
             return Plan([("session.status_changed", data)],
                         lambda st, ev: rpc.SessionResumeResult(state=st, resume=resume))
 
@@ -344,7 +347,7 @@ class Service:
         def plan(state: SessionState | None) -> Plan:
             data = _message_data(p, require(state, p.session_id).message_count)
             return Plan([("message.appended", data)], lambda s, ev: _write_result(
-                s, ev, message_id=data["message_id"], sequence=data["sequence"]))
+                s, ev, message_id=data.message_id, sequence=data.sequence))
 
         return await self.commands.submit_params(p, meta, plan)
 
@@ -357,7 +360,7 @@ class Service:
             first = require(state, p.session_id).message_count
             datas = [_message_data(m, first + i) for i, m in enumerate(p.messages)]
             return Plan([("message.appended", d) for d in datas], lambda s, ev: _write_result(
-                s, ev, message_ids=[d["message_id"] for d in datas], first_sequence=first),
+                s, ev, message_ids=[d.message_id for d in datas], first_sequence=first),
                 paths=[f"$.messages[{i}]" for i in range(len(datas))])
 
         return await self.commands.submit_params(p, meta, plan)
@@ -408,8 +411,9 @@ class Service:
                 s = require(s, p.session_id)
                 if kept >= count:  # nothing to take out: nothing is written
                     return Plan([], lambda st, ev: _cut_result(st, ev, None, 0, pop))
-                data = {"from_sequence": kept, "reason": reason,
-                        "last_message": msgspec.to_builtins(new_last) if new_last else None}
+                data = MessagesTruncated(
+                    from_sequence=kept, reason=reason,
+                    last_message=msgspec.to_builtins(new_last) if new_last else None)
                 return Plan([("messages.truncated", data)], lambda st, ev: _cut_result(
                     st, ev, popped, count - kept, pop))
 
@@ -450,7 +454,7 @@ class Service:
 
         def plan(state: SessionState | None) -> Plan:
             require(state, p.session_id)
-            return Plan([("memory.updated", {"patch": p.patch})],
+            return Plan([("memory.updated", MemoryUpdated(patch=p.patch))],
                         lambda s, ev: _write_result(s, ev, memory=s.memory))
 
         return await self.commands.submit_params(p, meta, plan)

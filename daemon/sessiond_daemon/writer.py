@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from sessiond_schemas.events import (
     new_id,
     now,
 )
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import canonical, chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
@@ -48,12 +48,16 @@ log = structlog.get_logger("sessiond.writer")
 _json = msgspec.json.Encoder()
 MAX_MOVES = 8  # decisions of one batch when the store keeps moving under it (other hosts)
 
+# An event's data in a plan: its type's Struct as a service built it (StatusChanged(...),
+# MessageAppended(...)), or a dict (what events.append was given: unknown fields kept).
+EventData = dict[str, Any] | msgspec.Struct
+
 
 @dataclass(slots=True)
 class Plan:
     """What a command will write: its events (type, data), and how to build its result."""
 
-    events: list[tuple[str, dict[str, Any]]]
+    events: Sequence[tuple[str, EventData]]
     result: Callable[[SessionState, list[Event]], Any]
     payloads: dict[int, bytes] = field(default_factory=dict)  # event index -> checkpoint payload
     # Where each event's data sits in the params, for errors that name a field (-32602);
@@ -388,7 +392,7 @@ class Writer:
             events = [msgspec.structs.replace(e, position=self.next_position + i)
                       for i, e in enumerate(plan.events)]
             self.next_position += len(events)
-            state, snapshots = self._fold_with_snapshots(None, events)
+            state, snapshots = self._fold_with_snapshots(None, events, None)
             result = _json.encode(state)
             payloads = plan.payloads
             if plan.replace and (entry is not None or damage is not None):
@@ -399,10 +403,10 @@ class Writer:
             cmd.result = _json.encode(plan.result(entry.state, []))
             return
         else:
-            events = self._make_events(cmd, entry, plan)
+            events, typed = self._make_events(cmd, entry, plan)
             try:
                 state, snapshots = self._fold_with_snapshots(
-                    entry.state if entry else None, events)
+                    entry.state if entry else None, events, typed)
             except projection.SumOutOfBounds as exc:
                 # A total would leave its bounds: the caller's numbers, refused by field.
                 base = entry.state.version if entry else 0
@@ -435,26 +439,42 @@ class Writer:
         batch.deletes.append(sid)
         overlay[sid] = _DELETED
 
-    def _fold_with_snapshots(self, state: SessionState | None,
-                             events: list[Event]) -> tuple[SessionState, list[SessionState]]:
-        """Fold `events`; also return the view at each multiple of snapshot_every passed."""
+    def _fold_with_snapshots(
+            self, state: SessionState | None, events: list[Event],
+            typed: list[msgspec.Struct | None] | None,
+    ) -> tuple[SessionState, list[SessionState]]:
+        """Fold `events` (`typed`: their data's Structs, where at hand); also return the
+        view at each multiple of snapshot_every passed."""
         every, done, snapshots = self.snapshot_every, 0, []
         base = state.version if state is not None else 0
         for cut in range((base // every + 1) * every, base + len(events) + 1, every):
-            state = projection.fold(state, events[done:cut - base])
+            state = projection.fold(state, events[done:cut - base],
+                                    typed[done:cut - base] if typed is not None else None)
             snapshots.append(state)
             done = cut - base
         if done < len(events) or state is None:
-            state = projection.fold(state, events[done:])
+            state = projection.fold(state, events[done:],
+                                    typed[done:] if typed is not None else None)
         return state, snapshots
 
-    def _make_events(self, cmd: Command, entry: Entry | None, plan: Plan) -> list[Event]:
+    def _make_events(self, cmd: Command, entry: Entry | None,
+                     plan: Plan) -> tuple[list[Event], list[msgspec.Struct | None]]:
+        """The plan's events, numbered, timed and chained; and their data's Structs (None
+        where the plan gave a dict: the fold decodes those)."""
         version = entry.state.version if entry else 0
         prev_hash = entry.last_hash if entry else ""
         recorded_at = now()
-        events = []
-        for index, (event_type, data) in enumerate(plan.events):
-            bad = json_out_of_bounds(data, plan.path(index))
+        events, typed = [], []
+        for index, (event_type, given) in enumerate(plan.events):
+            struct: msgspec.Struct | None
+            data: dict[str, Any]
+            if isinstance(given, msgspec.Struct):
+                struct, data = given, msgspec.to_builtins(given)
+            else:
+                struct, data = None, given
+            # Encoded once: the bounds scan and the hash both read these bytes.
+            data_json = canonical(data)
+            bad = json_out_of_bounds(data, plan.path(index), encoded=data_json)
             if bad is not None:
                 path, value = bad
                 raise InvalidParamsError(f"{bound_message(path, value)}; nothing was written",
@@ -465,10 +485,11 @@ class Writer:
                 event_id=new_id(), type=event_type, schema_version=CURRENT_SCHEMA_VERSION,
                 recorded_at=recorded_at, data=data, meta=cmd.meta, hash="",
             )
-            prev_hash = chain_hash(prev_hash, event)
+            prev_hash = chain_hash(prev_hash, event, data_json)
             events.append(msgspec.structs.replace(event, hash=prev_hash))
+            typed.append(struct)
             self.next_position += 1
-        return events
+        return events, typed
 
     async def _load(self, session_id: str) -> Entry | None:
         entry = self._cache.get(session_id)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 import msgspec
 
 from .bounds import Int64, NonNegFloat, NonNegInt, Pid, PosInt
+from .state import SessionFields
 
 Status = Literal["pending", "active", "paused", "completed", "failed", "cancelled", "killed"]
 Role = Literal["user", "assistant", "system", "tool"]
@@ -81,28 +82,17 @@ class Event(msgspec.Struct, kw_only=True, frozen=True):
 # these Structs, never the raw dict, except for problem/decision records.
 
 
-class SessionCreated(msgspec.Struct, kw_only=True):
-    namespace: str = "local"
-    actor_name: ActorName | None = None
-    goal_id: str | None = None
-    agent_id: str | None = None
-    stream_id: str | None = None
-    correlation_id: str | None = None
-    entry_point: str = "start"
-    task: str | None = None
-    working_dir: str | None = None
-    model: str | None = None
-    adapter: str | None = None
-    source: str = "user"
-    automation_level: str | None = None
-    isolation_level: str = "shared"
+class SessionCreated(SessionFields, kw_only=True):
+    """The first event of a session: SessionFields (in their order), then these."""
+
+    actor_name: ActorName | None = None  # validated here (a view keeps what it was given)
     checkpoint_enabled: bool = False
-    input_data: dict[str, Any] = {}
-    metadata: dict[str, Any] = {}
+    input_data: dict[str, Any] = msgspec.field(default_factory=dict)
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     status: Literal["pending", "active"] = "active"
 
 
-class StatusChanged(msgspec.Struct, kw_only=True):
+class StatusChanged(msgspec.Struct, kw_only=True, omit_defaults=True):
     from_: Status = msgspec.field(name="from")
     to: Status
     reason: str | None = None
@@ -126,7 +116,7 @@ class MessageFields(msgspec.Struct, kw_only=True):
             raise ValueError("`tool_call_id` is required when role is `tool`")
 
 
-class MessageAppended(MessageFields, kw_only=True):
+class MessageAppended(MessageFields, kw_only=True, omit_defaults=True):
     message_id: str
     sequence: NonNegInt
 
@@ -304,6 +294,10 @@ class SessionForked(msgspec.Struct, kw_only=True):
     state: dict[str, Any]
 
 
+# THE table of event types: each type, and the Struct its data decodes to. The rest is
+# derived from it or checked against it (tests/test_event_types.py): EVENT_TYPES and
+# EventType here, the fold's branches (projection._BRANCHES), what events.append takes
+# (service.APPEND_INPUTS), and docs/protocol.md's table of event types.
 DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "session.created": SessionCreated,
     "session.status_changed": StatusChanged,
@@ -329,14 +323,10 @@ DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "session.forked": SessionForked,
 }
 EVENT_TYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
-EventType = Literal[
-    "session.created", "session.status_changed", "message.appended", "tokens.recorded",
-    "progress.recorded", "checkpoint.saved", "memory.updated", "metadata.updated",
-    "result.recorded", "problem.recorded", "decision.recorded", "plan.linked",
-    "process.started", "process.output", "process.exited", "process.detached",
-    "messages.truncated", "graph.checkpoint", "graph.writes", "graph.pruned", "state.updated",
-    "session.forked",
-]
+if TYPE_CHECKING:  # a Literal cannot be derived for mypy; at run time it is the table's keys
+    EventType = str
+else:
+    EventType = Literal[EVENT_TYPES]  # what events.append and the type filters accept
 
 
 def _tokens_v0(data: dict[str, Any]) -> dict[str, Any]:

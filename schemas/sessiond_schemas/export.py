@@ -16,14 +16,29 @@ FORMAT_VERSION: Final = 1
 _canonical = msgspec.json.Encoder(order="sorted")
 
 
-def chain_hash(prev_hash: str, event: Event) -> str:
-    """Hash an event onto its session's chain (position excluded: it changes on import)."""
-    body = _canonical.encode({
+def canonical(value: Any) -> bytes:
+    """The canonical JSON of `value`: sorted keys, no spaces, UTF-8 (what hashes cover)."""
+    return _canonical.encode(value)
+
+
+def chain_hash(prev_hash: str, event: Event, data_json: bytes | None = None) -> str:
+    """Hash an event onto its session's chain (position excluded: it changes on import).
+
+    The hash covers the canonical JSON of {session_id, version, event_id, type,
+    schema_version, recorded_at, data, meta}. `data` sorts first, so the body is built as
+    `{"data":` + the data's canonical JSON + the rest: pass `data_json` (canonical(data))
+    when it is at hand and the data is not encoded again."""
+    if data_json is None:
+        data_json = _canonical.encode(event.data)
+    rest = _canonical.encode({
         "session_id": event.session_id, "version": event.version, "event_id": event.event_id,
         "type": event.type, "schema_version": event.schema_version,
-        "recorded_at": event.recorded_at, "data": event.data, "meta": event.meta,
+        "recorded_at": event.recorded_at, "meta": event.meta,
     })
-    return hashlib.sha256(prev_hash.encode() + body).hexdigest()
+    digest = hashlib.sha256(prev_hash.encode())
+    for part in (b'{"data":', data_json, b",", memoryview(rest)[1:]):
+        digest.update(part)
+    return digest.hexdigest()
 
 
 class CheckpointPayload(msgspec.Struct, kw_only=True):

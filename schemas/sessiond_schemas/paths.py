@@ -1,4 +1,4 @@
-"""Where the socket is by default: the contract's order of precedence, shared by daemon and client."""
+"""Where the socket is by default: the contract's order of precedence (daemon and client)."""
 
 from __future__ import annotations
 

@@ -71,15 +71,10 @@ class ForkLink(msgspec.Struct, kw_only=True):
     version: PosInt
 
 
-class SessionState(msgspec.Struct, kw_only=True):
-    """Everything the seeds keep about a session, derived only from its events.
+class SessionFields(msgspec.Struct, kw_only=True):
+    """What a session is, as session.created gives it and SessionState keeps it: declared
+    once, inherited by both (their other fields follow these)."""
 
-    Mutable so the fold can build it cheaply; `projection` never changes a
-    state it was given.
-    """
-
-    session_id: str
-    version: NonNegInt
     namespace: str = "local"
     actor_name: str | None = None
     goal_id: str | None = None
@@ -94,6 +89,17 @@ class SessionState(msgspec.Struct, kw_only=True):
     source: str = "user"
     automation_level: str | None = None
     isolation_level: str = "shared"
+
+
+class SessionState(SessionFields, kw_only=True):
+    """Everything the seeds keep about a session, derived only from its events.
+
+    Mutable so the fold can build it cheaply; `projection` never changes a
+    state it was given. (JSON lists SessionFields' fields first, then these.)
+    """
+
+    session_id: str
+    version: NonNegInt
     status: str
     timestamps: Timestamps
     progress: Progress = msgspec.field(default_factory=Progress)

@@ -14,7 +14,8 @@ def _state_files(path: str) -> list[str]:
     """A storage root, its sessions/ folder, or one session's folder."""
     if os.path.isfile(os.path.join(path, "state.json")):
         return [os.path.join(path, "state.json")]
-    folder = os.path.join(path, "sessions") if os.path.isdir(os.path.join(path, "sessions")) else path
+    sessions = os.path.join(path, "sessions")
+    folder = sessions if os.path.isdir(sessions) else path
     return sorted(os.path.join(folder, d, "state.json") for d in os.listdir(folder)
                   if os.path.isfile(os.path.join(folder, d, "state.json")))
 

@@ -190,10 +190,8 @@ class SessiondSessionService(BaseSessionService):
         return ListSessionsResponse(sessions=sessions)
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
-        try:
+        with contextlib.suppress(SessionNotFoundError):
             await self.client.delete_session(session_id_for(app_name, user_id, session_id.strip()))
-        except SessionNotFoundError:
-            pass
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         return (await self._scoped(app_name, [user_id])).users.get(user_id, {})

@@ -14,11 +14,12 @@ async ones an asyncio connection; both are opened on first use.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import re
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from langchain_core.runnables import RunnableConfig
@@ -98,8 +99,8 @@ class SessiondSaver(BaseCheckpointSaver[str]):
                     metadata: CheckpointMetadata, new_versions: ChannelVersions) -> dict[str, Any]:
         conf = config["configurable"]
         thread_id = conf["thread_id"]
-        c = dict(checkpoint)
-        values = c.pop("channel_values", {})
+        c: dict[str, Any] = dict(checkpoint)
+        values: dict[str, Any] = c.pop("channel_values", {})
         metadata = get_checkpoint_metadata(config, metadata)
         return {
             "session_id": session_id_for(thread_id), "thread_id": thread_id,
@@ -160,11 +161,15 @@ class SessiondSaver(BaseCheckpointSaver[str]):
             return {"configurable": {"thread_id": t.thread_id, "checkpoint_ns": t.ns,
                                      "checkpoint_id": checkpoint_id}}
 
+        checkpoint: Checkpoint = loads(t.checkpoint)
+        checkpoint["channel_values"] = {
+            k: loads(v) for k, v in t.channel_values.items() if v.type != "empty"}
+        metadata: CheckpointMetadata = (loads(t.metadata_typed) if t.metadata_typed
+                                        else cast("CheckpointMetadata", t.metadata))
         return CheckpointTuple(
             config=config_of(t.checkpoint_id),
-            checkpoint={**loads(t.checkpoint), "channel_values": {
-                k: loads(v) for k, v in t.channel_values.items() if v.type != "empty"}},
-            metadata=loads(t.metadata_typed) if t.metadata_typed else t.metadata,
+            checkpoint=checkpoint,
+            metadata=metadata,
             parent_config=config_of(t.parent_id) if t.parent_id else None,
             pending_writes=[(w.task_id, w.channel, loads(w.value)) for w in t.pending_writes],
         )
@@ -189,7 +194,8 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         return self._tuple(found.tuple) if found.tuple else None
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
-             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
+             before: RunnableConfig | None = None,
+             limit: int | None = None) -> Iterator[CheckpointTuple]:
         params = self._list_params(config, filter, before, limit)
         while True:
             found = self.client.call("graph.list", rpc.GraphListResult, **params)
@@ -200,10 +206,8 @@ class SessiondSaver(BaseCheckpointSaver[str]):
             params = self._next_page(params, found)
 
     def delete_thread(self, thread_id: str) -> None:
-        try:
+        with contextlib.suppress(SessionNotFoundError):
             self.client.delete_session(session_id_for(thread_id))
-        except SessionNotFoundError:
-            pass
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         self.client.call("graph.delete_runs", rpc.GraphChangeResult, run_ids=list(run_ids))
@@ -251,10 +255,8 @@ class SessiondSaver(BaseCheckpointSaver[str]):
             params = self._next_page(params, found)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        try:
+        with contextlib.suppress(SessionNotFoundError):
             await self.aclient.delete_session(session_id_for(thread_id))
-        except SessionNotFoundError:
-            pass
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         await self.aclient.call("graph.delete_runs", rpc.GraphChangeResult, run_ids=list(run_ids))
@@ -270,7 +272,7 @@ class SessiondSaver(BaseCheckpointSaver[str]):
                                 session_ids=[session_id_for(t) for t in thread_ids],
                                 strategy=strategy)
 
-    def get_next_version(self, current: str | None, channel: None) -> str:
+    def get_next_version(self, current: str | int | None, channel: None) -> str:
         """Versions as LangGraph's own savers make them: a zero-padded counter and a random
         tail, so they sort as strings."""
         number = 0 if current is None else current if isinstance(current, int) else \

@@ -14,6 +14,7 @@ message.clear): the conversation changes, the history stays auditable.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -174,12 +175,10 @@ class SessiondSession(SessionABC):
     async def _ensure(self) -> None:
         if self._exists:
             return
-        try:
+        with contextlib.suppress(SessionExistsError):
             await self.client.create_session(
                 self._sid, namespace=self.namespace, source="openai-agents",
                 metadata={"sdk_session_id": self.session_id})
-        except SessionExistsError:
-            pass
         self._exists = True
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
@@ -242,10 +241,8 @@ class SessiondSession(SessionABC):
 
     async def clear_session(self) -> None:
         self._check_not_closed()
-        try:
+        with contextlib.suppress(SessionNotFoundError):
             await self.client.clear_messages(self._sid)
-        except SessionNotFoundError:
-            pass
 
     def close(self) -> None:
         """Close the connection (shared with every session given the same client); as

@@ -1,0 +1,90 @@
+"""sessionctl's commands over the record: events, search, fork, forks, reindex."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sessiond_schemas.events import STATUSES
+
+from .._render import print_kv, render_events
+from .._sync import Client
+from .inputs import render_console, when
+from .registry import arg, command, full_id
+
+
+@command("events", "read stored events of one session or of all", sid=False,
+         render=render_events, args=[
+             arg("id", nargs="?", help="session id or prefix; all sessions when left out"),
+             arg("--from-version", type=int),
+             arg("--from-position", type=int, help="events after this global position"),
+             arg("--limit", type=int),
+             arg("--type", action="append")])
+def _events(c: Client, a: argparse.Namespace) -> Any:
+    return c.read_events(full_id(c, a.id) if a.id else None, from_version=a.from_version,
+                         from_position=a.from_position, limit=a.limit, types=a.type or None)
+
+
+_MARK = ("\x02", "\x03")  # sessionctl's own marks, turned into highlighting when shown
+
+
+def render_search(r: Any) -> None:
+    from rich.markup import escape
+    console = render_console()
+    if not r.sessions:
+        console.print("no session matches")
+    for s in r.sessions:
+        console.print(f"[bold]{s.session_id}[/bold]  {s.status}  {s.actor_name or '-'}  "
+                      f"{escape((s.task or '')[:80])}  ({s.matches} matching)", highlight=False)
+        for h in s.hits:
+            text = escape(h.snippet.replace("\n", " ")).replace(
+                _MARK[0], "[bold yellow]").replace(_MARK[1], "[/bold yellow]")
+            where = (f"#{h.sequence} {h.role}" if h.sequence is not None else h.type)
+            gone = "" if h.current is not False else " (taken out)"
+            console.print(f"    {where}{gone}: {text}", highlight=False)
+    if not r.complete:
+        console.print("(only the newest 5,000 matches were ranked: add words or filters"
+                      " to reach older sessions)", highlight=False)
+    if r.next_cursor:
+        console.print(f"more: --cursor {r.next_cursor}", highlight=False)
+
+
+@command("search", "find sessions by their text (FTS5 query: words, \"phrases\", prefix*,"
+         " AND OR NOT)", sid=False, render=render_search, args=[
+             arg("query"),
+             arg("--status", action="append", choices=STATUSES),
+             arg("--namespace"),
+             arg("--actor"),
+             arg("--since", type=when,
+                 help="matches since: 7d, 12h, 30m ago, or an RFC 3339 time"),
+             arg("--until", type=when,
+                 help="matches before: 7d, 12h, 30m ago, or an RFC 3339 time"),
+             arg("--limit", type=int, help="sessions per page (default 20)"),
+             arg("--hits", type=int, help="snippets per session (default 3)"),
+             arg("--cursor")])
+def _search(c: Client, a: argparse.Namespace) -> Any:
+    return c.search(a.query, status=a.status or None, namespace=a.namespace,
+                    actor_name=a.actor, since=a.since, until=a.until,
+                    limit=a.limit, hits=a.hits, cursor=a.cursor,
+                    mark=None if a.json else list(_MARK))
+
+
+@command("fork", "make a new session whose history is this one's up to a version;"
+         " print its id", render=lambda s: print(s.session_id), args=[
+             arg("--at", type=int, help="the version to fork at (default: the latest)"),
+             arg("--new-id", help="the fork's session id (default: a new ULID)"),
+             arg("--idempotency-key", help="a repeat with this key makes no second fork")])
+def _fork(c: Client, a: argparse.Namespace) -> Any:
+    return c.fork(full_id(c, a.id), at_version=a.at, new_session_id=a.new_id,
+                  idempotency_key=a.idempotency_key)
+
+
+@command("forks", "list a session's forks", args=[arg("--limit", type=int), arg("--cursor")])
+def _forks(c: Client, a: argparse.Namespace) -> Any:
+    return c.forks(full_id(c, a.id), limit=a.limit, cursor=a.cursor)
+
+
+@command("reindex", "rebuild the search index and fork links from the events (writes wait)",
+         sid=False, render=print_kv)
+def _reindex(c: Client, a: argparse.Namespace) -> Any:
+    return c.reindex()

@@ -1,0 +1,67 @@
+"""The daemon's own methods: daemon.ping, stats, verify, backup, reindex."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from .base import Params
+
+
+class BackupParams(Params, kw_only=True, forbid_unknown_fields=True):
+    path: Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[^\x00]+$")]
+
+
+class PingResult(msgspec.Struct, kw_only=True):
+    pong: bool
+    version: str  # the daemon's release
+    uptime_s: float
+    protocol: str = "1.0"  # PROTOCOL_VERSION of the daemon (absent before 1.1)
+    methods: list[str] = []  # every method the daemon serves (absent before 1.1)
+
+
+class StatsResult(msgspec.Struct, kw_only=True):
+    sessions: int
+    events: int
+    last_position: int
+    db_bytes: int
+    connections: int
+    subscriptions: int
+    write_queue_depth: int
+    appends_per_s: float
+    uptime_s: float
+    write_transactions: int
+    write_commands: int
+    # From protocol 1.1 (None from an older daemon: unknown, not zero): the database's
+    # schema version, and health figures for `sessionctl top`: the last minute's commits,
+    # the queue's capacity, running executors, and sessions by status.
+    schema_version: int | None = None
+    write_queue_capacity: int | None = None
+    commit_batch_size: float | None = None
+    commit_latency_ms: float | None = None
+    commit_latency_max_ms: float | None = None
+    executors_running: int | None = None
+    sessions_by_status: dict[str, int] | None = None
+
+
+class VerifyProblem(msgspec.Struct, kw_only=True):
+    session_id: str | None
+    problem: str
+
+
+class VerifyResult(msgspec.Struct, kw_only=True):
+    ok: bool
+    checked_sessions: int
+    problems: list[VerifyProblem]
+
+
+class BackupResult(msgspec.Struct, kw_only=True):
+    path: str
+    bytes: int
+    position: int
+
+
+class ReindexResult(msgspec.Struct, kw_only=True):
+    indexed: int  # events in the search index after the rebuild
+    forks: int
