@@ -29,7 +29,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="sessiond", description="Run the sessiond daemon.")
     p.add_argument("--config", help="TOML config file (also $SESSIOND_CONFIG)")
     p.add_argument("--socket", help="Unix socket path (also $SESSIOND_SOCKET)")
-    p.add_argument("--db", help="SQLite database path (also $SESSIOND_DB)")
+    p.add_argument("--db", help="SQLite database path, or postgresql://user@host:port/dbname"
+                   " (fleet mode, docs/fleet.md; the password from db_password_file or"
+                   " systemd credentials, never here); also $SESSIOND_DB")
     p.add_argument("--socket-mode", help="octal mode of the socket, e.g. 0660 (default 0600)")
     p.add_argument("--durability", choices=["full", "normal"],
                    help="full: fsync every commit (default); normal: faster, a power loss may "

@@ -13,6 +13,7 @@ import msgspec
 from sessiond_schemas.paths import default_socket
 
 from .access import Grant
+from .postgres import dsn
 
 
 class ConfigError(Exception):
@@ -31,7 +32,12 @@ Id = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 2)]  # a uid or gid (2^32-1 is
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     socket: str | None = None
+    # A SQLite file path (the default), or postgresql://user@host:port/dbname (fleet mode,
+    # docs/fleet.md); a URL holding a password is refused.
     db: str | None = None
+    # The PostgreSQL password's file; unset: systemd's credential sessiond-db-password
+    # ($CREDENTIALS_DIRECTORY), else none. Never on the command line.
+    db_password_file: str | None = None
     socket_mode: Annotated[int, msgspec.Meta(ge=0, le=0o777)] = 0o600
     durability: Literal["full", "normal"] = "full"
     max_db_bytes: CountOrZero = 0  # 0: no cap; counts the WAL too
@@ -140,4 +146,10 @@ def load(path: str | None, overrides: dict[str, Any],
             f"invalid configuration{' in ' + path if path else ''}: {exc}{hint}") from exc
     config.socket = config.socket or default_socket(env)
     config.db = config.db or default_db(env)
+    if dsn.is_postgres(config.db):
+        try:
+            dsn.check_url(config.db)
+            dsn.password(config.db_password_file, env)  # readable now, not at the first connect
+        except dsn.DsnError as exc:
+            raise ConfigError(str(exc)) from exc
     return config

@@ -30,6 +30,7 @@ from .executors import Settings as ExecutorSettings
 from .graphs import Graphs
 from .maintenance import Maintenance
 from .metrics import start_metrics
+from .postgres import dsn
 from .search_fork import SearchAndFork
 from .server import Server, ServerLimits
 from .service import LiveFigures, Service
@@ -49,9 +50,33 @@ StoreFactory = Callable[[Config], Store]
 
 
 def default_store(config: Config) -> Store:
-    """The store `config.db` names: a SQLite file."""
+    """The store `config.db` names: a SQLite file, or a PostgreSQL database (fleet mode)."""
     assert config.db
+    if dsn.is_postgres(config.db):
+        from .postgres.store import PostgresStore  # asyncpg: the `fleet` extra
+
+        return PostgresStore(config.db, password=dsn.password(config.db_password_file),
+                             host_name=socket.gethostname())
     return SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
+
+
+class _Shared:
+    """A PostgreSQL database is shared by design: no state directory, no file lock."""
+
+    def acquire(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+def _database_lock(db: str) -> host.DatabaseLock | _Shared:
+    """The lock that makes this daemon the database's only one (SQLite), after making its
+    directory ours; nothing for a PostgreSQL database."""
+    if dsn.is_postgres(db):
+        return _Shared()
+    host.private_dir(os.path.dirname(os.path.abspath(db)), "state")
+    return host.DatabaseLock(db)
 
 
 class AlreadyRunning(Exception):
@@ -110,11 +135,10 @@ class Daemon:
         assert config.db
         _raise_fd_limit(config.max_connections)
         # 0. The host: directories only we can write, and the database to ourselves.
-        host.private_dir(os.path.dirname(os.path.abspath(config.db)), "state")
+        lock = _database_lock(config.db)
         if self.inherited is None:
             assert config.socket
             host.private_dir(os.path.dirname(os.path.abspath(config.socket)), "runtime")
-        lock = host.DatabaseLock(config.db)
         lock.acquire()
         try:
             await self._run_locked(shutdown, task_status)
@@ -267,8 +291,7 @@ class Daemon:
 async def migrate_only(config: Config) -> list[int]:
     """`sessiond --migrate-only`: migrate the database (holding its lock), and return."""
     assert config.db
-    host.private_dir(os.path.dirname(os.path.abspath(config.db)), "state")
-    lock = host.DatabaseLock(config.db)
+    lock = _database_lock(config.db)
     lock.acquire()
     try:
         store = default_store(config)

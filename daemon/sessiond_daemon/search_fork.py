@@ -13,7 +13,7 @@ from sessiond_schemas.events import EventMeta
 
 from . import forks, search
 from .commands import Commands
-from .eventstore import Store
+from .eventstore import SqlAccess, Store
 from .forks import StateAt
 from .service import normalise_time
 
@@ -28,7 +28,12 @@ class SearchAndFork:
         self.store = store
         self.commands = commands
         self.state_at = state_at  # a session's view at a version, what a fork starts from
-        self.sql = search.sql_of(store)  # search and reindex are SQLite's FTS5
+
+    @property
+    def sql(self) -> SqlAccess:
+        """Search and reindex are SQLite's FTS5: on another store they fail (-32012) when
+        called, and the daemon serves the rest."""
+        return search.sql_of(self.store)
 
     async def session_search(self, p: rpc.SessionSearchParams, meta: EventMeta) -> rpc.SearchResult:
         since = normalise_time(p.since, "$.since")

@@ -1,0 +1,25 @@
+"""Driver errors as the contract's: -32012, saying whether the write may be retried."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import asyncpg
+
+from sessiond_schemas.errors import StorageError
+
+# Connection failures: the batch may be retried (under its idempotency keys).
+RETRYABLE: Final = (OSError, TimeoutError, asyncpg.PostgresConnectionError,
+                    asyncpg.InterfaceError, asyncpg.CannotConnectNowError,
+                    asyncpg.AdminShutdownError)
+
+
+def storage_error(exc: BaseException) -> StorageError:
+    """A driver error as the contract's -32012. A lost connection may have lost the reply
+    to a COMMIT the server made: the error says so, and that a retry under the same
+    idempotency key is safe (the versions checked in the database catch the rest)."""
+    retryable = isinstance(exc, RETRYABLE)
+    message = (f"storage error: the database connection failed ({exc}); the write was not"
+               " acknowledged: retry it (with an idempotency key a retry never appends"
+               " twice)" if retryable else f"storage error: {exc}; nothing was written")
+    return StorageError(message, {"detail": str(exc), "retryable": retryable})

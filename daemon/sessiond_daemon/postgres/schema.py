@@ -1,0 +1,207 @@
+"""The PostgreSQL schema, as numbered migrations run at start under an advisory lock.
+
+Two daemons starting at once against one database must not both migrate: `migrate`
+takes a session-level advisory lock (`pg_advisory_lock`), so the second waits, then
+finds the schema current and applies nothing. Each pending migration runs with the
+bump of `meta.schema_version` in one transaction (PostgreSQL's DDL is transactional),
+so a failed migration leaves the database as it was. A database newer than this code
+is refused before anything in it is changed.
+
+How this schema differs from SQLite's (migrations.py), and why:
+- `log_head` is the one counter row positions come from (gapless, in commit order;
+  see store.py). `events.position` is a plain BIGINT key, never a sequence.
+- Index rows point at their event by position, as in SQLite: the writer numbers the
+  batch, and the counter update, the last statement, checks that numbering (store.py).
+- A session's last position is not stored in its row: it is its last event's
+  position, read through the (session_id, version) key.
+- Text is compared byte by byte (COLLATE "C"), as SQLite does: orders, cursors and
+  prefix ranges come out the same in both stores, whatever the server's locale.
+- `sessions.host` names the host whose daemon wrote the session first (executors stay
+  per host).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import structlog
+
+log = structlog.get_logger("sessiond.store")
+
+# Every sessiond daemon migrating this database takes this lock first (an arbitrary
+# constant, a signed int64 as pg_advisory_lock takes it).
+ADVISORY_LOCK: Final = 0x5E55_10D0_5C4E_3A01 - (1 << 63)
+
+MIGRATIONS: Final[list[list[str]]] = [
+    [
+        """CREATE TABLE log_head (
+            id INT PRIMARY KEY CHECK (id = 1),
+            position BIGINT NOT NULL CHECK (position >= 0)
+        )""",
+        "INSERT INTO log_head (id, position) VALUES (1, 0)",
+        """CREATE TABLE events (
+            position BIGINT PRIMARY KEY,
+            session_id TEXT COLLATE "C" NOT NULL,
+            version BIGINT NOT NULL,
+            event_id TEXT COLLATE "C" NOT NULL UNIQUE,
+            type TEXT COLLATE "C" NOT NULL,
+            schema_version INT NOT NULL,
+            recorded_at TEXT COLLATE "C" NOT NULL,
+            data BYTEA NOT NULL,
+            meta BYTEA NOT NULL,
+            hash TEXT COLLATE "C" NOT NULL,
+            CONSTRAINT events_session_version UNIQUE (session_id, version)
+        )""",
+        """CREATE TABLE sessions (
+            session_id TEXT COLLATE "C" PRIMARY KEY,
+            version BIGINT NOT NULL,
+            status TEXT COLLATE "C" NOT NULL,
+            namespace TEXT COLLATE "C" NOT NULL,
+            actor_name TEXT COLLATE "C",
+            source TEXT COLLATE "C" NOT NULL,
+            task TEXT COLLATE "C",
+            created_at TEXT COLLATE "C" NOT NULL,
+            updated_at TEXT COLLATE "C" NOT NULL,
+            message_count BIGINT NOT NULL,
+            input_tokens BIGINT NOT NULL,
+            output_tokens BIGINT NOT NULL,
+            estimated_cost DOUBLE PRECISION NOT NULL,
+            last_hash TEXT COLLATE "C" NOT NULL,
+            host TEXT COLLATE "C",
+            state BYTEA NOT NULL
+        )""",
+        # session.list is newest first; each index leads with a filter users combine.
+        "CREATE INDEX sessions_by_created ON sessions (created_at, session_id)",
+        "CREATE INDEX sessions_by_status ON sessions (status, created_at, session_id)",
+        "CREATE INDEX sessions_by_namespace ON sessions (namespace, created_at, session_id)",
+        """CREATE INDEX sessions_by_namespace_status
+            ON sessions (namespace, status, created_at, session_id)""",
+        "CREATE INDEX sessions_by_actor ON sessions (actor_name, created_at, session_id)",
+        """CREATE TABLE messages (
+            session_id TEXT COLLATE "C" NOT NULL,
+            sequence BIGINT NOT NULL,
+            position BIGINT NOT NULL,
+            PRIMARY KEY (session_id, sequence)
+        )""",
+        """CREATE TABLE checkpoints (
+            session_id TEXT COLLATE "C" NOT NULL,
+            checkpoint_id TEXT COLLATE "C" NOT NULL,
+            position BIGINT NOT NULL,
+            version BIGINT NOT NULL,
+            node_id TEXT COLLATE "C",
+            resume_from TEXT COLLATE "C",
+            created_at TEXT COLLATE "C" NOT NULL,
+            size BIGINT NOT NULL,
+            payload BYTEA NOT NULL,
+            PRIMARY KEY (session_id, checkpoint_id)
+        )""",
+        "CREATE INDEX checkpoints_by_version ON checkpoints (session_id, version)",
+        # Shared by every host: a retry through another daemon finds the first result.
+        """CREATE TABLE idempotency (
+            session_id TEXT COLLATE "C" NOT NULL,
+            key TEXT COLLATE "C" NOT NULL,
+            result BYTEA NOT NULL,
+            PRIMARY KEY (session_id, key)
+        )""",
+        """CREATE TABLE snapshots (
+            session_id TEXT COLLATE "C" NOT NULL,
+            version BIGINT NOT NULL,
+            state BYTEA NOT NULL,
+            PRIMARY KEY (session_id, version)
+        )""",
+        # The graph.* events' indexes (LangGraph checkpoints), as SQLite's migration 2.
+        """CREATE TABLE graph_checkpoints (
+            session_id TEXT COLLATE "C" NOT NULL,
+            ns TEXT COLLATE "C" NOT NULL,
+            checkpoint_id TEXT COLLATE "C" NOT NULL,
+            run_id TEXT COLLATE "C",
+            position BIGINT NOT NULL,
+            PRIMARY KEY (session_id, ns, checkpoint_id)
+        )""",
+        """CREATE INDEX graph_checkpoints_by_run ON graph_checkpoints (run_id)
+            WHERE run_id IS NOT NULL""",
+        """CREATE TABLE graph_blobs (
+            session_id TEXT COLLATE "C" NOT NULL,
+            ns TEXT COLLATE "C" NOT NULL,
+            channel TEXT COLLATE "C" NOT NULL,
+            version TEXT COLLATE "C" NOT NULL,
+            position BIGINT NOT NULL,
+            PRIMARY KEY (session_id, ns, channel, version)
+        )""",
+        """CREATE TABLE graph_writes (
+            session_id TEXT COLLATE "C" NOT NULL,
+            ns TEXT COLLATE "C" NOT NULL,
+            checkpoint_id TEXT COLLATE "C" NOT NULL,
+            task_id TEXT COLLATE "C" NOT NULL,
+            idx BIGINT NOT NULL,
+            position BIGINT NOT NULL,
+            item BIGINT NOT NULL,
+            PRIMARY KEY (session_id, ns, checkpoint_id, task_id, idx)
+        )""",
+        # App and user state (state.updated), shared by sessions: the latest of each key.
+        """CREATE TABLE scoped_state (
+            app_name TEXT COLLATE "C" NOT NULL,
+            user_id TEXT COLLATE "C" NOT NULL,
+            key TEXT COLLATE "C" NOT NULL,
+            value BYTEA NOT NULL,
+            position BIGINT NOT NULL,
+            PRIMARY KEY (app_name, user_id, key)
+        )""",
+        # Forks: each fork's source (forks.py).
+        """CREATE TABLE forks (
+            session_id TEXT COLLATE "C" PRIMARY KEY,
+            source_id TEXT COLLATE "C" NOT NULL,
+            version BIGINT NOT NULL,
+            forked_at TEXT COLLATE "C" NOT NULL,
+            position BIGINT NOT NULL
+        )""",
+        "CREATE INDEX forks_by_source ON forks (source_id, session_id)",
+    ],
+]
+
+LATEST: Final = len(MIGRATIONS)
+
+# A session's rows, in the order a delete removes them (the view last).
+SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
+                         "graph_checkpoints", "graph_blobs", "graph_writes", "forks",
+                         "sessions")
+
+
+class SchemaTooNew(Exception):
+    """The database was migrated by a newer sessiond: refused, nothing changed."""
+
+
+async def schema_version(con: Any) -> int:
+    """The database's schema version; 0 for a database sessiond never migrated."""
+    exists = await con.fetchval("SELECT to_regclass('meta') IS NOT NULL")
+    if not exists:
+        return 0
+    value = await con.fetchval("SELECT value FROM meta WHERE key = 'schema_version'")
+    return int(value) if value is not None else 0
+
+
+async def migrate(con: Any, where: str) -> list[int]:
+    """Bring the database of `con` (an asyncpg connection, outside any transaction) to
+    LATEST under the advisory lock; return the migrations this call applied."""
+    await con.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK)
+    try:
+        current = await schema_version(con)
+        if current > LATEST:
+            raise SchemaTooNew(
+                f"database {where} has schema version {current}, newer than this sessiond's"
+                f" {LATEST}: it was migrated by a newer release; run that release (or newer)."
+                " Nothing was changed")
+        pending = list(range(current + 1, LATEST + 1))
+        for number in pending:
+            async with con.transaction():
+                await con.execute(
+                    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                for sql in MIGRATIONS[number - 1]:
+                    await con.execute(sql)
+                await con.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', $1)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value", str(number))
+            log.info("store.migrated", schema_version=number, from_version=current)
+        return pending
+    finally:
+        await con.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK)

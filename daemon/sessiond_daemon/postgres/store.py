@@ -1,0 +1,318 @@
+"""The PostgreSQL store: the SqliteStore surface over one database that many daemons share.
+
+One batch is one transaction on the writer's connection:
+1. every session the batch touches is locked (`SELECT … FOR UPDATE`, in session_id
+   order, so two hosts never deadlock) and its stored version compared with the one
+   the writer decided from (`batch.bases`; not for a session the batch deletes: a
+   delete is whole whatever was appended); an idempotency key another host stored
+   first counts too. Those sessions come back as `Moved.stale` and nothing is written:
+   the writer reloads them and decides again;
+2. deletes, views (a session the writer thought new but another host created is
+   stale), the read models (projections.py), snapshots, idempotency results;
+3. last, one statement moves the counter row (`UPDATE log_head … WHERE position =
+   <the writer's numbering> RETURNING`), inserts the events and queues one NOTIFY; then
+   COMMIT. The counter's row lock orders commits, so positions are gapless and in commit
+   order: a reader of `position > cursor` never skips an event that commits late, and
+   a rollback gives its positions back (Commanded EventStore's design; a sequence or
+   bigserial would leave holes and commit out of order). When another host took those
+   positions first the statement inserts nothing and the batch is `Moved` with the new
+   head: the writer numbers the batch again after it (results quote positions, so the
+   store never renumbers behind the writer's back).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import asyncpg
+import msgspec
+import structlog
+
+from sessiond_schemas.errors import StorageError
+
+from ..eventstore import Batch, Capabilities, Entry, Moved, Store
+from . import projections, schema
+from .dsn import redact
+from .errors import RETRYABLE, storage_error
+from .models import ModelReads
+
+log = structlog.get_logger("sessiond.store")
+
+CHANNEL: Final = "sessiond_events"  # the NOTIFY channel; the payload is a hint only
+_json = msgspec.json.Encoder()
+
+
+class _Abort(Exception):
+    """Roll the batch's transaction back and answer `stale`."""
+
+    def __init__(self, stale: Sequence[str] = ()) -> None:
+        self.stale = frozenset(stale)
+
+
+def bases(batch: Batch) -> dict[str, int]:
+    """The version each touched session had when the writer decided the batch (0: none):
+    `batch.bases` when the writer says, else the one before each session's first event
+    here (0 before a session's first), or its view's."""
+    if batch.bases:
+        return dict(batch.bases)
+    expected: dict[str, int] = {}
+    for e in batch.events:  # a fork's first event is at the source's version + 1
+        new = e.type in ("session.created", "session.forked")
+        expected.setdefault(e.session_id, 0 if new else e.version - 1)
+    for sid, entry in batch.views.items():
+        expected.setdefault(sid, entry.state.version)
+    return expected
+
+
+_LOCK: Final = ("SELECT session_id, version FROM sessions WHERE session_id = ANY($1::text[])"
+                " ORDER BY session_id FOR UPDATE")
+_VIEWS: Final = """
+    INSERT INTO sessions (session_id, version, status, namespace, actor_name, source, task,
+        created_at, updated_at, message_count, input_tokens, output_tokens, estimated_cost,
+        last_hash, host, state)
+    SELECT v.sid, v.ver, v.st, v.ns, v.actor, v.src, v.task, v.created, v.updated, v.mc,
+        v.inp, v.outp, v.cost, v.hash, $15, v.state
+    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[],
+        $7::text[], $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[],
+        $13::float8[], $14::text[], $16::bytea[])
+        AS v(sid, ver, st, ns, actor, src, task, created, updated, mc, inp, outp, cost, hash,
+             state)
+    ON CONFLICT (session_id) DO UPDATE SET version = excluded.version,
+        status = excluded.status, namespace = excluded.namespace,
+        actor_name = excluded.actor_name, source = excluded.source, task = excluded.task,
+        created_at = excluded.created_at, updated_at = excluded.updated_at,
+        message_count = excluded.message_count, input_tokens = excluded.input_tokens,
+        output_tokens = excluded.output_tokens, estimated_cost = excluded.estimated_cost,
+        last_hash = excluded.last_hash, state = excluded.state
+    RETURNING session_id, xmax = 0 AS inserted"""
+_KEYS: Final = ("SELECT i.session_id FROM idempotency i JOIN unnest($1::text[], $2::text[])"
+                " AS k(session_id, key) USING (session_id, key)")
+_IDEMPOTENCY: Final = """
+    INSERT INTO idempotency (session_id, key, result)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])"""
+# The last statement before COMMIT: the counter row (only if no other host moved it past
+# the writer's numbering), the events, the wake-up. No row back: the head moved.
+_EVENTS: Final = """
+    WITH head AS (
+        UPDATE log_head SET position = position + $1 WHERE id = 1 AND position = $2
+        RETURNING position),
+    ins AS (
+        INSERT INTO events (position, session_id, version, event_id, type, schema_version,
+            recorded_at, data, meta, hash)
+        SELECT e.* FROM head, unnest($3::bigint[], $4::text[], $5::bigint[], $6::text[],
+            $7::text[], $8::int[], $9::text[], $10::bytea[], $11::bytea[], $12::text[]) AS e)
+    SELECT pg_notify($13, position::text) FROM head"""
+
+
+class PostgresStore(ModelReads):
+    """The writer's connection (only the writer task uses it) and a pool for reads."""
+
+    def __init__(self, url: str, *, password: str | None = None, readers: int = 2,
+                 host_name: str | None = None, connect_timeout_s: float = 5.0) -> None:
+        self.url = url
+        self.password = password
+        # A server that is down fails a commit after this long, retryable, instead of
+        # holding the writer (asyncpg's own default is 60 s).
+        self.connect_timeout_s = connect_timeout_s
+        self.host_name = host_name
+        self._reader_count = readers
+        self._con: Any = None  # asyncpg.Connection of the writer
+        self._pool: Any = None  # asyncpg.Pool of the readers
+        self.schema_version = 0
+        self.migrated: list[int] = []  # the migrations this open applied
+        self.last_commit_s = 0.0
+        self.moved = 0  # batches refused because another daemon moved a session
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Nothing beyond the Protocols yet: no file to check, copy or cap, and no SQL
+        access for search (full-text search on PostgreSQL is still to do)."""
+        return Capabilities(engine="postgresql")
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def connect(self) -> Any:
+        """A new connection to the database (the listener opens its own with this)."""
+        return await asyncpg.connect(self.url, password=self.password,
+                                     timeout=self.connect_timeout_s)
+
+    async def open(self) -> None:
+        """Connect, run pending migrations under the advisory lock, open the read pool."""
+        try:
+            self._con = await self.connect()
+            self.migrated = await schema.migrate(self._con, redact(self.url))
+            self.schema_version = await schema.schema_version(self._con)
+            self._pool = await asyncpg.create_pool(
+                self.url, password=self.password, min_size=1, max_size=self._reader_count,
+                timeout=self.connect_timeout_s)
+        except schema.SchemaTooNew:
+            await self.close()
+            raise
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
+            await self.close()
+            raise StorageError(f"cannot open database {redact(self.url)}: {exc}",
+                               {"detail": str(exc)}) from exc
+        log.info("store.opened", db=redact(self.url), schema_version=self.schema_version,
+                 migrated=self.migrated)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+        if self._con is not None:
+            await self._con.close()
+            self._con = None
+
+    async def _writer(self) -> Any:
+        """The writer's connection, opened again if the last one was lost."""
+        if self._con is None or self._con.is_closed():
+            self._con = await self.connect()
+        return self._con
+
+    async def _run(self, fn: Any) -> Any:
+        """Run `fn(connection)` on the writer's connection; driver errors become -32012."""
+        try:
+            return await fn(await self._writer())
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
+            raise storage_error(exc) from exc
+
+    # --- the writer's side -------------------------------------------------------------
+
+    async def last_position(self) -> int:
+        """The position of the last committed event (the counter row)."""
+        return int(await self._run(
+            lambda c: c.fetchval("SELECT position FROM log_head WHERE id = 1")))
+
+    async def load_entry(self, session_id: str) -> Entry | None:
+        row = await self._run(lambda c: c.fetchrow(
+            "SELECT s.state, s.last_hash, (SELECT position FROM events e WHERE"
+            " e.session_id = s.session_id ORDER BY version DESC LIMIT 1)"
+            " FROM sessions s WHERE s.session_id = $1", session_id))
+        if row is None:
+            return None
+        return Entry(self._state(row[0]), row[1], int(row[2] or 0))
+
+    async def sessions_behind(self) -> list[str]:
+        """Sessions whose events go past their stored view (or that have no view)."""
+        rows = await self._run(lambda c: c.fetch(
+            "SELECT e.session_id FROM (SELECT session_id, MAX(version) AS v FROM events"
+            " GROUP BY session_id) e LEFT JOIN sessions s ON s.session_id = e.session_id"
+            " WHERE s.version IS NULL OR s.version < e.v"))
+        return [r[0] for r in rows]
+
+    async def idempotent_results(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+        """The stored first results of these (session_id, idempotency_key) pairs, from
+        whichever daemon stored them."""
+        if not keys:
+            return {}
+        rows = await self._run(lambda c: c.fetch(
+            "SELECT i.session_id, i.key, i.result FROM idempotency i JOIN unnest($1::text[],"
+            " $2::text[]) AS k(session_id, key) USING (session_id, key)",
+            [k[0] for k in keys], [k[1] for k in keys]))
+        return {(r[0], r[1]): bytes(r[2]) for r in rows}
+
+    async def commit(self, batch: Batch) -> Moved | None:
+        """Write the whole batch in one transaction, or nothing of it: None when written,
+        `Moved` when another daemon wrote first (see the module's docstring)."""
+        started = time.perf_counter()
+        want = bases(batch)
+        try:
+            con = await self._writer()
+            try:
+                async with con.transaction():
+                    await self._write(con, batch, want)
+            except _Abort as abort:
+                self.moved += 1
+                return Moved(abort.stale, await self._head(con))
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name not in ("events_session_version", "sessions_pkey"):
+                    log.error("store.integrity_error", error=str(exc))
+                    raise
+                # Another daemon created one of these sessions at the same moment.
+                self.moved += 1
+                return Moved(frozenset(sid for sid, v in want.items() if v == 0),
+                             await self._head(con))
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
+            raise storage_error(exc) from exc
+        self.last_commit_s = time.perf_counter() - started
+        return None
+
+    @staticmethod
+    async def _head(con: Any) -> int:
+        return int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
+
+    async def _write(self, con: Any, batch: Batch, want: dict[str, int]) -> None:
+        ev = batch.events
+        first = ev[0].position if ev else 0
+        if ev and [e.position for e in ev] != list(range(first, first + len(ev))):
+            # A bug of the writer: positions would not match the counter row.
+            log.error("store.batch_misnumbered", first=first, events=len(ev))
+            raise StorageError("storage error: the batch's events are not numbered"
+                               " consecutively; nothing was written",
+                               {"detail": "positions not consecutive"})
+        # The head is checked first (one read, no lock) so that a moved batch says at once
+        # which of its sessions are stale too; the last statement is what decides.
+        head_moved = bool(ev) and await self._head(con) != first - 1
+        touched = sorted({*want, *batch.deletes})
+        stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
+        stale = {sid for sid, version in want.items()
+                 if sid not in batch.deletes and stored.get(sid, 0) != version}
+        if batch.idempotency:
+            keyed = [i for i in batch.idempotency if i[0] not in batch.deletes]
+            stale |= {r[0] for r in await con.fetch(
+                _KEYS, [i[0] for i in keyed], [i[1] for i in keyed])}
+        if stale or head_moved:
+            raise _Abort(sorted(stale))
+        if batch.deletes:
+            for table in schema.SESSION_TABLES:
+                await con.execute(f"DELETE FROM {table} WHERE session_id = ANY($1::text[])",
+                                  batch.deletes)
+        if batch.views:
+            new = {sid for sid in batch.views if sid not in stored or sid in batch.deletes}
+            columns = _view_columns(batch.views)
+            rows = await con.fetch(_VIEWS, *columns[:14], self.host_name, columns[14])
+            raced = [r[0] for r in rows if r[0] in new and not r[1]]
+            if raced:
+                raise _Abort(raced)
+        await projections.project(con, batch)
+        if batch.snapshots:
+            await con.executemany(
+                "INSERT INTO snapshots (session_id, version, state) VALUES ($1, $2, $3)"
+                " ON CONFLICT (session_id, version) DO UPDATE SET state = excluded.state",
+                [(v.session_id, v.version, _json.encode(v)) for v in batch.snapshots])
+        if batch.idempotency:
+            items = batch.idempotency
+            await con.execute(_IDEMPOTENCY, [i[0] for i in items], [i[1] for i in items],
+                              [i[2] for i in items])
+        if not ev:
+            return
+        took = await con.fetchrow(
+            _EVENTS, len(ev), first - 1, [e.position for e in ev], [e.session_id for e in ev],
+            [e.version for e in ev], [e.event_id for e in ev], [e.type for e in ev],
+            [e.schema_version for e in ev], [e.recorded_at for e in ev],
+            [_json.encode(e.data) for e in ev], [_json.encode(e.meta) for e in ev],
+            [e.hash for e in ev], CHANNEL)
+        if took is None:
+            raise _Abort()  # another daemon took these positions since the check above
+
+
+def _view_columns(views: Mapping[str, Entry]) -> list[list[Any]]:
+    """The views as the columns of _VIEWS ($1..$14, then $16: the state), in
+    session_id order (two daemons inserting the same new sessions wait, never deadlock)."""
+    rows = []
+    for sid in sorted(views):
+        entry = views[sid]
+        s, u = entry.state, entry.state.token_usage
+        rows.append((s.session_id, s.version, s.status, s.namespace, s.actor_name, s.source,
+                     s.task, s.timestamps.created_at, s.timestamps.updated_at, s.message_count,
+                     u.input_tokens, u.output_tokens, u.estimated_cost, entry.last_hash,
+                     _json.encode(s)))
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+if TYPE_CHECKING:
+    def _is_a_store(store: PostgresStore) -> Store:
+        """mypy checks here that PostgresStore implements every store Protocol."""
+        return store

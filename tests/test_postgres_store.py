@@ -1,0 +1,43 @@
+"""The store contract (tests/store_contract.py) on the PostgreSQL store, each test on a
+database of its own, with a second store on the same database for the shared tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pg
+import pytest
+from store_contract import StoreContract
+
+from sessiond_daemon.eventstore import Store
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from pg.database()
+
+
+class TestPostgresStore(StoreContract):
+    @pytest.fixture
+    async def store(self, pg_url: str) -> AsyncIterator[Store]:
+        from sessiond_daemon.postgres.store import PostgresStore
+
+        store = PostgresStore(pg_url, host_name="host-a")
+        await store.open()
+        try:
+            yield store
+        finally:
+            await store.close()
+
+    @pytest.fixture
+    async def other(self, pg_url: str, store: Store) -> AsyncIterator[Store]:
+        from sessiond_daemon.postgres.store import PostgresStore
+
+        other = PostgresStore(pg_url, host_name="host-b")
+        await other.open()
+        try:
+            yield other
+        finally:
+            await other.close()
