@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -158,8 +158,8 @@ async def test_three_daemons_killed_and_restarted_under_load(pg_url: str,
                 # Each daemon in turn is killed once a further share of the load is
                 # acknowledged, and started again at once.
                 for i, host in enumerate(hosts):
-                    await eventually(lambda i=i: len(acked) >= total * (i + 1) // (DAEMONS + 2),
-                                     f"{total * (i + 1) // (DAEMONS + 2)} acknowledged writes")
+                    share = total * (i + 1) // (DAEMONS + 2)
+                    await eventually(_reached(acked, share), f"{share} acknowledged writes")
                     host.kill()
                     await host.start()
             assert len(acked) == total
@@ -193,6 +193,10 @@ async def test_three_daemons_killed_and_restarted_under_load(pg_url: str,
         done.set()
         for host in hosts:
             host.stop()
+
+
+def _reached(acked: dict[str, Any], share: int) -> Callable[[], bool]:
+    return lambda: len(acked) >= share
 
 
 async def _whole_log(host: Host, sessions: list[str]) -> list[tuple[str, int, int, str]]:
