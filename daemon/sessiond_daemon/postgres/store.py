@@ -3,8 +3,8 @@
 One batch is one transaction on the writer's connection:
 1. every session the batch touches is locked (`SELECT … FOR UPDATE`, in session_id
    order, so two hosts never deadlock) and its stored version compared with the one
-   the writer decided from (`batch.bases`; not for a session the batch deletes: a
-   delete is whole whatever was appended); an idempotency key another host stored
+   the writer decided from (`batch.bases`; a session the batch deletes too, since a
+   delete may carry an expected_version); an idempotency key another host stored
    first counts too. Those sessions come back as `Moved.stale` and nothing is written:
    the writer reloads them and decides again;
 2. deletes, views (a session the writer thought new but another host created is
@@ -252,8 +252,8 @@ class PostgresStore(ModelReads):
     async def _write(self, con: Any, batch: Batch, want: dict[str, int]) -> None:
         touched = sorted({*want, *batch.deletes})
         stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
-        stale = {sid for sid, version in want.items()
-                 if sid not in batch.deletes and stored.get(sid, 0) != version}
+        # A delete too is decided from a version (a client's expected_version): checked.
+        stale = {sid for sid, version in want.items() if stored.get(sid, 0) != version}
         if batch.idempotency:
             keyed = [i for i in batch.idempotency if i[0] not in batch.deletes]
             stale |= {r[0] for r in await con.fetch(
