@@ -109,7 +109,8 @@ async def test_an_event_that_commits_late_is_not_skipped(pg_url: str, outcome: s
     back, the batch gets position 1: no hole either way."""
     import asyncpg
 
-    from sessiond_daemon.postgres.store import Moved, PostgresStore
+    from sessiond_daemon.eventstore import Moved
+    from sessiond_daemon.postgres.store import PostgresStore
 
     store, reader = PostgresStore(pg_url), PostgresStore(pg_url)
     await store.open()

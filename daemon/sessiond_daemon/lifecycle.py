@@ -182,8 +182,7 @@ class Daemon:
                 await store.open()
                 return
             except SessiondError as exc:
-                data = exc.data if isinstance(exc.data, dict) else {}
-                if not data.get("retryable"):
+                if not exc.data.get("retryable"):
                     raise
                 log.warning("daemon.waiting_for_database", error=exc.message,
                             retry_in_s=delay)
