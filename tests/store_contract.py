@@ -76,8 +76,9 @@ class Log:
         return batch
 
     def delete(self, sid: str) -> Batch:
-        self.entries.pop(sid, None)
-        return Batch(deletes=[sid], bases={sid: 1})
+        """A delete decided from the version held (a shared store checks it)."""
+        entry = self.entries.pop(sid, None)
+        return Batch(deletes=[sid], bases={sid: entry.state.version if entry else 0})
 
 
 def created(namespace: str = "local", **fields: Any) -> tuple[str, dict[str, Any]]:
