@@ -11,9 +11,6 @@ exactly once, in position order.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +20,7 @@ import pg
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from conftest import eventually
+from test_crash import DaemonProcess
 
 from sessiond import AsyncClient
 from sessiond_schemas import rpc
@@ -41,41 +39,18 @@ def pg_url() -> Iterator[str]:
     yield from pg.database()
 
 
-class Host:
-    """One daemon process on the shared database; `restart` after `kill`."""
+class Host(DaemonProcess):
+    """One daemon process on the shared database (test_crash's, pointed at PostgreSQL)."""
 
     def __init__(self, directory: str, index: int, url: str) -> None:
+        super().__init__(directory)
         self.socket = os.path.join(directory, f"d{index}.sock")
-        self.url = url
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.db = url
         self.starts = 0
 
     async def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sessiond_daemon", "--socket", self.socket, "--db",
-             self.url, "--log-level", "error"])
+        await super().start()
         self.starts += 1
-
-        async def answers() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, "the daemon exited"
-            try:
-                async with AsyncClient(self.socket) as c:
-                    await c.ping()
-                return True
-            except (SessiondError, OSError):
-                return False
-
-        await eventually(answers, f"daemon {self.socket}")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait()
 
 
 _decoder = msgspec.json.Decoder()
