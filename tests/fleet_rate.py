@@ -29,7 +29,9 @@ async def admin(sql: str) -> None:
         await con.close()
 
 
-async def run(daemons: int, writers: int, seconds: float, src: str | None) -> float:
+async def run(daemons: int, writers: int, seconds: float,
+              src: str | None) -> tuple[float, int, int]:
+    """(appends/s, batches committed, batches decided again because the store moved)."""
     name = f"sessiond_rate_{secrets.token_hex(4)}"
     await admin(f'CREATE DATABASE "{name}"')
     url = SERVER.rsplit("/", 1)[0] + "/" + name
@@ -42,9 +44,11 @@ async def run(daemons: int, writers: int, seconds: float, src: str | None) -> fl
         try:
             for i in range(daemons):
                 sock = os.path.join(tmp, f"d{i}.sock")
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "sessiond_daemon", "--socket", sock, "--db", url,
-                     "--log-level", "error"], env=env))
+                with open(sock + ".log", "wb") as log:  # the child keeps its own copy
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "sessiond_daemon", "--socket", sock, "--db",
+                         url, "--log-level", "info", "--log-format", "json"], env=env,
+                        stdout=subprocess.DEVNULL, stderr=log))
                 socks.append(sock)
             for sock in socks:
                 while True:
@@ -66,7 +70,17 @@ async def run(daemons: int, writers: int, seconds: float, src: str | None) -> fl
 
             started = time.monotonic()
             await asyncio.gather(*(writer(i) for i in range(writers)))
-            return sum(counts) / (time.monotonic() - started)
+            rate = sum(counts) / (time.monotonic() - started)
+            batches = 0
+            for sock in socks:
+                async with AsyncClient(sock) as c:
+                    stats = await c.call("daemon.stats")
+                    batches += stats["write_transactions"]
+            moved = 0
+            for sock in socks:
+                with open(sock + ".log", "rb") as f:
+                    moved += f.read().count(b"writer.store_moved")
+            return rate, batches, moved
         finally:
             for p in procs:
                 p.terminate()
@@ -81,8 +95,10 @@ def main() -> None:
     ap.add_argument("--writers", type=int, default=16)
     args = ap.parse_args()
     for n in (1, 2, 4):
-        rate = asyncio.run(run(n, args.writers, args.seconds, args.src))
-        print(f"{n} daemon(s), {args.writers} writers: {rate:.0f} appends/s", flush=True)
+        rate, batches, moved = asyncio.run(run(n, args.writers, args.seconds, args.src))
+        print(f"{n} daemon(s), {args.writers} writers: {rate:.0f} appends/s,"
+              f" {batches} batches, {(batches + moved) / max(batches, 1):.2f} attempts"
+              " per batch", flush=True)
 
 
 if __name__ == "__main__":
