@@ -94,7 +94,8 @@ async def test_a_session_another_daemon_moved_is_refused_whole(pg_url: str) -> N
     """Host B decided against version 2; host A wrote version 3 meanwhile: B's batch is
     refused (nothing of it, not even its other session), and goes through once B reloads
     and numbers after the new head."""
-    from sessiond_daemon.postgres.store import Moved, PostgresStore
+    from sessiond_daemon.eventstore import Moved
+    from sessiond_daemon.postgres.store import PostgresStore
 
     a, b = await _open(pg_url, "a"), await _open(pg_url, "b")
     assert isinstance(a, PostgresStore) and isinstance(b, PostgresStore)
@@ -123,7 +124,8 @@ async def test_a_session_another_daemon_moved_is_refused_whole(pg_url: str) -> N
 
 
 async def test_two_daemons_creating_one_session_one_wins(pg_url: str) -> None:
-    from sessiond_daemon.postgres.store import Moved, PostgresStore
+    from sessiond_daemon.eventstore import Moved
+    from sessiond_daemon.postgres.store import PostgresStore
 
     a, b = await _open(pg_url, "a"), await _open(pg_url, "b")
     assert isinstance(a, PostgresStore) and isinstance(b, PostgresStore)
@@ -145,7 +147,8 @@ async def test_two_daemons_creating_one_session_at_once(pg_url: str) -> None:
     the other's insert finds the session taken: one commits, the other is moved."""
     import anyio
 
-    from sessiond_daemon.postgres.store import Moved, PostgresStore
+    from sessiond_daemon.eventstore import Moved
+    from sessiond_daemon.postgres.store import PostgresStore
 
     stores = [await _open(pg_url, f"h{i}") for i in range(2)]
     results: list[Moved | None] = []
@@ -169,7 +172,8 @@ async def test_two_daemons_creating_one_session_at_once(pg_url: str) -> None:
 async def test_an_idempotency_key_is_shared_by_every_daemon(pg_url: str) -> None:
     """A retry through another daemon finds the first result; committing the key again
     (a writer that had not looked) is refused as moved, never appended twice."""
-    from sessiond_daemon.postgres.store import Moved, PostgresStore
+    from sessiond_daemon.eventstore import Moved
+    from sessiond_daemon.postgres.store import PostgresStore
 
     a, b = await _open(pg_url, "a"), await _open(pg_url, "b")
     assert isinstance(a, PostgresStore) and isinstance(b, PostgresStore)
