@@ -32,6 +32,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--db", help="SQLite database path, or postgresql://user@host:port/dbname"
                    " (fleet mode, docs/fleet.md; the password from db_password_file or"
                    " systemd credentials, never here); also $SESSIOND_DB")
+    p.add_argument("--host-name", dest="host_name",
+                   help="this host's name, recorded with the executors it starts (default:"
+                        " the machine's hostname; fleet mode, docs/fleet.md)")
     p.add_argument("--socket-mode", help="octal mode of the socket, e.g. 0660 (default 0600)")
     p.add_argument("--durability", choices=["full", "normal"],
                    help="full: fsync every commit (default); normal: faster, a power loss may "
