@@ -139,8 +139,8 @@ async def _check_exactly_once(client: AsyncClient, acknowledged: dict[str, list[
         assert sorted(stored) == sorted(contents), sid  # every acknowledged write, once
         versions = [e.version for e in (await client.read_events(sid)).events]
         assert versions == list(range(1, len(versions) + 1))
-    report = await client.call("verify")
-    assert report["ok"], report
+    report = await client.verify()
+    assert report.ok, report
 
 
 async def _terminate_backends(pg_url: str) -> int:
