@@ -199,7 +199,8 @@ async def test_a_postgresql_restart_loses_no_acknowledged_write(pg_url: str,
         await _run_with_fault(pg_url, short_dir, fault)
     finally:
         # The server is back whatever happened (a restart that failed midway included).
-        await anyio.to_thread.run_sync(_cluster, "start") if not _online() else None
+        if not await anyio.to_thread.run_sync(_online):
+            await anyio.to_thread.run_sync(_cluster, "start")
 
 
 def _online() -> bool:

@@ -26,7 +26,8 @@ EX_TEMPFAIL = 75
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="sessiond", description="Run the sessiond daemon.")
+    p = argparse.ArgumentParser(prog="sessiond", description="Run the sessiond daemon. `sessiond migrate FROM TO`"
+                                " copies a database into another (docs/fleet.md).")
     p.add_argument("--config", help="TOML config file (also $SESSIOND_CONFIG)")
     p.add_argument("--socket", help="Unix socket path (also $SESSIOND_SOCKET)")
     p.add_argument("--db", help="SQLite database path, or postgresql://user@host:port/dbname"
@@ -118,6 +119,11 @@ def _reload(daemon: lifecycle.Daemon, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["migrate"]:  # `sessiond migrate FROM TO`: a copy, not a daemon
+        from .migrate import main as migrate
+
+        sys.exit(migrate(argv[1:]))
     args = parse_args(argv)
     try:
         config = load(args.config, _overrides(args))

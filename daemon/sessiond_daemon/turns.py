@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import signal
-from socket import gethostname
 import time
 from dataclasses import dataclass, field
+from socket import gethostname
 from typing import Any
 
 import anyio
