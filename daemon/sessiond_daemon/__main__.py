@@ -26,8 +26,9 @@ EX_TEMPFAIL = 75
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="sessiond", description="Run the sessiond daemon. `sessiond migrate FROM TO`"
-                                " copies a database into another (docs/fleet.md).")
+    p = argparse.ArgumentParser(
+        prog="sessiond", description="Run the sessiond daemon. `sessiond migrate FROM TO`"
+        " copies a database into another (docs/fleet.md).")
     p.add_argument("--config", help="TOML config file (also $SESSIOND_CONFIG)")
     p.add_argument("--socket", help="Unix socket path (also $SESSIOND_SOCKET)")
     p.add_argument("--db", help="SQLite database path, or postgresql://user@host:port/dbname"

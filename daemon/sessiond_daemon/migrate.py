@@ -67,7 +67,7 @@ def open_store(url: str, password_file: str | None) -> Store:
             password = dsn.password(password_file)
         except dsn.DsnError as exc:
             raise MigrateError(str(exc)) from exc
-        return PostgresStore(url, password=password, host_name="migrate")
+        return PostgresStore(url, password=password, host_name=None)  # sessions.host: unknown
     from .sqlite import SqliteStore
 
     return SqliteStore(url)
