@@ -33,7 +33,7 @@ from sessiond_schemas.state import SessionState
 from .adapters import ADAPTERS
 from .eventstore import page_budget
 from .processes import REFUSED_ENV_PREFIXES
-from .recovery import Recovery, runner_rows
+from .recovery import Recovery, latest_resume_id, runner_rows
 from .service import (
     Service,
     check_transition,
@@ -41,7 +41,7 @@ from .service import (
     require,
     sequenced,
 )
-from .trajectory import TRAJECTORY_TYPES, resume_id, steps, truncate_step
+from .trajectory import TRAJECTORY_TYPES, steps, truncate_step
 from .turns import Settings, Turn, Turns, plan_of
 from .writer import Plan
 
@@ -135,9 +135,8 @@ class Executors:
             state = await self.service.state(sid)
             adapter = ADAPTERS.get(state.adapter or "")
             # Only what this daemon's runner recorded: an imported argv is never run.
-            history = await runner_rows(self.service.store, sid,
-                                        ("process.started", "process.output"))
-            started = [d for t, d in history if t == "process.started"]
+            started = [d for _, d in await runner_rows(self.service.store, sid,
+                                                       ("process.started",))]
             if adapter is None or not started:
                 raise InvalidParamsError(
                     f"session {sid} has no executor to continue (not started by this daemon's"
@@ -150,8 +149,9 @@ class Executors:
                                        "allowed": list(ALLOWED_TRANSITIONS["active"])})
             self._check_capacity(starting=1)  # this session is counted in _starting
             try:
-                argv = adapter.resume_argv(started[0]["argv"], resume_id(history, adapter),
-                                           p.message, state.model)
+                argv = adapter.resume_argv(
+                    started[0]["argv"], await latest_resume_id(self.service.store, sid, adapter),
+                    p.message, state.model)
             except ValueError as exc:
                 raise InvalidParamsError(f"session {sid}: {exc}",
                                          {"detail": str(exc), "path": "$.session_id"}) from None

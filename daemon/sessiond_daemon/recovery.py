@@ -17,6 +17,7 @@ from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EventMeta, new_id
 from sessiond_schemas.state import SessionState
 
+from .adapters import Adapter
 from .eventstore import Store
 from .processes import Handle, stat, valid_pid
 from .service import Service, require
@@ -28,13 +29,36 @@ log = structlog.get_logger("sessiond.executors")
 
 async def runner_rows(store: Store, sid: str,
                       types: tuple[str, ...]) -> list[tuple[str, Any]]:
-    """A session's process events (and `types`) that this daemon's runner wrote: those
-    after the marker an import puts after the history it brought (maintenance.py).
-    What came before it is another daemon's history, never acted on."""
-    rows = await store.events_of_types(sid, tuple({*types, "process.detached"}))
-    marks = [i for i, (kind, d) in enumerate(rows)
+    """A session's turn events of `types` (process.started, .exited, .detached) that this
+    daemon's runner wrote: those after the marker an import puts after the history it
+    brought (maintenance.py). What came before it is another daemon's history, never
+    acted on. Read from the runner index: one row per turn event, never the output."""
+    rows = await store.runner_events(sid, tuple(sorted({*types, "process.detached"})))
+    marks = [i for i, (kind, _, d) in enumerate(rows)
              if kind == "process.detached" and d.get("imported") is True]
-    return [r for r in rows[marks[-1] + 1 if marks else 0:] if r[0] in types]
+    return [(kind, d) for kind, _, d in rows[marks[-1] + 1 if marks else 0:] if kind in types]
+
+
+async def latest_resume_id(store: Store, sid: str, adapter: Adapter) -> str | None:
+    """The last thread or session id the executor's stdout named, for its next turn (never
+    one from before an import's marker). Walks the runner index's output lines newest
+    first, a page at a time, and stops at the first that names one: O(1) pages for the
+    adapters there are (their last turn names it), whatever the output history."""
+    before: int | None = None
+    while True:
+        rows = await store.runner_events(sid, ("process.output", "process.detached"),
+                                         newest_first=True, before_version=before, limit=64)
+        for kind, _, d in rows:
+            if kind == "process.detached":
+                if d.get("imported") is True:
+                    return None
+            elif d.get("stream", "stdout") == "stdout":
+                parsed = adapter.parse(d["line"])
+                if parsed is not None and parsed.resume_id:
+                    return parsed.resume_id
+        if len(rows) < 64:
+            return None
+        before = rows[-1][1]
 
 
 class Recovery:

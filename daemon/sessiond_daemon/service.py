@@ -533,6 +533,20 @@ class Service:
             resume_from=found.resume_from, created_at=found.created_at, version=found.version,
             payload=msgspec.Raw(found.payload), memory=found.memory)
 
+    async def progress_list(self, p: rpc.ProgressListParams,
+                            meta: EventMeta) -> rpc.ProgressListResult:
+        """A page of the graph's steps (the path the view no longer keeps), oldest first."""
+        state = await self.state(p.session_id)
+        upto = min(p.at_version or state.version, state.version)
+        rows = await self.store.progress_steps(p.session_id, p.after_version, upto,
+                                               p.limit + 1, max_bytes=page_budget.get())
+        more = len(rows) > p.limit or rows.cut
+        steps = rows[:p.limit]
+        return rpc.ProgressListResult(
+            steps=steps, total=state.progress.steps_executed,
+            next=steps[-1].version if more and steps else None,
+            truncated_by_bytes=rows.cut and len(steps) < p.limit)
+
     async def checkpoint_list(self, p: rpc.CheckpointListParams,
                               meta: EventMeta) -> rpc.CheckpointListResult:
         await self.state(p.session_id)
