@@ -300,9 +300,14 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
         for sid in batch.deletes:
-            search.forget_session(db, sid)
+            # The read models first: the pages they free make room for the search index's
+            # delete markers (FTS5 writes them) in a database at max_db_bytes.
             for table in SESSION_TABLES:
-                db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
+                if table not in ("events", "sessions"):
+                    db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
+            search.forget_session(db, sid)  # reads the session's events
+            db.execute("DELETE FROM events WHERE session_id = ?", (sid,))
+            db.execute("DELETE FROM sessions WHERE session_id = ?", (sid,))
         if batch.events:
             db.executemany(
                 "INSERT INTO events (position, session_id, version, event_id, type,"
