@@ -18,9 +18,9 @@ from sessiond_schemas.events import EventMeta, new_id
 from sessiond_schemas.state import SessionState
 
 from .adapters import Adapter
+from .commands import Commands, require
 from .eventstore import Store
 from .processes import Handle, stat, valid_pid
-from .service import Service, require
 from .turns import plan_of
 from .writer import Plan
 
@@ -71,8 +71,9 @@ def owner_host(started: dict[str, Any], default: str) -> str:
 class Recovery:
     """Decides the open turns at start; holds the adopted ones until they end or are killed."""
 
-    def __init__(self, service: Service, host: str) -> None:
-        self.service = service
+    def __init__(self, commands: Commands, store: Store, host: str) -> None:
+        self.commands = commands
+        self.store = store
         self.host = host  # this daemon's host name: another host's turns are not ours
         # Turns a previous daemon left running, proven ours at start-up: sid -> (handle, turn).
         self.detached: dict[str, tuple[Handle, int]] = {}
@@ -81,7 +82,7 @@ class Recovery:
         """Decide the open turn of every active executor session. Stored data never stops
         the start: what cannot be decided is logged and left as it is."""
         try:
-            sessions = await self.service.store.sessions_with_process()
+            sessions = await self.store.sessions_with_process()
         except Exception:
             log.exception("executor.recovery_failed", error_id=new_id())
             return
@@ -94,7 +95,7 @@ class Recovery:
     async def _open_turn(self, sid: str) -> tuple[dict[str, Any], bool] | None:
         """The last process.started of a session if no exit was recorded after it, and
         whether a restart already recorded it as detached."""
-        rows = await runner_rows(self.service.store, sid,
+        rows = await runner_rows(self.store, sid,
                                  ("process.started", "process.exited", "process.detached"))
         starts = [i for i, (kind, _) in enumerate(rows) if kind == "process.started"]
         if not starts or any(kind == "process.exited" for kind, _ in rows[starts[-1]:]):
@@ -143,7 +144,7 @@ class Recovery:
 
         meta = EventMeta(peer_uid=os.getuid(), peer_pid=os.getpid())
         try:
-            await self.service.write(sid, meta, plan)
+            await self.commands.submit(sid, meta, plan)
         except SessiondError as exc:
             log.error("executor.recovery_failed", session_id=sid, error=exc.message)
 
@@ -170,6 +171,6 @@ class Recovery:
             return plan_of(s, events)
 
         try:
-            await self.service.write(sid, EventMeta(peer_uid=os.getuid(), peer_pid=pid), plan)
+            await self.commands.submit(sid, EventMeta(peer_uid=os.getuid(), peer_pid=pid), plan)
         except SessiondError as exc:
             log.error("executor.recovery_failed", session_id=sid, error=exc.message)

@@ -41,12 +41,11 @@ from . import forks, projection
 from .commands import Commands, check_transition, created_view, require, sequenced
 from .eventstore import Page, SessionFilters, Store, page_budget, repage
 from .histories import unreadable_error
-from .writer import Delete, Plan, Planner, Writer
+from .writer import Delete, Plan, Writer
 
-__all__ = [  # the rules executors.py takes from here live in commands.py
+__all__ = [
     "APPEND_INPUTS", "RUNNER_ONLY", "VERSION", "LiveFigures", "Service", "StatusChangeInput",
-    "check_transition", "created_view", "invalid_params", "normalise_time", "require",
-    "sequenced",
+    "invalid_params", "normalise_time",
 ]
 
 try:
@@ -152,16 +151,6 @@ class Service:
         self._live = figures
 
     # What the executors use (executors.py takes the Service): the commands' own.
-
-    async def write(self, session_id: str, meta: EventMeta, plan: Planner) -> msgspec.Raw:
-        """Submit a plan for one session to the writer (no idempotency key, no expected version)."""
-        return await self.commands.submit(session_id, meta, plan)
-
-    def check_event_size(self, data: Any, what: str) -> None:
-        self.commands.check_event_size(data, what)
-
-    def check_checkpoint_size(self, data: Any, what: str) -> None:
-        self.commands.check_checkpoint_size(data, what)
 
     async def state(self, session_id: str) -> SessionState:
         return await self.commands.state(session_id)
