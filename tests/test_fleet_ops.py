@@ -45,6 +45,10 @@ async def event_types(client: AsyncClient, sid: str) -> list[str]:
     return [e.type for e in (await client.read_events(sid)).events]
 
 
+async def _outputs(client: AsyncClient, sid: str, n: int) -> bool:
+    return (await event_types(client, sid)).count("process.output") >= n
+
+
 async def test_executors_stay_with_the_host_that_started_them(pg_url: str,
                                                               short_dir: str) -> None:
     alpha, beta = (host_config(short_dir, n, pg_url) for n in ("alpha", "beta"))
@@ -52,7 +56,9 @@ async def test_executors_stay_with_the_host_that_started_them(pg_url: str,
         async with running_daemon(beta) as b, AsyncClient(b.socket) as on_b:
             await on_a.spawn([*TOOL, "quiet"], session_id="q")
             assert (await started_event(on_b, "q"))["host"] == "alpha"
-            # Through beta: a clear error that names alpha, and nothing is written.
+            # Through beta: a clear error that names alpha, and nothing is written. (The
+            # tool's three lines first: their events come in after process.started.)
+            await eventually(lambda: _outputs(on_a, "q", 3), "the tool's three lines")
             before = await event_types(on_a, "q")
             with pytest.raises(OtherHostError, match="host alpha") as refused:
                 await on_b.kill("q")
