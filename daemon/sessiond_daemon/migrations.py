@@ -154,6 +154,12 @@ MIGRATIONS: Final[list[list[str]]] = [
         ) WITHOUT ROWID""",
         "CREATE INDEX forks_by_source ON forks (source_id, session_id)",
     ],
+    # 5: events_by_session (session_id) goes: the (session_id, version) key serves every
+    # look-up by session, and the index cost a B-tree insert and ~41 bytes per event
+    # (bench/README: "CPU per append"). Idempotent, so its place in the list is free.
+    [
+        "DROP INDEX IF EXISTS events_by_session",
+    ],
 ]
 
 

@@ -32,7 +32,7 @@ from ..eventstore import Batch, Capabilities, Entry, ForkRow, Moved, Page, repag
 from ..migrations import SESSION_TABLES
 from . import agents, conversation, graphs, sessions
 from .agents import AgentReads
-from .base import encode, marks, storage_error
+from .base import encode, encode_meta, marks, storage_error
 from .conversation import EVENT_COLUMNS, ConversationReads, event_from_row
 from .graphs import GraphIndex
 from .sessions import SessionViews, state_decoder
@@ -72,10 +72,8 @@ class WriterThread:
                 outcome, failed = fn(*args), False
             except BaseException as exc:  # handed to the caller, as run_in_executor does
                 outcome, failed = exc, True
-            try:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
                 loop.call_soon_threadsafe(_settle, future, outcome, failed)
-            except RuntimeError:  # the loop is closed: nobody waits any more
-                pass
             del item, future, outcome
 
     def shutdown(self) -> None:
@@ -358,7 +356,7 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (e.position, e.session_id, e.version, e.event_id, e.type, e.schema_version,
-                     e.recorded_at, encode(e.data), encode(e.meta), e.hash)
+                     e.recorded_at, encode(e.data), encode_meta(e.meta), e.hash)
                     for e in batch.events
                 ],
             )
