@@ -346,9 +346,14 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
         for sid in batch.deletes:
-            search.forget_session(db, sid)
+            # The read models go first: the pages they free make room for the search
+            # index's delete records (a full database must still let a session go), which
+            # are taken from the events, deleted last.
             for table in SESSION_TABLES:
-                db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
+                if table != "events":
+                    db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
+            search.forget_session(db, sid)
+            db.execute("DELETE FROM events WHERE session_id = ?", (sid,))
         if batch.events:
             db.executemany(
                 "INSERT INTO events (position, session_id, version, event_id, type,"
