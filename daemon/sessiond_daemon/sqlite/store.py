@@ -30,11 +30,13 @@ from sessiond_schemas.events import Event
 from .. import forks, host, migrations, search
 from ..eventstore import Batch, Capabilities, Entry, ForkRow, Moved, Page, repage
 from ..migrations import SESSION_TABLES
-from . import agents, conversation, graphs, sessions
+from . import agents, conversation, graphs, progress, runner, sessions
 from .agents import AgentReads
 from .base import encode, encode_meta, marks, storage_error
 from .conversation import EVENT_COLUMNS, ConversationReads, event_from_row
 from .graphs import GraphIndex
+from .progress import ProgressReads
+from .runner import RunnerReads
 from .sessions import SessionViews, state_decoder
 
 log = structlog.get_logger("sessiond.store")
@@ -42,7 +44,8 @@ T = TypeVar("T")
 
 # What the commit keeps besides the events, views and idempotency results, in this order.
 PROJECTIONS: tuple[Callable[[sqlite3.Connection, Batch], None], ...] = (
-    search.project, graphs.project, agents.project, conversation.project)
+    search.project, graphs.project, agents.project, conversation.project, progress.project,
+    runner.project)
 
 
 class WriterThread:
@@ -126,7 +129,8 @@ async def _connect(path: str, synchronous: str, *, query_only: bool) -> aiosqlit
     return db
 
 
-class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
+class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, ProgressReads,
+                  RunnerReads):
     """The write connection (only the writer task uses it) and a few read connections."""
 
     def __init__(self, path: str, durability: str = "full", readers: int = 2,
@@ -346,14 +350,14 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
         for sid in batch.deletes:
-            # The read models go first: the pages they free make room for the search
-            # index's delete records (a full database must still let a session go), which
-            # are taken from the events, deleted last.
+            # The read models first: the pages they free make room for the search index's
+            # delete markers (FTS5 writes them) in a database at max_db_bytes.
             for table in SESSION_TABLES:
-                if table != "events":
+                if table not in ("events", "sessions"):
                     db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
-            search.forget_session(db, sid)
+            search.forget_session(db, sid)  # reads the session's events
             db.execute("DELETE FROM events WHERE session_id = ?", (sid,))
+            db.execute("DELETE FROM sessions WHERE session_id = ?", (sid,))
         if batch.events:
             db.executemany(
                 "INSERT INTO events (position, session_id, version, event_id, type,"
