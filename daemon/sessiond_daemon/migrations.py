@@ -194,6 +194,12 @@ MIGRATIONS: Final[list[list[str]]] = [
             OR (type = 'process.output' AND (instr(CAST(data AS TEXT), 'thread_id') > 0
                 OR instr(CAST(data AS TEXT), 'session_id') > 0))""",
     ],
+    # 6: events_by_session (session_id) goes: the (session_id, version) key serves every
+    # look-up by session, and the index cost a B-tree insert and ~41 bytes per event
+    # (bench/README: "CPU per append"). Idempotent, so its place in the list is free.
+    [
+        "DROP INDEX IF EXISTS events_by_session",
+    ],
 ]
 
 
