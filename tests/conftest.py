@@ -1,7 +1,7 @@
 """Shared fixtures: a real daemon on a temporary socket and database, and clients for it.
 
 The daemon fixtures run on both stores: a test that asks for `daemon`, `client` or
-`db_url` (or `store` itself) runs once on a SQLite file (`[sqlite]`) and once on a
+`db_url` (or `store_kind` itself) runs once on a SQLite file (`[sqlite]`) and once on a
 PostgreSQL database (`[postgresql]`, marked `postgresql`; tests/pg.py says where the
 server is). `@pytest.mark.sqlite_only("why")` keeps a test (or module) on SQLite alone,
 for what only a SQLite file has; `@pytest.mark.slow_on_postgresql` marks a long test's
@@ -102,8 +102,9 @@ STORES = ("sqlite", "postgresql")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Run each test that needs a `store` on both stores, but those marked sqlite_only."""
-    if "store" not in metafunc.fixturenames:
+    """Run each test that needs a `store_kind` on both stores, but those marked
+    sqlite_only."""
+    if "store_kind" not in metafunc.fixturenames:
         return
     only = metafunc.definition.get_closest_marker("sqlite_only")
     if only is not None and not (only.args or only.kwargs.get("reason")):
@@ -114,11 +115,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if metafunc.definition.get_closest_marker("slow_on_postgresql") is not None:
             marks.append(pytest.mark.fleet)
         params.append(pytest.param("postgresql", id="postgresql", marks=marks))
-    metafunc.parametrize("store", params, indirect=True)
+    metafunc.parametrize("store_kind", params, indirect=True)
 
 
 @pytest.fixture
-def store(request: pytest.FixtureRequest) -> str:
+def store_kind(request: pytest.FixtureRequest) -> str:
     """Which store this run of the test uses: "sqlite" or "postgresql"."""
     return str(request.param)
 
@@ -130,10 +131,10 @@ def pg_module_database() -> Iterator[str]:
 
 
 @pytest.fixture
-def db_url(store: str, short_dir: str, request: pytest.FixtureRequest) -> str:
+def db_url(store_kind: str, short_dir: str, request: pytest.FixtureRequest) -> str:
     """The `db` setting of this test's daemon: a SQLite file in `short_dir`, or an empty
     PostgreSQL database (the module's, emptied for this test)."""
-    if store == "postgresql":
+    if store_kind == "postgresql":
         url: str = request.getfixturevalue("pg_module_database")
         pg.empty(url)
         return url
