@@ -29,6 +29,7 @@ async def all_events(c: AsyncClient) -> list[Event]:
     return events
 
 
+@pytest.mark.slow_on_postgresql
 async def test_catch_up_then_live_under_load(daemon: Daemon, client: AsyncClient) -> None:
     """8 writers, 5,000 events; 4 subscribers each get exactly their events, in order, once."""
     sessions = [(await client.create_session(f"w{i}")).session_id for i in range(8)]
