@@ -141,24 +141,24 @@ def main(argv: list[str] | None = None) -> None:
         else:
             anyio.run(_serve, daemon, args, backend="asyncio", backend_options=options)
     except BaseException as group:  # task groups wrap what they raise
-        exc = _sole(group)
-        if isinstance(exc, SchemaRefused):
-            log.error("daemon.schema_refused", detail=str(exc))
-            print(f"sessiond: {exc}", file=sys.stderr)
+        failure = _sole(group)
+        if isinstance(failure, SchemaRefused):
+            log.error("daemon.schema_refused", detail=str(failure))
+            print(f"sessiond: {failure}", file=sys.stderr)
             sys.exit(EX_CONFIG)  # the same every time: restarting cannot help
-        if isinstance(exc, (lifecycle.AlreadyRunning, host.DatabaseInUse)):
-            log.error("daemon.already_running", detail=str(exc))
+        if isinstance(failure, (lifecycle.AlreadyRunning, host.DatabaseInUse)):
+            log.error("daemon.already_running", detail=str(failure))
             sys.exit(EX_TEMPFAIL)
-        if isinstance(exc, host.UnsafePathError):
-            log.error("daemon.unsafe_path", detail=str(exc))
+        if isinstance(failure, host.UnsafePathError):
+            log.error("daemon.unsafe_path", detail=str(failure))
             sys.exit(EX_CONFIG)
-        if isinstance(exc, StorageError):
-            log.error("daemon.storage_failed", detail=exc.message)
+        if isinstance(failure, StorageError):
+            log.error("daemon.storage_failed", detail=failure.message)
             sys.exit(1)
-        if isinstance(exc, OSError):
-            log.error("daemon.start_failed", detail=str(exc))
+        if isinstance(failure, OSError):
+            log.error("daemon.start_failed", detail=str(failure))
             sys.exit(1)
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(failure, KeyboardInterrupt):
             sys.exit(130)
         raise
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import PermissionDeniedError
@@ -50,16 +50,20 @@ class Grants:
             extra.add("session.import")
         return cls(DEFAULT_PEER_METHODS | extra)
 
-    def check(self, method: str, params: Any, uid: int) -> None:
-        """Refuse (-32006, naming the method) a call the peer is not granted."""
+    def check(self, method: str, uid: int, grant: str | None = None) -> None:
+        """Refuse (-32006, naming the method) a call the peer is not granted. `grant`: what
+        the call needs when not its method (the method table's `grant` says)."""
         if uid in (os.getuid(), 0):
             return
-        grant = method
-        if method == "session.import" and getattr(params, "on_conflict", None) == "replace":
-            grant = IMPORT_REPLACE
+        grant = grant or method
         if grant not in self.methods:
             how = " with on_conflict=replace" if grant == IMPORT_REPLACE else ""
             raise PermissionDeniedError(
                 f"uid {uid} may not call {method}{how}: not granted to other users"
                 f" (grant it with peer_methods = [\"{grant}\"])",
                 {"uid": uid, "method": method, "grant": grant})
+
+
+def import_grant(p: rpc.SessionImportParams) -> str:
+    """session.import with on_conflict=replace needs a grant of its own."""
+    return IMPORT_REPLACE if p.on_conflict == "replace" else "session.import"

@@ -60,7 +60,8 @@ class JsonlAdapter:
         obj = _object(line)
         # Any sessiond event type is taken here; the runner refuses (with a problem event)
         # the types an executor may not write, so their author learns why.
-        if obj is None or obj.get("type") not in DATA_TYPES or not isinstance(obj.get("data"), dict):
+        if (obj is None or obj.get("type") not in DATA_TYPES
+                or not isinstance(obj.get("data"), dict)):
             return None
         kind, data = obj["type"], obj["data"]
         out = Parsed(events=[(kind, data)])
@@ -213,7 +214,8 @@ class ClaudeAdapter(_EventStream):
             if obj.get("is_error"):
                 out.error = str(obj.get("result") or obj.get("subtype") or "error")
             out.steps.append(_step("result", obj.get("result") or obj.get("subtype"),
-                                   is_error=obj.get("is_error"), cost_usd=obj.get("total_cost_usd")))
+                                   is_error=obj.get("is_error"),
+                                   cost_usd=obj.get("total_cost_usd")))
         else:
             return False
         return True
@@ -241,4 +243,5 @@ def _text_of(content: Any) -> str:
 
 
 Adapter = JsonlAdapter | CodexAdapter | ClaudeAdapter
-ADAPTERS: dict[str, Adapter] = {a.name: a for a in (JsonlAdapter(), CodexAdapter(), ClaudeAdapter())}
+ADAPTERS: dict[str, Adapter] = {
+    a.name: a for a in (JsonlAdapter(), CodexAdapter(), ClaudeAdapter())}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +33,11 @@ from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 if TYPE_CHECKING:
+    from .commands import Commands
     from .eventstore import ForkReads
-    from .service import Service
+
+# A session's view at a version (Service.state_at): what a fork starts from.
+StateAt = Callable[[str, int], Awaitable[SessionState]]
 
 _json = msgspec.json.Encoder()
 
@@ -204,16 +207,18 @@ def _fork_id(source: str, key: str) -> str:
     return f"fork-{digest[:26].lower()}"
 
 
-async def fork(service: Service, p: rpc.SessionForkParams, meta: EventMeta) -> Any:
+async def fork(commands: Commands, store: ForkReads, state_at: StateAt,
+               p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
     """session.fork: a new session whose history is the source's up to at_version."""
     async with guard(p.session_id):
-        return await _fork(service, p, meta)
+        return await _fork(commands, store, state_at, p, meta)
 
 
-async def _fork(service: Service, p: rpc.SessionForkParams, meta: EventMeta) -> Any:
+async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
+                p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
     from .writer import Import  # here: the writer imports the store, which imports us
 
-    current = await service.state(p.session_id)
+    current = await commands.state(p.session_id)
     at = p.at_version if p.at_version is not None else current.version
     if at > current.version:
         raise InvalidParamsError(
@@ -224,10 +229,8 @@ async def _fork(service: Service, p: rpc.SessionForkParams, meta: EventMeta) -> 
             f"session {p.session_id} has a running executor (pid {current.pid}): a fork is"
             " data, not a process; fork it when its turn has ended, or after session.kill",
             {"session_id": p.session_id, "pid": current.pid})
-    raw = await service.session_get(rpc.SessionGetParams(session_id=p.session_id,
-                                                         at_version=at), meta)
-    state = msgspec.json.decode(raw, type=SessionState) if isinstance(raw, msgspec.Raw) else raw
-    prev = await hash_at(service.store, p.session_id, at)
+    state = await state_at(p.session_id, at)
+    prev = await hash_at(store, p.session_id, at)
     if prev is None:
         raise InvalidParamsError(f"session {p.session_id} has no event at version {at}",
                                  {"detail": "no such version", "path": "$.at_version"})
@@ -246,7 +249,7 @@ async def _fork(service: Service, p: rpc.SessionForkParams, meta: EventMeta) -> 
             raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
         return Import([event], {})
 
-    return await service._submit(p, meta, plan, session_id=sid)
+    return await commands.submit(sid, meta, plan, idempotency_key=key)
 
 
 async def forks_of(store: ForkReads, p: rpc.SessionForksParams,
@@ -260,15 +263,13 @@ async def forks_of(store: ForkReads, p: rpc.SessionForksParams,
                            next_cursor=page[-1].session_id if len(rows) > p.limit else None)
 
 
-async def state_in_source(service: Service, current: SessionState, at_version: int,
-                          meta: EventMeta) -> SessionState:
+async def state_in_source(state_at: StateAt, current: SessionState,
+                          at_version: int) -> SessionState:
     """A fork's view at a version at or below its fork point: the source's view then,
     under the fork's identity (session_id and forked_from)."""
     link = current.forked_from
     assert link is not None
-    raw = await service.session_get(rpc.SessionGetParams(session_id=link.session_id,
-                                                         at_version=at_version), meta)
-    state = msgspec.json.decode(raw, type=SessionState) if isinstance(raw, msgspec.Raw) else raw
+    state = await state_at(link.session_id, at_version)
     return msgspec.structs.replace(state, session_id=current.session_id, forked_from=link)
 
 

@@ -19,8 +19,8 @@ from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.events import EventMeta, GraphPruned, SessionCreated
 from sessiond_schemas.state import SessionState
 
-from .eventstore import page_budget
-from .service import Service, require
+from .commands import Commands, require
+from .eventstore import GraphReads, page_budget
 from .writer import Delete, Plan
 
 PAGE = 200  # index rows read at a time by graph.list
@@ -29,22 +29,22 @@ NAMESPACE = "langgraph"
 
 
 class Graphs:
-    """The graph.* methods over a service's store and writer."""
+    """The graph.* methods over the store (its graph read model) and the commands."""
 
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        self.store = service.store
+    def __init__(self, store: GraphReads, commands: Commands) -> None:
+        self.store = store
+        self.commands = commands
 
     # --- writes ---------------------------------------------------------------------
 
     async def graph_put(self, p: rpc.GraphPutParams, meta: EventMeta) -> msgspec.Raw:
         data = _event_data(p)
-        self.service.check_checkpoint_size(data, "graph.checkpoint data")
+        self.commands.check_checkpoint_size(data, "graph.checkpoint data")
         return await self._append(p.session_id, p.thread_id, meta, [("graph.checkpoint", data)])
 
     async def graph_put_writes(self, p: rpc.GraphPutWritesParams, meta: EventMeta) -> msgspec.Raw:
         data = _event_data(p)
-        self.service.check_checkpoint_size(data, "graph.writes data")
+        self.commands.check_checkpoint_size(data, "graph.writes data")
         return await self._append(p.session_id, p.thread_id, meta, [("graph.writes", data)])
 
     async def _append(self, sid: str, thread_id: str, meta: EventMeta,
@@ -58,9 +58,10 @@ class Graphs:
             return Plan([*first, *events], lambda s, ev: {
                 "session_id": s.session_id, "version": s.version, "position": ev[-1].position})
 
-        return await self.service.write(sid, meta, plan)
+        return await self.commands.submit(sid, meta, plan)
 
-    async def graph_delete_runs(self, p: rpc.GraphRunsParams, meta: EventMeta) -> rpc.GraphChangeResult:
+    async def graph_delete_runs(self, p: rpc.GraphRunsParams,
+                                meta: EventMeta) -> rpc.GraphChangeResult:
         rows = await self.store.graph_runs(p.run_ids) if p.run_ids else []
         by_session: dict[str, list[tuple[str, str]]] = {}
         for sid, ns, checkpoint_id in rows:
@@ -76,8 +77,11 @@ class Graphs:
             if not rows:
                 continue
             if p.strategy == "delete":
-                await self.service.write(
-                    sid, meta, lambda s, sid=sid: Delete({"deleted": require(s, sid) and True}))
+                def delete(s: SessionState | None, sid: str = sid) -> Delete:
+                    require(s, sid)
+                    return Delete({"deleted": True})
+
+                await self.commands.submit(sid, meta, delete)
                 count += len(rows)
                 touched.append(sid)
                 continue
@@ -99,7 +103,7 @@ class Graphs:
             require(state, sid)
             return Plan([("graph.pruned", data)], lambda s, ev: None)
 
-        await self.service.write(sid, meta, plan)
+        await self.commands.submit(sid, meta, plan)
 
     async def graph_copy(self, p: rpc.GraphCopyParams, meta: EventMeta) -> rpc.GraphChangeResult:
         """Copy the source thread's indexed checkpoints and writes, oldest first."""

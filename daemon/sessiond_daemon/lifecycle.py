@@ -20,17 +20,20 @@ from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EventMeta
 from sessiond_schemas.rpc import SessionCleanupParams
 
-from . import host, logs
+from . import host, logs, methods
 from .access import Grants
+from .commands import Commands, Limits
 from .config import RELOADABLE, Config, differences
 from .eventstore import Store
 from .executors import Executors
 from .executors import Settings as ExecutorSettings
+from .graphs import Graphs
 from .maintenance import Maintenance
 from .metrics import start_metrics
 from .postgres import dsn
+from .search_fork import SearchAndFork
 from .server import Server, ServerLimits
-from .service import Limits, Service
+from .service import LiveFigures, Service
 from .sqlite import SqliteStore
 from .systemd import Notifier, Watchdog
 from .writer import Writer
@@ -121,6 +124,8 @@ class Daemon:
         self.inherited = inherited  # a listening socket from systemd, if activated
         self.server: Server | None = None
         self.service: Service | None = None
+        self.commands: Commands | None = None
+        self.methods: methods.MethodTable | None = None  # what the server serves
         self.writer: Writer | None = None
 
     async def run(self, shutdown: anyio.Event, *,
@@ -167,15 +172,26 @@ class Daemon:
     async def _serve(self, store: Store, writer: Writer, shutdown: anyio.Event,
                      task_status: TaskStatus[str]) -> None:
         config = self.config
-        self.service = service = Service(store, writer, _service_limits(config))
+        # The features, each given what it reads and writes through.
+        self.commands = commands = Commands(store, writer, _service_limits(config))
+        self.service = service = Service(commands, store, writer)
+        maintenance = Maintenance(store, writer, commands)
         executors = Executors(service, ExecutorSettings(
             max_processes=config.max_processes, max_line_bytes=config.max_line_bytes,
             max_output_lines_per_s=config.max_output_lines_per_s,
             kill_grace_s=config.kill_grace_s))
+        # The method table: every method of the contract and what serves it.
+        self.methods = table = methods.table(
+            service, maintenance, Graphs(store, commands),
+            SearchAndFork(store, commands, service.state_at), executors)
+        methods.check(table)  # exactly the contract's methods, or no start
         self.server = server = Server(
-            service, _server_limits(config), executors=executors,
+            table, _server_limits(config), store=store, writer=writer,
             allowed_uids=frozenset(config.allowed_uids),
             allowed_gids=frozenset(config.allowed_gids), grants=Grants.of(config.peer_methods))
+        service.on_stats(lambda: LiveFigures(connections=server.connections,
+                                             subscriptions=server.subscriptions,
+                                             executors_running=len(executors.running)))
         # 3. Serve: on systemd's socket if it passed one, else on our own.
         if self.inherited is not None:
             listener = await SocketListener.from_socket(self.inherited)
@@ -195,7 +211,7 @@ class Daemon:
                     await start_metrics(serving, config, store, writer, server, executors,
                                         lambda path: bind_socket(path, config.socket_mode))
                 if config.cleanup_older_than_days > 0:
-                    serving.start_soon(_retention, service, config)
+                    serving.start_soon(_retention, maintenance, config)
                 log.info("daemon.ready", socket=socket_path, db=config.db,
                          durability=config.durability, pid=os.getpid(),
                          activated=self.inherited is not None)
@@ -262,8 +278,8 @@ class Daemon:
             self.server.allowed_uids = frozenset(new.allowed_uids)
             self.server.allowed_gids = frozenset(new.allowed_gids)
             self.server.grants = Grants.of(new.peer_methods)
-        if self.service is not None:
-            self.service.limits = _service_limits(new)
+        if self.commands is not None:
+            self.commands.limits = _service_limits(new)
         # Keep the settings that need a restart as they are running.
         self.config = msgspec.structs.replace(
             self.config, **{k: getattr(new, k) for k in applied})
@@ -333,11 +349,10 @@ def _raise_fd_limit(max_connections: int) -> None:
                         needed=want, hint="raise LimitNOFILE= (systemd) or ulimit -n")
 
 
-async def _retention(service: Service, config: Config) -> None:
+async def _retention(maintenance: Maintenance, config: Config) -> None:
     """Delete ended sessions idle for cleanup_older_than_days, every cleanup_every_s."""
     params = SessionCleanupParams(older_than_days=config.cleanup_older_than_days)
     meta = EventMeta(peer_uid=os.getuid(), peer_pid=os.getpid())
-    maintenance = Maintenance(service)
     while True:
         try:
             await maintenance.session_cleanup(params, meta)

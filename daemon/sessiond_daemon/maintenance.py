@@ -24,10 +24,11 @@ from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import forks, projection, search
+from .commands import Commands
+from .eventstore import Store
 from .histories import unreadable_error
-from .service import Service
 from .verify import SessionCheck
-from .writer import Command, Delete, Import
+from .writer import Delete, Import, Writer
 
 log = structlog.get_logger("sessiond.maintenance")
 _json = msgspec.json.Encoder()
@@ -40,10 +41,10 @@ class _NoLongerStale(SessiondError):
 class Maintenance:
     """The contract's data-lifecycle methods, beside the Service they write through."""
 
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        self.store = service.store
-        self.writer = service.writer
+    def __init__(self, store: Store, writer: Writer, commands: Commands) -> None:
+        self.store = store
+        self.writer = writer
+        self.commands = commands
 
     async def daemon_verify(self, p: rpc.NoParams, meta: EventMeta) -> rpc.VerifyResult:
         caps = self.store.capabilities
@@ -106,10 +107,11 @@ class Maintenance:
                                {"detail": str(exc)}) from exc
         return rpc.BackupResult(path=p.path, bytes=size, position=position)
 
-    async def session_cleanup(self, p: rpc.SessionCleanupParams, meta: EventMeta) -> rpc.CleanupResult:
+    async def session_cleanup(self, p: rpc.SessionCleanupParams,
+                              meta: EventMeta) -> rpc.CleanupResult:
         cutoff = (datetime.now(UTC) - timedelta(days=p.older_than_days)).strftime(
             "%Y-%m-%dT%H:%M:%S.%fZ")
-        statuses = list(p.statuses)
+        statuses: list[str] = list(p.statuses)
         if not statuses:
             return rpc.CleanupResult(deleted=0, session_ids=[])
         stale = await self.store.stale_sessions(statuses, cutoff, 10_000)
@@ -127,7 +129,7 @@ class Maintenance:
                 return Delete(rpc.DeleteResult(deleted=True))
 
             try:
-                await self.writer.submit(Command(session_id=sid, plan=plan, meta=meta))
+                await self.commands.submit(sid, meta, plan)
                 deleted.append(sid)
             except _NoLongerStale:
                 pass
@@ -152,7 +154,7 @@ class Maintenance:
             version = page[-1].version + 1
 
     async def session_export(self, p: rpc.SessionRef, meta: EventMeta) -> dict[str, Any]:
-        await self.service.state(p.session_id)
+        await self.commands.state(p.session_id)
         try:
             events = [e async for page in self._pages(p.session_id) for e in page]
             # The view is folded from exactly these events, so the document is consistent
@@ -199,11 +201,11 @@ class Maintenance:
             async with forks.guard(sid):
                 if p.on_conflict == "replace":
                     await forks.refuse_if_forked(self.store, sid, "replaced by an import")
-                return await self.service._submit(p, meta, plan, session_id=sid)
+                return await self.commands.submit(sid, meta, plan)
         except SessionExistsError:
             if p.on_conflict != "skip":
                 raise
-            return msgspec.Raw(_json.encode(await self.service.state(sid)))
+            return msgspec.Raw(_json.encode(await self.commands.state(sid)))
 
 
 IMPORTED_REASON = ("imported: its processes belong to another daemon's history;"

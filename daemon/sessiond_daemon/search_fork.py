@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-from typing import Any
 
+import msgspec
 import structlog
 
 from sessiond_schemas import rpc
 from sessiond_schemas.events import EventMeta
 
 from . import forks, search
-from .eventstore import SqlAccess
-from .service import Service, _normalise_time
+from .commands import Commands
+from .eventstore import SqlAccess, Store
+from .forks import StateAt
+from .service import normalise_time
 
 log = structlog.get_logger("sessiond.search")
 REINDEX_RANGE = 50_000  # positions per transaction: about a second of work
@@ -22,9 +24,10 @@ REINDEX_RANGE = 50_000  # positions per transaction: about a second of work
 class SearchAndFork:
     """Finding sessions by their text, and branching them, beside the Service."""
 
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        self.store = service.store
+    def __init__(self, store: Store, commands: Commands, state_at: StateAt) -> None:
+        self.store = store
+        self.commands = commands
+        self.state_at = state_at  # a session's view at a version, what a fork starts from
 
     @property
     def sql(self) -> SqlAccess:
@@ -33,8 +36,8 @@ class SearchAndFork:
         return search.sql_of(self.store)
 
     async def session_search(self, p: rpc.SessionSearchParams, meta: EventMeta) -> rpc.SearchResult:
-        since = _normalise_time(p.since, "$.since")
-        until = _normalise_time(p.until, "$.until")
+        since = normalise_time(p.since, "$.since")
+        until = normalise_time(p.until, "$.until")
 
         def run(con: sqlite3.Connection) -> rpc.SearchResult:
             return search.query(con, text=p.query, statuses=tuple(p.status or ()),
@@ -43,11 +46,11 @@ class SearchAndFork:
                                 cursor=p.cursor)
         return await self.sql.on_reader(run)
 
-    async def session_fork(self, p: rpc.SessionForkParams, meta: EventMeta) -> Any:
-        return await forks.fork(self.service, p, meta)
+    async def session_fork(self, p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
+        return await forks.fork(self.commands, self.store, self.state_at, p, meta)
 
     async def session_forks(self, p: rpc.SessionForksParams, meta: EventMeta) -> rpc.ForksResult:
-        state = await self.service.state(p.session_id)
+        state = await self.commands.state(p.session_id)
         return await forks.forks_of(self.store, p, state)
 
     async def daemon_reindex(self, p: rpc.NoParams, meta: EventMeta) -> rpc.ReindexResult:

@@ -8,8 +8,9 @@ import os
 import re
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -35,25 +36,22 @@ from sessiond_schemas.events import EventMeta, new_id
 
 from . import host
 from .access import Grants
-from .eventstore import page_budget
-from .executors import Executors
-from .graphs import Graphs
-from .maintenance import Maintenance
+from .eventstore import Store, page_budget
+from .methods import ConnectionHandler, Handler, MethodTable
 from .metrics import NO_METRICS, Hooks
-from .search_fork import SearchAndFork
-from .service import VERSION, Service, invalid_params
+from .service import VERSION, invalid_params
 from .subscriptions import Subscriptions
+from .writer import Writer
 
 log = structlog.get_logger("sessiond.rpc")
 
-Handler = Callable[[Any, EventMeta], Awaitable[Any]]
 _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(rpc.Request)
 _batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _EMPTY_PARAMS = msgspec.Raw(b"{}")
-_CONNECTION_METHODS = frozenset({"events.subscribe", "events.unsubscribe"})
 # The id of a request line that begins {"jsonrpc":"2.0","id":... (as the clients send them).
-_LEADING_ID = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,128}")\s*[,}]')
+_LEADING_ID = re.compile(
+    rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,128}")\s*[,}]')
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +96,8 @@ class Connection:
     subscriptions: Subscriptions
 
 
-def _failure(request_id: Any, code: int, message: str, data: dict[str, Any] | None = None) -> rpc.Failure:
+def _failure(request_id: Any, code: int, message: str,
+             data: dict[str, Any] | None = None) -> rpc.Failure:
     error = rpc.ErrorObject(code=code, message=message, data=data if data else msgspec.UNSET)
     return rpc.Failure(jsonrpc="2.0", id=request_id, error=error)
 
@@ -113,15 +112,13 @@ def peer_of(sock: socket.socket) -> Peer:
 class Server:
     """Serves the contract's methods to every connection on a listener."""
 
-    def __init__(self, service: Service, limits: ServerLimits, *,
-                 executors: Executors | None = None,
+    def __init__(self, methods: MethodTable, limits: ServerLimits, *,
+                 store: Store, writer: Writer,
                  allowed_uids: frozenset[int] = frozenset(),
                  allowed_gids: frozenset[int] = frozenset(),
-                 grants: Grants = Grants()) -> None:
-        self.service = service
-        self.grants = grants  # what other allowed uids may call
-        providers = [service, Maintenance(service), Graphs(service), SearchAndFork(service),
-                     executors]
+                 grants: Grants | None = None) -> None:
+        self.store, self.writer = store, writer  # what a connection's subscriptions read
+        self.grants = grants or Grants()  # what other allowed uids may call
         self.limits = limits
         self.allowed_uids = allowed_uids
         self.allowed_gids = allowed_gids
@@ -129,21 +126,17 @@ class Server:
         self.subscriptions = 0
         self.draining = False
         self.inflight = 0
-        self.executors = executors
         self.metrics: Hooks = NO_METRICS  # lifecycle sets Prometheus with --metrics-listen
         self._idle: anyio.Event | None = None  # made only while someone waits for it
-        self._decoders = {name: msgspec.json.Decoder(params_type)
-                          for name, (params_type, _) in rpc.METHODS.items()}
-        # Each method is the provider's attribute of that name ("session.get" ->
-        # session_get); the subscription methods belong to a connection. A method no
-        # provider has (no executors given) is answered "method not found".
-        self._handlers: dict[str, Handler] = {}
-        for name in rpc.METHODS.keys() - _CONNECTION_METHODS:
-            attr = name.replace(".", "_")
-            for provider in providers:
-                if hasattr(provider, attr):
-                    self._handlers[name] = getattr(provider, attr)
-                    break
+        # From the method table (methods.py): each method's params decoder, and its
+        # handler, or the connection's (the subscription methods), and its grant.
+        self._decoders = {name: msgspec.json.Decoder(m.params) for name, m in methods.items()}
+        self._handlers: dict[str, Handler] = {
+            name: m.handler for name, m in methods.items() if m.handler is not None}
+        self._on_connection: dict[str, ConnectionHandler] = {
+            name: m.on_connection for name, m in methods.items() if m.on_connection is not None}
+        self._grants: dict[str, Callable[[Any], str]] = {
+            name: m.grant for name, m in methods.items() if m.grant is not None}
 
     # --- accepting ------------------------------------------------------------------
 
@@ -183,13 +176,15 @@ class Server:
         try:
             if not self._allowed(peer):
                 log.warning("rpc.peer_refused", uid=peer.uid, pid=peer.pid)
-                err = PermissionDeniedError(f"uid {peer.uid} may not use this daemon", {"uid": peer.uid})
-                await self._send_quietly(writer, _encoder.encode(self._error(None, err)))
+                refused = PermissionDeniedError(f"uid {peer.uid} may not use this daemon",
+                                                {"uid": peer.uid})
+                await self._send_quietly(writer, _encoder.encode(self._error(None, refused)))
                 await self._linger(reader, writer)
                 return
             if self.connections >= self.limits.max_connections:
-                err = OverloadedError("too many connections; retry later", {"retry_after_ms": 100})
-                await self._send_quietly(writer, _encoder.encode(self._error(None, err)))
+                full = OverloadedError("too many connections; retry later",
+                                       {"retry_after_ms": 100})
+                await self._send_quietly(writer, _encoder.encode(self._error(None, full)))
                 await self._linger(reader, writer)
                 return
             self.connections += 1
@@ -253,7 +248,7 @@ class Server:
 
         async with anyio.create_task_group() as tg:
             conn = Connection(peer, Subscriptions(
-                self.service.store, self.service.writer, writer, tg,
+                self.store, self.writer, writer, tg,
                 max_buffer=self.limits.max_subscription_buffer,
                 max_subscriptions=self.limits.max_subscriptions,
                 on_count=self._count_subscriptions))
@@ -388,15 +383,16 @@ class Server:
         answered = [r for r in replies if r is not None]
         return b"[" + b",".join(answered) + b"]" if answered else None
 
-    async def _handle_one(self, raw: msgspec.Raw, conn: Connection) -> rpc.Success | rpc.Failure | None:
+    async def _handle_one(self, raw: msgspec.Raw,
+                          conn: Connection) -> rpc.Success | rpc.Failure | None:
         try:
             req = _request_decoder.decode(raw)
         except msgspec.ValidationError as exc:  # JSON, but not a request
             return _failure(None, INVALID_REQUEST, "invalid request", {"detail": str(exc)})
         except (msgspec.DecodeError, RecursionError) as exc:  # not JSON, not UTF-8, too deep
             return _failure(None, PARSE_ERROR, "parse error", {"detail": str(exc)})
-        notification = req.id is msgspec.UNSET
-        request_id = None if notification else req.id
+        notification = isinstance(req.id, msgspec.UnsetType)
+        request_id = None if isinstance(req.id, msgspec.UnsetType) else req.id
         started = self.metrics.clock()
         try:
             result = await self._dispatch(req, conn)
@@ -406,23 +402,18 @@ class Server:
         self.metrics.request(req.method, 0, started)
         return None if notification else rpc.Success(jsonrpc="2.0", id=request_id, result=result)
 
-    async def _dispatch(self, req: rpc.Request, conn: Connection) -> Any:
+    async def _dispatch(self, req: rpc.Request, conn: Connection) -> object:
         decoder = self._decoders.get(req.method)
-        if decoder is None or (req.method not in self._handlers
-                               and req.method not in _CONNECTION_METHODS):
+        if decoder is None:
             raise MethodNotFoundError(
                 f"method not found: {req.method} (this daemon is sessiond {VERSION},"
                 f" protocol {rpc.PROTOCOL_VERSION})",
                 {"method": req.method, "version": VERSION, "protocol": rpc.PROTOCOL_VERSION})
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down")
-        handler: Callable[..., Awaitable[Any]]
-        if req.method == "events.subscribe":
-            handler = lambda p, meta: conn.subscriptions.subscribe(p)  # noqa: E731
-        elif req.method == "events.unsubscribe":
-            handler = lambda p, meta: conn.subscriptions.unsubscribe(p)  # noqa: E731
-        else:
-            handler = self._handlers[req.method]
+        handler = self._handlers.get(req.method)
+        if handler is None:  # the connection's own (events.subscribe)
+            handler = partial(_on_connection, self._on_connection[req.method], conn)
         peer = conn.peer
         params_raw = req.params if isinstance(req.params, msgspec.Raw) else _EMPTY_PARAMS
         try:
@@ -435,7 +426,8 @@ class Server:
         except msgspec.DecodeError as exc:  # not UTF-8 inside params: the line is not JSON
             raise ParseError(f"parse error in params of {req.method}: {exc}",
                              {"detail": str(exc)}) from exc
-        self.grants.check(req.method, params, peer.uid)  # -32006 unless granted
+        grant = self._grants.get(req.method)
+        self.grants.check(req.method, peer.uid, grant(params) if grant else None)  # or -32006
         meta = EventMeta(peer_uid=peer.uid, peer_pid=peer.pid)
         self.inflight += 1
         try:
@@ -451,11 +443,13 @@ class Server:
             if not self.inflight and self._idle is not None:
                 self._idle.set()
                 self._idle = None
-        if req.method == "daemon.stats":
-            result.update(connections=self.connections, subscriptions=self.subscriptions,
-                          executors_running=len(self.executors.running) if self.executors else 0)
         return result
 
     @staticmethod
     def _error(request_id: Any, exc: SessiondError) -> rpc.Failure:
         return _failure(request_id, exc.code, exc.message, exc.data)
+
+
+async def _on_connection(handler: ConnectionHandler, conn: Connection, params: Any,
+                         meta: EventMeta) -> object:
+    return await handler(conn.subscriptions, params)

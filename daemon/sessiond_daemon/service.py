@@ -17,15 +17,11 @@ from sessiond_schemas.errors import (
     AmbiguousIdError,
     CheckpointNotFoundError,
     InvalidParamsError,
-    InvalidTransitionError,
     SessionExistsError,
     SessionNotFoundError,
-    TooLargeError,
     VersionConflictError,
 )
 from sessiond_schemas.events import (
-    ALLOWED_TRANSITIONS,
-    CURRENT_SCHEMA_VERSION,
     DATA_TYPES,
     Event,
     EventMeta,
@@ -37,15 +33,21 @@ from sessiond_schemas.events import (
     Status,
     StatusChanged,
     new_id,
-    now,
     parse_time,
 )
 from sessiond_schemas.state import Message, SessionState
 
 from . import forks, projection
+from .commands import Commands, check_transition, created_view, require, sequenced
 from .eventstore import Page, SessionFilters, Store, page_budget, repage
 from .histories import unreadable_error
-from .writer import Command, Delete, Plan, Planner, Writer
+from .writer import Delete, Plan, Planner, Writer
+
+__all__ = [  # the rules executors.py takes from here live in commands.py
+    "APPEND_INPUTS", "RUNNER_ONLY", "VERSION", "LiveFigures", "Service", "StatusChangeInput",
+    "check_transition", "created_view", "invalid_params", "normalise_time", "require",
+    "sequenced",
+]
 
 try:
     VERSION = version("sessiond")
@@ -53,13 +55,6 @@ except PackageNotFoundError:  # running from a source tree
     VERSION = "0+unknown"
 
 _json = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    max_message_bytes: int = 16 << 20
-    max_event_bytes: int = 32 << 20
-    max_checkpoint_bytes: int = 96 << 20
 
 
 class StatusChangeInput(msgspec.Struct, kw_only=True):
@@ -96,21 +91,6 @@ RUNNER_ONLY = frozenset({"process.started", "process.output", "process.exited",
                          "process.detached"})
 
 
-def require(state: SessionState | None, session_id: str) -> SessionState:
-    if state is None:
-        raise SessionNotFoundError(f"session {session_id} not found", {"session_id": session_id})
-    return state
-
-
-def check_transition(session_id: str, current: str, to: str) -> None:
-    allowed = ALLOWED_TRANSITIONS[current]
-    if to not in allowed:
-        raise InvalidTransitionError(
-            f"session {session_id} cannot move from {current} to {to}",
-            {"from": current, "to": to, "allowed": list(allowed)},
-        )
-
-
 def _data_paths(inputs: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """Where each events[i].data sits in the params (errors name the field)."""
     return [f"$.events[{i}].data" for i in range(len(inputs))]
@@ -123,33 +103,6 @@ def _not_none(**fields: Any) -> dict[str, Any]:
 def _write_result(state: SessionState, events: list[Event], **extra: Any) -> dict[str, Any]:
     return {"session_id": state.session_id, "version": state.version,
             "position": events[-1].position, **extra}
-
-
-def created_view(sid: str, data: dict[str, Any]) -> SessionState:
-    """The view right after a session.created with `data`: what events in the same write
-    as the creation are numbered and checked against."""
-    return projection.fold(None, [Event(
-        position=0, session_id=sid, version=0, event_id="", type="session.created",
-        schema_version=CURRENT_SCHEMA_VERSION, recorded_at=now(), data=data, meta=EventMeta(),
-        hash="")])
-
-
-def sequenced(s: SessionState, events: list[tuple[str, dict[str, Any]]]
-              ) -> list[tuple[str, dict[str, Any]]]:
-    """Events to append after view `s`: messages get their id and sequence, status changes
-    their `from`, each move checked in order (the daemon's part of events.append)."""
-    status, sequence = s.status, s.message_count
-    out: list[tuple[str, dict[str, Any]]] = []
-    for event_type, raw in events:
-        data = dict(raw)
-        if event_type == "session.status_changed":
-            check_transition(s.session_id, status, data["to"])
-            data["from"], status = status, data["to"]
-        elif event_type == "message.appended":
-            data.update(message_id=new_id(), sequence=sequence)
-            sequence += 1
-        out.append((event_type, data))
-    return out
 
 
 def _cut_result(state: SessionState, events: list[Event], popped: Message | None,
@@ -165,7 +118,7 @@ def _message_data(m: MessageFields, sequence: int) -> MessageAppended:
                            content=m.content, tool_call_id=m.tool_call_id, metadata=m.metadata)
 
 
-def _normalise_time(value: str | None, path: str) -> str | None:
+def normalise_time(value: str | None, path: str) -> str | None:
     if value is None:
         return None
     try:
@@ -175,53 +128,43 @@ def _normalise_time(value: str | None, path: str) -> str | None:
                                  {"detail": str(exc), "path": path}) from exc
 
 
-class Service:
-    """The contract's methods over one store and its writer."""
+@dataclass(frozen=True, slots=True)
+class LiveFigures:
+    """The figures of daemon.stats that the server knows, not the store."""
 
-    def __init__(self, store: Store, writer: Writer, limits: Limits) -> None:
+    connections: int = 0
+    subscriptions: int = 0
+    executors_running: int = 0
+
+
+class Service:
+    """The contract's session, message and event methods over one store and its writer."""
+
+    def __init__(self, commands: Commands, store: Store, writer: Writer) -> None:
+        self.commands = commands
         self.store = store
         self.writer = writer
-        self.limits = limits
         self.started = time.monotonic()
+        self._live: Callable[[], LiveFigures] = LiveFigures
 
-    async def _submit(self, p: Any, meta: EventMeta, plan: Planner,
-                      session_id: str | None = None) -> msgspec.Raw:
-        key = getattr(p, "idempotency_key", None)
-        cmd = Command(
-            session_id=session_id or p.session_id, plan=plan,
-            meta=msgspec.structs.replace(meta, idempotency_key=key),
-            expected_version=getattr(p, "expected_version", None), idempotency_key=key,
-        )
-        return msgspec.Raw(await self.writer.submit(cmd))
+    def on_stats(self, figures: Callable[[], LiveFigures]) -> None:
+        """Register where daemon.stats reads connections, subscriptions and executors."""
+        self._live = figures
+
+    # What the executors use (executors.py takes the Service): the commands' own.
 
     async def write(self, session_id: str, meta: EventMeta, plan: Planner) -> msgspec.Raw:
         """Submit a plan for one session to the writer (no idempotency key, no expected version)."""
-        return msgspec.Raw(await self.writer.submit(Command(session_id=session_id, plan=plan,
-                                                            meta=meta)))
+        return await self.commands.submit(session_id, meta, plan)
 
     def check_event_size(self, data: Any, what: str) -> None:
-        self._check_size(len(_json.encode(data)), self.limits.max_event_bytes, what)
+        self.commands.check_event_size(data, what)
 
     def check_checkpoint_size(self, data: Any, what: str) -> None:
-        self._check_size(len(_json.encode(data)), self.limits.max_checkpoint_bytes, what)
-
-    def _check_size(self, size: int, limit: int, what: str) -> None:
-        if size > limit:  # the message names the setting to raise
-            setting = " or ".join(name for name in Limits.__dataclass_fields__
-                                  if getattr(self.limits, name) == limit) or "limit"
-            raise TooLargeError(f"{what} is {size} bytes, over {setting} ({limit})",
-                                {"limit": limit, "size": size})
+        self.commands.check_checkpoint_size(data, what)
 
     async def state(self, session_id: str) -> SessionState:
-        state = self.writer.cached(session_id)
-        if state is None:
-            raw = await self.store.state_json(session_id)
-            try:
-                state = msgspec.json.decode(raw, type=SessionState) if raw is not None else None
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                # Stored data, not the caller's: the next write folds the view again.
-                raise unreadable_error(session_id, exc) from exc
-        return require(state, session_id)
+        return await self.commands.state(session_id)
 
     # --- daemon ---------------------------------------------------------------------
 
@@ -230,22 +173,28 @@ class Service:
                               uptime_s=round(time.monotonic() - self.started, 3),
                               protocol=rpc.PROTOCOL_VERSION, methods=sorted(rpc.METHODS))
 
-    async def daemon_stats(self, p: rpc.NoParams, meta: EventMeta) -> dict[str, Any]:
+    async def daemon_stats(self, p: rpc.NoParams, meta: EventMeta) -> rpc.StatsResult:
         sessions, events = await self.store.counts()
-        return {
-            "sessions": sessions, "events": events,
-            "last_position": self.writer.committed_position,
-            "db_bytes": size.db_bytes() if (size := self.store.capabilities.size) else 0,
-            "write_queue_depth": self.writer.queue_depth,
-            "appends_per_s": self.writer.appends_per_s(),
-            "uptime_s": round(time.monotonic() - self.started, 3),
-            "write_transactions": self.writer.transactions,
-            "write_commands": self.writer.commands,
-            "schema_version": self.store.schema_version,
-            "write_queue_capacity": self.writer.queue_capacity,
-            "sessions_by_status": {r[0]: r[1] for r in await self.store.session_totals("status")},
-            **self.writer.window.figures(),
-        }
+        by_status = {r[0]: r[1] for r in await self.store.session_totals("status")}
+        window, live = self.writer.window.figures(), self._live()
+        return rpc.StatsResult(
+            sessions=sessions, events=events,
+            last_position=self.writer.committed_position,
+            db_bytes=size.db_bytes() if (size := self.store.capabilities.size) else 0,
+            connections=live.connections, subscriptions=live.subscriptions,
+            write_queue_depth=self.writer.queue_depth,
+            appends_per_s=self.writer.appends_per_s(),
+            uptime_s=round(time.monotonic() - self.started, 3),
+            write_transactions=self.writer.transactions,
+            write_commands=self.writer.commands,
+            schema_version=self.store.schema_version,
+            write_queue_capacity=self.writer.queue_capacity,
+            commit_batch_size=window["commit_batch_size"],
+            commit_latency_ms=window["commit_latency_ms"],
+            commit_latency_max_ms=window["commit_latency_max_ms"],
+            executors_running=live.executors_running,
+            sessions_by_status=by_status,
+        )
 
     # --- sessions -------------------------------------------------------------------
 
@@ -253,7 +202,7 @@ class Service:
         sid = p.session_id or new_id()
         fields = {f: getattr(p, f) for f in SessionCreated.__struct_fields__}
         data = msgspec.to_builtins(SessionCreated(**fields))
-        self._check_size(len(_json.encode(data)), self.limits.max_event_bytes, "session.created data")
+        self.commands.check_event_size(data, "session.created data")
         inputs = self._appendable(p.events)
 
         def plan(state: SessionState | None) -> Plan:
@@ -264,7 +213,8 @@ class Service:
             return Plan([("session.created", data), *sequenced(created_view(sid, data), inputs)],
                         lambda s, ev: s, paths=["$", *_data_paths(inputs)])
 
-        return await self._submit(p, meta, plan, session_id=sid)
+        return await self.commands.submit(sid, meta, plan, idempotency_key=p.idempotency_key,
+                                          expected_version=p.expected_version)
 
     async def session_states(self, p: rpc.SessionStatesParams,
                              meta: EventMeta) -> rpc.SessionStatesResult:
@@ -279,7 +229,8 @@ class Service:
         found = await self.store.scoped_state(p.app_name, p.user_ids)
         return rpc.StateGetResult(app=found.pop(""), users=found)
 
-    async def session_get(self, p: rpc.SessionGetParams, meta: EventMeta) -> Any:
+    async def session_get(self, p: rpc.SessionGetParams,
+                          meta: EventMeta) -> SessionState | msgspec.Raw:
         if p.at_version is None:
             state = self.writer.cached(p.session_id)
             if state is not None:
@@ -287,25 +238,33 @@ class Service:
             raw = await self.store.state_json(p.session_id)
             if raw is None:
                 require(None, p.session_id)
-            return msgspec.Raw(raw)
-        current = await self.state(p.session_id)
-        if p.at_version > current.version:
+            return msgspec.Raw(raw)  # the stored view as it is stored: no decode, no encode
+        return await self.state_at(p.session_id, p.at_version)
+
+    async def state_at(self, session_id: str, version: int) -> SessionState:
+        """The session's view as it was at `version` (session.get's time travel)."""
+        current = await self.state(session_id)
+        if version > current.version:
             raise InvalidParamsError(
-                f"at_version {p.at_version} is past session {p.session_id}'s version {current.version}",
+                f"at_version {version} is past session {session_id}'s version {current.version}",
                 {"detail": "at_version too large", "path": "$.at_version"},
             )
         link = current.forked_from
-        if link is not None and p.at_version <= link.version:  # a fork's shared history
-            return await forks.state_in_source(self, current, p.at_version, meta)
+        if link is not None and version <= link.version:  # a fork's shared history
+            return await forks.state_in_source(self.state_at, current, version)
         # Fold forward from the nearest snapshot: at most snapshot_every events to read.
-        base = await self.store.snapshot(p.session_id, p.at_version)
+        base = await self.store.snapshot(session_id, version)
         start = base.version + 1 if base is not None else (link.version + 1 if link else 1)
         events = await self.store.read_events(
-            session_id=p.session_id, from_version=start, after_position=0,
-            limit=p.at_version - start + 1, types=None)
-        return projection.fold(base, events) if events else base
+            session_id=session_id, from_version=start, after_position=0,
+            limit=version - start + 1, types=None)
+        state = projection.fold(base, events) if events else base
+        if state is None:  # neither a snapshot nor events: the stored history is gone
+            raise unreadable_error(session_id, LookupError(f"no events up to version {version}"))
+        return state
 
-    async def session_resolve(self, p: rpc.SessionResolveParams, meta: EventMeta) -> rpc.ResolveResult:
+    async def session_resolve(self, p: rpc.SessionResolveParams,
+                              meta: EventMeta) -> rpc.ResolveResult:
         if self.writer.cached(p.prefix) is not None or await self.store.state_json(p.prefix):
             return rpc.ResolveResult(session_id=p.prefix)
         candidates = await self.store.resolve(p.prefix)
@@ -319,18 +278,20 @@ class Service:
             )
         return rpc.ResolveResult(session_id=candidates[0])
 
-    async def session_list(self, p: rpc.SessionListParams, meta: EventMeta) -> rpc.SessionListResult:
+    async def session_list(self, p: rpc.SessionListParams,
+                           meta: EventMeta) -> rpc.SessionListResult:
         filters = SessionFilters(
             namespace=p.namespace, statuses=tuple(p.status or ()), actor_name=p.actor_name,
             source=p.source,
-            created_after=_normalise_time(p.created_after, "$.created_after"),
-            created_before=_normalise_time(p.created_before, "$.created_before"))
+            created_after=normalise_time(p.created_after, "$.created_after"),
+            created_before=normalise_time(p.created_before, "$.created_before"))
         sessions, cursor = await self.store.list_sessions(filters, p.limit, p.cursor,
                                                           max_bytes=page_budget.get())
         return rpc.SessionListResult(sessions=sessions, next_cursor=cursor,
                                      truncated_by_bytes=sessions.cut)
 
-    async def session_transition(self, p: rpc.SessionTransitionParams, meta: EventMeta) -> msgspec.Raw:
+    async def session_transition(self, p: rpc.SessionTransitionParams,
+                                 meta: EventMeta) -> msgspec.Raw:
         def plan(state: SessionState | None) -> Plan:
             s = require(state, p.session_id)
             check_transition(p.session_id, s.status, p.to)
@@ -338,7 +299,7 @@ class Service:
                                  error=p.error, paused_at=p.paused_at, resume_from=p.resume_from)
             return Plan([("session.status_changed", data)], lambda s, ev: s)
 
-        return await self._submit(p, meta, plan)
+        return await self.commands.submit_params(p, meta, plan)
 
     async def session_resume(self, p: rpc.SessionResumeParams, meta: EventMeta) -> msgspec.Raw:
         checkpoint = None
@@ -367,7 +328,7 @@ class Service:
             return Plan([("session.status_changed", data)],
                         lambda st, ev: rpc.SessionResumeResult(state=st, resume=resume))
 
-        return await self._submit(p, meta, plan)
+        return await self.commands.submit_params(p, meta, plan)
 
     async def session_delete(self, p: rpc.SessionDeleteParams, meta: EventMeta) -> msgspec.Raw:
         def plan(state: SessionState | None) -> Delete:
@@ -376,26 +337,24 @@ class Service:
 
         async with forks.guard(p.session_id):  # its forks share its history
             await forks.refuse_if_forked(self.store, p.session_id, "deleted")
-            return await self._submit(p, meta, plan)
+            return await self.commands.submit_params(p, meta, plan)
 
     # --- messages -------------------------------------------------------------------
 
-    def _check_message(self, m: MessageFields) -> None:
-        self._check_size(len(m.content.encode()), self.limits.max_message_bytes, "message content")
-
     async def message_append(self, p: rpc.MessageAppendParams, meta: EventMeta) -> msgspec.Raw:
-        self._check_message(p)
+        self.commands.check_message(p)
 
         def plan(state: SessionState | None) -> Plan:
             data = _message_data(p, require(state, p.session_id).message_count)
             return Plan([("message.appended", data)], lambda s, ev: _write_result(
                 s, ev, message_id=data.message_id, sequence=data.sequence))
 
-        return await self._submit(p, meta, plan)
+        return await self.commands.submit_params(p, meta, plan)
 
-    async def message_append_many(self, p: rpc.MessageAppendManyParams, meta: EventMeta) -> msgspec.Raw:
+    async def message_append_many(self, p: rpc.MessageAppendManyParams,
+                                  meta: EventMeta) -> msgspec.Raw:
         for m in p.messages:
-            self._check_message(m)
+            self.commands.check_message(m)
 
         def plan(state: SessionState | None) -> Plan:
             first = require(state, p.session_id).message_count
@@ -404,9 +363,10 @@ class Service:
                 s, ev, message_ids=[d.message_id for d in datas], first_sequence=first),
                 paths=[f"$.messages[{i}]" for i in range(len(datas))])
 
-        return await self._submit(p, meta, plan)
+        return await self.commands.submit_params(p, meta, plan)
 
-    async def message_list(self, p: rpc.MessageListParams, meta: EventMeta) -> rpc.MessageListResult:
+    async def message_list(self, p: rpc.MessageListParams,
+                           meta: EventMeta) -> rpc.MessageListResult:
         total = (await self.state(p.session_id)).message_count
         after = p.after_sequence
         if p.order == "asc":
@@ -457,12 +417,10 @@ class Service:
                 return Plan([("messages.truncated", data)], lambda st, ev: _cut_result(
                     st, ev, popped, count - kept, pop))
 
-            cmd = Command(session_id=p.session_id, plan=plan,
-                          meta=msgspec.structs.replace(meta, idempotency_key=p.idempotency_key),
-                          expected_version=p.expected_version or state.version,
-                          idempotency_key=p.idempotency_key)
             try:
-                return msgspec.Raw(await self.writer.submit(cmd))
+                return await self.commands.submit(
+                    p.session_id, meta, plan, idempotency_key=p.idempotency_key,
+                    expected_version=p.expected_version or state.version)
             except VersionConflictError:
                 if p.expected_version is not None:
                     raise  # the caller's own condition: theirs to handle
@@ -478,7 +436,7 @@ class Service:
             return Plan([("tokens.recorded", data)],
                         lambda s, ev: _write_result(s, ev, token_usage=s.token_usage))
 
-        return await self._submit(p, meta, plan)
+        return await self.commands.submit_params(p, meta, plan)
 
     async def progress_record(self, p: rpc.ProgressRecordParams, meta: EventMeta) -> msgspec.Raw:
         data = _not_none(node_id=p.node_id, edge=p.edge, latency_ms=p.latency_ms,
@@ -489,26 +447,27 @@ class Service:
             return Plan([("progress.recorded", data)],
                         lambda s, ev: _write_result(s, ev, progress=s.progress))
 
-        return await self._submit(p, meta, plan)
+        return await self.commands.submit_params(p, meta, plan)
 
     async def memory_update(self, p: rpc.MemoryUpdateParams, meta: EventMeta) -> msgspec.Raw:
-        self._check_size(len(_json.encode(p.patch)), self.limits.max_event_bytes, "memory patch")
+        self.commands.check_event_size(p.patch, "memory patch")
 
         def plan(state: SessionState | None) -> Plan:
             require(state, p.session_id)
             return Plan([("memory.updated", MemoryUpdated(patch=p.patch))],
                         lambda s, ev: _write_result(s, ev, memory=s.memory))
 
-        return await self._submit(p, meta, plan)
+        return await self.commands.submit_params(p, meta, plan)
 
     async def checkpoint_save(self, p: rpc.CheckpointSaveParams, meta: EventMeta) -> msgspec.Raw:
         payload = _json.encode(p.payload)
-        self._check_size(len(payload), self.limits.max_checkpoint_bytes, "checkpoint payload")
+        self.commands.check_size(len(payload), self.commands.limits.max_checkpoint_bytes,
+                                 "checkpoint payload")
         bad = json_out_of_bounds(p.payload, "$.payload", encoded=payload)
         if bad is not None:
             raise InvalidParamsError(bound_message(*bad), {"detail": "number out of bounds",
                                                            "path": bad[0]})
-        self._check_size(len(_json.encode(p.memory)), self.limits.max_event_bytes, "checkpoint memory")
+        self.commands.check_event_size(p.memory, "checkpoint memory")
         cid = p.checkpoint_id or new_id()
         data = {"checkpoint_id": cid, "size": len(payload), "memory": p.memory,
                 **_not_none(node_id=p.node_id, resume_from=p.resume_from)}
@@ -519,9 +478,10 @@ class Service:
                         lambda s, ev: _write_result(s, ev, checkpoint_id=cid),
                         payloads={0: payload})
 
-        return await self._submit(p, meta, plan)
+        return await self.commands.submit_params(p, meta, plan)
 
-    async def checkpoint_get(self, p: rpc.CheckpointGetParams, meta: EventMeta) -> rpc.CheckpointGetResult:
+    async def checkpoint_get(self, p: rpc.CheckpointGetParams,
+                             meta: EventMeta) -> rpc.CheckpointGetResult:
         await self.state(p.session_id)
         found = await self.store.checkpoint(p.session_id, p.checkpoint_id)
         if found is None:
@@ -551,10 +511,10 @@ class Service:
 
         def plan(state: SessionState | None) -> Plan:
             s = require(state, p.session_id)
-            return Plan(sequenced(s, inputs), lambda st, ev: _write_result(st, ev),
+            return Plan(sequenced(s, inputs), _write_result,
                         paths=_data_paths(inputs))
 
-        return await self._submit(p, meta, plan)
+        return await self.commands.submit_params(p, meta, plan)
 
     def _appendable(self, items: list[rpc.EventInput]) -> list[tuple[str, dict[str, Any]]]:
         """Validate events.append items (type, shape, size); return them as (type, data)."""
@@ -570,20 +530,21 @@ class Service:
             if shape is None:
                 raise InvalidParamsError(
                     f"events[{i}]: {item.type} cannot be appended with events.append;"
-                    f" use {_INSTEAD[item.type]}", {"detail": "type not appendable", "path": f"$.events[{i}].type"})
+                    f" use {_INSTEAD[item.type]}",
+                    {"detail": "type not appendable", "path": f"$.events[{i}].type"})
             try:
                 msgspec.convert(item.data, shape)
             except msgspec.ValidationError as exc:
                 raise invalid_params(exc, path, f"invalid {item.type} data") from exc
-            self._check_size(len(_json.encode(item.data)), self.limits.max_event_bytes,
-                             f"events[{i}].data")
+            self.commands.check_event_size(item.data, f"events[{i}].data")
             inputs.append((item.type, item.data))
         return inputs
 
     async def events_read(self, p: rpc.EventsReadParams, meta: EventMeta) -> rpc.EventsReadResult:
         if p.session_id is None and p.from_version is not None:
             raise InvalidParamsError("from_version needs a session_id",
-                                     {"detail": "from_version without session_id", "path": "$.from_version"})
+                                     {"detail": "from_version without session_id",
+                                      "path": "$.from_version"})
         if p.session_id is not None:
             await self.state(p.session_id)
         try:

@@ -181,6 +181,7 @@ class Subscriptions:
             bell = bell.next
 
     def _drop(self, sub: _Subscription, reason: str) -> None:
-        log.info("subscription.dropped", subscription=sub.id, reason=reason.split(":", maxsplit=1)[0])
+        log.info("subscription.dropped", subscription=sub.id,
+                 reason=reason.split(":", maxsplit=1)[0])
         self._notify("subscription.dropped", rpc.SubscriptionDropped(
             subscription=sub.id, reason=reason, last_position=sub.cursor))

@@ -58,4 +58,4 @@ class SessionCheck:
 
 
 def _differs(a: SessionState, b: SessionState) -> bool:
-    return msgspec.to_builtins(a) != msgspec.to_builtins(b)
+    return bool(msgspec.to_builtins(a) != msgspec.to_builtins(b))
