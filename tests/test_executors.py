@@ -448,20 +448,27 @@ class TestHandles:
         """A process a previous daemon recorded (not our child, its SESSIOND_* variables,
         its start time, this boot) is proven, and its exit comes through the pidfd the
         proof opened."""
-        from sessiond_daemon.processes import Handle, boot_id, start_time
+        from sessiond_daemon.processes import Handle, boot_id, start_time, stat
 
         env = {**os.environ, "SESSIOND_SESSION_ID": "adopted", "SESSIOND_TURN": "2"}
         proc = subprocess.Popen(["sleep", "300"], start_new_session=True, env=env)
-        record = {"pid": proc.pid, "start_time": start_time(proc.pid), "turn": 2,
-                  "boot_id": boot_id()}
-        assert Handle.of_record({**record, "turn": 1}, "adopted") is None
-        assert Handle.of_record(record, "another") is None
-        handle = Handle.of_record(record, "adopted")
-        assert handle is not None and handle.pidfd is not None and handle.running()
         try:
-            await returns_once_killed(handle.wait_exit, proc)
+            record = {"pid": proc.pid, "start_time": start_time(proc.pid), "turn": 2,
+                      "boot_id": boot_id()}
+            assert Handle.of_record({**record, "turn": 1}, "adopted") is None
+            assert Handle.of_record(record, "another") is None
+            handle = Handle.of_record(record, "adopted")
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                environ = [e for e in f.read().split(b"\0") if e.startswith(b"SESSIOND_")]
+            assert handle is not None, (record, stat(proc.pid), environ)
+            assert handle.pidfd is not None and handle.running()
+            try:
+                await returns_once_killed(handle.wait_exit, proc)
+            finally:
+                handle.close()
         finally:
-            handle.close()
+            proc.kill()
+            proc.wait()
 
     async def test_without_a_pidfd_the_exit_is_polled(self) -> None:
         """No pidfd (pidfd_open missing): the leader's /proc entry is looked at, slowly, and

@@ -101,3 +101,17 @@ def test_check_refuses_a_method_without_exactly_one_handler() -> None:
 
 async def _stats(p: rpc.NoParams, meta: EventMeta) -> rpc.StatsResult:
     raise AssertionError("never called")
+
+
+def test_the_protocol_documents_exactly_the_contracts_methods() -> None:
+    """docs/protocol.md, from its Methods section on, gives each method a table row
+    (`| \\`name\\` |`) or a definition (`- **name**`), and names no method the contract lacks."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+    methods_part = doc[doc.index("\n## Methods\n"):]
+    documented = (set(re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \|", methods_part, re.M))
+                  | set(re.findall(r"^- \*\*([a-z_]+\.[a-z_]+)\*\*", methods_part, re.M)))
+    assert sorted(set(rpc.METHODS) - documented) == []
+    assert sorted(documented - set(rpc.METHODS)) == []

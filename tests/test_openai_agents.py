@@ -8,9 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sdk_extras import require_sdk
@@ -223,8 +222,7 @@ class TestParity:
             warnings.simplefilter("error")
             closers: list[Callable[[], object]] = [ours.close, reference.close]
             assert [close() for close in closers] == [None, None]
-        await anyio.sleep(0.01)
-        assert protocol.transport.is_closing()
+        await eventually(protocol.transport.is_closing, "the client's transport closing")
         for session in (reference, ours):
             with pytest.raises(RuntimeError, match="closed"):
                 await session.add_items([])
