@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import daemon_config, running_daemon, wait_for_daemon
+from conftest import daemon_config, running_daemon, wait_for_daemon, wait_until
 
 from sessiond import AsyncClient
 from sessiond_schemas.errors import (
@@ -453,14 +453,20 @@ class TestHandles:
         env = {**os.environ, "SESSIOND_SESSION_ID": "adopted", "SESSIOND_TURN": "2"}
         proc = subprocess.Popen(["sleep", "300"], start_new_session=True, env=env)
         try:
+            # Popen returns once exec has begun, a moment before the kernel has set up the
+            # new program's environment: wait for it, as any adopted process has long had.
+            def environ() -> bytes:
+                with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                    return f.read()
+
+            wait_until(environ, "the child's environment")
             record = {"pid": proc.pid, "start_time": start_time(proc.pid), "turn": 2,
                       "boot_id": boot_id()}
             assert Handle.of_record({**record, "turn": 1}, "adopted") is None
             assert Handle.of_record(record, "another") is None
             handle = Handle.of_record(record, "adopted")
-            with open(f"/proc/{proc.pid}/environ", "rb") as f:
-                environ = [e for e in f.read().split(b"\0") if e.startswith(b"SESSIOND_")]
-            assert handle is not None, (record, stat(proc.pid), environ)
+            ours = [e for e in environ().split(b"\0") if e.startswith(b"SESSIOND_")]
+            assert handle is not None, (record, stat(proc.pid), ours)
             assert handle.pidfd is not None and handle.running()
             try:
                 await returns_once_killed(handle.wait_exit, proc)

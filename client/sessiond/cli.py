@@ -17,7 +17,7 @@ import msgspec
 
 from sessiond_schemas.errors import SessiondError
 
-from ._ctl import admin, executors, history, registry, sessions
+from ._ctl import admin, executors, history, migrate, registry, sessions
 from ._ctl.registry import COMMANDS, STREAMED, CliError
 from ._sync import Client
 from ._wire import ConnectionLostError
@@ -26,7 +26,9 @@ __all__ = ["CliError", "build_parser", "main"]
 
 # The modules declaring the commands (importing them registers them), in the order
 # `sessionctl --help` lists them; each module's commands in the order it declares them.
-SECTIONS = (admin, sessions, executors, history)
+SECTIONS = (admin, migrate, sessions, executors, history)
+# Commands that run here without a daemon: name -> runner (its return is the exit status).
+LOCAL = {"migrate": migrate.run}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     except CliError as exc:
         _fail(exc.message, exc.code, exc.exit_code, exc.data, as_json)
     chosen = COMMANDS[args.command]
+    if args.command in LOCAL:
+        try:
+            sys.exit(LOCAL[args.command](args))
+        except CliError as exc:
+            _fail(exc.message, exc.code, exc.exit_code, exc.data, args.json)
     client = Client(args.socket)
     try:
         client.connect()

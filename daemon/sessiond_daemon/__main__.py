@@ -26,12 +26,17 @@ EX_TEMPFAIL = 75
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="sessiond", description="Run the sessiond daemon.")
+    p = argparse.ArgumentParser(
+        prog="sessiond", description="Run the sessiond daemon. `sessiond migrate FROM TO`"
+        " copies a database into another (docs/fleet.md).")
     p.add_argument("--config", help="TOML config file (also $SESSIOND_CONFIG)")
     p.add_argument("--socket", help="Unix socket path (also $SESSIOND_SOCKET)")
     p.add_argument("--db", help="SQLite database path, or postgresql://user@host:port/dbname"
                    " (fleet mode, docs/fleet.md; the password from db_password_file or"
                    " systemd credentials, never here); also $SESSIOND_DB")
+    p.add_argument("--host-name", dest="host_name",
+                   help="this host's name, recorded with the executors it starts (default:"
+                        " the machine's hostname; fleet mode, docs/fleet.md)")
     p.add_argument("--socket-mode", help="octal mode of the socket, e.g. 0660 (default 0600)")
     p.add_argument("--durability", choices=["full", "normal"],
                    help="full: fsync every commit (default); normal: faster, a power loss may "
@@ -115,6 +120,11 @@ def _reload(daemon: lifecycle.Daemon, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["migrate"]:  # `sessiond migrate FROM TO`: a copy, not a daemon
+        from .migrate import main as migrate
+
+        sys.exit(migrate(argv[1:]))
     args = parse_args(argv)
     try:
         config = load(args.config, _overrides(args))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +29,9 @@ Count = Annotated[int, msgspec.Meta(ge=1, le=_INT64)]  # at least one
 CountOrZero = Annotated[int, msgspec.Meta(ge=0, le=_INT64)]  # 0 has a stated meaning
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=1e9)]  # finite, never negative
 Id = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 2)]  # a uid or gid (2^32-1 is "none")
+# A host's name as its sessions record it: printable, at most 255 characters.
+HostName = Annotated[str, msgspec.Meta(min_length=1, max_length=255,
+                                       pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -38,6 +42,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The PostgreSQL password's file; unset: systemd's credential sessiond-db-password
     # ($CREDENTIALS_DIRECTORY), else none. Never on the command line.
     db_password_file: str | None = None
+    # This host's name, recorded with the executors it starts (fleet mode: a session's
+    # process is supervised by the host that started it); unset: the machine's hostname.
+    host_name: HostName | None = None
     socket_mode: Annotated[int, msgspec.Meta(ge=0, le=0o777)] = 0o600
     durability: Literal["full", "normal"] = "full"
     max_db_bytes: CountOrZero = 0  # 0: no cap; counts the WAL too
@@ -146,6 +153,7 @@ def load(path: str | None, overrides: dict[str, Any],
             f"invalid configuration{' in ' + path if path else ''}: {exc}{hint}") from exc
     config.socket = config.socket or default_socket(env)
     config.db = config.db or default_db(env)
+    config.host_name = config.host_name or socket.gethostname()
     if dsn.is_postgres(config.db):
         try:
             dsn.check_url(config.db)

@@ -18,6 +18,7 @@ from sessiond_schemas import rpc
 from sessiond_schemas.errors import (
     InvalidParamsError,
     InvalidTransitionError,
+    OtherHostError,
     OverloadedError,
     SessionExistsError,
     ShuttingDownError,
@@ -33,7 +34,7 @@ from sessiond_schemas.state import SessionState
 from .adapters import ADAPTERS
 from .eventstore import page_budget
 from .processes import REFUSED_ENV_PREFIXES
-from .recovery import Recovery, runner_rows
+from .recovery import Recovery, owner_host, runner_rows
 from .service import (
     Service,
     check_transition,
@@ -54,7 +55,7 @@ class Executors:
     def __init__(self, service: Service, settings: Settings) -> None:
         self.service = service
         self.turns = Turns(service, settings)
-        self.recovery = Recovery(service)
+        self.recovery = Recovery(service, settings.host)
         self.running: dict[str, Turn] = self.turns.running
         self._starting: set[str] = set()  # sessions between the check and process.started
         self._closed = False
@@ -138,6 +139,8 @@ class Executors:
             history = await runner_rows(self.service.store, sid,
                                         ("process.started", "process.output"))
             started = [d for t, d in history if t == "process.started"]
+            if started:
+                self._check_host(sid, started[-1], "continue")
             if adapter is None or not started:
                 raise InvalidParamsError(
                     f"session {sid} has no executor to continue (not started by this daemon's"
@@ -179,6 +182,10 @@ class Executors:
             await turn.done.wait()
             return msgspec.Raw(msgspec.json.encode(await self.service.state(sid)))
         state = await self.service.state(sid)
+        if sid not in self.recovery.detached:
+            started = await runner_rows(self.service.store, sid, ("process.started",))
+            if started:
+                self._check_host(sid, started[-1][1], "kill")
         check_transition(sid, state.status, "killed")
         exited: list[tuple[str, dict[str, Any]]] = []
         # Only a process this daemon started, or one a previous daemon started that was
@@ -215,6 +222,16 @@ class Executors:
         if not p.full:
             found = [truncate_step(s, p.max_output_len) for s in found]
         return rpc.TrajectoryResult(steps=found)
+
+    def _check_host(self, sid: str, started: dict[str, Any], action: str) -> None:
+        """-32013 naming the host whose daemon started the session's executor, if that is
+        not this one: only that daemon supervises, continues or kills it."""
+        host = owner_host(started, self.settings.host)
+        if host != self.settings.host:
+            raise OtherHostError(
+                f"session {sid}'s executor belongs to host {host}, not to this daemon's host"
+                f" {self.settings.host}; {action} it through host {host}'s daemon",
+                {"session_id": sid, "host": host})
 
     def _check_capacity(self, starting: int = 0) -> None:
         if self._closed:

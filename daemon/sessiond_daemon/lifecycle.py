@@ -56,7 +56,7 @@ def default_store(config: Config) -> Store:
         from .postgres.store import PostgresStore  # asyncpg: the `fleet` extra
 
         return PostgresStore(config.db, password=dsn.password(config.db_password_file),
-                             host_name=socket.gethostname())
+                             host_name=config.host_name or socket.gethostname())
     return SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
 
 
@@ -179,7 +179,7 @@ class Daemon:
         executors = Executors(service, ExecutorSettings(
             max_processes=config.max_processes, max_line_bytes=config.max_line_bytes,
             max_output_lines_per_s=config.max_output_lines_per_s,
-            kill_grace_s=config.kill_grace_s))
+            kill_grace_s=config.kill_grace_s, host=config.host_name or socket.gethostname()))
         # The method table: every method of the contract and what serves it.
         self.methods = table = methods.table(
             service, maintenance, Graphs(store, commands),

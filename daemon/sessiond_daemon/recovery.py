@@ -37,11 +37,19 @@ async def runner_rows(store: Store, sid: str,
     return [r for r in rows[marks[-1] + 1 if marks else 0:] if r[0] in types]
 
 
+def owner_host(started: dict[str, Any], default: str) -> str:
+    """The host whose daemon started a turn (process.started's `host`); a record from
+    before hosts were recorded is the local host's."""
+    host = started.get("host")
+    return host if isinstance(host, str) and host else default
+
+
 class Recovery:
     """Decides the open turns at start; holds the adopted ones until they end or are killed."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, host: str) -> None:
         self.service = service
+        self.host = host  # this daemon's host name: another host's turns are not ours
         # Turns a previous daemon left running, proven ours at start-up: sid -> (handle, turn).
         self.detached: dict[str, tuple[Handle, int]] = {}
 
@@ -67,6 +75,8 @@ class Recovery:
         starts = [i for i, (kind, _) in enumerate(rows) if kind == "process.started"]
         if not starts or any(kind == "process.exited" for kind, _ in rows[starts[-1]:]):
             return None
+        if owner_host(rows[starts[-1]][1], self.host) != self.host:
+            return None  # another host's daemon supervises it (fleet mode)
         return rows[starts[-1]][1], any(kind == "process.detached" for kind, _ in rows[starts[-1]:])
 
     async def _recover_one(self, tg: TaskGroup, sid: str) -> None:

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from socket import gethostname
 from typing import Any
 
 import anyio
@@ -44,6 +45,9 @@ class Settings:
     max_output_lines_per_s: int = 2000
     kill_grace_s: float = 5.0
     socket: str | None = None  # passed to executors as $SESSIOND_SOCKET
+    # This host's name (config host_name), recorded in process.started: only this host's
+    # daemon supervises, continues or kills the process (fleet mode).
+    host: str = field(default_factory=gethostname)
 
 
 @dataclass(eq=False)
@@ -162,7 +166,8 @@ class Turns:
         self.running[sid] = turn
         # pid, start time and boot id: what a later daemon checks before it signals.
         started = {"pid": process.pid, "argv": argv, "cwd": cwd, "turn": turn_no,
-                   "start_time": handle.start_time, "boot_id": boot_id()}
+                   "start_time": handle.start_time, "boot_id": boot_id(),
+                   "host": self.settings.host}
 
         def plan(s: SessionState | None) -> Plan:
             return plan_of(require(s, sid), [("process.started", started)])

@@ -21,6 +21,7 @@ CHECKPOINT_NOT_FOUND = -32009
 SHUTTING_DOWN = -32010
 AMBIGUOUS_ID = -32011
 STORAGE_ERROR = -32012
+OTHER_HOST = -32013
 
 
 class SessiondError(Exception):
@@ -109,6 +110,13 @@ class StorageError(SessiondError):
     code = STORAGE_ERROR
 
 
+class OtherHostError(SessiondError):
+    """The session's executor belongs to another host's daemon (fleet mode); `data.host`
+    names it: inject or kill it through that host."""
+
+    code = OTHER_HOST
+
+
 # Export failures happen client-side (writing the document); the seed names them.
 class SessionExportError(SessiondError):
     code = INTERNAL_ERROR
@@ -134,6 +142,7 @@ ERRORS_BY_CODE: dict[int, type[SessiondError]] = {
         ShuttingDownError,
         AmbiguousIdError,
         StorageError,
+        OtherHostError,
     )
 }
 

@@ -8,10 +8,12 @@ import asyncpg
 
 from sessiond_schemas.errors import StorageError
 
-# Connection failures: the batch may be retried (under its idempotency keys).
+# Connection failures: the batch may be retried (under its idempotency keys). A connection
+# the server dropped mid-statement can leave asyncpg's protocol state behind
+# (InternalClientError "another operation is in progress"): that connection is done too.
 RETRYABLE: Final = (OSError, TimeoutError, asyncpg.PostgresConnectionError,
                     asyncpg.InterfaceError, asyncpg.CannotConnectNowError,
-                    asyncpg.AdminShutdownError)
+                    asyncpg.AdminShutdownError, asyncpg.InternalClientError)
 
 
 def storage_error(exc: BaseException) -> StorageError:

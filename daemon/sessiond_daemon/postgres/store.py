@@ -171,11 +171,21 @@ class PostgresStore(ModelReads):
             self._con = await self.connect()
         return self._con
 
+    def _drop_writer(self) -> None:
+        """After a connection failure: the next use opens a new connection (the old one's
+        protocol state may still think a statement runs on it)."""
+        con, self._con = self._con, None
+        if con is not None:
+            con.terminate()
+
     async def _run(self, fn: Any) -> Any:
         """Run `fn(connection)` on the writer's connection; driver errors become -32012."""
         try:
             return await fn(await self._writer())
-        except (*RETRYABLE, asyncpg.PostgresError) as exc:
+        except RETRYABLE as exc:
+            self._drop_writer()
+            raise storage_error(exc) from exc
+        except asyncpg.PostgresError as exc:
             raise storage_error(exc) from exc
 
     # --- the writer's side -------------------------------------------------------------
@@ -235,6 +245,8 @@ class PostgresStore(ModelReads):
                 return Moved(frozenset(sid for sid, v in want.items() if v == 0),
                              await self._head(con))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
+            if isinstance(exc, RETRYABLE):
+                self._drop_writer()
             raise storage_error(exc) from exc
         self.last_commit_s = time.perf_counter() - started
         return None
