@@ -1,10 +1,19 @@
-"""The event loop lever (issue 15): `python -m bench.loops [--quick] [--rounds R] [--profile]`.
+"""The event loop lever and the append path's CPU (issue 15):
+`python -m bench.loops [--quick] [--rounds R] [--trees NAME=DIR,...] [--profile]`.
 
 B1 (16 clients appending ~200 B messages to one session) and B3 (one client, sequential
 appends) against a real daemon run with `SESSIOND_LOOP=asyncio` and with `uvloop`, back
 to back on fresh databases, the order alternating each round. For each: appends/s or the
 median round trip, and the daemon's CPU per append (user and system) read from /proc,
 which the issue's targets are about (<= 120 us at 16 writers, <= 200 us at one).
+
+`--trees base=/work/main,new=.` compares source trees instead of loops (both on the
+default loop): each daemon runs with PYTHONPATH set to that tree's `daemon` and `schemas`
+directories, rounds alternating, so a change is measured against its base in one run.
+
+Each round also measures the latency floor of B3: a bare asyncio echo round trip (F0, as
+`python -m bench` does) plus one fsync of a 4 KiB write (a file in the same directory),
+medians of the same count; B3's median is printed beside that sum (aim: <= 1.5x).
 
 `--profile` then samples the daemon with py-spy (if installed) during a B3 run and prints
 where the one-writer path spends its time: the functions with the most samples, both as
@@ -29,6 +38,7 @@ import anyio
 from sessiond import AsyncClient
 
 from . import baseline
+from .__main__ import ECHO_SERVER
 from .daemon import DaemonProcess
 
 CONTENT = "x" * 200
@@ -51,8 +61,8 @@ def loop_in_use(pid: int) -> str:
 
 @dataclass
 class Run:
-    loop: str
-    figure: str  # B1 or B3
+    loop: str  # the variant: a loop, or a source tree's name
+    figure: str  # B1, B3, or FLOOR (F0 + one fsync, ms)
     value: float  # appends/s (B1) or median ms (B3)
     user_us: float  # daemon CPU per append
     sys_us: float
@@ -108,52 +118,128 @@ async def b3(d: DaemonProcess, count: int) -> tuple[float, tuple[float, float]]:
         return statistics.median(times) * 1000, meter.per(count)
 
 
-async def one_round(directory: str, loop: str, b1_total: int, b3_count: int) -> list[Run]:
-    os.environ["SESSIOND_LOOP"] = loop  # the daemon subprocess inherits it
-    d = DaemonProcess(tempfile.mkdtemp(dir=directory))
-    await d.start()
+async def echo_ms(directory: str, count: int) -> float:
+    """F0: a bare asyncio echo server's median round trip for an append-sized line."""
+    path = os.path.join(directory, f"echo-{time.monotonic_ns()}.sock")
+    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, path], stdout=subprocess.PIPE)
     try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith(b"ready")
+        stream = await anyio.connect_unix(path)
+        line = (b'{"jsonrpc":"2.0","id":1,"method":"message.append","params":{"content":"'
+                + CONTENT.encode() + b'"}}\n')
+        times = []
+        async with stream:
+            for _ in range(count):
+                t0 = time.perf_counter()
+                await stream.send(line)
+                got = b""
+                while not got.endswith(b"\n"):
+                    got += await stream.receive()
+                times.append(time.perf_counter() - t0)
+    finally:
+        proc.terminate()
+        proc.wait()
+    return statistics.median(times) * 1000
+
+
+def fsync_ms(directory: str, count: int) -> float:
+    """The median time of one 4 KiB write and fsync, appended to a file in `directory`."""
+    path = os.path.join(directory, f"fsync-{time.monotonic_ns()}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    block, times = b"x" * 4096, []
+    try:
+        for _ in range(count):
+            t0 = time.perf_counter()
+            os.write(fd, block)
+            os.fsync(fd)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return statistics.median(times) * 1000
+
+
+def tree_env(tree: str) -> dict[str, str]:
+    """The environment that makes a daemon subprocess import `tree`'s sources."""
+    root = os.path.abspath(tree)
+    path = os.pathsep.join(os.path.join(root, d) for d in ("daemon", "schemas", "client"))
+    return {**os.environ, "PYTHONPATH": path}
+
+
+async def one_round(directory: str, loop: str, b1_total: int, b3_count: int,
+                    tree: str | None = None, label: str | None = None) -> list[Run]:
+    label = label or loop
+    saved = dict(os.environ)
+    os.environ["SESSIOND_LOOP"] = loop  # the daemon subprocess inherits it
+    if tree is not None:
+        os.environ.update(tree_env(tree))
+    d = DaemonProcess(tempfile.mkdtemp(dir=directory))
+    try:
+        await d.start()
         assert d.proc is not None
         running = loop_in_use(d.proc.pid)
         assert running == loop, f"asked for {loop}, the daemon runs {running}"
         rate, (u1, s1) = await b1(d, b1_total)
+        floor = await echo_ms(directory, b3_count) + fsync_ms(directory, b3_count)
         med, (u3, s3) = await b3(d, b3_count)
     finally:
         d.stop()
-        del os.environ["SESSIOND_LOOP"]
-    runs = [Run(loop, "B1", rate, u1, s1), Run(loop, "B3", med, u3, s3)]
-    for r in runs:
+        os.environ.clear()
+        os.environ.update(saved)
+    runs = [Run(label, "B1", rate, u1, s1), Run(label, "B3", med, u3, s3),
+            Run(label, "FLOOR", floor, 0, 0)]
+    for r in runs[:2]:
         value = f"{r.value:,.0f} appends/s" if r.figure == "B1" else f"{r.value:.3f} ms median"
-        print(f"  {r.figure} {loop:<8} {value:<20} daemon CPU/append {r.cpu_us:4.0f} us "
-              f"(user {r.user_us:.0f}, system {r.sys_us:.0f})", flush=True)
+        print(f"  {r.figure} {label:<8} {value:<20} daemon CPU/append {r.cpu_us:4.0f} us "
+              f"(user {r.user_us:.0f}, system {r.sys_us:.0f})"
+              + (f"; F0 + fsync {floor:.3f} ms, B3 {med / floor:.2f}x that" if r.figure == "B3"
+                 else ""), flush=True)
     return runs
+
+
+def loop_available() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def spread(values: list[float], fmt: str) -> str:
     return (f"{statistics.median(values):{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})")
 
 
-def summary(runs: list[Run]) -> list[str]:
-    out = ["| figure | loop | value: median (min–max) | daemon CPU/append µs | user µs "
+def summary(runs: list[Run], variants: tuple[str, ...], per_row: float) -> list[str]:
+    out = ["| figure | variant | value: median (min–max) | daemon CPU/append µs | user µs "
            "| system µs | target |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for figure, unit, target in (("B1", "appends/s", "<= 120 µs"),
-                                 ("B3", "ms per append", "<= 200 µs")):
+    for figure, unit, target in (("B1", "appends/s", "<= 120 µs; >= 2x raw per-row"),
+                                 ("B3", "ms per append", "<= 200 µs; <= 1.5x F0 + fsync")):
         meds = {}
-        for loop in LOOPS:
-            rs = [r for r in runs if r.figure == figure and r.loop == loop]
+        for variant in variants:
+            rs = [r for r in runs if r.figure == figure and r.loop == variant]
             if not rs:
                 continue
-            meds[loop] = (statistics.median(r.value for r in rs),
-                          statistics.median(r.cpu_us for r in rs))
-            out.append(f"| {figure} | {loop} | {spread([r.value for r in rs], ',.2f')} {unit} "
+            meds[variant] = (statistics.median(r.value for r in rs),
+                             statistics.median(r.cpu_us for r in rs))
+            out.append(f"| {figure} | {variant} | {spread([r.value for r in rs], ',.2f')} {unit} "
                        f"| {spread([r.cpu_us for r in rs], '.0f')} "
                        f"| {statistics.median(r.user_us for r in rs):.0f} "
                        f"| {statistics.median(r.sys_us for r in rs):.0f} | {target} |")
+            if figure == "B1":
+                out.append(f"| B1 / raw SQLite per-row | {variant} | "
+                           f"{statistics.median(r.value for r in rs) / per_row:.2f}x | | | | |")
+            else:
+                floors = [r for r in runs if r.figure == "FLOOR" and r.loop == variant]
+                ratios = [b.value / f.value for b, f in zip(rs, floors, strict=True)]
+                out.append(f"| F0 + one fsync | {variant} | "
+                           f"{spread([f.value for f in floors], '.3f')} ms | | | | |")
+                out.append(f"| B3 / (F0 + fsync) | {variant} | {spread(ratios, '.2f')}x "
+                           "| | | | <= 1.5x |")
         if len(meds) == 2:
-            (va, ca), (vu, cu) = meds["asyncio"], meds["uvloop"]
-            gain = vu / va if figure == "B1" else va / vu
-            out.append(f"| {figure} | uvloop / asyncio | {gain:.2f}x faster | CPU "
-                       f"{cu / ca:.2f}x | | | |")
+            (na, (va, ca)), (nb, (vb, cb)) = meds.items()
+            gain = vb / va if figure == "B1" else va / vb
+            out.append(f"| {figure} | {nb} / {na} | {gain:.2f}x faster | CPU "
+                       f"{cb / ca:.2f}x | | | |")
     return out
 
 
@@ -237,6 +323,7 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes, one round")
     p.add_argument("--rounds", type=int, help="rounds of both loops (default 3; 0: profile only)")
+    p.add_argument("--trees", help="compare source trees, NAME=DIR,NAME=DIR (default loop)")
     p.add_argument("--profile", action="store_true", help="then profile B3 with py-spy")
     p.add_argument("--profile-appends", type=int, default=5_000)
     p.add_argument("--top", type=int, default=30)
@@ -250,13 +337,21 @@ def main() -> None:
               f"{per_row.rows_per_s:,.0f} rows/s, {per_row.median_row_s * 1e3:.3f} ms/row; "
               f"B1 {b1_total:,} appends by 16 clients, B3 {b3_count:,} sequential", flush=True)
 
+        trees = dict(t.split("=", 1) for t in args.trees.split(",")) if args.trees else {}
+        variants = tuple(trees) if trees else LOOPS
+        default_loop = "uvloop" if loop_available() else "asyncio"
+
         async def run() -> list[str]:
             runs: list[Run] = []
             for r in range(rounds):
                 print(f"round {r + 1}", flush=True)
-                for loop in LOOPS if r % 2 == 0 else LOOPS[::-1]:
-                    runs += await one_round(directory, loop, b1_total, b3_count)
-            lines = summary(runs)
+                for variant in variants if r % 2 == 0 else variants[::-1]:
+                    if trees:
+                        runs += await one_round(directory, default_loop, b1_total, b3_count,
+                                                trees[variant], variant)
+                    else:
+                        runs += await one_round(directory, variant, b1_total, b3_count)
+            lines = summary(runs, variants, per_row.rows_per_s)
             if args.profile:
                 lines += ["", *await profile(directory, args.profile_appends, 1000, args.top,
                                                 args.profile_raw)]

@@ -294,6 +294,35 @@ class StoreContract:
             "a", first=0, limit=10, descending=False)] == [
             (0, "m0"), (1, "m1"), (2, "m2"), (3, "again")]
 
+    async def test_progress_steps_and_the_runner_index(self, store: Store, log: Log) -> None:
+        """progress.list's rows (a range of versions, oldest first) and the runner index
+        (turn events, and only the output lines that may name a resume id); a delete
+        takes both."""
+        steps = [("progress.recorded", {"node_id": f"n{i}", "edge": f"e{i}"}) for i in range(5)]
+        await store.commit(log.batch(("a", [created(), *steps])))
+        page = await store.progress_steps("a", 0, 100, 3)
+        assert [(s.version, s.node_id, s.edge) for s in page] == [
+            (2, "n0", "e0"), (3, "n1", "e1"), (4, "n2", "e2")]
+        assert [s.node_id for s in await store.progress_steps("a", 4, 5, 10)] == ["n3"]
+        turn = [("process.started", {"pid": 1, "turn": 1, "argv": ["x"]}),
+                ("process.output", {"turn": 1, "stream": "stdout", "line": "plain"}),
+                ("process.output", {"turn": 1, "stream": "stdout",
+                                    "line": '{"type":"thread.started","thread_id":"t"}'}),
+                ("process.exited", {"pid": 1, "turn": 1, "exit_code": 0})]
+        await store.commit(log.batch(("x", [created(), *turn])))
+        rows = await store.runner_events("x", ("process.started", "process.output",
+                                               "process.exited"))
+        assert [(kind, version) for kind, version, _ in rows] == [
+            ("process.started", 2), ("process.output", 4), ("process.exited", 5)]
+        newest = await store.runner_events("x", ("process.output",), newest_first=True,
+                                           limit=1)
+        assert newest[0][2]["line"].endswith('"thread_id":"t"}')
+        assert await store.runner_events("x", ("process.output",), before_version=4) == []
+        await store.commit(log.delete("a"))
+        await store.commit(log.delete("x"))
+        assert list(await store.progress_steps("a", 0, 100, 10)) == []
+        assert await store.runner_events("x", ("process.started",)) == []
+
     async def test_checkpoints(self, store: Store, log: Log) -> None:
         await store.commit(log.batch(("a", [created(), checkpoint("c1"), checkpoint("c2")]),
                                      payloads={"c1": b'{"one":1}', "c2": b'{"two":2}'}))

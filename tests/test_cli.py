@@ -58,7 +58,10 @@ class TestSessionctl:
         state = await client.get_session(sid)
         assert state.message_count == 3 and state.metadata == {"k": 1}
         assert state.last_message is not None and state.last_message.tool_call_id == "c1"
-        assert state.token_usage.input_tokens == 10 and state.progress.path == ["plan"]
+        assert state.token_usage.input_tokens == 10
+        whole = await client.session_state_dict(sid)
+        assert whole["progress"]["path"] == ["plan"]
+        assert whole["metrics"]["edges_traversed"] == ["a->plan"]
         assert state.memory == {"x": {"y": 1}}
         msgs = await ctl_json(daemon, "messages", prefix)
         assert [m["content"] for m in msgs["messages"]][1] == "from stdin\nsecond line"

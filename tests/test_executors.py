@@ -189,7 +189,7 @@ class TestAdapters:
         messages = (await client.list_messages("jsonl-1")).messages
         assert [m.content for m in messages] == ["plan it", "got: plan it", "Planning done."]
         assert state.memory == {"plan": ["a", "b"]}
-        assert state.progress.path == ["plan", "act"]
+        assert (await client.session_state_dict("jsonl-1"))["progress"]["path"] == ["plan", "act"]
         assert (state.token_usage.input_tokens, state.token_usage.output_tokens) == (100, 20)
         problems = await events_of(client, "jsonl-1", "problem.recorded")
         assert [p["type"] for p in problems] == ["message.appended", "session.created"]

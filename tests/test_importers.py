@@ -48,10 +48,12 @@ async def test_hive_states(daemon: Daemon, client: AsyncClient) -> None:
         assert s.metrics.decision_count == src["metrics"]["decision_count"]
         assert s.metrics.problem_count == src["metrics"]["problem_count"]
         assert s.metrics.nodes_executed == src["metrics"]["nodes_executed"]
-        assert s.metrics.edges_traversed == src["metrics"]["edges_traversed"]
+        whole = await client.session_state_dict(sid)
+        assert whole["metrics"]["edges_traversed"] == src["metrics"]["edges_traversed"]
         assert s.result.output == src["result"]["output"]
         if src["schema_version"] == "1.1":
-            for field in ("path", "node_visit_counts", "retry_details", "total_retries",
+            assert whole["progress"]["path"] == sp["path"]
+            for field in ("node_visit_counts", "retry_details", "total_retries",
                           "nodes_with_failures", "had_partial_failures", "execution_quality",
                           "total_tokens", "total_latency_ms", "steps_executed", "current_node",
                           "paused_at", "resume_from"):
@@ -59,7 +61,7 @@ async def test_hive_states(daemon: Daemon, client: AsyncClient) -> None:
             assert s.timestamps.paused_at_time == rfc3339(ts["paused_at_time"])
             assert s.is_resumable and s.is_resumable_from_checkpoint
         else:  # legacy: no path, the executed nodes stand for it
-            assert p.path == src["metrics"]["nodes_executed"]
+            assert whole["progress"]["path"] == src["metrics"]["nodes_executed"]
             assert s.result.success is True and p.execution_quality == "clean"
             assert s.timestamps.completed_at == rfc3339(ts["completed_at"])
             assert s.duration_ms == 150_000

@@ -450,11 +450,27 @@ class TestTokensProgressMemory:
         assert stored_types(daemon, s.session_id).count("tokens.recorded") == 2
 
     async def test_progress(self, client: AsyncClient) -> None:
-        """progress.record returns the progress view after the step."""
+        """progress.record returns the progress view after the step; progress.list pages
+        through the steps the view does not keep."""
         s = await client.create_session()
         await client.record_progress(s.session_id, "a", latency_ms=5)
         r = await client.record_progress(s.session_id, "b", edge="a->b", retries=1, failed=True)
-        assert r.progress.path == ["a", "b"] and r.progress.execution_quality == "degraded"
+        assert r.progress.steps_executed == 2 and r.progress.current_node == "b"
+        assert r.progress.node_visit_counts == {"a": 1, "b": 1}
+        assert r.progress.execution_quality == "degraded"
+        page = await client.list_progress(s.session_id)
+        assert [(x.node_id, x.edge, x.latency_ms, x.retries, x.failed) for x in page.steps] == [
+            ("a", None, 5, 0, False), ("b", "a->b", 0, 1, True)]
+        assert page.total == 2 and page.next is None
+        first = await client.list_progress(s.session_id, limit=1)
+        assert [x.node_id for x in first.steps] == ["a"] and first.next == first.steps[0].version
+        rest = await client.list_progress(s.session_id, after_version=first.next)
+        assert [x.node_id for x in rest.steps] == ["b"] and rest.next is None
+        then = await client.list_progress(s.session_id, at_version=first.steps[0].version)
+        assert [x.node_id for x in then.steps] == ["a"]
+        whole = await client.session_state_dict(s.session_id)
+        assert whole["progress"]["path"] == ["a", "b"]
+        assert whole["metrics"]["edges_traversed"] == ["a->b"]
         with pytest.raises(InvalidParamsError) as err:
             await client.record_progress(s.session_id, "")
         assert err.value.data["path"] == "$.node_id"

@@ -58,6 +58,14 @@ def common(ours: Any, theirs: Any, where: str = "$") -> list[str]:
     return [] if ours == theirs else [f"{where}: {ours!r}, the release served {theirs!r}"]
 
 
+def assert_whole(whole: dict[str, Any], theirs: dict[str, Any], where: str) -> None:
+    """The whole state (client.session_state_dict) serves what the release's view held,
+    the lists it no longer keeps included; and it has every one of them."""
+    assert common(whole, theirs, where) == []
+    assert whole["progress"]["path"] == theirs["progress"]["path"], where
+    assert whole["metrics"]["edges_traversed"] == theirs["metrics"]["edges_traversed"], where
+
+
 def builtins(value: Any) -> Any:
     return msgspec.to_builtins(value)
 
@@ -114,9 +122,14 @@ async def test_upgrade_serves_what_the_release_served(old: tuple[Path, str],
         for sid, served in was["sessions"].items():
             state = await c.get_session(sid)
             assert common(builtins(state), served["state"], sid) == []
+            # The lists the view no longer keeps (protocol 1.2), rebuilt whole from
+            # progress.list, are the release's lists.
+            assert_whole(await c.session_state_dict(sid), served["state"], sid)
             for version, past in served["at_version"].items():
                 then = await c.get_session(sid, at_version=int(version))
                 assert common(builtins(then), past, f"{sid}@{version}") == []
+                assert_whole(await c.session_state_dict(sid, at_version=int(version)), past,
+                             f"{sid}@{version}")
             messages = (await c.list_messages(sid, limit=1000)).messages
             assert common(builtins(messages), served["messages"], f"{sid} messages") == []
             # Migration 4 indexed the old messages: search finds each one's session.
@@ -155,9 +168,11 @@ async def test_old_exports_import(short_dir: str) -> None:
                     # are not ours to act on (docs/security.md); the rest is as exported.
                     extra = state.version - doc["session"]["version"]
                     assert extra in (0, 1), name
-                    ours = builtins(state)
+                    ours = await c.session_state_dict(state.session_id)
                     del ours["version"]
                     assert common(ours, doc["session"], name) == []
+                    for lists, key in (("progress", "path"), ("metrics", "edges_traversed")):
+                        assert ours[lists][key] == doc["session"][lists][key], (name, key)
                 # Positions are the store's own; ids, versions, times and hashes are kept.
                 events = [{k: v for k, v in builtins(e).items() if k != "position"}
                           for e in (await c.read_events(state.session_id, limit=1000)).events]

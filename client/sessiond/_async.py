@@ -10,7 +10,7 @@ from sessiond_schemas.errors import MethodNotFoundError, SessiondError
 from sessiond_schemas.paths import default_socket
 
 from ._connection import Connection, open_connection
-from ._methods import AsyncCaller, Call, Methods, decoded, encode_request
+from ._methods import AsyncCaller, Call, Methods, decoded, encode_request, whole_state
 from ._subscription import Subscription
 from ._wire import ConnectionLostError, skew_error
 
@@ -45,6 +45,20 @@ class AsyncCalls(AsyncCaller, Methods):
         except SessiondError:
             daemon = None
         return skew_error(method, self.socket_path, exc, daemon)
+
+    async def session_state_dict(self, session_id: str,
+                                 at_version: int | None = None) -> dict[str, Any]:
+        """The whole session state as a dict, `progress.path` and `metrics.edges_traversed`
+        included (rebuilt from every page of progress.list at the view's version)."""
+        state = await self.get_session(session_id, at_version=at_version)
+        steps, after = [], 0
+        while True:
+            page = await self.list_progress(session_id, after_version=after,
+                                            at_version=state.version)
+            steps += page.steps
+            if page.next is None:
+                return whole_state(state, steps)
+            after = page.next
 
     @overload
     async def call(self, method: str, result_type: type[T], **params: Any) -> T: ...

@@ -20,7 +20,7 @@ import msgspec
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError
-from sessiond_schemas.state import SessionState
+from sessiond_schemas.state import ProgressStep, SessionState
 
 from ._wire import raise_for
 
@@ -63,6 +63,16 @@ class Call(Generic[T]):
     def finish(self, reply: rpc.Response) -> T:
         """The decoded result of `reply`, or the error it carries raised."""
         return self.decode(raise_for(reply))
+
+
+def whole_state(state: SessionState, steps: list[ProgressStep]) -> dict[str, Any]:
+    """`state` as a dict with the lists the view no longer keeps (protocol 1.2) put back
+    whole from its steps: `progress.path` and `metrics.edges_traversed`, as Hive's
+    session state and protocol 1.1's view carried them."""
+    whole: dict[str, Any] = msgspec.to_builtins(state)
+    whole["progress"]["path"] = [s.node_id for s in steps]
+    whole["metrics"]["edges_traversed"] = [s.edge for s in steps if s.edge is not None]
+    return whole
 
 
 def decoded(method: str, result_type: Any, params: dict[str, Any]) -> Call[Any]:
@@ -250,6 +260,13 @@ class Methods:
         -> ProgressRecordResult."""
         return Call.of("progress.record", rpc.ProgressRecordResult, session_id=session_id,
                        node_id=node_id, **step)
+
+    @rpc_method
+    def list_progress(self, /, session_id: str, **page: Any) -> Call[rpc.ProgressListResult]:
+        """A page of the graph's steps, oldest first (after_version, limit, at_version);
+        the path the view does not keep. -> ProgressListResult (`next`: the next page's
+        after_version, None on the last page)."""
+        return Call.of("progress.list", rpc.ProgressListResult, session_id=session_id, **page)
 
     @rpc_method
     def update_memory(self, /, session_id: str, patch: dict[str, Any],

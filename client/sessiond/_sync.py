@@ -15,7 +15,7 @@ from sessiond_schemas.events import Event
 from sessiond_schemas.paths import default_socket
 
 from ._follow import follow
-from ._methods import Call, Methods, SyncCaller, decoded, encode_request
+from ._methods import Call, Methods, SyncCaller, decoded, encode_request, whole_state
 from ._wire import ConnectionLostError, connect_blocking, decode_replies, skew_error
 
 T = TypeVar("T")
@@ -98,6 +98,19 @@ class Client(SyncCaller, Methods):
         """Follow events on a connection of their own: a generator (see AsyncClient.subscribe)."""
         return follow(self.socket_path, session_id=session_id, from_position=from_position,
                       from_version=from_version, types=types, retry_for=retry_for)
+
+    def session_state_dict(self, session_id: str,
+                           at_version: int | None = None) -> dict[str, Any]:
+        """The whole session state as a dict, `progress.path` and `metrics.edges_traversed`
+        included (rebuilt from every page of progress.list at the view's version)."""
+        state = self.get_session(session_id, at_version=at_version)
+        steps, after = [], 0
+        while True:
+            page = self.list_progress(session_id, after_version=after, at_version=state.version)
+            steps += page.steps
+            if page.next is None:
+                return whole_state(state, steps)
+            after = page.next
 
     @overload
     def call(self, method: str, result_type: type[T], **params: Any) -> T: ...

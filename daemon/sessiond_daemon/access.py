@@ -20,8 +20,8 @@ DEFAULT_PEER_METHODS: frozenset[str] = frozenset({
     "memory.update", "events.append", "graph.put", "graph.put_writes", "graph.copy",
     # read
     "session.get", "session.resolve", "session.list", "session.states", "session.export",
-    "message.list", "checkpoint.get", "checkpoint.list", "events.read", "session.output",
-    "session.trajectory", "graph.get", "graph.list", "state.get",
+    "message.list", "progress.list", "checkpoint.get", "checkpoint.list", "events.read",
+    "session.output", "session.trajectory", "graph.get", "graph.list", "state.get",
     # search and fork (a fork adds a session; daemon.reindex stays the owner's)
     "session.search", "session.forks", "session.fork",
     # subscribe

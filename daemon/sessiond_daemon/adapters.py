@@ -23,6 +23,14 @@ JSONL_TYPES = frozenset({
 })
 
 
+# Every adapter's resume id is named on a stdout line holding one of these (codex's
+# thread.started names `thread_id`, claude's lines `session_id`): the runner index
+# (sqlite/runner.py, postgres/projections.py) keeps only such lines, so session.inject
+# finds the id without reading the rest of the output. An adapter whose id comes another
+# way adds its mark here (and a migration indexes the old lines).
+RESUME_MARKS: tuple[str, ...] = ("thread_id", "session_id")
+
+
 @dataclass
 class Parsed:
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -38,6 +46,8 @@ def _step(kind: str, summary: Any, **details: Any) -> dict[str, Any]:
 
 
 def _object(line: str) -> dict[str, Any] | None:
+    if not line.lstrip().startswith("{"):  # most plain output: no exception raised and caught
+        return None
     try:
         obj = json.loads(line)
     except ValueError:

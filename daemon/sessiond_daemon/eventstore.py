@@ -31,7 +31,7 @@ import msgspec
 
 from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.events import Event
-from sessiond_schemas.state import Message, SessionState, SessionSummary
+from sessiond_schemas.state import Message, ProgressStep, SessionState, SessionSummary
 
 T = TypeVar("T")
 
@@ -260,6 +260,22 @@ class CheckpointReads(Protocol):
     async def checkpoint_payloads(self, session_id: str) -> dict[str, bytes]: ...
 
 
+class ProgressReads(Protocol):
+    async def progress_steps(self, session_id: str, after_version: int, upto: int,
+                             limit: int, max_bytes: int = 0) -> Page[ProgressStep]:
+        """A session's graph steps with after_version < version <= upto, oldest first."""
+        ...
+
+
+class RunnerReads(Protocol):
+    async def runner_events(self, session_id: str, types: tuple[str, ...], *,
+                            newest_first: bool = False, before_version: int | None = None,
+                            limit: int = -1) -> list[tuple[str, int, dict[str, Any]]]:
+        """(type, version, data) of the runner index's events of `types` (the turn events,
+        and the output lines that may name a resume id)."""
+        ...
+
+
 class ScopedStateReads(Protocol):
     async def scoped_state(self, app_name: str,
                            user_ids: list[str]) -> dict[str, dict[str, Any]]: ...
@@ -298,7 +314,7 @@ class ForkReads(Protocol):
 
 
 class Store(EventStore, SessionQueries, MessageReads, CheckpointReads, ScopedStateReads,
-            ProcessOutputReads, GraphReads, ForkReads, Protocol):
+            ProcessOutputReads, GraphReads, ForkReads, ProgressReads, RunnerReads, Protocol):
     """Everything the daemon reads and writes: the log, the views and the read models."""
 
 

@@ -32,17 +32,11 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import SessionState
 
 from .adapters import ADAPTERS
-from .eventstore import page_budget
+from .commands import Commands, check_transition, created_view, require, sequenced
+from .eventstore import Store, page_budget
 from .processes import REFUSED_ENV_PREFIXES
-from .recovery import Recovery, owner_host, runner_rows
-from .service import (
-    Service,
-    check_transition,
-    created_view,
-    require,
-    sequenced,
-)
-from .trajectory import TRAJECTORY_TYPES, resume_id, steps, truncate_step
+from .recovery import Recovery, latest_resume_id, owner_host, runner_rows
+from .trajectory import TRAJECTORY_TYPES, steps, truncate_step
 from .turns import Settings, Turn, Turns, plan_of
 from .writer import Plan
 
@@ -52,10 +46,11 @@ __all__ = ["Executors", "Settings"]
 class Executors:
     """Starts, watches and stops executor processes; serves the executor methods."""
 
-    def __init__(self, service: Service, settings: Settings) -> None:
-        self.service = service
-        self.turns = Turns(service, settings)
-        self.recovery = Recovery(service, settings.host)
+    def __init__(self, commands: Commands, store: Store, settings: Settings) -> None:
+        self.commands = commands
+        self.store = store
+        self.turns = Turns(commands, settings)
+        self.recovery = Recovery(commands, store, settings.host)
         self.running: dict[str, Turn] = self.turns.running
         self._starting: set[str] = set()  # sessions between the check and process.started
         self._closed = False
@@ -105,7 +100,7 @@ class Executors:
         if p.namespace:
             event = msgspec.structs.replace(event, namespace=p.namespace)
         created = msgspec.to_builtins(event)
-        self.service.check_event_size(created, "session.created data")
+        self.commands.check_event_size(created, "session.created data")
         task = [("message.appended", {"role": "user", "content": p.task})] \
             if p.task and p.task.strip() else []
 
@@ -117,7 +112,7 @@ class Executors:
 
         self._starting.add(sid)
         try:
-            await self.service.write(sid, meta, plan)
+            await self.commands.submit(sid, meta, plan)
             return await self.turns.start(sid, meta, ADAPTERS[p.adapter], p.argv, p.cwd, p.env,
                                           1, p.task)
         finally:
@@ -133,12 +128,11 @@ class Executors:
                 {"from": "active", "to": "active", "allowed": list(ALLOWED_TRANSITIONS["active"])})
         self._starting.add(sid)
         try:
-            state = await self.service.state(sid)
+            state = await self.commands.state(sid)
             adapter = ADAPTERS.get(state.adapter or "")
             # Only what this daemon's runner recorded: an imported argv is never run.
-            history = await runner_rows(self.service.store, sid,
-                                        ("process.started", "process.output"))
-            started = [d for t, d in history if t == "process.started"]
+            started = [d for _, d in await runner_rows(self.store, sid,
+                                                       ("process.started",))]
             if started:
                 self._check_host(sid, started[-1], "continue")
             if adapter is None or not started:
@@ -153,8 +147,9 @@ class Executors:
                                        "allowed": list(ALLOWED_TRANSITIONS["active"])})
             self._check_capacity(starting=1)  # this session is counted in _starting
             try:
-                argv = adapter.resume_argv(started[0]["argv"], resume_id(history, adapter),
-                                           p.message, state.model)
+                argv = adapter.resume_argv(
+                    started[0]["argv"], await latest_resume_id(self.store, sid, adapter),
+                    p.message, state.model)
             except ValueError as exc:
                 raise InvalidParamsError(f"session {sid}: {exc}",
                                          {"detail": str(exc), "path": "$.session_id"}) from None
@@ -166,7 +161,7 @@ class Executors:
                     ("message.appended", {"role": "user", "content": p.message}),
                     ("session.status_changed", {"to": "active", "reason": "message injected"})])
 
-            await self.service.write(sid, meta, plan)
+            await self.commands.submit(sid, meta, plan)
             return await self.turns.start(
                 sid, meta, adapter, argv, started[-1].get("cwd"), {}, state.turn + 1,
                 p.message if adapter.message_on_stdin else None)
@@ -180,10 +175,10 @@ class Executors:
             turn.killing = True
             await self.turns.terminate(turn.handle)
             await turn.done.wait()
-            return msgspec.Raw(msgspec.json.encode(await self.service.state(sid)))
-        state = await self.service.state(sid)
+            return msgspec.Raw(msgspec.json.encode(await self.commands.state(sid)))
+        state = await self.commands.state(sid)
         if sid not in self.recovery.detached:
-            started = await runner_rows(self.service.store, sid, ("process.started",))
+            started = await runner_rows(self.store, sid, ("process.started",))
             if started:
                 self._check_host(sid, started[-1][1], "kill")
         check_transition(sid, state.status, "killed")
@@ -203,12 +198,12 @@ class Executors:
             return plan_of(s, [*exited, ("session.status_changed", {
                 "to": "killed", "reason": "killed", "error": "Manually killed"})])
 
-        return await self.service.write(sid, meta, plan)
+        return await self.commands.submit(sid, meta, plan)
 
     async def session_output(self, p: rpc.SessionOutputParams, meta: EventMeta) -> rpc.OutputResult:
-        state = await self.service.state(p.session_id)
+        state = await self.commands.state(p.session_id)
         turn = p.turn or state.turn
-        page = await self.service.store.process_output(
+        page = await self.store.process_output(
             p.session_id, turn, p.stream, p.after_position, max_bytes=page_budget.get())
         return rpc.OutputResult(turn=turn, lines=[line for _, line in page],
                                 next=page[-1][0] if page.cut else None,
@@ -216,8 +211,8 @@ class Executors:
 
     async def session_trajectory(self, p: rpc.SessionTrajectoryParams,
                                  meta: EventMeta) -> rpc.TrajectoryResult:
-        state = await self.service.state(p.session_id)
-        rows = await self.service.store.events_of_types(p.session_id, TRAJECTORY_TYPES)
+        state = await self.commands.state(p.session_id)
+        rows = await self.store.events_of_types(p.session_id, TRAJECTORY_TYPES)
         found = steps(rows, ADAPTERS.get(state.adapter or ""))
         if not p.full:
             found = [truncate_step(s, p.max_output_len) for s in found]

@@ -176,7 +176,7 @@ class Daemon:
         self.commands = commands = Commands(store, writer, _service_limits(config))
         self.service = service = Service(commands, store, writer)
         maintenance = Maintenance(store, writer, commands)
-        executors = Executors(service, ExecutorSettings(
+        executors = Executors(commands, store, ExecutorSettings(
             max_processes=config.max_processes, max_line_bytes=config.max_line_bytes,
             max_output_lines_per_s=config.max_output_lines_per_s,
             kill_grace_s=config.kill_grace_s, host=config.host_name or socket.gethostname()))

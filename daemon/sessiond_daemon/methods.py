@@ -150,6 +150,8 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
                                     ).served_by(s.checkpoint_get),
         "checkpoint.list": Signature(rpc.CheckpointListParams, rpc.CheckpointListResult
                                      ).served_by(s.checkpoint_list),
+        "progress.list": Signature(rpc.ProgressListParams, rpc.ProgressListResult).served_by(
+            s.progress_list),
         # raw events, and the connection's subscriptions
         "events.append": Signature(rpc.EventsAppendParams, rpc.WriteResult).served_by(
             s.events_append),

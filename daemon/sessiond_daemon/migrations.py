@@ -154,6 +154,52 @@ MIGRATIONS: Final[list[list[str]]] = [
         ) WITHOUT ROWID""",
         "CREATE INDEX forks_by_source ON forks (source_id, session_id)",
     ],
+    # 5: bounded views (protocol 1.2). progress_steps (sqlite/progress.py: one row per
+    # progress.recorded, a fork's shared with its source's up to the fork point), which
+    # progress.list pages, since the view no longer keeps the path; and runner_events
+    # (sqlite/runner.py: the turn events and the output lines that may name a resume id).
+    # Both are built here from the stored events.
+    [
+        """CREATE TABLE progress_steps (
+            session_id TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            position INTEGER NOT NULL,
+            PRIMARY KEY (session_id, version)
+        ) WITHOUT ROWID""",
+        """INSERT INTO progress_steps (session_id, version, position)
+            SELECT session_id, version, position FROM events
+            WHERE type = 'progress.recorded'""",
+        # A fork's steps up to its fork point are its ancestors' (a fork of a fork: each
+        # link cut at the lowest fork point on the way).
+        """WITH RECURSIVE up (session_id, source_id, upto) AS (
+                SELECT session_id, source_id, version FROM forks
+                UNION ALL
+                SELECT up.session_id, f.source_id, MIN(up.upto, f.version)
+                FROM up JOIN forks f ON f.session_id = up.source_id)
+            INSERT OR IGNORE INTO progress_steps (session_id, version, position)
+            SELECT up.session_id, e.version, e.position FROM up JOIN events e
+            ON e.session_id = up.source_id AND e.version <= up.upto
+            WHERE e.type = 'progress.recorded'""",
+        """CREATE TABLE runner_events (
+            session_id TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            position INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            PRIMARY KEY (session_id, version)
+        ) WITHOUT ROWID""",
+        # adapters.RESUME_MARKS: the lines that may name a resume id.
+        """INSERT INTO runner_events (session_id, version, position, type)
+            SELECT session_id, version, position, type FROM events
+            WHERE type IN ('process.started', 'process.exited', 'process.detached')
+            OR (type = 'process.output' AND (instr(CAST(data AS TEXT), 'thread_id') > 0
+                OR instr(CAST(data AS TEXT), 'session_id') > 0))""",
+    ],
+    # 6: events_by_session (session_id) goes: the (session_id, version) key serves every
+    # look-up by session, and the index cost a B-tree insert and ~41 bytes per event
+    # (bench/README: "CPU per append"). Idempotent, so its place in the list is free.
+    [
+        "DROP INDEX IF EXISTS events_by_session",
+    ],
 ]
 
 
@@ -254,4 +300,5 @@ def _backup(con: sqlite3.Connection, target: str) -> None:
 
 
 SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
-                         "graph_checkpoints", "graph_blobs", "graph_writes", "forks", "sessions")
+                         "graph_checkpoints", "graph_blobs", "graph_writes", "progress_steps",
+                         "runner_events", "forks", "sessions")

@@ -158,16 +158,13 @@ def _thaw(s: SessionState) -> SessionState:
         timestamps=replace(s.timestamps),
         progress=replace(
             p,
-            path=list(p.path),
             nodes_with_failures=list(p.nodes_with_failures),
             retry_details=dict(p.retry_details),
             node_visit_counts=dict(p.node_visit_counts),
         ),
         result=replace(s.result),
         token_usage=replace(s.token_usage),
-        metrics=replace(
-            m, nodes_executed=list(m.nodes_executed), edges_traversed=list(m.edges_traversed)
-        ),
+        metrics=replace(m, nodes_executed=list(m.nodes_executed)),
         problems=list(s.problems),
         decisions=list(s.decisions),
         linked_plan_ids=list(s.linked_plan_ids),
@@ -266,8 +263,8 @@ def _tokens_recorded(s: SessionState, event: Event, d: TokensRecorded) -> None:
 
 def _progress_recorded(s: SessionState, event: Event, d: ProgressRecorded) -> None:
     p, m, node = s.progress, s.metrics, d.node_id
+    # The path and the edges are not kept: progress.list pages through the steps.
     p.current_node = node
-    p.path.append(node)
     p.steps_executed += 1
     p.node_visit_counts[node] = p.node_visit_counts.get(node, 0) + 1
     p.total_latency_ms = _add(p.total_latency_ms, d.latency_ms, "latency_ms",
@@ -283,8 +280,6 @@ def _progress_recorded(s: SessionState, event: Event, d: ProgressRecorded) -> No
             p.nodes_with_failures.append(node)
     if node not in m.nodes_executed:
         m.nodes_executed.append(node)
-    if d.edge is not None:
-        m.edges_traversed.append(d.edge)
 
 
 def _checkpoint_saved(s: SessionState, event: Event, d: CheckpointSaved) -> None:

@@ -17,9 +17,10 @@ from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EventMeta, new_id
 from sessiond_schemas.state import SessionState
 
+from .adapters import Adapter
+from .commands import Commands, require
 from .eventstore import Store
 from .processes import Handle, stat, valid_pid
-from .service import Service, require
 from .turns import plan_of
 from .writer import Plan
 
@@ -28,13 +29,36 @@ log = structlog.get_logger("sessiond.executors")
 
 async def runner_rows(store: Store, sid: str,
                       types: tuple[str, ...]) -> list[tuple[str, Any]]:
-    """A session's process events (and `types`) that this daemon's runner wrote: those
-    after the marker an import puts after the history it brought (maintenance.py).
-    What came before it is another daemon's history, never acted on."""
-    rows = await store.events_of_types(sid, tuple({*types, "process.detached"}))
-    marks = [i for i, (kind, d) in enumerate(rows)
+    """A session's turn events of `types` (process.started, .exited, .detached) that this
+    daemon's runner wrote: those after the marker an import puts after the history it
+    brought (maintenance.py). What came before it is another daemon's history, never
+    acted on. Read from the runner index: one row per turn event, never the output."""
+    rows = await store.runner_events(sid, tuple(sorted({*types, "process.detached"})))
+    marks = [i for i, (kind, _, d) in enumerate(rows)
              if kind == "process.detached" and d.get("imported") is True]
-    return [r for r in rows[marks[-1] + 1 if marks else 0:] if r[0] in types]
+    return [(kind, d) for kind, _, d in rows[marks[-1] + 1 if marks else 0:] if kind in types]
+
+
+async def latest_resume_id(store: Store, sid: str, adapter: Adapter) -> str | None:
+    """The last thread or session id the executor's stdout named, for its next turn (never
+    one from before an import's marker). Walks the runner index's output lines newest
+    first, a page at a time, and stops at the first that names one: O(1) pages for the
+    adapters there are (their last turn names it), whatever the output history."""
+    before: int | None = None
+    while True:
+        rows = await store.runner_events(sid, ("process.output", "process.detached"),
+                                         newest_first=True, before_version=before, limit=64)
+        for kind, _, d in rows:
+            if kind == "process.detached":
+                if d.get("imported") is True:
+                    return None
+            elif d.get("stream", "stdout") == "stdout":
+                parsed = adapter.parse(d["line"])
+                if parsed is not None and parsed.resume_id:
+                    return parsed.resume_id
+        if len(rows) < 64:
+            return None
+        before = rows[-1][1]
 
 
 def owner_host(started: dict[str, Any], default: str) -> str:
@@ -47,8 +71,9 @@ def owner_host(started: dict[str, Any], default: str) -> str:
 class Recovery:
     """Decides the open turns at start; holds the adopted ones until they end or are killed."""
 
-    def __init__(self, service: Service, host: str) -> None:
-        self.service = service
+    def __init__(self, commands: Commands, store: Store, host: str) -> None:
+        self.commands = commands
+        self.store = store
         self.host = host  # this daemon's host name: another host's turns are not ours
         # Turns a previous daemon left running, proven ours at start-up: sid -> (handle, turn).
         self.detached: dict[str, tuple[Handle, int]] = {}
@@ -57,7 +82,7 @@ class Recovery:
         """Decide the open turn of every active executor session. Stored data never stops
         the start: what cannot be decided is logged and left as it is."""
         try:
-            sessions = await self.service.store.sessions_with_process()
+            sessions = await self.store.sessions_with_process()
         except Exception:
             log.exception("executor.recovery_failed", error_id=new_id())
             return
@@ -70,7 +95,7 @@ class Recovery:
     async def _open_turn(self, sid: str) -> tuple[dict[str, Any], bool] | None:
         """The last process.started of a session if no exit was recorded after it, and
         whether a restart already recorded it as detached."""
-        rows = await runner_rows(self.service.store, sid,
+        rows = await runner_rows(self.store, sid,
                                  ("process.started", "process.exited", "process.detached"))
         starts = [i for i, (kind, _) in enumerate(rows) if kind == "process.started"]
         if not starts or any(kind == "process.exited" for kind, _ in rows[starts[-1]:]):
@@ -119,7 +144,7 @@ class Recovery:
 
         meta = EventMeta(peer_uid=os.getuid(), peer_pid=os.getpid())
         try:
-            await self.service.write(sid, meta, plan)
+            await self.commands.submit(sid, meta, plan)
         except SessiondError as exc:
             log.error("executor.recovery_failed", session_id=sid, error=exc.message)
 
@@ -146,6 +171,6 @@ class Recovery:
             return plan_of(s, events)
 
         try:
-            await self.service.write(sid, EventMeta(peer_uid=os.getuid(), peer_pid=pid), plan)
+            await self.commands.submit(sid, EventMeta(peer_uid=os.getuid(), peer_pid=pid), plan)
         except SessiondError as exc:
             log.error("executor.recovery_failed", session_id=sid, error=exc.message)

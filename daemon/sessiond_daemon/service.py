@@ -41,12 +41,11 @@ from . import forks, projection
 from .commands import Commands, check_transition, created_view, require, sequenced
 from .eventstore import Page, SessionFilters, Store, page_budget, repage
 from .histories import unreadable_error
-from .writer import Delete, Plan, Planner, Writer
+from .writer import Delete, Plan, Writer
 
-__all__ = [  # the rules executors.py takes from here live in commands.py
+__all__ = [
     "APPEND_INPUTS", "RUNNER_ONLY", "VERSION", "LiveFigures", "Service", "StatusChangeInput",
-    "check_transition", "created_view", "invalid_params", "normalise_time", "require",
-    "sequenced",
+    "invalid_params", "normalise_time",
 ]
 
 try:
@@ -152,16 +151,6 @@ class Service:
         self._live = figures
 
     # What the executors use (executors.py takes the Service): the commands' own.
-
-    async def write(self, session_id: str, meta: EventMeta, plan: Planner) -> msgspec.Raw:
-        """Submit a plan for one session to the writer (no idempotency key, no expected version)."""
-        return await self.commands.submit(session_id, meta, plan)
-
-    def check_event_size(self, data: Any, what: str) -> None:
-        self.commands.check_event_size(data, what)
-
-    def check_checkpoint_size(self, data: Any, what: str) -> None:
-        self.commands.check_checkpoint_size(data, what)
 
     async def state(self, session_id: str) -> SessionState:
         return await self.commands.state(session_id)
@@ -492,6 +481,20 @@ class Service:
             checkpoint_id=found.checkpoint_id, node_id=found.node_id,
             resume_from=found.resume_from, created_at=found.created_at, version=found.version,
             payload=msgspec.Raw(found.payload), memory=found.memory)
+
+    async def progress_list(self, p: rpc.ProgressListParams,
+                            meta: EventMeta) -> rpc.ProgressListResult:
+        """A page of the graph's steps (the path the view no longer keeps), oldest first."""
+        state = await self.state(p.session_id)
+        upto = min(p.at_version or state.version, state.version)
+        rows = await self.store.progress_steps(p.session_id, p.after_version, upto,
+                                               p.limit + 1, max_bytes=page_budget.get())
+        more = len(rows) > p.limit or rows.cut
+        steps = rows[:p.limit]
+        return rpc.ProgressListResult(
+            steps=steps, total=state.progress.steps_executed,
+            next=steps[-1].version if more and steps else None,
+            truncated_by_bytes=rows.cut and len(steps) < p.limit)
 
     async def checkpoint_list(self, p: rpc.CheckpointListParams,
                               meta: EventMeta) -> rpc.CheckpointListResult:

@@ -1,4 +1,4 @@
-"""What an executor session's stored history says: its trajectory of steps, its resume id."""
+"""What an executor session's stored history says: its trajectory of steps."""
 
 from __future__ import annotations
 
@@ -33,17 +33,6 @@ def steps(rows: list[tuple[str, Any]], adapter: Adapter | None) -> list[rpc.Step
             out.append(rpc.Step(type="exit", summary=how, turn=d.get("turn", turn),
                                 details={k: d[k] for k in ("exit_code", "signal") if k in d}))
     return out
-
-
-def resume_id(rows: list[tuple[str, Any]], adapter: Adapter) -> str | None:
-    """The last thread or session id the executor's stdout named, for its next turn."""
-    found = None
-    for t, d in rows:
-        if t == "process.output" and d.get("stream", "stdout") == "stdout":
-            parsed = adapter.parse(d["line"])
-            if parsed is not None and parsed.resume_id:
-                found = parsed.resume_id
-    return found
 
 
 def truncate_step(step: rpc.Step, limit: int) -> rpc.Step:

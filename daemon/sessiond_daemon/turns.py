@@ -26,8 +26,9 @@ from sessiond_schemas.events import EventMeta
 from sessiond_schemas.state import SessionState
 
 from .adapters import JSONL_TYPES, Adapter, Parsed
+from .commands import Commands, require, sequenced
 from .processes import Handle, boot_id, feed_stdin, inherited_env, spawn, terminate
-from .service import APPEND_INPUTS, Service, require, sequenced
+from .service import APPEND_INPUTS
 from .writer import Plan
 
 log = structlog.get_logger("sessiond.executors")
@@ -134,8 +135,8 @@ def plan_of(state: SessionState, events: list[tuple[str, dict[str, Any]]]) -> Pl
 class Turns:
     """The turns running now: started, supervised until their process ends, recorded."""
 
-    def __init__(self, service: Service, settings: Settings) -> None:
-        self.service = service
+    def __init__(self, commands: Commands, settings: Settings) -> None:
+        self.commands = commands
         self.settings = settings
         self.running: dict[str, Turn] = {}
         self.tasks: TaskGroup | None = None  # the runner's: supervisors outlive requests
@@ -160,7 +161,7 @@ class Turns:
                 return plan_of(s, [("session.status_changed", {
                     "to": "failed", "reason": "executor did not start", "error": problem})])
 
-            return await self.service.write(sid, meta, failed)
+            return await self.commands.submit(sid, meta, failed)
         handle = Handle.of_child(process.pid)
         turn = Turn(sid, turn_no, process.pid, process, adapter, handle)
         self.running[sid] = turn
@@ -173,7 +174,7 @@ class Turns:
             return plan_of(require(s, sid), [("process.started", started)])
 
         try:
-            result = await self.service.write(sid, meta, plan)
+            result = await self.commands.submit(sid, meta, plan)
         except BaseException:
             del self.running[sid]
             handle.signal(signal.SIGKILL)
@@ -285,7 +286,7 @@ class Turns:
             return f"{kind} cannot be written by an executor"
         try:
             msgspec.convert(data, shape)
-            self.service.check_event_size(data, f"{kind} data")
+            self.commands.check_event_size(data, f"{kind} data")
         except (msgspec.ValidationError, SessiondError) as exc:
             return str(exc)
         return None
@@ -309,7 +310,7 @@ class Turns:
             return plan_of(require(s, turn.session_id), events)
 
         try:
-            await self.service.write(turn.session_id, meta, plan)
+            await self.commands.submit(turn.session_id, meta, plan)
         except SessiondError as exc:  # e.g. the disk is full: the lines are lost, say so
             log.error("executor.output_lost", session_id=turn.session_id, lines=len(events),
                       error=exc.message)
@@ -331,7 +332,7 @@ class Turns:
 
         meta = EventMeta(peer_uid=os.getuid(), peer_pid=turn.pid)
         with anyio.CancelScope(shield=True):
-            await self.service.write(turn.session_id, meta, plan)
+            await self.commands.submit(turn.session_id, meta, plan)
         log.info("executor.exited", session_id=turn.session_id, turn=turn.turn,
                  exit_code=code, signal=signum, status=to, lines=turn.lines)
 

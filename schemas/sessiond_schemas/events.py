@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
@@ -45,11 +47,19 @@ def parse_time(value: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def new_id() -> str:
-    """Make a new ULID string (message, checkpoint, event and default session ids)."""
-    from ulid import ULID  # imported on first use: clients never need it (25 ms)
+# Every pair of Crockford base32 characters (the ULID alphabet), by the 10 bits they encode.
+_CROCKFORD: Final = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS: Final = [a + b for a in _CROCKFORD for b in _CROCKFORD]
+_SHIFTS: Final = tuple(range(120, -1, -10))  # 128 bits: 13 pairs, the first 2 bits zero
 
-    return str(ULID())
+
+def new_id() -> str:
+    """Make a new ULID string (message, checkpoint, event and default session ids): 48
+    bits of Unix time in milliseconds, then 80 random bits, in Crockford base32 (26
+    characters, sortable by time). The same strings as python-ulid's `str(ULID())`, in
+    about a quarter of its time (bench/README: "CPU per append")."""
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in _SHIFTS])
 
 
 

@@ -18,19 +18,39 @@ class Timestamps(msgspec.Struct, kw_only=True):
 
 
 class Progress(msgspec.Struct, kw_only=True):
+    """Counts, totals and current values of a graph's steps (protocol 1.2: bounded).
+
+    The path itself (one node per step) and the edges grow with every step, so they are
+    not kept here: `progress.list` pages through the steps, and the clients'
+    `session_state_dict` rebuilds `path` and `metrics.edges_traversed` whole from it.
+    Per-node maps and lists are bounded by the number of distinct nodes."""
+
     current_node: str | None = None
     paused_at: str | None = None
     resume_from: str | None = None
     steps_executed: NonNegInt = 0
     total_tokens: NonNegInt = 0
     total_latency_ms: NonNegInt = 0
-    path: list[str] = []
     total_retries: NonNegInt = 0
     nodes_with_failures: list[str] = []
     retry_details: dict[str, NonNegInt] = {}
     had_partial_failures: bool = False
     execution_quality: str = "clean"
     node_visit_counts: dict[str, NonNegInt] = {}
+
+
+class ProgressStep(msgspec.Struct, kw_only=True):
+    """One graph step, as `progress.list` shows it: its progress.recorded event's data,
+    the session version that recorded it and when."""
+
+    version: PosInt
+    node_id: str
+    edge: str | None = None
+    latency_ms: NonNegInt = 0
+    tokens: NonNegInt = 0
+    retries: NonNegInt = 0
+    failed: bool = False
+    recorded_at: str
 
 
 class Result(msgspec.Struct, kw_only=True):
@@ -48,8 +68,7 @@ class TokenUsage(msgspec.Struct, kw_only=True):
 class Metrics(msgspec.Struct, kw_only=True):
     decision_count: NonNegInt = 0
     problem_count: NonNegInt = 0
-    nodes_executed: list[str] = []
-    edges_traversed: list[str] = []
+    nodes_executed: list[str] = []  # distinct nodes, in first-visit order
 
 
 class Message(msgspec.Struct, kw_only=True):

@@ -17,6 +17,7 @@ import msgspec
 from sessiond_schemas.events import Event
 
 from ..eventstore import Batch
+from ..sqlite.runner import indexed
 from . import forks
 
 _json = msgspec.json.Encoder()
@@ -30,6 +31,32 @@ async def project(con: Any, batch: Batch) -> None:
         if e.type.startswith("graph."):
             await _graph(con, e)
     await _scoped_state(con, batch)
+    await _progress(con, batch)
+    runner = [(e.session_id, e.version, e.position, e.type) for e in batch.events
+              if e.type.startswith("process.") and indexed(e.type, e.data)]
+    if runner:
+        await con.executemany("INSERT INTO runner_events (session_id, version, position,"
+                              " type) VALUES ($1, $2, $3, $4)", runner)
+
+
+async def _progress(con: Any, batch: Batch) -> None:
+    """The graph steps (sqlite/progress.py): a fork copies its source's rows as they are."""
+    insert = "INSERT INTO progress_steps (session_id, version, position) VALUES ($1, $2, $3)"
+    rows: list[tuple[str, int, int]] = []
+    for e in batch.events:
+        if e.type == "progress.recorded":
+            rows.append((e.session_id, e.version, e.position))
+        elif e.type == "session.forked":
+            if rows:
+                await con.executemany(insert, rows)
+            rows = []
+            await con.execute(
+                "INSERT INTO progress_steps (session_id, version, position) SELECT $1,"
+                " version, position FROM progress_steps WHERE session_id = $2 AND version <= $3"
+                " ON CONFLICT DO NOTHING", e.session_id, e.data["from"]["session_id"],
+                e.data["from"]["version"])
+    if rows:
+        await con.executemany(insert, rows)
 
 
 async def _conversation(con: Any, batch: Batch) -> None:

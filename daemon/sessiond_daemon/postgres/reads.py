@@ -11,7 +11,13 @@ import asyncpg
 import msgspec
 
 from sessiond_schemas.events import Event, EventMeta, MessageAppended
-from sessiond_schemas.state import Message, SessionState, SessionSummary, TokenUsage
+from sessiond_schemas.state import (
+    Message,
+    ProgressStep,
+    SessionState,
+    SessionSummary,
+    TokenUsage,
+)
 
 from ..eventstore import (
     CheckpointRow,
@@ -21,6 +27,7 @@ from ..eventstore import (
     encode_list_cursor,
     repage,
 )
+from ..sqlite.progress import PAGE_SQL, steps_of
 from ..sqlite.sessions import list_sessions_sql
 from .errors import RETRYABLE, storage_error
 
@@ -160,6 +167,26 @@ class Reads:
         rows = await self._all("SELECT event_id FROM events WHERE event_id = ANY($1::text[])"
                                " AND session_id <> $2", event_ids, session_id)
         return [r[0] for r in rows]
+
+    # --- progress steps and the runner index (sqlite/progress.py, sqlite/runner.py) --------
+
+    async def progress_steps(self, session_id: str, after_version: int, upto: int,
+                             limit: int, max_bytes: int = 0) -> Page[ProgressStep]:
+        rows = await self._page(dollar(PAGE_SQL), (session_id, after_version, upto, limit),
+                                max_bytes)
+        return repage(rows, steps_of([(r[0], r[1], bytes(r[2])) for r in rows]))
+
+    async def runner_events(self, session_id: str, types: tuple[str, ...], *,
+                            newest_first: bool = False, before_version: int | None = None,
+                            limit: int = -1) -> list[tuple[str, int, dict[str, Any]]]:
+        rows = await self._all(
+            "SELECT r.type, r.version, e.data FROM runner_events r JOIN events e"
+            " ON e.position = r.position WHERE r.session_id = $1 AND r.type = ANY($2::text[])"
+            f" AND r.version < $3 ORDER BY r.version {'DESC' if newest_first else 'ASC'}"
+            " LIMIT $4", session_id, list(types),
+            before_version if before_version is not None else 1 << 62,
+            None if limit < 0 else limit)
+        return [(r[0], r[1], _dict_decoder.decode(r[2])) for r in rows]
 
     # --- sessions ------------------------------------------------------------------------
 

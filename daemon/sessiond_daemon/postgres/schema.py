@@ -157,14 +157,50 @@ MIGRATIONS: Final[list[list[str]]] = [
         )""",
         "CREATE INDEX forks_by_source ON forks (source_id, session_id)",
     ],
+    # 2: bounded views (protocol 1.2), as SQLite's migration 5: progress_steps, which
+    # progress.list pages (a fork's shared with its ancestors up to its fork point), and
+    # runner_events, the turn events and the output lines that may name a resume id
+    # (adapters.RESUME_MARKS). Both built from the stored events.
+    [
+        """CREATE TABLE progress_steps (
+            session_id TEXT COLLATE "C" NOT NULL,
+            version BIGINT NOT NULL,
+            position BIGINT NOT NULL,
+            PRIMARY KEY (session_id, version)
+        )""",
+        """INSERT INTO progress_steps (session_id, version, position)
+            SELECT session_id, version, position FROM events
+            WHERE type = 'progress.recorded'""",
+        """WITH RECURSIVE up (session_id, source_id, upto) AS (
+                SELECT session_id, source_id, version FROM forks
+                UNION ALL
+                SELECT up.session_id, f.source_id, LEAST(up.upto, f.version)
+                FROM up JOIN forks f ON f.session_id = up.source_id)
+            INSERT INTO progress_steps (session_id, version, position)
+            SELECT up.session_id, e.version, e.position FROM up JOIN events e
+            ON e.session_id = up.source_id AND e.version <= up.upto
+            WHERE e.type = 'progress.recorded' ON CONFLICT DO NOTHING""",
+        """CREATE TABLE runner_events (
+            session_id TEXT COLLATE "C" NOT NULL,
+            version BIGINT NOT NULL,
+            position BIGINT NOT NULL,
+            type TEXT COLLATE "C" NOT NULL,
+            PRIMARY KEY (session_id, version)
+        )""",
+        """INSERT INTO runner_events (session_id, version, position, type)
+            SELECT session_id, version, position, type FROM events
+            WHERE type IN ('process.started', 'process.exited', 'process.detached')
+            OR (type = 'process.output' AND (position('thread_id'::bytea IN data) > 0
+                OR position('session_id'::bytea IN data) > 0))""",
+    ],
 ]
 
 LATEST: Final = len(MIGRATIONS)
 
 # A session's rows, in the order a delete removes them (the view last).
 SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
-                         "graph_checkpoints", "graph_blobs", "graph_writes", "forks",
-                         "sessions")
+                         "graph_checkpoints", "graph_blobs", "graph_writes", "progress_steps",
+                         "runner_events", "forks", "sessions")
 
 
 class SchemaTooNew(Exception):

@@ -14,6 +14,7 @@ import aiosqlite
 import msgspec
 
 from sessiond_schemas.errors import StorageError
+from sessiond_schemas.events import EventMeta
 
 from ..eventstore import Page
 
@@ -28,6 +29,19 @@ def storage_error(exc: sqlite3.Error) -> StorageError:
 
 def encode(value: Any) -> bytes:
     return _json.encode(value)
+
+
+# An event's meta as stored: the fields at their default (mostly null) are left out, and
+# decoding as EventMeta puts them back, so the event (and its hash) is the same. ~40
+# bytes less per event (bench/README: "CPU per append").
+_StoredMeta = msgspec.defstruct(
+    "_StoredMeta", [(f.name, Any, f.default) for f in msgspec.structs.fields(EventMeta)],
+    omit_defaults=True)
+
+
+def encode_meta(meta: EventMeta) -> bytes:
+    """The stored bytes of an event's meta (read back with an EventMeta decoder)."""
+    return _json.encode(_StoredMeta(*msgspec.structs.astuple(meta)))
 
 
 def marks(n: int) -> str:

@@ -3,9 +3,9 @@ reads of the log. It implements `eventstore.Store`; the read models it keeps in 
 commit are in this package, one module per feature (sessions, conversation, graphs,
 agents), with search.py's and forks.py's own SQL.
 
-The write connection is a plain sqlite3 connection living on one worker thread, so a
-whole batch transaction is one thread hop; aiosqlite would make it one hop per statement
-(measured ~150 us each here). Reads use aiosqlite.
+The write connection is a plain sqlite3 connection living on one thread of its own
+(`WriterThread`), so a whole batch transaction is one thread hop; aiosqlite would make it
+one hop per statement (measured ~150 us each here). Reads use aiosqlite.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import aiosqlite
@@ -29,11 +30,13 @@ from sessiond_schemas.events import Event
 from .. import forks, host, migrations, search
 from ..eventstore import Batch, Capabilities, Entry, ForkRow, Moved, Page, repage
 from ..migrations import SESSION_TABLES
-from . import agents, conversation, graphs, sessions
+from . import agents, conversation, graphs, progress, runner, sessions
 from .agents import AgentReads
-from .base import encode, marks, storage_error
+from .base import encode, encode_meta, marks, storage_error
 from .conversation import EVENT_COLUMNS, ConversationReads, event_from_row
 from .graphs import GraphIndex
+from .progress import ProgressReads
+from .runner import RunnerReads
 from .sessions import SessionViews, state_decoder
 
 log = structlog.get_logger("sessiond.store")
@@ -41,7 +44,54 @@ T = TypeVar("T")
 
 # What the commit keeps besides the events, views and idempotency results, in this order.
 PROJECTIONS: tuple[Callable[[sqlite3.Connection, Batch], None], ...] = (
-    search.project, graphs.project, agents.project, conversation.project)
+    search.project, graphs.project, agents.project, conversation.project, progress.project,
+    runner.project)
+
+
+class WriterThread:
+    """The write connection's thread: runs one call at a time, in the order given.
+
+    Cheaper than `run_in_executor` on a one-worker pool, which wraps each call in a
+    concurrent future, a work item and an asyncio future chained to it: here a call is one
+    `SimpleQueue.put` out and one `call_soon_threadsafe` back (bench/README: "CPU per
+    append"). A cancelled caller stops waiting; the call still runs to its end.
+    """
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="sessiond-writer", daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._calls.put((loop, future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            loop, future, fn, args = item
+            try:
+                outcome, failed = fn(*args), False
+            except BaseException as exc:  # handed to the caller, as run_in_executor does
+                outcome, failed = exc, True
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(_settle, future, outcome, failed)
+            del item, future, outcome
+
+    def shutdown(self) -> None:
+        """Run what is queued, then end the thread."""
+        self._calls.put(None)
+        self._thread.join()
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any, failed: bool) -> None:
+    if future.cancelled():
+        return
+    if failed:
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 def _open_cause(path: str) -> str | None:
@@ -79,7 +129,8 @@ async def _connect(path: str, synchronous: str, *, query_only: bool) -> aiosqlit
     return db
 
 
-class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
+class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, ProgressReads,
+                  RunnerReads):
     """The write connection (only the writer task uses it) and a few read connections."""
 
     def __init__(self, path: str, durability: str = "full", readers: int = 2,
@@ -88,7 +139,7 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
         self.path = path
         self.synchronous = "FULL" if durability == "full" else "NORMAL"
         self.max_bytes = max_bytes  # 0: no cap; else writes past it fail with "disk full"
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: WriterThread | None = None
         self._con: sqlite3.Connection | None = None
         self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file we opened
         self._lost: str | None = None  # why the file at self.path is no longer ours
@@ -107,7 +158,7 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
         host.make_private_dirs(os.path.dirname(os.path.abspath(self.path)))
         # SQLite gives -wal and -shm the database file's mode: 0600 covers all three.
         host.create_private_file(self.path)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sessiond-writer")
+        self._pool = WriterThread()
         try:
             synchronous = await self._on_writer(self._open_writer)
             self._readers = [
@@ -136,13 +187,13 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
         self._readers = []
         if self._pool is not None:
             await self._on_writer(self._close_writer)
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown()
             self._pool = None
 
     async def _on_writer(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` on the write connection's thread."""
         assert self._pool is not None, "store is not open"
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        return await self._pool.call(fn, *args)
 
     def _open_writer(self) -> int:
         con = sqlite3.connect(self.path, isolation_level=None)
@@ -164,13 +215,16 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
         self._lost = None
         return int(con.execute("PRAGMA synchronous").fetchone()[0])
 
-    def _check_identity(self) -> None:
+    def _check_identity(self, *, look: bool = True) -> None:
         """Refuse to go on once the file at our path is not the one we have open.
 
         Writes into a deleted or replaced file would be acknowledged and then gone
-        at the next start; from the first sign of it every commit is refused.
+        at the next start; from the first sign of it every commit is refused. With
+        `look=False` only a loss seen before is refused (no `os.stat`): the commit
+        looks once, after its COMMIT and before anyone is answered, which covers a
+        file lost before the transaction as well as during it.
         """
-        if self._lost is None:
+        if self._lost is None and look:
             try:
                 st = os.stat(self.path)
             except FileNotFoundError:
@@ -276,7 +330,7 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
 
     def _commit(self, batch: Batch) -> None:
         con = self._w
-        self._check_identity()
+        self._check_identity(look=False)
         self._keep_under_cap(before_commit=True)
         con.execute("BEGIN IMMEDIATE")
         try:
@@ -296,9 +350,14 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
         for sid in batch.deletes:
-            search.forget_session(db, sid)
+            # The read models first: the pages they free make room for the search index's
+            # delete markers (FTS5 writes them) in a database at max_db_bytes.
             for table in SESSION_TABLES:
-                db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
+                if table not in ("events", "sessions"):
+                    db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
+            search.forget_session(db, sid)  # reads the session's events
+            db.execute("DELETE FROM events WHERE session_id = ?", (sid,))
+            db.execute("DELETE FROM sessions WHERE session_id = ?", (sid,))
         if batch.events:
             db.executemany(
                 "INSERT INTO events (position, session_id, version, event_id, type,"
@@ -306,7 +365,7 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex):
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (e.position, e.session_id, e.version, e.event_id, e.type, e.schema_version,
-                     e.recorded_at, encode(e.data), encode(e.meta), e.hash)
+                     e.recorded_at, encode(e.data), encode_meta(e.meta), e.hash)
                     for e in batch.events
                 ],
             )
