@@ -1,4 +1,12 @@
-"""Shared fixtures: a real daemon on a temporary socket and database, and clients for it."""
+"""Shared fixtures: a real daemon on a temporary socket and database, and clients for it.
+
+The daemon fixtures run on both stores: a test that asks for `daemon`, `client` or
+`db_url` (or `store_kind` itself) runs once on a SQLite file (`[sqlite]`) and once on a
+PostgreSQL database (`[postgresql]`, marked `postgresql`; tests/pg.py says where the
+server is). `@pytest.mark.sqlite_only("why")` keeps a test (or module) on SQLite alone,
+for what only a SQLite file has; `@pytest.mark.slow_on_postgresql` marks a long test's
+PostgreSQL variant `fleet`: off the default run, in .ci/run's second one (`-m fleet`).
+"""
 
 from __future__ import annotations
 
@@ -17,12 +25,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import pg
 import pytest
 import structlog
 
 from sessiond import AsyncClient, Client, DaemonUnavailableError
 from sessiond_daemon import lifecycle
 from sessiond_daemon.config import Config, load
+from sessiond_daemon.postgres import dsn
 
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
 
@@ -55,7 +65,10 @@ class Daemon:
         return self.config.db
 
     def sql(self, query: str, *args: Any) -> list[Any]:
-        """Read the database file directly, behind the daemon's back."""
+        """Read the database directly, behind the daemon's back (a SQLite file, or the
+        PostgreSQL database: `?` placeholders either way, rows as tuples)."""
+        if dsn.is_postgres(self.db):
+            return pg.query(self.db, query, *args)
         con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
         try:
             return con.execute(query, args).fetchall()
@@ -85,6 +98,49 @@ async def running_daemon(config: Config, store_factory: lifecycle.StoreFactory
         shutdown.set()
 
 
+STORES = ("sqlite", "postgresql")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run each test that needs a `store_kind` on both stores, but those marked
+    sqlite_only."""
+    if "store_kind" not in metafunc.fixturenames:
+        return
+    only = metafunc.definition.get_closest_marker("sqlite_only")
+    if only is not None and not (only.args or only.kwargs.get("reason")):
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: sqlite_only needs a reason")
+    params = [pytest.param("sqlite", id="sqlite")]
+    if only is None:
+        marks = [pytest.mark.postgresql]
+        if metafunc.definition.get_closest_marker("slow_on_postgresql") is not None:
+            marks.append(pytest.mark.fleet)
+        params.append(pytest.param("postgresql", id="postgresql", marks=marks))
+    metafunc.parametrize("store_kind", params, indirect=True)
+
+
+@pytest.fixture
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Which store this run of the test uses: "sqlite" or "postgresql"."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def pg_module_database() -> Iterator[str]:
+    """One PostgreSQL database for the module's tests on that store (each empties it)."""
+    yield from pg.database()
+
+
+@pytest.fixture
+def db_url(store_kind: str, short_dir: str, request: pytest.FixtureRequest) -> str:
+    """The `db` setting of this test's daemon: a SQLite file in `short_dir`, or an empty
+    PostgreSQL database (the module's, emptied for this test)."""
+    if store_kind == "postgresql":
+        url: str = request.getfixturevalue("pg_module_database")
+        pg.empty(url)
+        return url
+    return os.path.join(short_dir, "sessiond.db")
+
+
 @pytest.fixture
 def daemon_overrides() -> dict[str, Any]:
     """Override in a test module to start the daemon with other settings."""
@@ -92,9 +148,11 @@ def daemon_overrides() -> dict[str, Any]:
 
 
 @pytest.fixture
-async def daemon(short_dir: str, daemon_overrides: dict[str, Any]) -> AsyncIterator[Daemon]:
-    """A real daemon in this process, ready when the fixture yields."""
-    async with running_daemon(daemon_config(short_dir, **daemon_overrides)) as d:
+async def daemon(short_dir: str, db_url: str,
+                 daemon_overrides: dict[str, Any]) -> AsyncIterator[Daemon]:
+    """A real daemon in this process, ready when the fixture yields, on this run's store."""
+    config = daemon_config(short_dir, **{"db": db_url, **daemon_overrides})
+    async with running_daemon(config) as d:
         yield d
 
 

@@ -31,7 +31,8 @@ from google.genai import types  # noqa: E402
 from sessiond import AsyncClient  # noqa: E402
 from sessiond.integrations.adk import SessiondSessionService  # noqa: E402
 
-pytestmark = pytest.mark.anyio
+# The adapter's tests talk through the client: their PostgreSQL variants run in the fleet run.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
 counter = itertools.count()
 USERS = ["alice", "bob/with:odd chars"]
 

@@ -17,7 +17,8 @@ from conftest import Daemon, as_user
 
 from sessiond import AsyncClient, SessiondError
 
-pytestmark = pytest.mark.anyio
+# Each sessionctl call is a new process: the PostgreSQL variants run in the fleet run.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
 
 
 async def ctl(daemon: Daemon, *args: str, stdin: str | None = None,

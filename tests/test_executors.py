@@ -22,7 +22,9 @@ from sessiond_schemas.errors import (
     OverloadedError,
 )
 
-pytestmark = pytest.mark.anyio
+# Child processes and their pipes, whatever the store: the PostgreSQL variants run in the
+# fleet run.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
 
 FAKES = Path(__file__).resolve().parent / "executors"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "executors"

@@ -44,8 +44,8 @@ def resealed(doc: dict[str, Any]) -> dict[str, Any]:
 
 async def test_round_trip_into_a_fresh_daemon(daemon: Daemon, client: AsyncClient,
                                               short_dir: str) -> None:
-    """export -> import elsewhere -> export: same events, same view; checksums differ only by
-    exported_at. Checkpoints come along."""
+    """export -> import elsewhere (a SQLite daemon, whichever store exported) -> export:
+    same events, same view; checksums differ only by exported_at. Checkpoints come along."""
     await rich_session(client)
     first = await client.export_session("trip")
     assert first["format"] == "sessiond.export" and first["checksum"] == checksum(first)

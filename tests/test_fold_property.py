@@ -215,6 +215,7 @@ async def conversation_at(daemon: Daemon, client: AsyncClient, sid: str,
     return conversation
 
 
+@pytest.mark.slow_on_postgresql
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(before=st.lists(commands, min_size=1, max_size=12),

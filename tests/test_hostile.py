@@ -198,6 +198,7 @@ lines = st.one_of(
 )
 
 
+@pytest.mark.slow_on_postgresql
 @settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(line=lines)

@@ -20,7 +20,8 @@ from langgraph.types import Command, interrupt  # noqa: E402
 
 from sessiond.integrations.langgraph import SessiondSaver  # noqa: E402
 
-pytestmark = pytest.mark.anyio
+# The adapter's tests talk through the client: their PostgreSQL variants run in the fleet run.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
 
 
 async def test_conformance_suite_passes_every_capability(daemon: Daemon) -> None:

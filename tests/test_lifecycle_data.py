@@ -8,16 +8,21 @@ import sqlite3
 import sys
 
 import anyio
+import pg
 import pytest
 from conftest import Daemon, daemon_config, eventually, running_daemon
 
 from sessiond import AsyncClient, InvalidParamsError, SessionNotFoundError
+from sessiond_daemon.postgres import dsn
 
 pytestmark = pytest.mark.anyio
 
 
 def edit(db: str, sql: str, *args: object) -> None:
-    """Change the database file behind the daemon's back."""
+    """Change the database behind the daemon's back."""
+    if dsn.is_postgres(db):
+        pg.query(db, sql, *args)
+        return
     con = sqlite3.connect(db)
     try:
         con.execute(sql, args)

@@ -25,7 +25,8 @@ from openai.types.responses import ResponseOutputMessage, ResponseOutputText  # 
 from sessiond import AsyncClient  # noqa: E402
 from sessiond.integrations.openai_agents import SessiondSession, session_id_for  # noqa: E402
 
-pytestmark = pytest.mark.anyio
+# The adapter's tests talk through the client: their PostgreSQL variants run in the fleet run.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
 set_tracing_disabled(True)  # no trace export: these tests never touch the network
 
 ITEMS: list[Any] = [

@@ -25,6 +25,9 @@ from sessiond_schemas.errors import (
 from sessiond_schemas.events import Event
 
 pytestmark = pytest.mark.anyio
+FTS = pytest.mark.sqlite_only(
+    "session.search is SQLite's FTS5; a PostgreSQL store answers -32012"
+    " (tests/test_postgres_daemon.py)")
 
 WORDS = ["login", "logout", "test", "fixed", "broken", "deploy", "retry", "cache", "alpha",
          "beta"]
@@ -138,6 +141,7 @@ async def brute(client: AsyncClient, pick: Callable[[Doc], bool], *,
     return found
 
 
+@FTS
 class TestSearch:
     async def test_results_equal_a_brute_force_scan(self, client: AsyncClient) -> None:
         """Every query form and filter: the same sessions and matching events as a scan of
@@ -372,6 +376,7 @@ class TestFork:
 
 
 class TestCli:
+    @FTS
     async def test_search_fork_and_the_tree(self, daemon: Daemon, client: AsyncClient) -> None:
         await client.create_session("c1", task="fix the login test", actor_name="me/bot")
         await client.append_message("c1", "assistant", "the login test passes now")

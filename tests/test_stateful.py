@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 import msgspec
+import pytest
 from conftest import daemon_config, running_daemon
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -183,8 +184,8 @@ class ThreadedDaemon:
     """A real in-process daemon on its own event loop in a thread, so that this
     synchronous state machine can talk to it over the socket and restart it."""
 
-    def __init__(self, directory: str) -> None:
-        self.config = daemon_config(directory)
+    def __init__(self, directory: str, db: str | None = None) -> None:
+        self.config = daemon_config(directory, **({"db": db} if db else {}))
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
@@ -446,10 +447,11 @@ DATA_NUMBERS: list[tuple[str, str]] = sorted(
     if _numeric(f.type))
 
 
-def test_every_number_and_string_of_every_method_at_every_bound() -> None:
+@pytest.mark.slow_on_postgresql
+def test_every_number_and_string_of_every_method_at_every_bound(db_url: str) -> None:
     """The sweep the state machine samples from, whole: each numeric and each string field
     of each method's params and of each event type's data, alone, at each boundary value;
-    ping after each, verify at the end."""
+    ping after each, verify at the end. On both stores."""
     sweep: list[tuple[str, str, Any]] = (
         [(m, f, v) for m, f in NUMERIC_FIELDS for v in NUMBERS]
         + [(m, f, v) for m, f in STRING_FIELDS for v in sorted(set(STRINGS))]
@@ -459,7 +461,7 @@ def test_every_number_and_string_of_every_method_at_every_bound() -> None:
            for t, f in DATA_STRINGS for v in sorted(set(STRINGS))])
     assert ("tokens.recorded", "input_tokens") in DATA_NUMBERS
     with tempfile.TemporaryDirectory(prefix="sd-sw-") as directory:
-        daemon = ThreadedDaemon(directory)
+        daemon = ThreadedDaemon(directory, db_url)
         daemon.start()
         try:
             for method, name, value in sweep:

@@ -33,6 +33,7 @@ def vm_steps(db: str, sql: str, args: tuple[object, ...]) -> int:
     return steps
 
 
+@pytest.mark.sqlite_only("SQLite's query plan and VM steps")
 async def test_message_page_reads_only_the_page(daemon: Daemon, client: AsyncClient) -> None:
     """message.list's query searches the primary key and its cost does not grow with history."""
     await client.create_session("short")
@@ -55,6 +56,7 @@ async def test_message_page_reads_only_the_page(daemon: Daemon, client: AsyncCli
     assert [m.sequence for m in page.messages] == list(range(5001, 5021))
 
 
+@pytest.mark.sqlite_only("the SQLite file's journal mode")
 async def test_database_is_wal_and_migrated(daemon: Daemon) -> None:
     """The file is in WAL mode and carries its schema version."""
     assert daemon.sql("PRAGMA journal_mode") == [("wal",)]
@@ -83,6 +85,7 @@ async def test_snapshots_at_every_boundary(daemon: Daemon, client: AsyncClient) 
     assert past.last_message is not None and past.last_message.content == "m4"
 
 
+@pytest.mark.sqlite_only("SQLite's query plan and VM steps")
 async def test_session_list_stays_flat_with_filters(daemon: Daemon, client: AsyncClient) -> None:
     """A page of an old, small namespace costs no more than one of a big, new one."""
     from sessiond_daemon.eventstore import SessionFilters

@@ -29,6 +29,7 @@ async def all_events(c: AsyncClient) -> list[Event]:
     return events
 
 
+@pytest.mark.slow_on_postgresql
 async def test_catch_up_then_live_under_load(daemon: Daemon, client: AsyncClient) -> None:
     """8 writers, 5,000 events; 4 subscribers each get exactly their events, in order, once."""
     sessions = [(await client.create_session(f"w{i}")).session_id for i in range(8)]
@@ -117,10 +118,10 @@ async def test_deleted_session_ends_the_subscription(daemon: Daemon, client: Asy
         assert rest == [] and sub.ended is not None and "session deleted" in sub.ended
 
 
-async def test_stalled_consumer_is_dropped_and_bounded(short_dir: str) -> None:
+async def test_stalled_consumer_is_dropped_and_bounded(short_dir: str, db_url: str) -> None:
     """A subscriber that never reads is dropped at its buffer bound, with last_position."""
     bound = 64 * 1024
-    config = daemon_config(short_dir, max_subscription_buffer=bound)
+    config = daemon_config(short_dir, db=db_url, max_subscription_buffer=bound)
     async with running_daemon(config) as d, AsyncClient(d.socket) as c:
         await c.create_session("flood")
         raw = socket.socket(socket.AF_UNIX)
@@ -154,9 +155,9 @@ async def test_stalled_consumer_is_dropped_and_bounded(short_dir: str) -> None:
         assert len(received) < bound + 100 * 700 + 4 * 1024 * 1024
 
 
-async def test_iterator_survives_a_daemon_restart(short_dir: str) -> None:
+async def test_iterator_survives_a_daemon_restart(short_dir: str, db_url: str) -> None:
     """The client's iterator reconnects after a restart and loses nothing, doubles nothing."""
-    config = daemon_config(short_dir)
+    config = daemon_config(short_dir, db=db_url)
     got: list[Event] = []
     async with anyio.create_task_group() as outer:
         async def consume() -> None:

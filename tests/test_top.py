@@ -16,7 +16,8 @@ from conftest import Daemon
 
 from sessiond import AsyncClient
 
-pytestmark = pytest.mark.anyio
+# A terminal UI over the client: its PostgreSQL variants run in the fleet run.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
 
 CLI = [sys.executable, "-c", "from sessiond.cli import main; main()"]
 WAIT_S = 60  # generous: a wait ends as soon as the screen shows what it waits for

@@ -245,7 +245,10 @@ class Reads:
             raise ValueError(f"not a grouping column: {column}")
         rows = await self._all(
             f"SELECT {column}, COUNT(*), COALESCE(SUM(input_tokens), 0)::float8,"
-            " COALESCE(SUM(output_tokens), 0)::float8, COALESCE(SUM(estimated_cost), 0)"
+            " COALESCE(SUM(output_tokens), 0)::float8,"
+            # numeric: a float8 SUM past 1.8e308 raises "value out of range" (SQLite's
+            # TOTAL gives inf); the Decimal becomes inf in Python.
+            " COALESCE(SUM(estimated_cost::numeric), 0)"
             f" FROM sessions GROUP BY {column}")
         return [(r[0], int(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
 
