@@ -84,3 +84,30 @@ async def test_a_delete_decided_from_an_old_version_is_moved(pg_url: str) -> Non
     finally:
         await a.close()
         await b.close()
+
+
+async def test_each_host_decides_and_reads_on_the_stored_view(pg_url: str,
+                                                              short_dir: str) -> None:
+    """A host never decides or answers from a view another host has moved past: an
+    expected_version that is right in the database is accepted whichever host wrote
+    last, and a session deleted through one host is gone on the other at once."""
+    from sessiond_schemas.errors import SessionNotFoundError
+
+    configs = [daemon_config(os.path.join(short_dir, name), db=pg_url) for name in "ab"]
+    for config in configs:
+        os.makedirs(os.path.dirname(config.socket or ""), exist_ok=True)
+    async with (running_daemon(configs[0]) as a, running_daemon(configs[1]) as b,
+                AsyncClient(a.socket) as on_a, AsyncClient(b.socket) as on_b):
+        sid = (await on_a.create_session()).session_id
+        version = (await on_a.append_message(sid, "user", "a0")).version  # a caches it
+        for i in range(20):  # hosts alternate, each naming the version the other wrote
+            host = on_b if i % 2 == 0 else on_a
+            version = (await host.call("message.append", session_id=sid, role="user",
+                                       content=f"m{i}", expected_version=version))["version"]
+            assert (await on_a.get_session(sid)).version == version
+            assert (await on_b.get_session(sid)).version == version
+        await on_b.delete_session(sid)
+        with pytest.raises(SessionNotFoundError):
+            await on_a.get_session(sid)
+        with pytest.raises(SessionNotFoundError):
+            await on_a.append_message(sid, "user", "after the delete")

@@ -378,6 +378,9 @@ class Capabilities:
     """What a store can do beyond the Protocols; None where it cannot."""
 
     engine: str  # "sqlite", "postgresql": which SQL `sql` speaks
+    # Other daemons write this store too: a view this one cached may be stale, so the
+    # writer decides on views read from the store, and reads are served from it.
+    shared: bool = False
     integrity: IntegrityCheck | None = None
     backup: FileBackup | None = None
     size: SizeCap | None = None

@@ -151,6 +151,7 @@ class Writer:
     def __init__(self, store: EventStore, *, max_queue: int, max_batch: int,
                  cache_size: int, snapshot_every: int = 1000) -> None:
         self.store = store
+        self.shared = store.capabilities.shared
         self.max_batch = max_batch
         self.cache_size = cache_size
         self.snapshot_every = snapshot_every
@@ -195,7 +196,10 @@ class Writer:
         return command.result
 
     def cached(self, session_id: str) -> SessionState | None:
-        """Return the committed view of a session if the writer holds it."""
+        """Return the committed view of a session if the writer holds it (never on a store
+        other daemons write: there the store is read)."""
+        if self.shared:
+            return None
         entry = self._cache.get(session_id)
         return entry.state if entry is not None else None
 
@@ -254,6 +258,14 @@ class Writer:
             except _BatchFailed as failed:
                 if len(commands) == 1:
                     commands[0].result, commands[0].error = None, failed.error
+                elif isinstance(failed.error.data, dict) and failed.error.data.get("retryable"):
+                    # The connection failed (the commit may even have landed, its answer
+                    # lost): not a command's fault, and a retry here could append unkeyed
+                    # writes twice. Every command gets the retryable error; the client
+                    # retries under its idempotency key.
+                    for cmd in commands:
+                        cmd.result, cmd.error = None, failed.error
+                    await self._resync()
                 else:
                     # Not one command's fault as far as we can tell: each again, alone, in
                     # its own transaction, so the good ones commit and the bad one fails.
@@ -560,7 +572,9 @@ class Writer:
         return events, typed
 
     async def _load(self, session_id: str) -> Entry | None:
-        entry = self._cache.get(session_id)
+        # On a shared store another daemon may have written or deleted the session since
+        # we cached it: decide on the stored view (the commit still checks it under lock).
+        entry = None if self.shared else self._cache.get(session_id)
         if entry is not None:
             self._cache.move_to_end(session_id)
             return entry

@@ -56,6 +56,9 @@ class Follower:
                 await self.catch_up()
             except StorageError as exc:  # the database went away: the poll retries
                 log.warning("store.follow_failed", cursor=self.cursor, error=exc.message)
+            except Exception:  # a row this release cannot read, say: log it, never end the
+                # daemon's core tasks over it; the next wake-up tries again
+                log.exception("store.follow_crashed", cursor=self.cursor)
 
     async def catch_up(self) -> int:
         """Deliver everything committed past the cursor; return how many events."""

@@ -68,7 +68,7 @@ class Listener:
                 delay = self.backoff_s
                 self._on_wake()  # what was committed while nobody listened
                 await self._watch(con)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 self._set_state(False)
                 log.warning("store.listener_lost", error=str(exc), retry_in_s=delay)
             finally:
@@ -86,6 +86,8 @@ class Listener:
                 await self._lost.wait()
             if self._lost.is_set():
                 break
-            await con.fetchval("SELECT 1")  # raises when the server went away
+            # Raises when the server went away, or (a half-open connection, as after a
+            # failover) answers nothing within a poll.
+            await con.fetchval("SELECT 1", timeout=max(self.poll_s, 1.0))
             self._on_wake()
         raise asyncpg.InterfaceError("the LISTEN connection was closed")

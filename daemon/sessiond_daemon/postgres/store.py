@@ -42,6 +42,10 @@ from .models import ModelReads
 
 log = structlog.get_logger("sessiond.store")
 
+# A read that has not answered in this long is on a dead connection (a half-open one
+# after a failover, say): it fails, retryable, instead of hanging its request.
+READ_TIMEOUT_S = 60.0
+
 CHANNEL: Final = "sessiond_events"  # the NOTIFY channel; the payload is a hint only
 _json = msgspec.json.Encoder()
 
@@ -134,7 +138,7 @@ class PostgresStore(ModelReads):
     def capabilities(self) -> Capabilities:
         """Nothing beyond the Protocols yet: no file to check, copy or cap, and no SQL
         access for search (full-text search on PostgreSQL is still to do)."""
-        return Capabilities(engine="postgresql")
+        return Capabilities(engine="postgresql", shared=True)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -151,7 +155,7 @@ class PostgresStore(ModelReads):
             self.schema_version = await schema.schema_version(self._con)
             self._pool = await asyncpg.create_pool(
                 self.url, password=self.password, min_size=1, max_size=self._reader_count,
-                timeout=self.connect_timeout_s)
+                timeout=self.connect_timeout_s, command_timeout=READ_TIMEOUT_S)
         except schema.SchemaTooNew:
             await self.close()
             raise
