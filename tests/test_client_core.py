@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon
 
 from sessiond import AsyncClient, ConnectionLostError, InvalidParamsError, InvalidRequestError
 from sessiond.integrations._loop import LoopClient
@@ -141,3 +141,32 @@ async def test_refused_requests_leave_nothing_pending(short_dir: str, kind: str,
         gc.collect()  # a forgotten future reports itself when collected
         await anyio.sleep(0)  # and the report is a callback of the loop
     assert errors == []
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_subscriber_that_does_not_read_stops_reading_the_socket(
+        daemon: Daemon, anyio_backend: str) -> None:
+    """Lines a subscriber has not taken are bounded: past MAX_QUEUED_LINE_BYTES the client
+    stops reading its socket (the daemon, whose store is the buffer, waits for it), and
+    resumes as they are taken, so nothing is lost or reordered."""
+    from sessiond._connection import MAX_QUEUED_LINE_BYTES
+
+    async with AsyncClient(daemon.socket) as client:
+        sid = (await client.create_session()).session_id
+        async with client.subscribe(sid, from_version=1) as sub:
+            first = await sub.__anext__()  # subscribed, the connection open
+            assert sub._transport is not None
+            replies = sub._transport.replies
+            text = "x" * 4000
+            for _ in range(30):  # ~12 MB of notifications, three times the bound
+                await client.append_messages(sid, [{"role": "user", "content": text}] * 100)
+            queued = await eventually(lambda: replies.queued >= MAX_QUEUED_LINE_BYTES,
+                                      "the unread lines reaching the bound")
+            assert queued
+            versions = [first.version]
+            async for event in sub:
+                assert replies.queued <= MAX_QUEUED_LINE_BYTES + (1 << 20)
+                versions.append(event.version)
+                if event.version == 3001:
+                    break
+    assert versions == list(range(1, 3002))

@@ -44,6 +44,11 @@ class Waiter:
         return self.event.is_set()
 
 
+# Lines (a subscription's notifications) queued unread past which the connection stops
+# reading its socket until the reader has taken half of them.
+MAX_QUEUED_LINE_BYTES = 4 << 20
+
+
 class Replies:
     """Framing and routing, free of I/O: bytes in, answers handed to their waiters.
 
@@ -54,6 +59,7 @@ class Replies:
         self.pending: dict[int, Waiter] = {}
         self.lines: collections.deque[bytes] | None = collections.deque() if lines else None
         self.line_waiter: Waiter | None = None
+        self.queued = 0  # bytes of the lines queued and not yet received
         self.error: SessiondError | None = None  # set once the connection is gone
         self._buffer = bytearray()
 
@@ -67,6 +73,7 @@ class Replies:
             del self._buffer[:end + 1]
             if self.lines is not None:
                 self.lines.append(bytes(line))
+                self.queued += len(line)
                 self._wake_line_reader()
             else:
                 for reply in decode_replies(line):
@@ -134,7 +141,14 @@ class Connection:
                 raise EOFError
             waiter = self.replies.line_waiter = Waiter()
             await self._wait(waiter)
-        return lines.popleft()
+        line = lines.popleft()
+        self.replies.queued -= len(line)
+        if self.replies.queued <= MAX_QUEUED_LINE_BYTES // 2:
+            self._resume_reading()
+        return line
+
+    def _resume_reading(self) -> None:
+        """Read the socket again once the queued lines are taken (see MAX_QUEUED_LINE_BYTES)."""
 
     async def send(self, data: bytes) -> None:
         raise NotImplementedError
@@ -163,6 +177,17 @@ class AsyncioConnection(Connection, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.replies.feed(data)
+        if self.replies.queued > MAX_QUEUED_LINE_BYTES and self.transport is not None \
+                and self.transport.is_reading():
+            # A subscriber that does not keep up: stop reading, so the daemon sees it
+            # (and drops it as slow, by its own limit) instead of the client's memory
+            # growing with the log.
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing() \
+                and not self.transport.is_reading():
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.replies.fail(ConnectionLostError("the daemon closed the connection"))
