@@ -91,8 +91,12 @@ class AsyncClient(AsyncCalls):
         await self.aclose()
 
     async def connect(self) -> None:
-        """Open the connection."""
-        self._conn = await open_connection(self.socket_path)
+        """Open the connection (a new one in place of a lost one; an open one is kept)."""
+        if self._conn is not None and not self._conn.lost:
+            return
+        old, self._conn = self._conn, await open_connection(self.socket_path)
+        if old is not None:
+            await old.aclose()
 
     async def aclose(self) -> None:
         """Close the connection; calls still waiting get ConnectionLostError."""
