@@ -25,12 +25,12 @@ import base64
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
 
 from sessiond_schemas.errors import InvalidParamsError
-from sessiond_schemas.events import Event
+from sessiond_schemas.events import Event, EventMeta
 from sessiond_schemas.state import Message, ProgressStep, SessionState, SessionSummary
 
 T = TypeVar("T")
@@ -385,6 +385,23 @@ class Capabilities:
     backup: FileBackup | None = None
     size: SizeCap | None = None
     sql: SqlAccess | None = None
+
+
+# The columns of a stored event that event_from_row reads, in its order (every store
+# keeps these columns under these names).
+EVENT_COLUMNS: Final = (
+    "position, session_id, version, event_id, type, schema_version, recorded_at, data, meta, hash")
+_data_decoder = msgspec.json.Decoder(dict[str, Any])
+_meta_decoder = msgspec.json.Decoder(EventMeta)
+
+
+def event_from_row(r: Sequence[Any]) -> Event:
+    """An event from a row of EVENT_COLUMNS (data and meta as JSON text or bytes)."""
+    return Event(
+        position=r[0], session_id=r[1], version=r[2], event_id=r[3], type=r[4],
+        schema_version=r[5], recorded_at=r[6], data=_data_decoder.decode(r[7]),
+        meta=_meta_decoder.decode(r[8]), hash=r[9],
+    )
 
 
 def encode_list_cursor(created_at: str, session_id: str) -> str:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 import asyncpg
 import msgspec
 
-from sessiond_schemas.events import Event, EventMeta, MessageAppended
+from sessiond_schemas.events import Event, MessageAppended
 from sessiond_schemas.state import (
     Message,
     ProgressStep,
@@ -20,11 +20,13 @@ from sessiond_schemas.state import (
 )
 
 from ..eventstore import (
+    EVENT_COLUMNS,
     CheckpointRow,
     Page,
     SessionFilters,
     StoredCheckpoint,
     encode_list_cursor,
+    event_from_row,
     repage,
 )
 from ..sqlite.progress import PAGE_SQL, steps_of
@@ -32,22 +34,8 @@ from ..sqlite.sessions import list_sessions_sql
 from .errors import RETRYABLE, storage_error
 
 _state_decoder = msgspec.json.Decoder(SessionState)
-_meta_decoder = msgspec.json.Decoder(EventMeta)
 _message_decoder = msgspec.json.Decoder(MessageAppended)
 _dict_decoder = msgspec.json.Decoder(dict[str, Any])
-
-# The columns event_from_row reads, in its order.
-EVENT_COLUMNS: Final = (
-    "position, session_id, version, event_id, type, schema_version, recorded_at, data, meta, hash")
-
-
-def event_from_row(r: Any) -> Event:
-    return Event(
-        position=r[0], session_id=r[1], version=r[2], event_id=r[3], type=r[4],
-        schema_version=r[5], recorded_at=r[6], data=_dict_decoder.decode(r[7]),
-        meta=_meta_decoder.decode(r[8]), hash=r[9],
-    )
-
 
 def dollar(sql: str) -> str:
     """SQLite's `?` placeholders as PostgreSQL's $1, $2, ... (none is inside a literal in

@@ -5,11 +5,11 @@ source's rows with its forks (forks.index). Kept in the commit, from the batch's
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 
-from sessiond_schemas.events import Event, EventMeta, MessageAppended
+from sessiond_schemas.events import MessageAppended
 from sessiond_schemas.state import Message
 
 from .. import forks
@@ -17,21 +17,7 @@ from ..eventstore import Batch, CheckpointRow, Page, StoredCheckpoint, repage
 from .base import SqliteReads
 
 _message_decoder = msgspec.json.Decoder(MessageAppended)
-_meta_decoder = msgspec.json.Decoder(EventMeta)
 _dict_decoder = msgspec.json.Decoder(dict[str, Any])
-
-# The columns event_from_row reads, in its order.
-EVENT_COLUMNS: Final = (
-    "position, session_id, version, event_id, type, schema_version, recorded_at, data, meta, hash")
-
-
-def event_from_row(r: Any) -> Event:
-    return Event(
-        position=r[0], session_id=r[1], version=r[2], event_id=r[3], type=r[4],
-        schema_version=r[5], recorded_at=r[6], data=_dict_decoder.decode(r[7]),
-        meta=_meta_decoder.decode(r[8]), hash=r[9],
-    )
-
 
 def project(db: sqlite3.Connection, batch: Batch) -> None:
     """The message index, fork links and checkpoints of the batch's events, in event order:

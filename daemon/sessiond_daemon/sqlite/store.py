@@ -28,12 +28,22 @@ from sessiond_schemas.errors import StorageError
 from sessiond_schemas.events import Event
 
 from .. import forks, host, migrations, search
-from ..eventstore import Batch, Capabilities, Entry, ForkRow, Moved, Page, repage
+from ..eventstore import (
+    EVENT_COLUMNS,
+    Batch,
+    Capabilities,
+    Entry,
+    ForkRow,
+    Moved,
+    Page,
+    event_from_row,
+    repage,
+)
 from ..migrations import SESSION_TABLES
 from . import agents, conversation, graphs, progress, runner, sessions
 from .agents import AgentReads
 from .base import encode, encode_meta, marks, storage_error
-from .conversation import EVENT_COLUMNS, ConversationReads, event_from_row
+from .conversation import ConversationReads
 from .graphs import GraphIndex
 from .progress import ProgressReads
 from .runner import RunnerReads
