@@ -30,8 +30,14 @@ from typing import Any, Final, Protocol, TypeVar
 import msgspec
 
 from sessiond_schemas.errors import InvalidParamsError
-from sessiond_schemas.events import Event, EventMeta
-from sessiond_schemas.state import Message, ProgressStep, SessionState, SessionSummary
+from sessiond_schemas.events import Event, EventMeta, MessageAppended
+from sessiond_schemas.state import (
+    Message,
+    ProgressStep,
+    SessionState,
+    SessionSummary,
+    TokenUsage,
+)
 
 T = TypeVar("T")
 
@@ -402,6 +408,52 @@ def event_from_row(r: Sequence[Any]) -> Event:
         schema_version=r[5], recorded_at=r[6], data=_data_decoder.decode(r[7]),
         meta=_meta_decoder.decode(r[8]), hash=r[9],
     )
+
+
+_message_decoder = msgspec.json.Decoder(MessageAppended)
+
+
+def messages_page(rows: Page[Any]) -> Page[Message]:
+    """message.list's page from rows of (a message.appended event's data, its time)."""
+    messages: Page[Message] = repage(rows, [])
+    for data, recorded_at in rows:
+        m = _message_decoder.decode(data)
+        messages.append(Message(
+            message_id=m.message_id, sequence=m.sequence, role=m.role, content=m.content,
+            timestamp=recorded_at, tool_call_id=m.tool_call_id, metadata=m.metadata,
+        ))
+    return messages
+
+
+def sessions_page(rows: Page[Any], limit: int) -> tuple[Page[SessionSummary], str | None]:
+    """session.list's page and next cursor from up to `limit` + 1 rows of
+    `list_sessions_sql`'s columns (the extra row says whether there is more)."""
+    page = repage(rows, [
+        SessionSummary(
+            session_id=r[0], status=r[1], namespace=r[2], actor_name=r[3], task=r[4],
+            created_at=r[5], updated_at=r[6], message_count=r[7],
+            token_usage=TokenUsage(input_tokens=r[8], output_tokens=r[9],
+                                   estimated_cost=r[10]),
+        )
+        for r in rows[:limit]
+    ])
+    more = len(rows) > limit or rows.cut
+    page.cut = rows.cut and len(rows) < limit  # not when only the look-ahead row was cut
+    next_cursor = encode_list_cursor(page[-1].created_at, page[-1].session_id) if more else None
+    return page, next_cursor
+
+
+def add_pending_writes(found: dict[str, list[dict[str, Any]]], rows: Sequence[Any]) -> None:
+    """graph_pending's writes from rows of (checkpoint_id, item, position, the
+    graph.writes event's data), each event decoded once however many items it holds."""
+    decoded: dict[int, Any] = {}
+    for checkpoint_id, item, position, data in rows:
+        if position not in decoded:
+            decoded[position] = msgspec.json.decode(data)
+        w = decoded[position]
+        found.setdefault(checkpoint_id, []).append({
+            "task_id": w["task_id"], "task_path": w.get("task_path", ""),
+            "channel": w["writes"][item]["channel"], "value": w["writes"][item]["value"]})
 
 
 def encode_list_cursor(created_at: str, session_id: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from ..eventstore import ForkRow, Page, repage
+from ..eventstore import ForkRow, Page, add_pending_writes, repage
 from . import forks
 from .errors import RETRYABLE, storage_error
 from .reads import Reads
@@ -127,14 +127,7 @@ class ModelReads(Reads):
             " AND gw.ns = $2 AND gw.checkpoint_id = ANY($3::text[])"
             " ORDER BY gw.checkpoint_id, gw.task_id, gw.idx", session_id, ns, checkpoint_ids)
         found: dict[str, list[dict[str, Any]]] = {}
-        decoded: dict[int, Any] = {}
-        for checkpoint_id, item, position, data in rows:
-            if position not in decoded:
-                decoded[position] = msgspec.json.decode(data)
-            w = decoded[position]
-            found.setdefault(checkpoint_id, []).append({
-                "task_id": w["task_id"], "task_path": w.get("task_path", ""),
-                "channel": w["writes"][item]["channel"], "value": w["writes"][item]["value"]})
+        add_pending_writes(found, rows)
         return found
 
     async def graph_runs(self, run_ids: list[str]) -> list[tuple[str, str, str]]:

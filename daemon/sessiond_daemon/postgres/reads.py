@@ -10,13 +10,12 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from sessiond_schemas.events import Event, MessageAppended
+from sessiond_schemas.events import Event
 from sessiond_schemas.state import (
     Message,
     ProgressStep,
     SessionState,
     SessionSummary,
-    TokenUsage,
 )
 
 from ..eventstore import (
@@ -25,16 +24,16 @@ from ..eventstore import (
     Page,
     SessionFilters,
     StoredCheckpoint,
-    encode_list_cursor,
     event_from_row,
+    messages_page,
     repage,
+    sessions_page,
 )
 from ..sqlite.progress import PAGE_SQL, steps_of
 from ..sqlite.sessions import list_sessions_sql
 from .errors import RETRYABLE, storage_error
 
 _state_decoder = msgspec.json.Decoder(SessionState)
-_message_decoder = msgspec.json.Decoder(MessageAppended)
 _dict_decoder = msgspec.json.Decoder(dict[str, Any])
 
 def dollar(sql: str) -> str:
@@ -202,19 +201,7 @@ class Reads:
                             max_bytes: int = 0) -> tuple[Page[SessionSummary], str | None]:
         sql, args = list_sessions_sql(filters, limit + 1, cursor)
         rows = await self._page(dollar(sql), args, max_bytes)
-        page = repage(rows, [
-            SessionSummary(
-                session_id=r[0], status=r[1], namespace=r[2], actor_name=r[3], task=r[4],
-                created_at=r[5], updated_at=r[6], message_count=r[7],
-                token_usage=TokenUsage(input_tokens=r[8], output_tokens=r[9],
-                                       estimated_cost=r[10]),
-            )
-            for r in rows[:limit]
-        ])
-        more = len(rows) > limit or rows.cut
-        page.cut = rows.cut and len(rows) < limit  # not when only the look-ahead row was cut
-        next_cursor = encode_list_cursor(page[-1].created_at, page[-1].session_id) if more else None
-        return page, next_cursor
+        return sessions_page(rows, limit)
 
     async def stale_sessions(self, statuses: Sequence[str], before: str,
                              limit: int) -> list[str]:
@@ -249,14 +236,7 @@ class Reads:
             "SELECT e.data, e.recorded_at FROM messages m JOIN events e ON"
             f" e.position = m.position WHERE m.session_id = $1 AND m.sequence {op} $2"
             f" ORDER BY m.sequence {order} LIMIT $3", (session_id, first, limit), max_bytes)
-        messages: Page[Message] = repage(rows, [])
-        for data, recorded_at in rows:
-            m = _message_decoder.decode(data)
-            messages.append(Message(
-                message_id=m.message_id, sequence=m.sequence, role=m.role, content=m.content,
-                timestamp=recorded_at, tool_call_id=m.tool_call_id, metadata=m.metadata,
-            ))
-        return messages
+        return messages_page(rows)
 
     async def checkpoint(self, session_id: str,
                          checkpoint_id: str | None) -> StoredCheckpoint | None:

@@ -9,14 +9,12 @@ from typing import Any
 
 import msgspec
 
-from sessiond_schemas.events import MessageAppended
 from sessiond_schemas.state import Message
 
 from .. import forks
-from ..eventstore import Batch, CheckpointRow, Page, StoredCheckpoint, repage
+from ..eventstore import Batch, CheckpointRow, Page, StoredCheckpoint, messages_page, repage
 from .base import SqliteReads
 
-_message_decoder = msgspec.json.Decoder(MessageAppended)
 _dict_decoder = msgspec.json.Decoder(dict[str, Any])
 
 def project(db: sqlite3.Connection, batch: Batch) -> None:
@@ -77,14 +75,7 @@ class ConversationReads(SqliteReads):
         walking the primary key."""
         rows = await self._page(messages_page_sql(descending), (session_id, first, limit),
                                 max_bytes)
-        messages: Page[Message] = repage(rows, [])
-        for data, recorded_at in rows:
-            m = _message_decoder.decode(data)
-            messages.append(Message(
-                message_id=m.message_id, sequence=m.sequence, role=m.role, content=m.content,
-                timestamp=recorded_at, tool_call_id=m.tool_call_id, metadata=m.metadata,
-            ))
-        return messages
+        return messages_page(rows)
 
     async def checkpoint(self, session_id: str,
                          checkpoint_id: str | None) -> StoredCheckpoint | None:

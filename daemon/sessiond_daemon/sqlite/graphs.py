@@ -10,7 +10,7 @@ import msgspec
 
 from sessiond_schemas.events import Event
 
-from ..eventstore import Batch
+from ..eventstore import Batch, add_pending_writes
 from .base import SqliteReads, marks
 
 
@@ -119,14 +119,7 @@ class GraphIndex(SqliteReads):
                 " WHERE gw.session_id = ? AND gw.ns = ?"
                 f" AND gw.checkpoint_id IN ({marks(len(chunk))})"
                 " ORDER BY gw.checkpoint_id, gw.task_id, gw.idx", (session_id, ns, *chunk))
-            decoded: dict[int, Any] = {}
-            for checkpoint_id, item, position, data in rows:
-                if position not in decoded:
-                    decoded[position] = msgspec.json.decode(data)
-                w = decoded[position]
-                found.setdefault(checkpoint_id, []).append({
-                    "task_id": w["task_id"], "task_path": w.get("task_path", ""),
-                    "channel": w["writes"][item]["channel"], "value": w["writes"][item]["value"]})
+            add_pending_writes(found, rows)
         return found
 
     async def graph_runs(self, run_ids: list[str]) -> list[tuple[str, str, str]]:

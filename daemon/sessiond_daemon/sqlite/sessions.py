@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from sessiond_schemas.state import SessionState, SessionSummary, TokenUsage
+from sessiond_schemas.state import SessionState, SessionSummary
 
 from ..eventstore import (
     Batch,
@@ -17,8 +17,8 @@ from ..eventstore import (
     Page,
     SessionFilters,
     decode_list_cursor,
-    encode_list_cursor,
     repage,
+    sessions_page,
 )
 from .base import SqliteReads, encode, marks, storage_error
 
@@ -117,21 +117,7 @@ class SessionViews(SqliteReads):
         self, filters: SessionFilters, limit: int, cursor: str | None, max_bytes: int = 0
     ) -> tuple[Page[SessionSummary], str | None]:
         sql, args = list_sessions_sql(filters, limit + 1, cursor)
-        rows = await self._page(sql, args, max_bytes)
-        page = repage(rows, [
-            SessionSummary(
-                session_id=r[0], status=r[1], namespace=r[2], actor_name=r[3], task=r[4],
-                created_at=r[5], updated_at=r[6], message_count=r[7],
-                token_usage=TokenUsage(input_tokens=r[8], output_tokens=r[9],
-                                       estimated_cost=r[10]),
-            )
-            for r in rows[:limit]
-        ])
-        more = len(rows) > limit or rows.cut
-        page.cut = rows.cut and len(rows) < limit  # not when only the look-ahead row was cut
-        next_cursor = encode_list_cursor(page[-1].created_at, page[-1].session_id) if more \
-            else None
-        return page, next_cursor
+        return sessions_page(await self._page(sql, args, max_bytes), limit)
 
     async def session_ids(self, after: str, limit: int) -> list[str]:
         """Session ids in id order, after `after` (for walking every session)."""
