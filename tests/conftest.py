@@ -14,6 +14,7 @@ import functools
 import inspect
 import os
 import pwd
+import shutil
 import sqlite3
 import subprocess
 import tempfile
@@ -231,3 +232,48 @@ def as_user(user: pwd.struct_passwd, job: Callable[[], bytes]) -> bytes:
         data = answer.read()
     os.waitpid(pid, 0)
     return data
+
+
+# --- terminals: tmux drives a program on a screen of a set size ----------------------
+
+TMUX_WAIT_S = 60  # generous: a wait ends as soon as the screen shows what it waits for
+
+
+class Tmux:
+    """A tmux server of the test's own: `run` its commands, read a window's `screen`,
+    type `keys`, `wait` until the screen shows something."""
+
+    def __init__(self, directory: str) -> None:
+        self.base = ["tmux", "-S", os.path.join(directory, "tmux.sock")]
+
+    async def run(self, *args: str) -> str:
+        done = await anyio.run_process([*self.base, *args], check=True)
+        return done.stdout.decode()
+
+    async def screen(self, window: str = "top") -> str:
+        return await self.run("capture-pane", "-p", "-t", window)
+
+    async def keys(self, *keys: str, window: str = "top") -> None:
+        await self.run("send-keys", "-t", window, *keys)
+
+    async def wait(self, what: str, ok: Callable[[str], bool], window: str = "top") -> str:
+        screen = ""
+        with anyio.move_on_after(TMUX_WAIT_S):
+            while True:
+                screen = await self.screen(window)
+                if ok(screen):
+                    return screen
+                await anyio.sleep(0.1)
+        raise AssertionError(f"the screen never showed {what}:\n{screen}")
+
+
+@pytest.fixture
+async def tmux(short_dir: str) -> AsyncIterator[Tmux]:
+    if shutil.which("tmux") is None:
+        if os.environ.get("SESSIOND_REQUIRE_TMUX"):
+            pytest.fail("tmux is missing and SESSIOND_REQUIRE_TMUX is set")
+        pytest.skip("tmux is not installed")
+    t = Tmux(short_dir)
+    yield t
+    with anyio.CancelScope(shield=True):
+        await anyio.run_process([*t.base, "kill-server"], check=False)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import anyio
 import pytest
-from conftest import Daemon
+from conftest import Daemon, Tmux
 
 from sessiond import AsyncClient
 
@@ -20,7 +19,6 @@ from sessiond import AsyncClient
 pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
 
 CLI = [sys.executable, "-c", "from sessiond.cli import main; main()"]
-WAIT_S = 60  # generous: a wait ends as soon as the screen shows what it waits for
 
 
 async def load(c: AsyncClient) -> None:
@@ -40,43 +38,6 @@ def row(screen: str, first: str) -> list[str] | None:
         if words and words[0] == first:
             return words
     return None
-
-
-class Tmux:
-    def __init__(self, directory: str) -> None:
-        self.base = ["tmux", "-S", os.path.join(directory, "tmux.sock")]
-
-    async def run(self, *args: str) -> str:
-        done = await anyio.run_process([*self.base, *args], check=True)
-        return done.stdout.decode()
-
-    async def screen(self) -> str:
-        return await self.run("capture-pane", "-p", "-t", "top")
-
-    async def keys(self, *keys: str) -> None:
-        await self.run("send-keys", "-t", "top", *keys)
-
-    async def wait(self, what: str, ok: Callable[[str], bool]) -> str:
-        screen = ""
-        with anyio.move_on_after(WAIT_S):
-            while True:
-                screen = await self.screen()
-                if ok(screen):
-                    return screen
-                await anyio.sleep(0.1)
-        raise AssertionError(f"the screen never showed {what}:\n{screen}")
-
-
-@pytest.fixture
-async def tmux(short_dir: str) -> AsyncIterator[Tmux]:
-    if shutil.which("tmux") is None:
-        if os.environ.get("SESSIOND_REQUIRE_TMUX"):
-            pytest.fail("tmux is missing and SESSIOND_REQUIRE_TMUX is set")
-        pytest.skip("tmux is not installed")
-    t = Tmux(short_dir)
-    yield t
-    with anyio.CancelScope(shield=True):
-        await anyio.run_process([*t.base, "kill-server"], check=False)
 
 
 class TestLive:

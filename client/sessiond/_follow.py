@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -88,10 +88,17 @@ class Follower:
 
 def follow(socket_path: str, *, session_id: str | None = None, from_position: int | None = None,
            from_version: int | None = None, types: list[str] | None = None,
-           retry_for: float | None = None) -> Iterator[Event]:
-    """Blocking form of Subscription: a generator of events on its own connection."""
+           retry_for: float | None = None,
+           on_state: Callable[[str, int | None], None] | None = None) -> Iterator[Event]:
+    """Blocking form of Subscription: a generator of events on its own connection.
+
+    `on_state(state, position)` hears of the connection: "lost" when the daemon went away
+    (it reconnects by itself), "reconnected" when it is back, "caught_up" when the first
+    subscription, or the one after a loss, has handed out every stored event."""
     follower = Follower(session_id, from_position, from_version, types)
     sock: socket.socket | None = None
+    lost = False
+    tell = on_state or (lambda state, position: None)
     try:
         while follower.ended is None:
             try:
@@ -99,10 +106,19 @@ def follow(socket_path: str, *, session_id: str | None = None, from_position: in
                     sock = _connect_blocking(socket_path, retry_for)
                     sock.sendall(follower.subscribe_line())
                     lines = sock.makefile("rb")
+                    if lost:
+                        tell("reconnected", follower.cursor)
+                        follower.caught_up, lost = False, False
                 line = lines.readline()
             except ConnectionError:
                 line = b""
+            if not line and not lost:
+                lost = True
+                tell("lost", follower.cursor)
+            was_caught_up = follower.caught_up
             outcome = follower.on_line(line) if line else False
+            if follower.caught_up and not was_caught_up:
+                tell("caught_up", follower.cursor)
             if isinstance(outcome, Event):
                 yield outcome
             elif outcome is False:  # dropped, or the daemon went away: resubscribe

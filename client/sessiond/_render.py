@@ -26,13 +26,59 @@ def _short(text: str | None, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _flat(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested objects as dotted keys, so each value sits on a line of its own."""
+    out: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out += _flat(value, f"{prefix}{key}.")
+        else:
+            out.append((prefix + key, value))
+    return out
+
+
 def print_kv(obj: Any) -> None:
+    """`key: value` lines, one per value (nested objects as dotted keys), each cut to the
+    terminal's width rather than wrapped mid-value."""
     data = msgspec.to_builtins(obj)
     console = _console()
-    for key, value in data.items():
+    for key, value in _flat(data):
         text = json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) \
             else str(value)
-        console.print(f"[bold]{key}[/bold]: {_short(text, 200)}", highlight=False)
+        room = max(20, console.width - len(key) - 2)
+        console.print(f"[bold]{key}[/bold]: {_short(text, min(room, 200))}", highlight=False,
+                      no_wrap=True, overflow="ellipsis")
+
+
+def short_ids(ids: list[str], least: int = 8) -> dict[str, str]:
+    """Each id cut to the shortest prefix no other id in `ids` starts with (at least
+    `least` characters): what a list shows, and what `sessionctl show` takes."""
+    out = {}
+    for sid in ids:
+        n = min(len(sid), least)
+        while n < len(sid) and any(o != sid and o.startswith(sid[:n]) for o in ids):
+            n += 1
+        out[sid] = sid[:n]
+    return out
+
+
+def ago(recorded_at: str | None, now: float | None = None) -> str:
+    """A time as how long ago it was (45s, 12m, 3h, 5d); its date past 30 days."""
+    if not recorded_at:
+        return "-"
+    import time
+    from datetime import datetime
+    try:
+        at = datetime.fromisoformat(recorded_at.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return recorded_at
+    s = max(0.0, (time.time() if now is None else now) - at)
+    if s >= 30 * 86400:
+        return recorded_at[:10]
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{int(s // size)}{unit} ago"
+    return f"{int(s)}s ago"
 
 
 # --- renderers ---------------------------------------------------------------------------
@@ -65,16 +111,42 @@ def render_state(s: Any) -> None:
                       f"{_short(m.content, 80)}", highlight=False)
 
 
+class Listed(msgspec.Struct):
+    """A page of sessions as sessionctl shows it to people: `wide` keeps ids and times
+    whole; otherwise they are cut to fit 80 columns."""
+
+    page: Any
+    wide: bool = False
+
+
 def render_list(r: Any) -> None:
-    table = _table("id", "status", "actor", "task", "msgs", "tokens", "created")
-    for s in r.sessions:
-        u = s.token_usage
-        table.add_row(s.session_id, s.status, s.actor_name or "", _short(s.task, 40),
-                      str(s.message_count), str(u.input_tokens + u.output_tokens), s.created_at)
+    page, wide = (r.page, r.wide) if isinstance(r, Listed) else (r, True)
     console = _console()
+    shown = short_ids([s.session_id for s in page.sessions])
+    rows = []
+    for s in page.sessions:
+        u = s.token_usage
+        rows.append([s.session_id if wide else shown[s.session_id], s.status,
+                     s.actor_name or "", (s.task or "").replace("\n", " "),
+                     str(s.message_count), str(u.input_tokens + u.output_tokens),
+                     s.created_at if wide else ago(s.created_at)])
+    table = _table("id", "status", "actor", "task", "msgs", "tokens", "created")
+    if not wide and rows:  # fit the terminal: actor and task give way, nothing else
+        table.pad_edge = False
+        headers = [str(c.header) for c in table.columns]
+        widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(7)]
+        actor = min(widths[2], 14)
+        # 6 gaps of 2 between the 7 columns
+        task = max(8, console.width - (sum(widths) - widths[2] - widths[3]) - actor - 12)
+        for row in rows:
+            row[2], row[3] = _short(row[2], actor), _short(row[3], task)
+        for column in table.columns:
+            column.no_wrap = True
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
-    if r.next_cursor:
-        console.print(f"more: --cursor {r.next_cursor}", highlight=False)
+    if page.next_cursor:
+        console.print(f"more: --cursor {page.next_cursor}", highlight=False)
 
 
 def render_messages(r: Any) -> None:
@@ -89,15 +161,30 @@ def render_messages(r: Any) -> None:
                       f"{r.messages[-1].sequence} (or --offset, with --desc)", highlight=False)
 
 
+class Events(msgspec.Struct):
+    """A page of events as sessionctl shows it to people (see Listed)."""
+
+    page: Any
+    wide: bool = False
+
+
 def render_events(r: Any) -> None:
-    table = _table("pos", "session", "v", "type", "time", "data")
-    for e in r.events:
-        table.add_row(str(e.position), e.session_id, str(e.version), e.type, e.recorded_at,
-                      _short(json.dumps(e.data, ensure_ascii=False), 60))
+    page, wide = (r.page, r.wide) if isinstance(r, Events) else (r, True)
     console = _console()
-    console.print(table)
-    if r.next is not None:
-        console.print(f"more from: {r.next}", highlight=False)
+    if wide:
+        table = _table("pos", "session", "v", "type", "time", "data")
+        for e in page.events:
+            table.add_row(str(e.position), e.session_id, str(e.version), e.type,
+                          e.recorded_at, _short(json.dumps(e.data, ensure_ascii=False), 60))
+        console.print(table)
+    else:  # one line an event, as `watch` prints them: fits 80 columns
+        shown = short_ids(sorted({e.session_id for e in page.events}))
+        for e in page.events:
+            console.print(f"{e.position:>6} {e.recorded_at[11:19]} {shown[e.session_id]:<10.10}"
+                          f" v{e.version:<4} {e.type:<20} {summarize(e)}", highlight=False,
+                          no_wrap=True, overflow="ellipsis", markup=False)
+    if page.next is not None:
+        console.print(f"more from: {page.next}", highlight=False)
 
 
 def render_checkpoints(r: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from sessiond_schemas.errors import SessiondError
+from sessiond_schemas.errors import INVALID_PARAMS, SessiondError
 
 from ._ctl import admin, executors, history, migrate, registry, sessions
 from ._ctl.registry import COMMANDS, STREAMED, CliError
@@ -84,7 +84,10 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"lost the connection to sessiond at {client.socket_path}: {exc}",
               "unreachable", 2, {"socket": client.socket_path}, args.json)
     except SessiondError as exc:
-        _fail(exc.message, exc.code, 1, exc.data, args.json)
+        message = exc.message
+        if exc.code == INVALID_PARAMS:  # it names request fields: say the flags instead
+            message = chosen.in_flags(message)
+        _fail(message, exc.code, 1, exc.data, args.json)
     except OSError as exc:  # a local file or terminal, not the daemon
         _fail(f"{exc.filename or 'sessionctl'}: {exc.strerror or exc}", "file_error", 1,
               {"path": exc.filename} if exc.filename else None, args.json)

@@ -120,14 +120,34 @@ def _bytes(n: float) -> str:
     return ""
 
 
+ACTORS_SHOWN = 8  # at most, on a screen tall enough
+# Lines of a frame that are not table rows: the four head lines, three blank lines, each
+# table's title and header, the footer (and the note, when there is one).
+FIXED_LINES = 4 + 3 + 2 + 2 + 1
+
+
+def fit(f: dict[str, Any], height: int | None, *, note: bool = False) -> tuple[int, int]:
+    """How many busiest sessions and actors a screen of `height` lines shows: rows are
+    dropped, the head lines and the footer never (a third of the rows go to actors)."""
+    busiest, actors = len(f["busiest"]), min(len(f["actors"]), ACTORS_SHOWN)
+    if height is None:
+        return busiest, actors
+    rows = max(0, height - FIXED_LINES - (1 if note else 0))
+    to_actors = min(actors, max(1 if rows > 1 else 0, rows // 3))
+    shown_busiest = min(busiest, rows - to_actors)
+    return shown_busiest, min(actors, rows - shown_busiest)
+
+
 def frame(f: dict[str, Any], *, selected: int | None = None, prompt: str | None = None,
-          note: str | None = None) -> Any:
-    """One screen of top, from `Model.figures`; fits 80 columns."""
+          note: str | None = None, height: int | None = None) -> Any:
+    """One screen of top, from `Model.figures`: fits 80 columns and, given the terminal's
+    `height`, that many lines (table rows are dropped to fit; the footer stays)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
     d = f["daemon"]
+    n_busiest, n_actors = fit(f, height, note=note is not None)
     lines = [
         Text.assemble(("sessiond top", "bold"), f"  up {_uptime(d['uptime_s'])}  "
                       f"{d['connections']} conns  {d['subscriptions']} subs  "
@@ -153,7 +173,7 @@ def frame(f: dict[str, Any], *, selected: int | None = None, prompt: str | None 
                                  ("tok/1h", 8, "right"), ("cost/1h", 8, "right")):
         busiest.add_column(name, max_width=width, no_wrap=True, overflow="ellipsis",
                            justify=justify)  # type: ignore[arg-type]
-    for i, r in enumerate(f["busiest"]):
+    for i, r in enumerate(f["busiest"][:n_busiest]):
         busiest.add_row(r["session_id"][:14], _short(r["actor"], 12), _short(r["namespace"], 8),
                         r["status"] or "-", str(r["events_1m"]), f"{r['events_per_s']:.2f}",
                         str(r["tokens_1h"]), f"{r['cost_1h']:.4f}",
@@ -165,11 +185,13 @@ def frame(f: dict[str, Any], *, selected: int | None = None, prompt: str | None 
         actors.add_column(name, no_wrap=True, overflow="ellipsis",
                           max_width=24 if name == "actor" else 10,
                           justify=justify)  # type: ignore[arg-type]
-    for r in f["actors"][:8]:
+    for r in f["actors"][:n_actors]:
         actors.add_row(r["actor"], str(r["tokens_1m"]), f"{r['cost_1m']:.4f}",
                        str(r["tokens_1h"]), f"{r['cost_1h']:.4f}")
     footer = Text(prompt if prompt is not None else
                   "q quit  s sort  / filter  ↑↓ select  Enter timeline", style="dim")
+    for line in (*lines, footer):  # one screen line each, whatever the width
+        line.no_wrap, line.overflow = True, "ellipsis"
     return Group(*lines, Text(""), busiest, Text(""), actors, Text(""), footer)
 
 
@@ -279,7 +301,7 @@ class Top:
                     except SessiondError as exc:
                         self.note = f"daemon unreachable: {exc.message}"
                     next_stats = now_m + STATS_EVERY_S
-                live.update(self._draw(console.size.height), refresh=True)
+                live.update(self._draw(console.size.height), refresh=True)  # the real height
                 for key in keys(FRAME_EVERY_S):
                     self._key(key)
         follower.stop()
@@ -292,9 +314,12 @@ class Top:
             return timeline_frame(info, sid, list(events), height, follower.error)
         self.figures = self.model.figures(self.stats, time.time(), sort=self.sort,
                                           match=self.match, limit=self.limit)
-        self.selected = min(self.selected, max(0, len(self.figures["busiest"]) - 1))
+        shown, _ = fit(self.figures, height, note=self.note is not None)
+        self.figures["busiest"] = self.figures["busiest"][:shown]  # Enter opens what is seen
+        self.selected = min(self.selected, max(0, shown - 1))
         prompt = None if self.prompt is None else f"filter (actor or namespace): {self.prompt}▏"
-        return frame(self.figures, selected=self.selected, prompt=prompt, note=self.note)
+        return frame(self.figures, selected=self.selected, prompt=prompt, note=self.note,
+                     height=height)
 
     def _key(self, key: str) -> None:
         if self.prompt is not None:  # typing a filter

@@ -60,7 +60,8 @@ def check_transition(session_id: str, current: str, to: str) -> None:
     allowed = ALLOWED_TRANSITIONS[current]
     if to not in allowed:
         raise InvalidTransitionError(
-            f"session {session_id} cannot move from {current} to {to}",
+            f"session {session_id} cannot move from {current} to {to}; from {current} it can"
+            f" move to: {', '.join(allowed) or 'nothing (it has ended)'}",
             {"from": current, "to": to, "allowed": list(allowed)},
         )
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from sessiond_schemas.events import STATUSES
 
-from .._render import print_kv, render_events
+from .._render import Events, print_kv, render_events
 from .._sync import Client
 from .inputs import render_console, when
 from .registry import arg, command, full_id
@@ -19,10 +19,14 @@ from .registry import arg, command, full_id
              arg("--from-version", type=int),
              arg("--from-position", type=int, help="events after this global position"),
              arg("--limit", type=int),
-             arg("--type", action="append")])
+             arg("--type", action="append"),
+             arg("--wide", action="store_true",
+                 help="a table with whole ids, times and data (wider than 80 columns)")],
+         wire={"types": "--type"})
 def _events(c: Client, a: argparse.Namespace) -> Any:
-    return c.read_events(full_id(c, a.id) if a.id else None, from_version=a.from_version,
+    page = c.read_events(full_id(c, a.id) if a.id else None, from_version=a.from_version,
                          from_position=a.from_position, limit=a.limit, types=a.type or None)
+    return page if a.json else Events(page, a.wide)
 
 
 _MARK = ("\x02", "\x03")  # sessionctl's own marks, turned into highlighting when shown
@@ -61,7 +65,7 @@ def render_search(r: Any) -> None:
                  help="matches before: 7d, 12h, 30m ago, or an RFC 3339 time"),
              arg("--limit", type=int, help="sessions per page (default 20)"),
              arg("--hits", type=int, help="snippets per session (default 3)"),
-             arg("--cursor")])
+             arg("--cursor")], wire={"actor_name": "--actor"})
 def _search(c: Client, a: argparse.Namespace) -> Any:
     return c.search(a.query, status=a.status or None, namespace=a.namespace,
                     actor_name=a.actor, since=a.since, until=a.until,

@@ -12,6 +12,7 @@ the session `id` (unless `sid=False`) and the write options (`write=True`:
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -78,19 +79,42 @@ class Command:
     sid: bool
     write: bool
     args: tuple[ArgSpec, ...]
+    wire: dict[str, str] = field(default_factory=dict)
+
+    def flag_for(self, name: str) -> str | None:
+        """The flag (or argument) a wire field of this command's request comes from: its
+        `wire` entry, else the `--flag` of the same name, if the command has one."""
+        if name in self.wire:
+            return self.wire[name]
+        flag = "--" + name.replace("_", "-")
+        flags = {f for spec in self.args if isinstance(spec, Arg) for f in spec.flags}
+        flags |= {f for spec in self.args if isinstance(spec, OneOf)
+                  for one in spec.args for f in one.flags}
+        if self.write:
+            flags |= {"--expected-version", "--idempotency-key"}
+        return flag if flag in flags else None
+
+    def in_flags(self, message: str) -> str:
+        """A daemon's message about request fields, said in this command's flags."""
+        def swap(m: re.Match[str]) -> str:
+            return self.flag_for(m.group(2)) or m.group(0)
+        return re.sub(r"(?<![\w.])(\$\.)?([a-z][a-z0-9_]*)(?![\w])", swap, message)
 
 
 COMMANDS: dict[str, Command] = {}
 
 
 def command(name: str, help: str, *, render: Render | None = None, sid: bool = True,
-            write: bool = False, args: Sequence[ArgSpec] = ()) -> Callable[[Handler], Handler]:
+            write: bool = False, args: Sequence[ArgSpec] = (),
+            wire: dict[str, str] | None = None) -> Callable[[Handler], Handler]:
     """Register a sessionctl command: its help, its arguments, and how `render` prints its
-    result for people (None: as JSON)."""
+    result for people (None: as JSON). `wire` names the flag of each request field whose
+    flag has another name, so the daemon's errors can be said in the command's words."""
     def register(handler: Handler) -> Handler:
         if name in COMMANDS:
             raise ValueError(f"sessionctl command {name!r} is declared twice")
-        COMMANDS[name] = Command(name, help, handler, render, sid, write, tuple(args))
+        COMMANDS[name] = Command(name, help, handler, render, sid, write, tuple(args),
+                                 dict(wire or {}))
         return handler
     return register
 

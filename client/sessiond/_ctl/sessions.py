@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 from typing import Any
 
@@ -12,7 +14,9 @@ from sessiond_schemas import rpc
 from sessiond_schemas.events import STATUSES
 from sessiond_schemas.state import ForkLink
 
+from .._follow import follow
 from .._render import (
+    Listed,
     print_kv,
     render_checkpoints,
     render_list,
@@ -21,7 +25,7 @@ from .._render import (
     summarize,
 )
 from .._sync import Client
-from .inputs import json_arg, parse_json, read_json_items, read_text, render_console
+from .inputs import json_arg, parse_json, read_json_items, read_text, render_console, when
 from .registry import STREAMED, CliError, arg, command, full_id, one_of, write_opts
 
 
@@ -109,14 +113,17 @@ def _resolve(c: Client, a: argparse.Namespace) -> Any:
     arg("--status", action="append", choices=STATUSES),
     arg("--actor"),
     arg("--source"),
-    arg("--since", help="created after this RFC 3339 time"),
-    arg("--until", help="created before this RFC 3339 time"),
+    arg("--since", type=when, help="created since: 7d, 12h, 30m ago, or an RFC 3339 time"),
+    arg("--until", type=when, help="created before: 7d, 12h, 30m ago, or an RFC 3339 time"),
     arg("--limit", type=int),
-    arg("--cursor")])
+    arg("--cursor"),
+    arg("--wide", action="store_true", help="whole ids and times (wider than 80 columns)")],
+    wire={"created_after": "--since", "created_before": "--until", "actor_name": "--actor"})
 def _list(c: Client, a: argparse.Namespace) -> Any:
-    return c.list_sessions(namespace=a.namespace, status=a.status or None, actor_name=a.actor,
+    page = c.list_sessions(namespace=a.namespace, status=a.status or None, actor_name=a.actor,
                            source=a.source, created_after=a.since, created_before=a.until,
                            limit=a.limit, cursor=a.cursor)
+    return page if a.json else Listed(page, a.wide)
 
 
 @command("transition", "move a session to another status", write=True,
@@ -178,7 +185,8 @@ def _append_many(c: Client, a: argparse.Namespace) -> Any:
     arg("--limit", type=int),
     arg("--offset", type=int),
     arg("--after", type=int, help="only messages after this sequence"),
-    arg("--desc", action="store_true", help="newest first")])
+    arg("--desc", action="store_true", help="newest first")],
+    wire={"after_sequence": "--after"})
 def _messages(c: Client, a: argparse.Namespace) -> Any:
     return c.list_messages(full_id(c, a.id), limit=a.limit, offset=a.offset,
                            after_sequence=a.after, order="desc" if a.desc else None)
@@ -188,7 +196,8 @@ def _messages(c: Client, a: argparse.Namespace) -> Any:
     arg("--input", type=int),
     arg("--output", type=int),
     arg("--cost", type=float),
-    arg("--model")])
+    arg("--model")],
+    wire={"input_tokens": "--input", "output_tokens": "--output", "estimated_cost": "--cost"})
 def _tokens(c: Client, a: argparse.Namespace) -> Any:
     return c.record_tokens(full_id(c, a.id), input_tokens=a.input, output_tokens=a.output,
                            estimated_cost=a.cost, model=a.model, **write_opts(a))
@@ -200,7 +209,7 @@ def _tokens(c: Client, a: argparse.Namespace) -> Any:
     arg("--latency-ms", type=int),
     arg("--tokens", type=int),
     arg("--retries", type=int),
-    arg("--failed", action="store_true")])
+    arg("--failed", action="store_true")], wire={"node_id": "node"})
 def _progress(c: Client, a: argparse.Namespace) -> Any:
     return c.record_progress(full_id(c, a.id), a.node, edge=a.edge, latency_ms=a.latency_ms,
                              tokens=a.tokens, retries=a.retries,
@@ -262,13 +271,36 @@ def _events_append(c: Client, a: argparse.Namespace) -> Any:
 def _watch(c: Client, a: argparse.Namespace) -> Any:
     sid = full_id(c, a.id) if a.id else None
     start = 0 if a.from_start else a.from_position
+    was_lost = False
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+    def say(state: str, position: int | None) -> None:
+        """What happens to the connection goes to stderr, so stdout stays the events."""
+        nonlocal was_lost
+        if state == "lost":
+            was_lost = True
+            note = f"lost the daemon at {c.socket_path}; reconnecting (Ctrl-C to stop)"
+        elif state == "reconnected":
+            note = "reconnected; catching up"
+        elif state == "caught_up" and was_lost:
+            was_lost = False
+            note = f"caught up at position {position}; following live"
+        else:
+            return
+        line = json.dumps({"watch": state, "position": position}) if a.json else \
+            f"sessionctl: {note}"
+        print(line, file=sys.stderr, flush=True)
+
     try:
-        for event in c.subscribe(sid, from_position=start, types=a.type or None):
+        for event in follow(c.socket_path, session_id=sid, from_position=start,
+                            types=a.type or None, on_state=say):
             if a.json:
                 line = msgspec.json.encode(event).decode()
             else:
                 line = (f"{event.recorded_at[11:23]}  {event.session_id[:16]:<16} "
                         f"v{event.version:<5} {event.type:<22} {summarize(event)}")
+                if width and len(line) > width:  # a line an event on a terminal
+                    line = line[:width - 1] + "…"
             print(line, flush=True)
     except KeyboardInterrupt:
         pass  # Ctrl-C ends a watch; that is not an error
