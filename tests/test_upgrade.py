@@ -346,3 +346,34 @@ async def test_current_client_against_the_oldest_release(
         with pytest.raises(MethodNotFoundError) as typo:  # a name no release has
             c.call("session.serch", query="login test")
         assert "check its name" in typo.value.message
+
+
+async def test_an_old_client_reads_the_moved_lists_as_empty(short_dir: str) -> None:
+    """docs/upgrading.md: the oldest release's client, against the current daemon, reads
+    `progress.path` and `metrics.edges_traversed` (gone from the view in protocol 1.2) as
+    empty lists, its other fields right; the current client has no such attributes and
+    gets the steps from progress.list."""
+    [wheel] = FOLDERS[0].glob("sessiond-*.whl")
+    code = os.path.join(short_dir, "code")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(code)
+    async with running_daemon(daemon_config(short_dir)) as d, AsyncClient(d.socket) as c:
+        s = await c.create_session(task="graph")
+        await c.record_progress(s.session_id, "plan", edge="start-plan")
+        await c.record_progress(s.session_id, "code", edge="plan-code")
+        program = ("import sys, sessiond\n"
+                   "s = sessiond.Client(sys.argv[1]).get_session(sys.argv[2])\n"
+                   "print(s.progress.path, s.metrics.edges_traversed, s.progress.steps_executed,"
+                   " s.progress.current_node)\n")
+        old = await anyio.run_process([sys.executable, "-c", program, d.socket, s.session_id],
+                                      env={**os.environ, "PYTHONPATH": code}, check=False)
+        assert old.returncode == 0, old.stderr.decode()
+        assert old.stdout.decode().split() == ["[]", "[]", "2", "code"]
+        state = await c.get_session(s.session_id)
+        with pytest.raises(AttributeError):
+            state.progress.path  # type: ignore[attr-defined]  # noqa: B018
+        assert [p.node_id for p in (await c.list_progress(s.session_id)).steps] == [
+            "plan", "code"]
+        whole = await c.session_state_dict(s.session_id)
+        assert whole["progress"]["path"] == ["plan", "code"]
+        assert whole["metrics"]["edges_traversed"] == ["start-plan", "plan-code"]
