@@ -45,24 +45,19 @@ def test_a_wrong_result_type_is_caught(tmp_path: Path) -> None:
     assert "Coroutine" in errors[1] and "MessageAppendResult" in errors[1]
 
 
-def test_a_misspelt_keyword_is_caught(tmp_path: Path) -> None:
-    """Every option is a real keyword parameter, so a misspelt one (here
-    `idempotency_kee`, `expected_verison`, `tool_call`) or a wrong value's type is an error
-    mypy reports, naming it; tests/typing/client_usage.py spells them right and passes."""
-    program = ("from sessiond import AsyncClient, Client\n"
-               "def f(c: Client) -> None:\n"
-               "    c.append_message('s', 'tool', 'x', tool_call='c1')\n"
-               "    c.record_tokens('s', input_tokens=1, idempotency_kee='k')\n"
-               "async def g(c: AsyncClient) -> None:\n"
-               "    await c.transition('s', 'paused', expected_verison=2)\n"
-               "    await c.transition('s', 'asleep')\n")
-    wrong = tmp_path / "misspelt.py"
-    wrong.write_text(program)
-    result = mypy(str(wrong))
+def test_a_misspelt_keyword_is_caught() -> None:
+    """Every option is a real keyword parameter, so a misspelt one or a value of the wrong
+    type is an error mypy reports: tests/typing/client_misspelt.py has one on each line
+    marked `# error:`, and each is reported, naming it."""
+    path = "tests/typing/client_misspelt.py"
+    marked = [n for n, line in enumerate((ROOT / path).read_text().splitlines(), start=1)
+              if "# error:" in line]
+    result = mypy(path)
     assert result.returncode == 1, result.stdout + result.stderr
     errors = [line for line in result.stdout.splitlines() if ": error:" in line]
-    assert len(errors) == 4, result.stdout
+    assert [int(e.split(":")[1]) for e in errors] == marked, result.stdout
     assert 'Unexpected keyword argument "tool_call"' in errors[0]
     assert 'Unexpected keyword argument "idempotency_kee"' in errors[1]
     assert 'Unexpected keyword argument "expected_verison"' in errors[2]
     assert 'Argument 2' in errors[3] and "'paused'" in errors[3]
+    assert 'Argument "input_tokens"' in errors[4] and '"int | None"' in errors[4]
