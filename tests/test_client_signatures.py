@@ -40,8 +40,12 @@ class TestSignatures:
         kinds = {p.kind for p in bound.parameters.values()}
         assert inspect.Parameter.VAR_KEYWORD not in kinds, f"{name} takes **kwargs"
         assert inspect.Parameter.VAR_POSITIONAL not in kinds, f"{name} takes *args"
-        assert "Call[" not in str(bound.return_annotation)
-        assert bound.return_annotation is not inspect.Signature.empty
+        result = on_class.return_annotation  # what the caller gets, as written in Call[...]
+        assert isinstance(result, str) and result and "Call[" not in result
+        if issubclass(cls, Client):
+            assert bound.return_annotation == result
+        else:  # an AsyncClient's (and LoopClient's) methods return awaitables of it
+            assert bound.return_annotation == f"Awaitable[{result}]"
         assert getattr(cls, name).__doc__ and getattr(instance, name).__doc__
 
     def test_the_issue_s_parameters_are_there(self) -> None:
@@ -98,3 +102,15 @@ class TestUnknownKeywords:
         usage = await client.record_tokens(s.session_id, input_tokens=2, output_tokens=3,
                                            model="m", expected_version=first.version)
         assert (usage.token_usage.input_tokens, usage.token_usage.output_tokens) == (2, 3)
+
+
+def test_help_lists_the_parameters() -> None:
+    """`help(sessiond.Client.append_message)` (README.md) shows the keywords and the doc."""
+    import pydoc
+
+    for target in (Client.append_message, Client.__new__(Client).append_message):
+        text = pydoc.render_doc(target, renderer=pydoc.plaintext)
+        assert "tool_call_id: 'str | None' = None" in text
+        assert "expected_version: 'int | None' = None" in text
+        assert "idempotency_key: 'str | None' = None" in text
+        assert "Append one message" in text

@@ -104,19 +104,25 @@ class rpc_method(Generic[P, T]):  # a decorator, named as one
     (awaited, on an AsyncCaller), on the class as on an instance."""
 
     def __init__(self, build: Callable[Concatenate[Any, P], Call[T]]) -> None:
-        def invoke(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-            return obj._run(build(obj, *args, **kwargs))
-
-        functools.update_wrapper(invoke, build)  # name, doc, module, qualname
         signature = inspect.signature(build)
         returned = signature.return_annotation  # "Call[X]": the caller gets an X
         if isinstance(returned, str) and returned.startswith("Call[") and returned[-1] == "]":
-            signature = signature.replace(return_annotation=returned[5:-1])
-        invoke.__signature__ = signature  # type: ignore[attr-defined]
-        self._invoke = invoke
+            returned = returned[5:-1]
+
+        def invoker(result: Any) -> Callable[..., Any]:
+            def invoke(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+                return obj._run(build(obj, *args, **kwargs))
+
+            functools.update_wrapper(invoke, build)  # name, doc, module, qualname
+            invoke.__signature__ = signature.replace(  # type: ignore[attr-defined]
+                return_annotation=result)
+            return invoke
+
+        self._invoke = invoker(returned)
+        self._invoke_awaited = invoker(f"Awaitable[{returned}]")  # on an AsyncCaller
         self.__doc__, self.__name__ = build.__doc__, build.__name__
         self.__qualname__, self.__module__ = build.__qualname__, build.__module__
-        self.__signature__ = signature
+        self.__signature__ = signature.replace(return_annotation=returned)
         self.__wrapped__ = build
 
     def __call__(self, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -134,7 +140,8 @@ class rpc_method(Generic[P, T]):  # a decorator, named as one
     def __get__(self, obj: Any, owner: type[Any] | None = None) -> Any:
         if obj is None:
             return self
-        return types.MethodType(self._invoke, obj)  # as cheap as binding a plain method
+        invoke = self._invoke_awaited if isinstance(obj, AsyncCaller) else self._invoke
+        return types.MethodType(invoke, obj)  # about as cheap as binding a plain method
 
 
 class Methods:
