@@ -114,3 +114,9 @@ def test_installed_commands_serve_and_answer(installed: Path) -> None:
         finally:
             daemon.terminate()
             daemon.wait(timeout=60)
+
+
+def test_the_readme_names_the_wheel_that_is_built(wheel: Path) -> None:
+    """README.md's install line names the file `python -m build` makes (its version)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"pip install './dist/{wheel.name}[metrics]'" in readme
