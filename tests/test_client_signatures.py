@@ -114,3 +114,20 @@ def test_help_lists_the_parameters() -> None:
         assert "expected_version: 'int | None' = None" in text
         assert "idempotency_key: 'str | None' = None" in text
         assert "Append one message" in text
+
+
+def test_the_parameters_are_the_params_fields() -> None:
+    """Each method sends exactly its RPC method's params fields (schemas' METHODS), so no
+    option is missing from the signature and none is made up. The one exception:
+    list_checkpoints returns the checkpoints alone, so it cannot page (after_version)."""
+    from sessiond_schemas import rpc
+
+    for name in METHODS:
+        build = getattr(Client, name).__wrapped__
+        required = [p for p in list(inspect.signature(build).parameters.values())[1:]
+                    if p.default is inspect.Parameter.empty]
+        call = build(None, *(object() for _ in required))
+        fields = set(rpc.METHODS[call.method][0].__struct_fields__)
+        if name == "list_checkpoints":
+            fields.discard("after_version")
+        assert set(call.params) == fields, name
