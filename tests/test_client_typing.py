@@ -43,3 +43,21 @@ def test_a_wrong_result_type_is_caught(tmp_path: Path) -> None:
     assert len(errors) == 2, result.stdout
     assert '"PingResult"' in errors[0] and '"int"' in errors[0]
     assert "Coroutine" in errors[1] and "MessageAppendResult" in errors[1]
+
+
+def test_a_misspelt_keyword_is_caught() -> None:
+    """Every option is a real keyword parameter, so a misspelt one or a value of the wrong
+    type is an error mypy reports: tests/typing/client_misspelt.py has one on each line
+    marked `# error:`, and each is reported, naming it."""
+    path = "tests/typing/client_misspelt.py"
+    marked = [n for n, line in enumerate((ROOT / path).read_text().splitlines(), start=1)
+              if "# error:" in line]
+    result = mypy(path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in result.stdout.splitlines() if ": error:" in line]
+    assert [int(e.split(":")[1]) for e in errors] == marked, result.stdout
+    assert 'Unexpected keyword argument "tool_call"' in errors[0]
+    assert 'Unexpected keyword argument "idempotency_kee"' in errors[1]
+    assert 'Unexpected keyword argument "expected_verison"' in errors[2]
+    assert 'Argument 2' in errors[3] and "'paused'" in errors[3]
+    assert 'Argument "input_tokens"' in errors[4] and '"int | None"' in errors[4]

@@ -229,7 +229,9 @@ class TestOutcomes:
 
     @pytest.mark.parametrize(("argv", "cwd", "error"), [
         (["no-such-agent-cli-xyz", "run"], None,
-         "executable not found on PATH: no-such-agent-cli-xyz"),
+         "executable not found on the daemon's PATH: no-such-agent-cli-xyz (searched PATH="
+         f"{os.environ.get('PATH')}; the caller's PATH is not used: give an absolute path,"
+         " or PATH in env)"),
         (["/nonexistent/bin/agent"], None, "executable not found: /nonexistent/bin/agent"),
         (["true"], "/nonexistent/dir", "working directory does not exist: /nonexistent/dir"),
     ])

@@ -85,9 +85,10 @@ class TestSessionCreate:
         assert err.value.data["path"] == "$.actor_name"
 
     async def test_unknown_field_is_refused(self, client: AsyncClient) -> None:
-        """Params are decoded strictly: an unknown field is -32602."""
+        """Params are decoded strictly: an unknown field is -32602 (sent with `call`, as
+        the typed client method refuses it before sending: tests/test_clients.py)."""
         with pytest.raises(InvalidParamsError) as err:
-            await client.create_session(colour="blue")
+            await client.call("session.create", colour="blue")
         assert "colour" in err.value.data["detail"]
 
     async def test_idempotent_create(self, client: AsyncClient, daemon: Daemon) -> None:

@@ -215,13 +215,15 @@ def old_schema(db: str, version: int) -> None:
     con.close()
 
 
-def test_migrate_only_logs_each_migration_and_keeps_a_backup(short_dir: str) -> None:
+def test_migrate_only_logs_one_line_and_keeps_a_backup(short_dir: str) -> None:
     db = os.path.join(short_dir, "sessiond.db")
     old_schema(db, 1)
     done = run_daemon("--migrate-only", "--db", db, "--socket", os.path.join(short_dir, "s"))
     assert done.returncode == 0, done.stderr
-    assert [e["schema_version"] for e in logged(done, "store.migrated")] == list(
-        range(2, LATEST + 1))
+    [migrated] = logged(done, "store.migrated")  # one line for the run
+    assert migrated["applied"] == list(range(2, LATEST + 1))
+    assert (migrated["from_version"], migrated["schema_version"]) == (1, LATEST)
+    assert migrated["new_database"] is False
     assert schema_of(db)[0] == LATEST
     backup = db + ".schema-1.bak"
     assert schema_of(backup)[0] == 1 and os.stat(backup).st_mode & 0o777 == 0o600
@@ -346,3 +348,34 @@ async def test_current_client_against_the_oldest_release(
         with pytest.raises(MethodNotFoundError) as typo:  # a name no release has
             c.call("session.serch", query="login test")
         assert "check its name" in typo.value.message
+
+
+async def test_an_old_client_reads_the_moved_lists_as_empty(short_dir: str) -> None:
+    """docs/upgrading.md: the oldest release's client, against the current daemon, reads
+    `progress.path` and `metrics.edges_traversed` (gone from the view in protocol 1.2) as
+    empty lists, its other fields right; the current client has no such attributes and
+    gets the steps from progress.list."""
+    [wheel] = FOLDERS[0].glob("sessiond-*.whl")
+    code = os.path.join(short_dir, "code")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(code)
+    async with running_daemon(daemon_config(short_dir)) as d, AsyncClient(d.socket) as c:
+        s = await c.create_session(task="graph")
+        await c.record_progress(s.session_id, "plan", edge="start-plan")
+        await c.record_progress(s.session_id, "code", edge="plan-code")
+        program = ("import sys, sessiond\n"
+                   "s = sessiond.Client(sys.argv[1]).get_session(sys.argv[2])\n"
+                   "print(s.progress.path, s.metrics.edges_traversed, s.progress.steps_executed,"
+                   " s.progress.current_node)\n")
+        old = await anyio.run_process([sys.executable, "-c", program, d.socket, s.session_id],
+                                      env={**os.environ, "PYTHONPATH": code}, check=False)
+        assert old.returncode == 0, old.stderr.decode()
+        assert old.stdout.decode().split() == ["[]", "[]", "2", "code"]
+        state = await c.get_session(s.session_id)
+        with pytest.raises(AttributeError):
+            state.progress.path  # type: ignore[attr-defined]  # noqa: B018
+        assert [p.node_id for p in (await c.list_progress(s.session_id)).steps] == [
+            "plan", "code"]
+        whole = await c.session_state_dict(s.session_id)
+        assert whole["progress"]["path"] == ["plan", "code"]
+        assert whole["metrics"]["edges_traversed"] == ["start-plan", "plan-code"]

@@ -11,15 +11,18 @@ So every method is blocking on `Client`, awaitable on `AsyncClient`, and typed o
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import types
 from collections.abc import Callable, Coroutine
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
 
 import msgspec
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError
+from sessiond_schemas.events import Role, Status
+from sessiond_schemas.rpc.executors import Adapter
 from sessiond_schemas.state import ProgressStep, SessionState
 
 from ._wire import raise_for
@@ -95,15 +98,36 @@ class AsyncCaller:
 
 
 class rpc_method(Generic[P, T]):  # a decorator, named as one
-    """A client method: blocking on a SyncCaller, a coroutine on an AsyncCaller."""
+    """A client method: blocking on a SyncCaller, a coroutine on an AsyncCaller.
+
+    `inspect.signature` shows the method's own keyword parameters and its result type
+    (awaited, on an AsyncCaller), on the class as on an instance."""
 
     def __init__(self, build: Callable[Concatenate[Any, P], Call[T]]) -> None:
-        def invoke(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-            return obj._run(build(obj, *args, **kwargs))
+        signature = inspect.signature(build)
+        returned = signature.return_annotation  # "Call[X]": the caller gets an X
+        if isinstance(returned, str) and returned.startswith("Call[") and returned[-1] == "]":
+            returned = returned[5:-1]
 
-        functools.update_wrapper(invoke, build)  # name, doc, and the signature (__wrapped__)
-        self._invoke = invoke
+        def invoker(result: Any) -> Callable[..., Any]:
+            def invoke(obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+                return obj._run(build(obj, *args, **kwargs))
+
+            functools.update_wrapper(invoke, build)  # name, doc, module, qualname
+            invoke.__signature__ = signature.replace(  # type: ignore[attr-defined]
+                return_annotation=result)
+            return invoke
+
+        self._invoke = invoker(returned)
+        self._invoke_awaited = invoker(f"Awaitable[{returned}]")  # on an AsyncCaller
         self.__doc__, self.__name__ = build.__doc__, build.__name__
+        self.__qualname__, self.__module__ = build.__qualname__, build.__module__
+        self.__signature__ = signature.replace(return_annotation=returned)
+        self.__wrapped__ = build
+
+    def __call__(self, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """`Client.ping(client)`, as a plain method called on its class."""
+        return self._invoke(obj, *args, **kwargs)
 
     @overload
     def __get__(self, obj: None, owner: type[Any] | None = None) -> rpc_method[P, T]: ...
@@ -116,13 +140,18 @@ class rpc_method(Generic[P, T]):  # a decorator, named as one
     def __get__(self, obj: Any, owner: type[Any] | None = None) -> Any:
         if obj is None:
             return self
-        return types.MethodType(self._invoke, obj)  # as cheap as binding a plain method
+        invoke = self._invoke_awaited if isinstance(obj, AsyncCaller) else self._invoke
+        return types.MethodType(invoke, obj)  # about as cheap as binding a plain method
 
 
 class Methods:
-    """One method per RPC method; results are the schema Structs named in each docstring."""
+    """One method per RPC method; results are the schema Structs named in each docstring.
 
-    """One method per RPC method; results are the schema Structs named in each docstring."""
+    Every parameter is the RPC method's param of the same name (docs/protocol.md); one
+    left at None is not sent, so the daemon's default applies. Besides its data, every
+    write takes `expected_version` (refused with -32002 unless the session is at that
+    version) and `idempotency_key` (a retry with the same key answers with the first
+    result and writes nothing)."""
 
     # --- daemon -------------------------------------------------------------------------
 
@@ -150,9 +179,33 @@ class Methods:
     # --- sessions -----------------------------------------------------------------------
 
     @rpc_method
-    def create_session(self, /, session_id: str | None = None, **fields: Any) -> Call[SessionState]:
-        """Create a session (fields as `session.created` data; write options). -> SessionState."""
-        return Call.of("session.create", SessionState, session_id=session_id, **fields)
+    def create_session(
+        self, /, session_id: str | None = None, *, namespace: str | None = None,
+        actor_name: str | None = None, goal_id: str | None = None,
+        agent_id: str | None = None, stream_id: str | None = None,
+        correlation_id: str | None = None, entry_point: str | None = None,
+        task: str | None = None, working_dir: str | None = None, model: str | None = None,
+        adapter: str | None = None, source: str | None = None,
+        automation_level: str | None = None, isolation_level: str | None = None,
+        checkpoint_enabled: bool | None = None, input_data: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        status: Literal["pending", "active"] | None = None,
+        events: list[dict[str, Any]] | None = None,
+        expected_version: int | None = None, idempotency_key: str | None = None,
+    ) -> Call[SessionState]:
+        """Create a session: its id (default: a new ULID) and the `session.created` fields
+        (namespace "local", actor_name "owner/name", task, model, metadata, input_data,
+        status "active" or "pending", ...); `events` [{type, data}] are appended with it,
+        all or nothing. -> SessionState."""
+        return Call.of(
+            "session.create", SessionState, session_id=session_id, namespace=namespace,
+            actor_name=actor_name, goal_id=goal_id, agent_id=agent_id, stream_id=stream_id,
+            correlation_id=correlation_id, entry_point=entry_point, task=task,
+            working_dir=working_dir, model=model, adapter=adapter, source=source,
+            automation_level=automation_level, isolation_level=isolation_level,
+            checkpoint_enabled=checkpoint_enabled, input_data=input_data, metadata=metadata,
+            status=status, events=events, expected_version=expected_version,
+            idempotency_key=idempotency_key)
 
     @rpc_method
     def get_session(self, /, session_id: str, at_version: int | None = None) -> Call[SessionState]:
@@ -167,30 +220,51 @@ class Methods:
                            prefix=prefix)
 
     @rpc_method
-    def list_sessions(self, /, **filters: Any) -> Call[rpc.SessionListResult]:
-        """Sessions newest first (namespace, status, actor_name, source, created_after,
-        created_before, limit, cursor). -> SessionListResult."""
-        return Call.of("session.list", rpc.SessionListResult, **filters)
+    def list_sessions(
+        self, /, *, namespace: str | None = None, status: list[Status] | None = None,
+        actor_name: str | None = None, source: str | None = None,
+        created_after: str | None = None, created_before: str | None = None,
+        limit: int | None = None, cursor: str | None = None,
+    ) -> Call[rpc.SessionListResult]:
+        """Sessions newest first, filtered by namespace, statuses, actor_name, source and
+        creation time (RFC 3339 bounds); `limit` per page (default 50), `cursor` the
+        previous page's next_cursor. -> SessionListResult."""
+        return Call.of("session.list", rpc.SessionListResult, namespace=namespace,
+                       status=status, actor_name=actor_name, source=source,
+                       created_after=created_after, created_before=created_before,
+                       limit=limit, cursor=cursor)
 
     @rpc_method
-    def transition(self, /, session_id: str, to: str, **options: Any) -> Call[SessionState]:
-        """Move a session to another status (reason, error, paused_at, resume_from).
-        -> SessionState."""
+    def transition(
+        self, /, session_id: str, to: Status, *, reason: str | None = None,
+        error: str | None = None, paused_at: str | None = None,
+        resume_from: str | None = None, expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Call[SessionState]:
+        """Move a session to another status, with a reason (and an error when failing;
+        paused_at/resume_from, the node to resume from, when pausing). -> SessionState."""
         return Call.of("session.transition", SessionState, session_id=session_id, to=to,
-                       **options)
+                       reason=reason, error=error, paused_at=paused_at,
+                       resume_from=resume_from, expected_version=expected_version,
+                       idempotency_key=idempotency_key)
 
     @rpc_method
-    def resume(self, /, session_id: str, checkpoint_id: str | None = None,
-               **options: Any) -> Call[rpc.SessionResumeResult]:
-        """Move a session back to active. -> SessionResumeResult (state, resume)."""
+    def resume(self, /, session_id: str, checkpoint_id: str | None = None, *,
+               expected_version: int | None = None,
+               idempotency_key: str | None = None) -> Call[rpc.SessionResumeResult]:
+        """Move a session back to active, from a checkpoint (default: the latest).
+        -> SessionResumeResult (state, resume)."""
         return Call.of("session.resume", rpc.SessionResumeResult, session_id=session_id,
-                       checkpoint_id=checkpoint_id, **options)
+                       checkpoint_id=checkpoint_id, expected_version=expected_version,
+                       idempotency_key=idempotency_key)
 
     @rpc_method
-    def delete_session(self, /, session_id: str, **options: Any) -> Call[bool]:
+    def delete_session(self, /, session_id: str, *, expected_version: int | None = None,
+                       idempotency_key: str | None = None) -> Call[bool]:
         """Delete a session with all its events, messages and checkpoints. -> bool."""
         return Call.picked("session.delete", rpc.DeleteResult, lambda r: r.deleted,
-                           session_id=session_id, **options)
+                           session_id=session_id, expected_version=expected_version,
+                           idempotency_key=idempotency_key)
 
     @rpc_method
     def export_session(self, /, session_id: str) -> Call[dict[str, Any]]:
@@ -199,89 +273,135 @@ class Methods:
 
     @rpc_method
     def import_session(self, /, document: Any,
-                       on_conflict: str | None = None) -> Call[SessionState]:
-        """Store an export document (a dict, or its JSON text); on_conflict: error, skip,
-        replace. -> SessionState."""
+                       on_conflict: Literal["error", "skip", "replace"] | None = None
+                       ) -> Call[SessionState]:
+        """Store an export document (a dict, or its JSON text); on_conflict: error (the
+        default), skip, replace. -> SessionState."""
         return Call.of("session.import", SessionState, document=document,
                        on_conflict=on_conflict)
 
     @rpc_method
-    def cleanup(self, /, **options: Any) -> Call[rpc.CleanupResult]:
-        """Delete ended sessions idle for older_than_days (statuses, dry_run). -> CleanupResult."""
-        return Call.of("session.cleanup", rpc.CleanupResult, **options)
+    def cleanup(self, /, *, older_than_days: float | None = None,
+                statuses: list[Status] | None = None,
+                dry_run: bool | None = None) -> Call[rpc.CleanupResult]:
+        """Delete sessions in `statuses` (default: the ended ones) idle for older_than_days
+        (default 7); dry_run lists them only. -> CleanupResult."""
+        return Call.of("session.cleanup", rpc.CleanupResult, older_than_days=older_than_days,
+                       statuses=statuses, dry_run=dry_run)
 
     # --- messages -----------------------------------------------------------------------
 
     @rpc_method
-    def append_message(self, /, session_id: str, role: str, content: str,
-                       **options: Any) -> Call[rpc.MessageAppendResult]:
-        """Append one message (tool_call_id, metadata, expected_version, idempotency_key).
+    def append_message(
+        self, /, session_id: str, role: Role, content: str, *,
+        tool_call_id: str | None = None, metadata: dict[str, Any] | None = None,
+        expected_version: int | None = None, idempotency_key: str | None = None,
+    ) -> Call[rpc.MessageAppendResult]:
+        """Append one message (a `tool` message needs the tool_call_id it answers).
         -> MessageAppendResult."""
         return Call.of("message.append", rpc.MessageAppendResult, session_id=session_id,
-                       role=role, content=content, **options)
+                       role=role, content=content, tool_call_id=tool_call_id,
+                       metadata=metadata, expected_version=expected_version,
+                       idempotency_key=idempotency_key)
 
     @rpc_method
-    def append_messages(self, /, session_id: str, messages: list[dict[str, Any]],
-                        **options: Any) -> Call[rpc.MessageAppendManyResult]:
-        """Append several messages atomically. -> MessageAppendManyResult."""
+    def append_messages(
+        self, /, session_id: str, messages: list[dict[str, Any]], *,
+        expected_version: int | None = None, idempotency_key: str | None = None,
+    ) -> Call[rpc.MessageAppendManyResult]:
+        """Append several messages [{role, content, tool_call_id, metadata}] atomically.
+        -> MessageAppendManyResult."""
         return Call.of("message.append_many", rpc.MessageAppendManyResult,
-                       session_id=session_id, messages=messages, **options)
+                       session_id=session_id, messages=messages,
+                       expected_version=expected_version, idempotency_key=idempotency_key)
 
     @rpc_method
-    def list_messages(self, /, session_id: str, **page: Any) -> Call[rpc.MessageListResult]:
-        """A page of messages (limit, offset, after_sequence, order). -> MessageListResult."""
-        return Call.of("message.list", rpc.MessageListResult, session_id=session_id, **page)
+    def list_messages(
+        self, /, session_id: str, *, limit: int | None = None, offset: int | None = None,
+        after_sequence: int | None = None, order: Literal["asc", "desc"] | None = None,
+    ) -> Call[rpc.MessageListResult]:
+        """A page of messages: `limit` (default 100) from `offset`, or after a sequence
+        number; order "asc" (default) or "desc". -> MessageListResult."""
+        return Call.of("message.list", rpc.MessageListResult, session_id=session_id,
+                       limit=limit, offset=offset, after_sequence=after_sequence, order=order)
+
+    @rpc_method
+    def pop_message(self, /, session_id: str, *, expected_version: int | None = None,
+                    idempotency_key: str | None = None) -> Call[rpc.MessagePopResult]:
+        """Take the last message out of the conversation (its events stay). -> MessagePopResult
+        (`message` is None when there was none)."""
+        return Call.of("message.pop", rpc.MessagePopResult, session_id=session_id,
+                       expected_version=expected_version, idempotency_key=idempotency_key)
+
+    @rpc_method
+    def clear_messages(self, /, session_id: str, *, expected_version: int | None = None,
+                       idempotency_key: str | None = None) -> Call[rpc.MessageClearResult]:
+        """Take every message out of the conversation (its events stay). -> MessageClearResult."""
+        return Call.of("message.clear", rpc.MessageClearResult, session_id=session_id,
+                       expected_version=expected_version, idempotency_key=idempotency_key)
 
     # --- tokens, progress, memory, checkpoints ------------------------------------------
 
     @rpc_method
-    def pop_message(self, /, session_id: str, **options: Any) -> Call[rpc.MessagePopResult]:
-        """Take the last message out of the conversation (its events stay). -> MessagePopResult
-        (`message` is None when there was none)."""
-        return Call.of("message.pop", rpc.MessagePopResult, session_id=session_id, **options)
-
-    @rpc_method
-    def clear_messages(self, /, session_id: str, **options: Any) -> Call[rpc.MessageClearResult]:
-        """Take every message out of the conversation (its events stay). -> MessageClearResult."""
-        return Call.of("message.clear", rpc.MessageClearResult, session_id=session_id,
-                       **options)
-
-    @rpc_method
-    def record_tokens(self, /, session_id: str, **usage: Any) -> Call[rpc.TokensRecordResult]:
-        """Add token usage (input_tokens, output_tokens, estimated_cost, model).
-        -> TokensRecordResult."""
+    def record_tokens(
+        self, /, session_id: str, *, input_tokens: int | None = None,
+        output_tokens: int | None = None, estimated_cost: float | None = None,
+        model: str | None = None, expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Call[rpc.TokensRecordResult]:
+        """Add token usage (counts, a cost, the model that used them). -> TokensRecordResult."""
         return Call.of("tokens.record", rpc.TokensRecordResult, session_id=session_id,
-                       **usage)
+                       input_tokens=input_tokens, output_tokens=output_tokens,
+                       estimated_cost=estimated_cost, model=model,
+                       expected_version=expected_version, idempotency_key=idempotency_key)
 
     @rpc_method
-    def record_progress(self, /, session_id: str, node_id: str,
-                        **step: Any) -> Call[rpc.ProgressRecordResult]:
-        """Record one graph step (edge, latency_ms, tokens, retries, failed).
-        -> ProgressRecordResult."""
+    def record_progress(
+        self, /, session_id: str, node_id: str, *, edge: str | None = None,
+        latency_ms: int | None = None, tokens: int | None = None, retries: int | None = None,
+        failed: bool | None = None, expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Call[rpc.ProgressRecordResult]:
+        """Record one graph step: the node, the edge taken to it, its latency, tokens and
+        retries, whether it failed. -> ProgressRecordResult."""
         return Call.of("progress.record", rpc.ProgressRecordResult, session_id=session_id,
-                       node_id=node_id, **step)
+                       node_id=node_id, edge=edge, latency_ms=latency_ms, tokens=tokens,
+                       retries=retries, failed=failed, expected_version=expected_version,
+                       idempotency_key=idempotency_key)
 
     @rpc_method
-    def list_progress(self, /, session_id: str, **page: Any) -> Call[rpc.ProgressListResult]:
+    def list_progress(self, /, session_id: str, *, after_version: int | None = None,
+                      limit: int | None = None,
+                      at_version: int | None = None) -> Call[rpc.ProgressListResult]:
         """A page of the graph's steps, oldest first (after_version, limit, at_version);
         the path the view does not keep. -> ProgressListResult (`next`: the next page's
         after_version, None on the last page)."""
-        return Call.of("progress.list", rpc.ProgressListResult, session_id=session_id, **page)
+        return Call.of("progress.list", rpc.ProgressListResult, session_id=session_id,
+                       after_version=after_version, limit=limit, at_version=at_version)
 
     @rpc_method
-    def update_memory(self, /, session_id: str, patch: dict[str, Any],
-                      **options: Any) -> Call[rpc.MemoryUpdateResult]:
+    def update_memory(self, /, session_id: str, patch: dict[str, Any], *,
+                      expected_version: int | None = None,
+                      idempotency_key: str | None = None) -> Call[rpc.MemoryUpdateResult]:
         """Apply a JSON merge patch to the session's memory. -> MemoryUpdateResult."""
         return Call.of("memory.update", rpc.MemoryUpdateResult, session_id=session_id,
-                       patch=patch, **options)
+                       patch=patch, expected_version=expected_version,
+                       idempotency_key=idempotency_key)
 
     @rpc_method
-    def save_checkpoint(self, /, session_id: str, payload: Any = None,
-                        **fields: Any) -> Call[rpc.CheckpointSaveResult]:
-        """Save a checkpoint (checkpoint_id, node_id, resume_from, memory) with its payload.
+    def save_checkpoint(
+        self, /, session_id: str, payload: Any = None, *, checkpoint_id: str | None = None,
+        node_id: str | None = None, resume_from: str | None = None,
+        memory: dict[str, Any] | None = None, expected_version: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Call[rpc.CheckpointSaveResult]:
+        """Save a checkpoint with its payload (any JSON value): its id (default: a new
+        one), the node it was taken at, the node to resume from, the memory to restore.
         -> CheckpointSaveResult."""
         return Call.of("checkpoint.save", rpc.CheckpointSaveResult, session_id=session_id,
-                       payload=payload, **fields)
+                       payload=payload, checkpoint_id=checkpoint_id, node_id=node_id,
+                       resume_from=resume_from, memory=memory,
+                       expected_version=expected_version, idempotency_key=idempotency_key)
 
     @rpc_method
     def get_checkpoint(self, /, session_id: str,
@@ -300,42 +420,64 @@ class Methods:
     # --- raw events ---------------------------------------------------------------------
 
     @rpc_method
-    def append_events(self, /, session_id: str, events: list[dict[str, Any]],
-                      **options: Any) -> Call[rpc.WriteResult]:
+    def append_events(self, /, session_id: str, events: list[dict[str, Any]], *,
+                      expected_version: int | None = None,
+                      idempotency_key: str | None = None) -> Call[rpc.WriteResult]:
         """Append typed events [{type, data}] atomically. -> WriteResult."""
         return Call.of("events.append", rpc.WriteResult, session_id=session_id,
-                       events=events, **options)
+                       events=events, expected_version=expected_version,
+                       idempotency_key=idempotency_key)
 
     @rpc_method
-    def read_events(self, /, session_id: str | None = None,
-                    **options: Any) -> Call[rpc.EventsReadResult]:
-        """Stored events (from_version, from_position, limit, types). -> EventsReadResult."""
-        return Call.of("events.read", rpc.EventsReadResult, session_id=session_id, **options)
+    def read_events(self, /, session_id: str | None = None, *,
+                    from_version: int | None = None, from_position: int | None = None,
+                    limit: int | None = None,
+                    types: list[str] | None = None) -> Call[rpc.EventsReadResult]:
+        """Stored events of one session (from_version) or of all (from_position), `limit`
+        per page (default 1000), only of `types` when given. -> EventsReadResult."""
+        return Call.of("events.read", rpc.EventsReadResult, session_id=session_id,
+                       from_version=from_version, from_position=from_position, limit=limit,
+                       types=types)
 
     @rpc_method
-    def link_plan(self, /, session_id: str, plan_id: str, **options: Any) -> Call[rpc.WriteResult]:
+    def link_plan(self, /, session_id: str, plan_id: str, *,
+                  expected_version: int | None = None,
+                  idempotency_key: str | None = None) -> Call[rpc.WriteResult]:
         """Link a plan to the session (duplicates are ignored in the view). -> WriteResult."""
         return Call.of("events.append", rpc.WriteResult, session_id=session_id,
-                    events=[{"type": "plan.linked", "data": {"plan_id": plan_id}}], **options)
+                       events=[{"type": "plan.linked", "data": {"plan_id": plan_id}}],
+                       expected_version=expected_version, idempotency_key=idempotency_key)
 
     @rpc_method
     def record_result(self, /, session_id: str, *, success: bool | None = None,
                       output: dict[str, Any] | None = None, error: str | None = None,
-                      **options: Any) -> Call[rpc.WriteResult]:
+                      expected_version: int | None = None,
+                      idempotency_key: str | None = None) -> Call[rpc.WriteResult]:
         """Record the session's result (success, output, error). -> WriteResult."""
         data = {k: v for k, v in (("success", success), ("output", output), ("error", error))
                 if v is not None}
         return Call.of("events.append", rpc.WriteResult, session_id=session_id,
-                    events=[{"type": "result.recorded", "data": data}], **options)
+                       events=[{"type": "result.recorded", "data": data}],
+                       expected_version=expected_version, idempotency_key=idempotency_key)
 
     # --- executors ------------------------------------------------------------------------
 
     @rpc_method
-    def spawn(self, /, argv: list[str], **options: Any) -> Call[SessionState]:
-        """Start an executor process as a new session (cwd, env, adapter, task, model,
-        source, session_id, namespace, metadata). -> SessionState (active, or failed if it
-        could not start)."""
-        return Call.of("session.spawn", SessionState, argv=argv, **options)
+    def spawn(
+        self, /, argv: list[str], *, cwd: str | None = None,
+        env: dict[str, str] | None = None, adapter: Adapter | None = None,
+        task: str | None = None, model: str | None = None, source: str | None = None,
+        session_id: str | None = None, namespace: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Call[SessionState]:
+        """Start an executor process as a new session: argv[0] is looked up on the
+        daemon's PATH (env's PATH when given), in cwd (absolute; default: the daemon's),
+        with env added to the daemon's environment; adapter "jsonl" (default), "codex" or
+        "claude"; task is the first user message. -> SessionState (active, or failed if
+        it could not start)."""
+        return Call.of("session.spawn", SessionState, argv=argv, cwd=cwd, env=env,
+                       adapter=adapter, task=task, model=model, source=source,
+                       session_id=session_id, namespace=namespace, metadata=metadata)
 
     @rpc_method
     def inject(self, /, session_id: str, message: str) -> Call[SessionState]:
@@ -350,10 +492,13 @@ class Methods:
 
     @rpc_method
     def output(self, /, session_id: str, turn: int | None = None,
-               stream: str | None = None) -> Call[rpc.OutputResult]:
-        """Raw output lines of one turn (default: the latest). -> OutputResult (turn, lines)."""
+               stream: Literal["stdout", "stderr"] | None = None, *,
+               after_position: int | None = None) -> Call[rpc.OutputResult]:
+        """Raw output lines of one turn (default: the latest), of one stream (default:
+        both, as they came); after_position: the previous page's `next`.
+        -> OutputResult (turn, lines)."""
         return Call.of("session.output", rpc.OutputResult, session_id=session_id, turn=turn,
-                       stream=stream)
+                       stream=stream, after_position=after_position)
 
     @rpc_method
     def trajectory(self, /, session_id: str, full: bool = False,
@@ -366,24 +511,38 @@ class Methods:
     # --- search and fork ----------------------------------------------------------------
 
     @rpc_method
-    def search(self, /, query: str, **options: Any) -> Call[rpc.SearchResult]:
-        """Sessions whose text matches an FTS5 query, best first, with snippets (status,
-        namespace, actor_name, since, until, limit, hits, mark, cursor). -> SearchResult."""
-        return Call.of("session.search", rpc.SearchResult, query=query, **options)
+    def search(
+        self, /, query: str, *, status: list[Status] | None = None,
+        namespace: str | None = None, actor_name: str | None = None,
+        since: str | None = None, until: str | None = None, limit: int | None = None,
+        hits: int | None = None, mark: tuple[str, str] | None = None,
+        cursor: str | None = None,
+    ) -> Call[rpc.SearchResult]:
+        """Sessions whose text matches an FTS5 query, best first, with `hits` snippets each
+        (default 3) between the two `mark` strings; filtered by statuses, namespace,
+        actor_name and the match's time (since, until: RFC 3339); `limit` sessions per
+        page (default 20), `cursor` the previous page's next_cursor. -> SearchResult."""
+        return Call.of("session.search", rpc.SearchResult, query=query, status=status,
+                       namespace=namespace, actor_name=actor_name, since=since, until=until,
+                       limit=limit, hits=hits, mark=mark, cursor=cursor)
 
     @rpc_method
     def fork(self, /, session_id: str, at_version: int | None = None,
-             new_session_id: str | None = None, **options: Any) -> Call[SessionState]:
+             new_session_id: str | None = None, *,
+             idempotency_key: str | None = None) -> Call[SessionState]:
         """A new session whose history is this one's up to at_version (default: now).
         -> SessionState (the fork's)."""
         return Call.of("session.fork", SessionState, session_id=session_id,
-                       at_version=at_version, new_session_id=new_session_id, **options)
+                       at_version=at_version, new_session_id=new_session_id,
+                       idempotency_key=idempotency_key)
 
     @rpc_method
-    def forks(self, /, session_id: str, **page: Any) -> Call[rpc.ForksResult]:
+    def forks(self, /, session_id: str, *, limit: int | None = None,
+              cursor: str | None = None) -> Call[rpc.ForksResult]:
         """A session's forks by id (limit, cursor), its count and its own source.
         -> ForksResult."""
-        return Call.of("session.forks", rpc.ForksResult, session_id=session_id, **page)
+        return Call.of("session.forks", rpc.ForksResult, session_id=session_id, limit=limit,
+                       cursor=cursor)
 
     @rpc_method
     def reindex(self) -> Call[rpc.ReindexResult]:

@@ -137,8 +137,7 @@ class Executors:
                 self._check_host(sid, started[-1], "continue")
             if adapter is None or not started:
                 raise InvalidParamsError(
-                    f"session {sid} has no executor to continue (not started by this daemon's"
-                    " session.spawn; an imported executor history is never continued)",
+                    f"session {sid} has no executor to continue: {no_executor(state)}",
                     {"detail": "no executor", "path": "$.session_id"})
             if state.status == "active":
                 raise InvalidTransitionError(
@@ -203,6 +202,13 @@ class Executors:
     async def session_output(self, p: rpc.SessionOutputParams, meta: EventMeta) -> rpc.OutputResult:
         state = await self.commands.state(p.session_id)
         turn = p.turn or state.turn
+        if not 1 <= turn <= state.turn:
+            raise InvalidParamsError(
+                f"session {p.session_id} has no turn {turn}: " + (
+                    no_executor(state) if state.turn == 0
+                    else f"its turns are 1 to {state.turn}"),
+                {"detail": "no such turn", "path": "$.turn" if p.turn else "$.session_id",
+                 "turns": state.turn})
         page = await self.store.process_output(
             p.session_id, turn, p.stream, p.after_position, max_bytes=page_budget.get())
         return rpc.OutputResult(turn=turn, lines=[line for _, line in page],
@@ -235,6 +241,16 @@ class Executors:
             raise OverloadedError(
                 f"{self.settings.max_processes} executors are running (max_processes); retry later",
                 {"retry_after_ms": 1000})
+
+
+def no_executor(state: SessionState) -> str:
+    """Why a session has no turn to continue or read, in words: its spawn failed to start
+    the process, its turns came with an import (never continued), or no spawn made it."""
+    if state.turn == 0 and state.adapter and state.status == "failed" and state.error:
+        return f"its executor never started ({state.error}); spawn it again"
+    if state.turn > 0:
+        return "its turns were imported, and an imported executor history is never continued"
+    return "no executor was ever started for it (session.spawn starts one)"
 
 
 def check_spawn(p: rpc.SessionSpawnParams) -> None:

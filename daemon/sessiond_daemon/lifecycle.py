@@ -205,11 +205,16 @@ class Daemon:
                             at=lambda: writer.committed_position)
         writer.wake_follower = follower.wake
 
+        lost = False  # "back" only after a loss: the first connection is not a return
+
         def database(connected: bool) -> None:
+            nonlocal lost
             if not connected:
+                lost = True
                 log.warning("daemon.database_lost")
                 self.notifier.notify("STATUS=waiting for the database (reconnecting)")
-            elif self.server is not None:
+            elif lost and self.server is not None:
+                lost = False
                 log.info("daemon.database_back")
                 self.notifier.notify(f"STATUS=serving, {self.server.connections} connections")
 

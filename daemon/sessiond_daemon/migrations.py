@@ -281,8 +281,9 @@ def migrate(con: sqlite3.Connection, path: str) -> list[int]:
     except BaseException:
         con.execute("ROLLBACK")
         raise
-    for number in pending:
-        log.info("store.migrated", schema_version=number, from_version=current)
+    # One line for the whole run (a new database applies every migration at once).
+    log.info("store.migrated", schema_version=LATEST, from_version=current, applied=pending,
+             new_database=current == 0)
     return pending
 
 

@@ -277,8 +277,11 @@ def inherited_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in INHERITED_ENV or k.startswith("LC_")}
 
 
-def cannot_start(argv: list[str], cwd: str | None, path: str | None) -> str | None:
-    """Say in words why the command cannot start, before trying."""
+def cannot_start(argv: list[str], cwd: str | None, path: str | None,
+                 whose: str = "the daemon's PATH") -> str | None:
+    """Say in words why the command cannot start, before trying. A bare name is looked up
+    on `path`, which is `whose` (the daemon's, or the one the request's env gave), never the
+    caller's: the message says which, and what it held."""
     if cwd is not None and not os.path.isdir(cwd):
         return f"working directory does not exist: {cwd}"
     program = argv[0]
@@ -289,14 +292,18 @@ def cannot_start(argv: list[str], cwd: str | None, path: str | None) -> str | No
         if not os.access(full, os.X_OK) or os.path.isdir(full):
             return f"not an executable file: {program}"
     elif shutil.which(program, path=path) is None:
-        return f"executable not found on PATH: {program}"
+        searched = f"PATH={path}" if path else f"no PATH set, so {os.defpath}"
+        hint = ("; the caller's PATH is not used: give an absolute path, or PATH in env"
+                if whose == "the daemon's PATH" else "")
+        return f"executable not found on {whose}: {program} (searched {searched}{hint})"
     return None
 
 
-async def spawn(argv: list[str], cwd: str | None, env: dict[str, str],
-                stdin: bool) -> Process | str:
-    """Start a turn's leader in a session of its own, its output on pipes; or say why not."""
-    problem = cannot_start(argv, cwd, env.get("PATH"))
+async def spawn(argv: list[str], cwd: str | None, env: dict[str, str], stdin: bool,
+                path_from: str = "the daemon's PATH") -> Process | str:
+    """Start a turn's leader in a session of its own, its output on pipes; or say why not
+    (`path_from`: whose PATH `env` holds, for that message)."""
+    problem = cannot_start(argv, cwd, env.get("PATH"), path_from)
     if problem is not None:
         return problem
     try:

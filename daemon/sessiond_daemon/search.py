@@ -112,8 +112,11 @@ def sql_of(store: Store) -> SqlAccess:
     """The SQLite connections of a store, where the index lives."""
     caps = store.capabilities
     if caps.sql is None or caps.engine != "sqlite":
-        raise StorageError(f"full-text search is kept in SQLite; this store is {caps.engine}",
-                           {"detail": "no search index"})
+        raise StorageError(
+            f"full-text search (session.search, daemon.reindex) is not available on"
+            f" {'PostgreSQL' if caps.engine == 'postgresql' else caps.engine} yet: its index is"
+            " built by the SQLite store only (README.md); every other method is served",
+            {"detail": "no search index", "engine": caps.engine})
     return caps.sql
 
 

@@ -151,7 +151,8 @@ class Turns:
                     "SESSIOND_TURN": str(turn_no)}
         if self.settings.socket:
             full_env["SESSIOND_SOCKET"] = self.settings.socket
-        process = await spawn(argv, cwd, full_env, stdin=bool(stdin_text))
+        whose = "the PATH the spawn's env gave" if "PATH" in env else "the daemon's PATH"
+        process = await spawn(argv, cwd, full_env, stdin=bool(stdin_text), path_from=whose)
         if isinstance(process, str):
             problem = process
             log.warning("executor.start_failed", session_id=sid, turn=turn_no, error=problem)

@@ -84,3 +84,21 @@ async def integrations(c: LoopClient, sid: str) -> None:
     assert_type(await c.get_session(sid), SessionState)
     assert_type(await c.append_message(sid, "user", "hi"), rpc.MessageAppendResult)
     c.close()
+
+
+def keywords(c: Client, sid: str) -> None:
+    """The options an editor completes, each by its own name and type."""
+    c.append_message(sid, "tool", "out", tool_call_id="call-1", metadata={"k": 1},
+                     expected_version=3, idempotency_key="k-1")
+    c.record_tokens(sid, input_tokens=1, output_tokens=2, estimated_cost=0.5, model="m",
+                    expected_version=4, idempotency_key="k-2")
+    c.record_progress(sid, "n", edge="a->n", latency_ms=1, tokens=2, retries=0, failed=False)
+    c.transition(sid, "failed", reason="r", error="e", expected_version=5)
+    c.create_session(sid, namespace="ns", actor_name="o/n", status="pending",
+                     metadata={}, input_data={}, checkpoint_enabled=True, idempotency_key="k")
+    c.list_sessions(namespace="ns", status=["active"], created_after="2026-01-01T00:00:00Z")
+    c.search("q", status=["completed"], since="2026-01-01T00:00:00Z", mark=("<", ">"))
+    c.spawn(["true"], cwd="/", env={"A": "1"}, adapter="codex", session_id=sid)
+    c.save_checkpoint(sid, {"p": 1}, checkpoint_id="c", resume_from="n", memory={})
+    c.cleanup(older_than_days=1.5, statuses=["failed"], dry_run=True)
+    c.fork(sid, 2, idempotency_key="k")

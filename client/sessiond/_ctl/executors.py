@@ -60,7 +60,7 @@ def _kill(c: Client, a: argparse.Namespace) -> Any:
 
 
 @command("output", "print an executor turn's raw output lines",
-         render=lambda r: print("\n".join(r.lines)), args=[
+         render=lambda r: r.lines and print("\n".join(r.lines)), args=[
              arg("--turn", type=int, help="which turn (default: the latest)"),
              arg("--stream", choices=["stdout", "stderr"], help="one stream only")])
 def _output(c: Client, a: argparse.Namespace) -> Any:

@@ -70,7 +70,7 @@ def _search(c: Client, a: argparse.Namespace) -> Any:
     return c.search(a.query, status=a.status or None, namespace=a.namespace,
                     actor_name=a.actor, since=a.since, until=a.until,
                     limit=a.limit, hits=a.hits, cursor=a.cursor,
-                    mark=None if a.json else list(_MARK))
+                    mark=None if a.json else _MARK)
 
 
 @command("fork", "make a new session whose history is this one's up to a version;"

@@ -237,7 +237,9 @@ async def migrate(con: Any, where: str) -> list[int]:
                 await con.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', $1)"
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value", str(number))
-            log.info("store.migrated", schema_version=number, from_version=current)
+        if pending:  # one line for the whole run, as on SQLite
+            log.info("store.migrated", schema_version=LATEST, from_version=current,
+                     applied=pending, new_database=current == 0)
         return pending
     finally:
         await con.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK)
