@@ -6,12 +6,14 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 from typing import Any
 
 import anyio
 import pytest
-from conftest import Daemon
+from conftest import Daemon, eventually
 
 from sessiond import AsyncClient
 from sessiond.importers import FORMATS
@@ -445,3 +447,119 @@ async def test_transcripts_malformed_and_mixed(daemon: Daemon, client: AsyncClie
     assert [m.content for m in (await client.list_messages(sid)).messages] == expect
     code, _, err = await sessionctl(daemon, "import", "--format", fmt, root)
     assert code == 1 and "Traceback" not in err and "line 3" in err
+
+
+# --- --follow: a writer appends, rotates and rewrites while the follower runs and restarts
+
+WRITER = r"""
+import json, os, sys, time
+fmt, path, sid, count, gates = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+pauses = {int(n): g for n, g in (x.split("=") for x in sys.argv[6:])}
+rotate_at, rewrite_at = {20, 50}, {45}
+
+def line(i):
+    at = f"2026-03-01T10:{i // 60:02d}:{i % 60:02d}.000Z"
+    if fmt == "codex":
+        if i == 0:
+            return {"timestamp": at, "type": "session_meta", "payload": {
+                "id": sid, "timestamp": at, "cwd": "/w", "cli_version": "0.80.0"}}
+        return {"timestamp": at, "type": "response_item", "payload": {
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": f"line {i}"}]}}
+    if i == 0:
+        return {"type": "summary", "summary": "followed", "leafUuid": "x"}
+    return {"type": "user", "uuid": f"00000000-0000-4000-8000-{i:012d}", "sessionId": sid,
+            "parentUuid": None, "cwd": "/w", "version": "2.1.12", "timestamp": at,
+            "message": {"role": "user", "content": f"line {i}"}}
+
+written = []  # the lines of the current file
+f = open(path, "w")
+for i in range(count + 1):
+    gate = pauses.get(i)
+    if gate:
+        while not os.path.exists(os.path.join(gates, gate)):
+            time.sleep(0.01)
+    if i in rotate_at:  # as logrotate does: x.1 becomes x.2, x becomes x.1, a new x
+        f.close()
+        if os.path.exists(path + ".1"):
+            os.rename(path + ".1", path + ".2")
+        os.rename(path, path + ".1")
+        f, written = open(path, "w"), []
+    if i in rewrite_at:  # the CLI rewrites its file: same lines, a new inode
+        f.close()
+        with open(path + ".tmp", "w") as t:
+            t.writelines(written)
+        os.replace(path + ".tmp", path)
+        f = open(path, "a")
+    text = json.dumps(line(i)) + "\n"
+    half = len(text) // 2
+    f.write(text[:half]); f.flush()  # the follower may see half a line: it must wait
+    time.sleep(0.005)
+    f.write(text[half:]); f.flush()
+    written.append(text)
+    time.sleep(0.005)
+f.close()
+"""
+
+
+@pytest.mark.parametrize("fmt", ["claude-code", "codex"])
+async def test_follow_appends_rotates_and_restarts(daemon: Daemon, client: AsyncClient,
+                                                   short_dir: str, fmt: str) -> None:
+    """Every line once, in order, across a follower stop (lines written meanwhile, a
+    rotation among them), a restart, a rewrite and a rotation while it runs."""
+    count = 60
+    if fmt == "codex":
+        sid = "019c0000-1111-7222-8333-444455556666"
+        folder = os.path.join(short_dir, "sessions", "2026", "03", "01")
+        path = os.path.join(folder, f"rollout-2026-03-01T10-00-00-{sid}.jsonl")
+    else:
+        sid = "11111111-2222-4333-8444-555555555555"
+        folder = os.path.join(short_dir, "projects", "-w")
+        path = os.path.join(folder, f"{sid}.jsonl")
+    os.makedirs(folder)
+    root = os.path.join(short_dir, "sessions" if fmt == "codex" else "projects")
+    gates = os.path.join(short_dir, "gates")
+    os.makedirs(gates)
+    follow = [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket, "import",
+              "--format", fmt, root, "--follow", "--interval", "0.02", "--json"]
+    env = dict(os.environ)
+
+    async def contents() -> list[str]:
+        if not await exists(client, sid):
+            return []
+        return [m.content for m in (await client.list_messages(sid, limit=1000)).messages]
+
+    async def has(n: int) -> bool:
+        return len(await contents()) >= n
+
+    def stop(proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait() == 0
+
+    follower = subprocess.Popen(follow, env=env)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, fmt, path, sid, str(count), gates,
+                               "16=stop", "36=restarted"], env=env)
+    try:
+        await eventually(lambda: has(15), "the follower to take lines 1-15")
+        await anyio.to_thread.run_sync(stop, follower)
+        write(os.path.join(gates, "stop"), "")  # lines 16-35 (a rotation) while it is down
+        def at_gate() -> bool:  # lines 20-35 in the new file, 35 ended by its newline
+            with open(path, "rb") as f:
+                return f.read().count(b"\n") == 16
+        await eventually(lambda: os.path.exists(path + ".1") and at_gate(),
+                         "the writer to reach line 35")
+        follower = subprocess.Popen(follow, env=env)
+        write(os.path.join(gates, "restarted"), "")
+        assert await anyio.to_thread.run_sync(writer.wait) == 0
+        await eventually(lambda: has(count), "every line to arrive")
+    finally:
+        for proc in (writer, follower):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert await contents() == [f"line {i}" for i in range(1, count + 1)]
+    # A restarted follower, or a one-off import, finds nothing new.
+    code, out = await import_json(daemon, "--format", fmt, root)
+    assert code == 0 and out["imported"] == [] and out["failed"] == []
+    assert await contents() == [f"line {i}" for i in range(1, count + 1)]
+    assert (await client.verify()).ok

@@ -195,8 +195,14 @@ def _import_transcripts(c: Client, a: argparse.Namespace) -> Any:
                 failed.append({"file": root, "path": "$", "reason": "no such file or directory",
                                "error": "no such file or directory"})
                 continue
-            for file in importer.files(root):
-                result = importer.sync(file, final=final)
+            listed, done = importer.files(root), 0
+            while done < len(listed):
+                file, inode = listed[done]
+                result = importer.sync(file, final=final, inode=inode)
+                if result.moved:  # a rotation under the listing: list again, oldest first
+                    listed, done = importer.files(root), 0
+                    continue
+                done += 1
                 for problem in result.failures:
                     failed.append(_failure(file, problem))
                 if result.error is not None:

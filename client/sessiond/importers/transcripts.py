@@ -40,6 +40,7 @@ class Result:
     version: int | None = None
     failures: list[Problem] = field(default_factory=list)
     error: Problem | None = None  # the whole file failed
+    moved: bool = False  # the file listed is no longer at its path: list again
 
     def as_item(self) -> dict[str, Any]:
         return {"file": self.file, "session_id": self.session_id, "version": self.version,
@@ -67,8 +68,16 @@ class TranscriptImporter:
         self.tails: dict[str, _Tail] = {}
         self.known: dict[str, set[str]] = {}  # session -> line keys the daemon holds
 
-    def files(self, root: str) -> list[str]:
-        return transcript_files(self.fmt, root)
+    def files(self, root: str) -> list[tuple[str, int]]:
+        """The transcripts under `root`, oldest first, with the inode each had when
+        listed (a rotation between listing and reading is noticed by it)."""
+        listed = []
+        for path in transcript_files(self.fmt, root):
+            try:
+                listed.append((path, os.stat(path).st_ino))
+            except FileNotFoundError:
+                continue  # rotated away meanwhile: the next listing has it
+        return listed
 
     def close(self) -> None:
         for tail in self.tails.values():
@@ -180,15 +189,29 @@ class TranscriptImporter:
                 b.add(event["type"], data, at, line.key)
         return b.document()
 
-    def sync(self, path: str, final: bool = True) -> Result:
+    def sync(self, path: str, final: bool = True, inode: int | None = None) -> Result:
         """Bring what is new in transcript `path` into its session. `final`: the file is
         read to its end as it is now (a one-off import); else a line still being written
-        waits for its newline (--follow)."""
+        waits for its newline (--follow). `inode`: the one `files` listed; if a file
+        first opened here is another (rotated in meanwhile), nothing is read and
+        `moved` says to list again, so that older files are always read first."""
         result = Result(path)
         tail = self.tails.get(path)
         try:
             if tail is None:
-                tail = self.tails[path] = _Tail(self.parser_type(path))
+                tail = _Tail(self.parser_type(path))
+                try:
+                    self._open(path, tail)
+                except FileNotFoundError:
+                    if inode is None:
+                        raise
+                    result.moved = True  # rotated away since it was listed
+                    return result
+                if inode is not None and tail.inode != inode:
+                    tail.handle.close()
+                    result.moved = True
+                    return result
+                self.tails[path] = tail
             self._read(path, tail, final, result)
             sid = tail.parser.facts.session_id
             result.session_id = sid
