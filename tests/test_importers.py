@@ -14,11 +14,13 @@ from typing import Any
 import anyio
 import pytest
 from conftest import Daemon, eventually
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sessiond import AsyncClient
-from sessiond.importers import FORMATS
+from sessiond.importers import FORMATS, Problem
 from sessiond.importers._builder import rfc3339
-from sessiond_schemas.errors import SessionNotFoundError
+from sessiond_schemas.errors import SessiondError, SessionNotFoundError
 
 pytestmark = pytest.mark.anyio
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -563,3 +565,144 @@ async def test_follow_appends_rotates_and_restarts(daemon: Daemon, client: Async
     assert code == 0 and out["imported"] == [] and out["failed"] == []
     assert await contents() == [f"line {i}" for i in range(1, count + 1)]
     assert (await client.verify()).ok
+
+
+# --- fuzz: malformed and truncated inputs to every importer ----------------------------
+
+def _source(fmt: str) -> tuple[str, str]:
+    """(file name inside a root, its text) of a good source of `fmt`, whose session id
+    is the placeholder SID."""
+    if fmt == "hive":
+        with open(os.path.join(FIXTURES, "hive", "sessions", HIVE_GOOD, "state.json")) as f:
+            return "sessions/SID/state.json", f.read().replace(HIVE_GOOD, "SID")
+    if fmt == "cleveragents":
+        with open(os.path.join(FIXTURES, "cleveragents", "session.json")) as f:
+            text = f.read()
+        return "SID.json", text.replace(json.loads(text)["session_id"], "SID")
+    if fmt == "zwarm":
+        [sid] = os.listdir(os.path.join(FIXTURES, "zwarm", ".zwarm", "sessions"))
+        with open(os.path.join(FIXTURES, "zwarm", ".zwarm", "sessions", sid, "meta.json")) as f:
+            return ".zwarm/sessions/SID/meta.json", f.read().replace(sid, "SID")
+    if fmt == "claude-code":
+        sid = "3f6b1c2a-9d84-4e1b-a7c5-1e2f3a4b5c6d"
+        with open(os.path.join(CC, "-home-dev-shop", f"{sid}.jsonl")) as f:
+            return "p/SID.jsonl", f.read().replace(sid, "SID")
+    sid = "5a4b3c2d-1e0f-4a9b-8c7d-6e5f4a3b2c1d"
+    [name] = os.listdir(os.path.join(CODEX, "2025", "10", "14"))
+    with open(os.path.join(CODEX, "2025", "10", "14", name)) as f:
+        return name.replace(sid, "SID"), f.read().replace(sid, "SID")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                 max_size=3),
+    max_leaves=6)
+
+
+Mutation = tuple[str, float, bytes, list[int], Any]
+mutations = st.tuples(st.sampled_from(["truncate", "bytes", "value", "drop"]),
+                      st.floats(0, 1, exclude_max=True), st.binary(min_size=1, max_size=8),
+                      st.lists(st.integers(0, 10**6), min_size=2, max_size=8), json_values)
+
+
+def mutate(text: str, m: Mutation) -> bytes:
+    """The source cut short, with bytes changed, or with one JSON value replaced or
+    removed (in one line, for JSON Lines); `m`'s numbers pick where."""
+    how, where, garbage, picks, value = m
+    data = text.encode()
+    if how == "truncate":
+        return data[:int(where * len(data))]
+    if how == "bytes":
+        at = int(where * len(data))
+        return data[:at] + garbage + data[at + 1:]
+    jsonl_text = text.startswith("{\"") and "\n{" in text
+    lines = text.splitlines(keepends=True) if jsonl_text else [text]
+    i = int(where * len(lines))
+    doc = json.loads(lines[i])
+    node: Any = doc
+    for depth, pick in enumerate(picks):
+        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+        if not keys:
+            break
+        key = keys[pick % len(keys)]
+        below = node[key]
+        if isinstance(below, (dict, list)) and below and depth < len(picks) - 1 and pick % 3:
+            node = below
+            continue
+        if how == "drop" and isinstance(node, dict):
+            del node[key]
+        else:
+            node[key] = value
+        break
+    lines[i] = json.dumps(doc) + ("\n" if lines[i].endswith("\n") else "")
+    return "".join(lines).encode()
+
+
+fuzz_counter = iter(range(10**9))
+
+
+@pytest.mark.parametrize("fmt", ["hive", "cleveragents", "zwarm", "claude-code", "codex"])
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mutation=mutations)
+async def test_fuzz_importers(daemon: Daemon, client: AsyncClient, short_dir: str, fmt: str,
+                              mutation: Mutation) -> None:
+    """No traceback, every failure names its file (and a path and a reason), and nothing
+    half-imported: the daemon gains exactly the sessions and events reported imported."""
+    from sessiond import Client
+    from sessiond.importers.transcripts import TranscriptImporter
+
+    name, text = _source(fmt)
+    n = next(fuzz_counter)
+    sid = f"fz{n:04d}" if fmt in ("hive", "cleveragents", "zwarm") else \
+        f"{n:08d}-0000-4000-8000-000000000000"
+    root = os.path.join(short_dir, f"fuzz{n}")
+    path = write(os.path.join(root, name.replace("SID", sid)),
+                 mutate(text.replace("SID", sid), mutation))
+    before = await client.stats()
+
+    def run() -> tuple[list[dict[str, Any]], int, int]:
+        failures: list[dict[str, Any]] = []
+        sessions = versions = 0
+        with Client(daemon.socket) as c:
+            if fmt in FORMATS:
+                for found in FORMATS[fmt](root, False):
+                    if found.problem is not None:
+                        failures.append({"file": found.file, "problem": found.problem})
+                        continue
+                    try:
+                        state = c.import_session(found.document)
+                    except SessiondError as exc:
+                        failures.append({"file": found.file, "problem": exc})
+                        continue
+                    sessions, versions = sessions + 1, versions + state.version
+            else:
+                importer = TranscriptImporter(c, fmt)
+                listed = importer.files(root)
+                importer.close()
+                for file, inode in listed:
+                    result = importer.sync(file, inode=inode)
+                    failures += [{"file": file, "problem": p} for p in result.failures]
+                    if result.error is not None:
+                        failures.append({"file": file, "problem": result.error})
+                    if result.created:
+                        sessions, versions = sessions + 1, versions + (result.version or 0)
+                        keys = {e.meta.idempotency_key for e in c.read_events(
+                            result.session_id, limit=10_000).events} - {None}
+                        assert len(keys) == result.appended, (keys, result)
+                    importer.close()
+        return failures, sessions, versions
+
+    failures, sessions, versions = await anyio.to_thread.run_sync(run)
+    for failure in failures:
+        problem = failure["problem"]
+        assert failure["file"] == path, failure  # the file, named once
+        reason = problem.reason if isinstance(problem, Problem) else problem.message
+        assert reason and not re.fullmatch(r"'[^']*'", reason), failure
+        if isinstance(problem, Problem):
+            assert problem.path.startswith("$")
+    after = await client.stats()
+    assert after.sessions - before.sessions == sessions
+    assert after.events - before.events == versions
