@@ -144,15 +144,18 @@ SOURCES = os.path.join(FIXTURES, "transcripts")
 HIVE_GOOD = "session_20261101_093000_ab12cd34"
 
 
-async def sessionctl(daemon: Daemon, *args: str) -> tuple[int, str, str]:
+async def sessionctl(daemon: Daemon, *args: str,
+                     env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Run `sessionctl ARGS` against the daemon; (exit code, stdout, stderr)."""
     result = await anyio.run_process(
-        [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket, *args], check=False)
+        [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket, *args], check=False,
+        env=None if env is None else {**os.environ, **env})
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
-async def import_json(daemon: Daemon, *args: str) -> tuple[int, dict[str, Any]]:
-    code, out, err = await sessionctl(daemon, "import", *args, "--json")
+async def import_json(daemon: Daemon, *args: str,
+                      env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    code, out, err = await sessionctl(daemon, "import", *args, "--json", env=env)
     assert "Traceback" not in err, err
     return code, json.loads(out)
 
@@ -362,7 +365,12 @@ async def test_claude_code_transcripts(daemon: Daemon, client: AsyncClient,
     assert [m.role for m in sub_msgs] == ["user", "assistant", "tool", "assistant"]
     # Re-running imports nothing; a line the CLI added later is all that goes in.
     before = {i["session_id"]: i["version"] for i in out["imported"]}
-    code, again = await import_json(daemon, "--format", "claude-code", root)
+    home = os.path.join(short_dir, "home")  # without a PATH: ~/.claude/projects
+    os.makedirs(os.path.join(home, ".claude"))
+    os.rename(root, os.path.join(home, ".claude", "projects"))
+    root = os.path.join(home, ".claude", "projects")
+    path = os.path.join(root, "-home-dev-shop", f"{sid}.jsonl")
+    code, again = await import_json(daemon, "--format", "claude-code", env={"HOME": home})
     assert code == 0 and again["imported"] == [] and len(again["skipped"]) == 5
     assert {i["reason"] for i in again["skipped"]} == {"nothing new"}
     extra = dict(lines[-1], uuid="b2c4d6e8-0000-4000-8000-000000000007",
@@ -409,8 +417,13 @@ async def test_codex_rollouts(daemon: Daemon, client: AsyncClient, short_dir: st
     old = (await client.list_messages("0b9c8d7e-6f5a-4b3c-9d2e-1f0a9b8c7d6e")).messages
     assert [(m.role, m.tool_call_id) for m in old] == [
         ("user", None), ("assistant", None), ("tool", "call_Ab12Cd34Ef56"), ("assistant", None)]
-    code, again = await import_json(daemon, "--format", "codex", root)
+    # Without a PATH: where Codex keeps them ($CODEX_HOME/sessions), as the unit runs it.
+    home = os.path.join(short_dir, "codex-home")
+    os.makedirs(home)
+    os.rename(root, os.path.join(home, "sessions"))
+    code, again = await import_json(daemon, "--format", "codex", env={"CODEX_HOME": home})
     assert code == 0 and again["imported"] == [] and len(again["skipped"]) == 3
+    assert all(i["file"].startswith(home) for i in again["skipped"])
     assert (await client.verify()).ok
 
 

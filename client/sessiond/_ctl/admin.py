@@ -78,7 +78,9 @@ def _failure(file: str, problem: Any) -> dict[str, Any]:
 
 @command("import", "import export documents, a seed's store or an agent CLI's transcripts"
          " with --format; exit 1 if any file fails", sid=False, args=[
-             arg("files", nargs="+", metavar="PATH"),
+             arg("files", nargs="*", metavar="PATH",
+                 help="with --format claude-code or codex, default: the CLI's own folder"
+                      " (~/.claude/projects; $CODEX_HOME/sessions or ~/.codex/sessions)"),
              arg("--format", choices=["hive", "cleveragents", "zwarm", "claude-code", "codex"],
                  help="hive: a storage root, its sessions/ or one session folder;"
                       " cleveragents: an as_export_dict() file or a folder of them; zwarm: a"
@@ -99,9 +101,12 @@ def _import(c: Client, a: argparse.Namespace) -> Any:
     failed: list[dict[str, Any]] = []
     if a.follow and a.format not in TRANSCRIPTS:
         raise CliError("--follow needs --format claude-code or --format codex",
-                       "invalid_arguments", 2)
+                       "usage", 2)
     if a.format in TRANSCRIPTS:
         return _import_transcripts(c, a)
+    if not a.files:
+        raise CliError("import needs a PATH (only claude-code and codex have a default)",
+                       "usage", 2)
 
     def exists(sid: str | None) -> bool:
         if sid is None:
@@ -185,6 +190,11 @@ def _import_transcripts(c: Client, a: argparse.Namespace) -> Any:
     from ..importers.transcripts import TranscriptImporter
 
     importer = TranscriptImporter(c, a.format)
+    if not a.files:  # where the CLI itself keeps them
+        home = os.path.expanduser("~")
+        a.files = [os.path.join(home, ".claude", "projects") if a.format == "claude-code"
+                   else os.path.join(os.environ.get("CODEX_HOME") or
+                                     os.path.join(home, ".codex"), "sessions")]
 
     def one_pass(final: bool) -> tuple[list[dict[str, Any]], ...]:
         imported: list[dict[str, Any]] = []
