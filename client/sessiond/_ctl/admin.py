@@ -238,9 +238,21 @@ def _import_transcripts(c: Client, a: argparse.Namespace) -> Any:
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop)
+    from .._wire import ConnectionLostError
+    away: str | None = None  # why the daemon is not answering, while it is not
     try:
         while True:
-            imported, _, failed = one_pass(final=False)
+            try:
+                imported, _, failed = one_pass(final=False)
+            except ConnectionLostError as exc:
+                if away is None:  # said once; the lines wait in memory and in the files
+                    print(f"waiting for the daemon: {exc}", file=sys.stderr, flush=True)
+                away = str(exc)
+                time.sleep(max(a.interval, 1.0))
+                continue
+            if away is not None:
+                print("the daemon is back: going on", file=sys.stderr, flush=True)
+                away = None
             if imported or failed:
                 _report(a, imported, [], failed)
             time.sleep(a.interval)

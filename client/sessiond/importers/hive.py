@@ -20,16 +20,20 @@ from ._builder import (
 
 def _state_files(path: str) -> list[str]:
     """A storage root, its sessions/ folder, or one session's folder (or its state.json).
-    A session folder whose state.json is missing or not a file is listed too: its result
-    says so."""
+    A folder of sessions/ whose state.json is missing or not a file is listed too: its
+    result says so."""
     if os.path.isfile(path) or os.path.basename(path) == "state.json":
         return [path]
     if os.path.lexists(os.path.join(path, "state.json")):
         return [os.path.join(path, "state.json")]
     sessions = os.path.join(path, "sessions")
-    folder = sessions if os.path.isdir(sessions) else path
-    return sorted(os.path.join(folder, d, "state.json") for d in os.listdir(folder)
-                  if os.path.isdir(os.path.join(folder, d)))
+    if os.path.isdir(sessions) or os.path.basename(os.path.normpath(path)) == "sessions":
+        folder = sessions if os.path.isdir(sessions) else path
+        return sorted(os.path.join(folder, d, "state.json") for d in os.listdir(folder)
+                      if os.path.isdir(os.path.join(folder, d)))
+    # Some other folder: its subfolders that hold a state.json are sessions.
+    return sorted(os.path.join(path, d, "state.json") for d in os.listdir(path)
+                  if os.path.lexists(os.path.join(path, d, "state.json")))
 
 
 def documents(path: str, strict: bool = False) -> Iterator[Found]:

@@ -25,6 +25,7 @@ from sessiond_schemas.errors import (
 from sessiond_schemas.events import new_id, now
 
 from .._sync import Client
+from .._wire import ConnectionLostError
 from ._builder import DocumentBuilder, Problem, problem_of
 from ._lines import PARSERS, Line, Parser, transcript_files
 
@@ -220,6 +221,8 @@ class TranscriptImporter:
             if sid is None:
                 raise Problem("no session id: the file name has none and no line names one")
             self._write(tail, sid, result)
+        except ConnectionLostError:
+            raise  # the daemon is gone, not this file: the caller waits for it
         except SessiondError as exc:
             result.error = Problem(exc.message)
         except Exception as exc:  # a file's failure is its own result
