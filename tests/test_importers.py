@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import Daemon, eventually
+from conftest import Daemon, daemon_config, eventually, running_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -719,3 +719,53 @@ async def test_fuzz_importers(daemon: Daemon, client: AsyncClient, short_dir: st
     after = await client.stats()
     assert after.sessions - before.sessions == sessions
     assert after.events - before.events == versions
+
+
+async def test_follow_is_live_and_waits_for_a_restarted_daemon(short_dir: str) -> None:
+    """What the CLI writes reaches a subscriber (what `watch` and `top` read) while the
+    CLI runs; the follower outlives a daemon restart, and the lines written meanwhile
+    arrive after it, once each, in order."""
+    config = daemon_config(short_dir)
+    sid = "22222222-3333-4444-8555-666666666666"
+    path = os.path.join(short_dir, "projects", "-w", f"{sid}.jsonl")
+
+    def append(i: int) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps({
+                "type": "user", "uuid": f"00000000-0000-4000-8000-{i:012d}", "sessionId": sid,
+                "timestamp": f"2026-03-01T10:00:{i:02d}.000Z",
+                "message": {"role": "user", "content": f"line {i}"}}) + "\n")
+
+    write(path, "")
+    append(1)
+    follower: subprocess.Popen[bytes] | None = None
+    try:
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            follower = subprocess.Popen(
+                [sys.executable, "-m", "sessiond.cli", "--socket", d.socket, "import",
+                 "--format", "claude-code", os.path.join(short_dir, "projects"), "--follow",
+                 "--interval", "0.02"], stderr=subprocess.PIPE)
+            await eventually(lambda: exists(c, sid), "the session")
+            async with c.subscribe(sid, from_version=1) as sub:
+                assert (await sub.__anext__()).type == "session.created"
+                assert (await sub.__anext__()).data["content"] == "line 1"
+                append(2)  # written by the CLI now: the subscriber sees it
+                assert (await sub.__anext__()).data["content"] == "line 2"
+        append(3)  # the daemon is down
+        append(4)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            async def arrived() -> bool:
+                return (await c.get_session(sid)).message_count == 4
+            await eventually(arrived, "lines 3 and 4 after the restart")
+            msgs = (await c.list_messages(sid)).messages
+            assert [m.content for m in msgs] == [f"line {i}" for i in range(1, 5)]
+            hits = (await c.search('"line 4"')).sessions
+            assert [h.session_id for h in hits] == [sid]
+    finally:
+        if follower is not None:
+            follower.send_signal(signal.SIGTERM)
+            _, err = await anyio.to_thread.run_sync(follower.communicate)
+    assert follower is not None and follower.returncode == 0
+    said = err.decode()
+    assert "Traceback" not in said
+    assert said.count("waiting for the daemon") == 1 and "the daemon is back" in said
