@@ -444,12 +444,14 @@ async def test_transcripts_malformed_and_mixed(daemon: Daemon, client: AsyncClie
     by_line = {i["line"]: i for i in out["failed"] if "dead" not in i["file"]}
     if fmt == "claude-code":
         sid = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
-        assert sorted(by_line) == [2, 3, 4, 5, 6]
+        assert sorted(by_line) == [2, 3, 4, 5, 6, 8]
         assert "invalid JSON" in by_line[2]["reason"]
         assert "found a list" in by_line[3]["reason"]
         assert by_line[4]["path"] == "$.message.content"
         assert by_line[5]["path"] == "$.timestamp"
         assert "UTF-8" in by_line[6]["reason"]
+        # A number past the contract's bounds: the daemon refuses that line alone.
+        assert "input.timeout_ms" in by_line[8]["reason"], by_line[8]
         assert not await exists(client, "0f0f0f0f-0000-4000-8000-00000000dead")
         expect = ["Run the migrations.", "Migrations applied: 0042_add_index, 0043_backfill."]
     else:

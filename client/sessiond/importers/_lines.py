@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._builder import Problem, TDict, TList, json_problem, problem_of, root_object
+from ._builder import Problem, TDict, TList, json_problem, plain, problem_of, root_object
 
 SOURCE_LIMIT = 100_000  # characters of one tool input/output kept in a message
 
@@ -188,7 +188,7 @@ class ClaudeCode(Parser):
         msg = obj.obj("message")
         content = msg.get("content")
         if not isinstance(content, (str, TList)):
-            raise Problem("expected a string or a list of blocks", child_path(msg, "content"))
+            raise Problem("expected a string or a list of blocks", f"{msg.path}.content")
         blocks = [content] if isinstance(content, str) else list(content)
         texts: list[str] = []
         calls: list[dict[str, Any]] = []
@@ -249,10 +249,6 @@ class ClaudeCode(Parser):
             if msg.text("model"):
                 tokens["model"] = msg.text("model")
             line.events.append({"type": "tokens.recorded", "data": tokens})
-
-
-def child_path(obj: TDict, key: str) -> str:
-    return f"{obj.path}.{key}"
 
 
 _ROLLOUT_ID = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
@@ -330,7 +326,7 @@ class Codex(Parser):
         itype = p.text("type")
         if itype == "message":
             role = p.text("role", required=True)
-            text = _text_blocks(plain_list(p.get("content")))
+            text = _text_blocks(plain(p.get("content")))
             if not text.strip():
                 return
             mapped = {"developer": "system"}.get(role, role)
@@ -348,12 +344,12 @@ class Codex(Parser):
             name = p.text("name") or ("shell" if itype == "local_shell_call" else "tool")
             args = p.get("arguments", p.get("input", p.get("action")))
             meta = self._source(p, at)
-            meta["tool_calls"] = [{"id": call_id, "name": name, "input": plain_any(args)}]
-            line.events.append(_message("assistant", f"{name}({_cut(_dumps(plain_any(args)))})",
+            meta["tool_calls"] = [{"id": call_id, "name": name, "input": plain(args)}]
+            line.events.append(_message("assistant", f"{name}({_cut(_dumps(plain(args)))})",
                                         meta))
         elif itype in _OUTPUTS:
             call_id = p.text("call_id", required=True)
-            output = plain_any(p.get("output"))
+            output = plain(p.get("output"))
             if isinstance(output, dict) and "content" in output:
                 output = output["content"]
             text = _text_blocks(output) if isinstance(output, list) else _dumps(output)
@@ -365,7 +361,7 @@ class Codex(Parser):
         info = p.get("info")
         if not isinstance(info, TDict):
             return  # rate limits only
-        total = plain_any(info.get("total_token_usage"))
+        total = plain(info.get("total_token_usage"))
         if total is not None and total == self._total:
             return  # the same figures again (written after each item): counted once
         self._total = total
@@ -376,15 +372,6 @@ class Codex(Parser):
             data["model"] = self.facts.model
         if data["input_tokens"] or data["output_tokens"]:
             line.events.append({"type": "tokens.recorded", "data": data})
-
-
-def plain_list(value: Any) -> Any:
-    return plain_any(value)
-
-
-def plain_any(value: Any) -> Any:
-    from ._builder import plain
-    return plain(value)
 
 
 PARSERS: dict[str, type[Parser]] = {"claude-code": ClaudeCode, "codex": Codex}

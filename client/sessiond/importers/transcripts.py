@@ -19,6 +19,7 @@ from sessiond_schemas.errors import (
     InvalidParamsError,
     SessiondError,
     SessionExistsError,
+    SessionImportError,
     SessionNotFoundError,
     TooLargeError,
 )
@@ -238,6 +239,15 @@ class TranscriptImporter:
             except SessionExistsError:  # another importer was first: append instead
                 self.known.pop(sid, None)
                 tail.pending = lines + tail.pending
+                return self._write(tail, sid, result)
+            except (SessionImportError, InvalidParamsError, TooLargeError):
+                # The daemon refuses some line's data. The session goes in without its
+                # lines, which follow one by one: the bad one fails alone (the others
+                # then carry the daemon's time, their own in their metadata).
+                tail.pending = lines + tail.pending
+                state = self.client.import_session(self._document(tail.parser, sid, []))
+                self.known[sid] = set()
+                result.created, result.version = True, state.version
                 return self._write(tail, sid, result)
             except BaseException:
                 tail.pending = lines + tail.pending

@@ -43,6 +43,8 @@ def _session_dirs(path: str) -> list[str]:
 
 
 def documents(path: str, strict: bool = False) -> Iterator[Found]:
+    if os.path.basename(path) == "meta.json" and os.path.isfile(path):
+        path = os.path.dirname(path) or "."  # one session's meta.json
     if not os.path.isdir(path):
         yield Found(path, problem=Problem("no such directory" if not os.path.lexists(path)
                                           else "not a directory"))
