@@ -424,6 +424,23 @@ class TestUnits:
                              timeout=60)
         assert out.stdout + out.stderr == "", out.stdout + out.stderr
 
+    def test_follow_unit_verifies_clean(self, tmp_path: Path) -> None:
+        """The transcript follower's template, as the instances the docs enable."""
+        tool = systemd_tool("systemd-analyze")
+        for name in ("sessiond-follow@.service", "sessiond.socket"):
+            text = (UNITS / "user" / name).read_text()
+            sessionctl = os.path.join(os.path.dirname(installed_sessiond()), "sessionctl")
+            text = re.sub(r"^ExecStart=\S+", f"ExecStart={sessionctl}", text, flags=re.M)
+            (tmp_path / name).write_text(text)
+        for instance in ("claude-code", "codex"):
+            out = subprocess.run(
+                [tool, "--user", "verify", "--man=no", f"sessiond-follow@{instance}.service"],
+                cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                env=dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path)))
+            assert out.stdout + out.stderr == "", out.stdout + out.stderr
+        unit = (UNITS / "user" / "sessiond-follow@.service").read_text()
+        assert re.search(r"^ExecStart=\S+/sessionctl import --format %i --follow$", unit, re.M)
+
     def test_system_service_exposure_is_at_most_2(self) -> None:
         """systemd-analyze security --offline rates the system unit 2.0 or lower."""
         tool = systemd_tool("systemd-analyze")

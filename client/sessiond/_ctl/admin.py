@@ -16,7 +16,7 @@ from sessiond_schemas.events import STATUSES
 
 from .._render import print_kv
 from .._sync import Client
-from .inputs import days, file_problem, read_file, write_file
+from .inputs import days, read_file, write_file
 from .registry import STREAMED, CliError, arg, command, full_id
 
 
@@ -67,18 +67,46 @@ def _document_session(document: Any) -> str | None:
         return None  # the daemon judges the document and says what is wrong
 
 
-@command("import", "import export documents, or a seed's store with --format;"
-         " exit 1 if any fails", sid=False, args=[
-             arg("files", nargs="+", metavar="PATH"),
-             arg("--format", choices=["hive", "cleveragents", "zwarm"],
+def _failure(file: str, problem: Any) -> dict[str, Any]:
+    """A failed file (or line of it): file, line, JSON path, reason, and the sentence."""
+    item: dict[str, Any] = {"file": file, "path": problem.path, "reason": problem.reason,
+                            "error": problem.describe()}
+    if problem.line is not None:
+        item["line"] = problem.line
+    return item
+
+
+@command("import", "import export documents, a seed's store or an agent CLI's transcripts"
+         " with --format; exit 1 if any file fails", sid=False, args=[
+             arg("files", nargs="*", metavar="PATH",
+                 help="with --format claude-code or codex, default: the CLI's own folder"
+                      " (~/.claude/projects; $CODEX_HOME/sessions or ~/.codex/sessions)"),
+             arg("--format", choices=["hive", "cleveragents", "zwarm", "claude-code", "codex"],
                  help="hive: a storage root, its sessions/ or one session folder;"
-                      " cleveragents: an as_export_dict() file; zwarm: a project, .zwarm/"
-                      " or one session folder"),
-             arg("--on-conflict", choices=["error", "skip", "replace"])])
+                      " cleveragents: an as_export_dict() file or a folder of them; zwarm: a"
+                      " project, .zwarm/ or one session folder; claude-code: ~/.claude/projects"
+                      " (or a project folder, or one .jsonl); codex: ~/.codex/sessions (or a"
+                      " day's folder, or one rollout-*.jsonl)"),
+             arg("--on-conflict", choices=["error", "skip", "replace"]),
+             arg("--strict", action="store_true",
+                 help="refuse a cleveragents document whose checksum cannot be verified"),
+             arg("--follow", action="store_true",
+                 help="claude-code, codex: keep tailing PATH and append new lines live"),
+             arg("--interval", type=float, default=1.0, metavar="SECONDS",
+                 help="with --follow: how often to look for new lines (default 1)")])
 def _import(c: Client, a: argparse.Namespace) -> Any:
+    from ..importers import FORMATS, TRANSCRIPTS
     imported: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
+    if a.follow and a.format not in TRANSCRIPTS:
+        raise CliError("--follow needs --format claude-code or --format codex",
+                       "usage", 2)
+    if a.format in TRANSCRIPTS:
+        return _import_transcripts(c, a)
+    if not a.files:
+        raise CliError("import needs a PATH (only claude-code and codex have a default)",
+                       "usage", 2)
 
     def exists(sid: str | None) -> bool:
         if sid is None:
@@ -100,24 +128,22 @@ def _import(c: Client, a: argparse.Namespace) -> Any:
             imported.append({"file": path, "session_id": state.session_id,
                              "version": state.version, "warnings": warnings})
         except SessiondError as exc:
-            failed.append({"file": path, "error": exc.message})
+            failed.append({"file": path, "path": (exc.data or {}).get("path", "$"),
+                           "reason": exc.message, "error": exc.message})
 
     def one(path: str) -> None:
+        if a.format:  # a seed's own store: each importer yields export documents
+            for found in FORMATS[a.format](path, a.strict):
+                if found.problem is not None:
+                    failed.append(_failure(found.file, found.problem))
+                elif found.document is not None:
+                    send(found.file, found.document, found.warnings)
+            return
         try:
-            if a.format:  # a seed's own store: each importer yields export documents
-                from ..importers import FORMATS
-                for source, document, warnings in FORMATS[a.format](path):
-                    send(source, document, warnings)
-                return
             text = read_file(path)  # sent as text: the daemon judges even invalid JSON
         except CliError as exc:
-            failed.append({"file": path, "error": exc.message})
-            return
-        except (OSError, UnicodeDecodeError) as exc:
-            failed.append({"file": path, "error": file_problem(path, exc).message})
-            return
-        except (ValueError, KeyError) as exc:
-            failed.append({"file": path, "error": f"cannot read it: {exc}"})
+            reason = exc.message.removeprefix(f"{path}: ")  # the file is said once
+            failed.append({"file": path, "path": "$", "reason": reason, "error": reason})
             return
         send(path, text, [])
 
@@ -132,19 +158,106 @@ def _import(c: Client, a: argparse.Namespace) -> Any:
         what = f"{a.format} sessions" if a.format else "export documents"
         raise CliError(f"nothing to import: no {what} found in {', '.join(a.files)}",
                        "nothing_found", 1, {"files": a.files})
-    if a.json:
-        print(json.dumps({"imported": imported, "skipped": skipped, "failed": failed}))
-    else:
-        for item in imported:
-            print(f"imported {item['session_id']} (v{item['version']}) from {item['file']}")
-            for warning in item["warnings"]:
-                print(f"  note: {warning}", file=sys.stderr)
-        for item in skipped:
-            print(f"skipped {item['session_id']} from {item['file']}: {item['reason']}")
-        for item in failed:
-            print(f"FAILED {item['file']}: {item['error']}", file=sys.stderr)
+    _report(a, imported, skipped, failed)
     if failed:
         sys.exit(1)
+    return STREAMED
+
+
+def _report(a: argparse.Namespace, imported: list[dict[str, Any]],
+            skipped: list[dict[str, Any]], failed: list[dict[str, Any]]) -> None:
+    if a.json:
+        print(json.dumps({"imported": imported, "skipped": skipped, "failed": failed}),
+              flush=True)
+        return
+    for item in imported:
+        lines = f", {item['lines']} lines" if "lines" in item else ""
+        print(f"imported {item['session_id']} (v{item['version']}{lines}) from {item['file']}")
+        for warning in item["warnings"]:
+            print(f"  note: {warning}", file=sys.stderr)
+    for item in skipped:
+        print(f"skipped {item['session_id']} from {item['file']}: {item['reason']}")
+    for item in failed:
+        print(f"FAILED {item['file']}: {item['error']}", file=sys.stderr)
+    sys.stdout.flush()
+
+
+def _import_transcripts(c: Client, a: argparse.Namespace) -> Any:
+    """claude-code and codex: every transcript under the roots; with --follow, for ever."""
+    import signal
+    import time
+
+    from ..importers.transcripts import TranscriptImporter
+
+    importer = TranscriptImporter(c, a.format)
+    if not a.files:  # where the CLI itself keeps them
+        home = os.path.expanduser("~")
+        a.files = [os.path.join(home, ".claude", "projects") if a.format == "claude-code"
+                   else os.path.join(os.environ.get("CODEX_HOME") or
+                                     os.path.join(home, ".codex"), "sessions")]
+
+    def one_pass(final: bool) -> tuple[list[dict[str, Any]], ...]:
+        imported: list[dict[str, Any]] = []
+        skipped: list[dict[str, Any]] = []
+        failed: list[dict[str, Any]] = []
+        for root in a.files:
+            if not os.path.exists(root):
+                failed.append({"file": root, "path": "$", "reason": "no such file or directory",
+                               "error": "no such file or directory"})
+                continue
+            listed, done = importer.files(root), 0
+            while done < len(listed):
+                file, inode = listed[done]
+                result = importer.sync(file, final=final, inode=inode)
+                if result.moved:  # a rotation under the listing: list again, oldest first
+                    listed, done = importer.files(root), 0
+                    continue
+                done += 1
+                for problem in result.failures:
+                    failed.append(_failure(file, problem))
+                if result.error is not None:
+                    failed.append(_failure(file, result.error))
+                elif result.appended:
+                    imported.append(result.as_item())
+                elif final and not result.failures:
+                    skipped.append({"file": file, "session_id": result.session_id,
+                                    "reason": "nothing new" if result.session_id in
+                                    importer.known else "no messages in it"})
+        return imported, skipped, failed
+
+    if not a.follow:
+        imported, skipped, failed = one_pass(final=True)
+        if not (imported or skipped or failed):
+            raise CliError(f"nothing to import: no {a.format} transcripts found in"
+                           f" {', '.join(a.files)}", "nothing_found", 1, {"files": a.files})
+        _report(a, imported, skipped, failed)
+        if failed:
+            sys.exit(1)
+        return STREAMED
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
+    from .._wire import ConnectionLostError
+    away: str | None = None  # why the daemon is not answering, while it is not
+    try:
+        while True:
+            try:
+                imported, _, failed = one_pass(final=False)
+            except ConnectionLostError as exc:
+                if away is None:  # said once; the lines wait in memory and in the files
+                    print(f"waiting for the daemon: {exc}", file=sys.stderr, flush=True)
+                away = str(exc)
+                time.sleep(max(a.interval, 1.0))
+                continue
+            if away is not None:
+                print("the daemon is back: going on", file=sys.stderr, flush=True)
+                away = None
+            if imported or failed:
+                _report(a, imported, [], failed)
+            time.sleep(a.interval)
+    except KeyboardInterrupt:
+        importer.close()
     return STREAMED
 
 

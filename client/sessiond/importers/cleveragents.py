@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._builder import DocumentBuilder
+from ._builder import DocumentBuilder, Found, Problem, TDict, json_problem, problem_of, root_object
+
+UNVERIFIED = ("checksum could not be verified: the seed does not say what it covers, and it is"
+              " not the SHA-256 of the document's sorted JSON")
 
 
 def _checksum_note(doc: dict[str, Any]) -> list[str]:
@@ -21,31 +25,64 @@ def _checksum_note(doc: dict[str, Any]) -> list[str]:
         digest = hashlib.sha256(text.encode()).hexdigest()
         if given in (digest, f"sha256:{digest}"):
             return []
-    return ["checksum could not be verified: the seed does not say what it covers, and it is"
-            " not the SHA-256 of the document's sorted JSON"]
+    return [UNVERIFIED]
 
 
-def documents(path: str) -> Iterator[tuple[str, dict[str, Any], list[str]]]:
-    with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
-    b = DocumentBuilder(doc["session_id"], "cleveragents")
-    created = doc.get("created_at")
+def _files(path: str) -> list[str]:
+    """One file, or every *.json file of a folder."""
+    if os.path.isdir(path):
+        return sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".json"))
+    return [path]
+
+
+def documents(path: str, strict: bool = False) -> Iterator[Found]:
+    if not os.path.lexists(path):
+        yield Found(path, problem=Problem("no such file or directory"))
+        return
+    for file in _files(path):
+        try:
+            with open(file, "rb") as f:
+                raw = f.read()
+            try:
+                loaded = json.loads(raw.decode("utf-8"))
+            except ValueError as exc:
+                raise json_problem(exc) from None
+            doc = root_object(loaded, "an as_export_dict() document")
+            notes = _checksum_note(doc)
+            if strict and notes:
+                raise Problem(f"--strict: {notes[0]}", "$.checksum")
+            yield Found(file, _convert(doc), notes)
+        except Exception as exc:  # every failure is this file's result
+            yield Found(file, problem=problem_of(exc))
+
+
+def _convert(doc: TDict) -> dict[str, Any]:
+    sid = doc.text("session_id", required=True)
+    b = DocumentBuilder(sid, "cleveragents")
+    created = doc.time("created_at", required=True)
     b.add("session.created", {
-        "namespace": doc.get("namespace") or "local", "actor_name": doc.get("actor_name"),
-        "automation_level": doc.get("automation_level"), "metadata": doc.get("metadata") or {},
+        "namespace": doc.text("namespace") or "local", "actor_name": doc.get("actor_name"),
+        "automation_level": doc.get("automation_level"), "metadata": doc.obj("metadata"),
     }, created)
-    for m in sorted(doc.get("messages", []), key=lambda m: m["sequence"]):
-        data = {"message_id": m["message_id"], "sequence": m["sequence"], "role": m["role"],
-                "content": m["content"], "metadata": m.get("metadata") or {}}
+    messages: list[TDict] = []
+    for m in doc.seq("messages"):
+        if not isinstance(m, TDict):
+            raise Problem("expected an object", f"$.messages[{len(messages)}]")
+        m.number("sequence")
+        messages.append(m)
+    for m in sorted(messages, key=lambda m: m.number("sequence")):
+        data = {"message_id": m.text("message_id", required=True),
+                "sequence": m.number("sequence"), "role": m.text("role", required=True),
+                "content": m.text("content", required=True), "metadata": m.obj("metadata")}
         if m.get("tool_call_id"):
-            data["tool_call_id"] = m["tool_call_id"]
-        b.add("message.appended", data, m.get("timestamp") or created)
-    updated = doc.get("updated_at") or created
-    for plan_id in doc.get("linked_plan_ids", []):
+            data["tool_call_id"] = m.text("tool_call_id")
+        b.add("message.appended", data, m.time("timestamp") or created)
+    updated = doc.time("updated_at") or created
+    for plan_id in doc.seq("linked_plan_ids"):
         b.add("plan.linked", {"plan_id": plan_id}, updated)
-    usage = doc.get("token_usage") or {}
+    usage = doc.obj("token_usage")
     # Recorded last, at updated_at, so the view's updated_at is the source's.
-    b.add("tokens.recorded", {"input_tokens": usage.get("input_tokens", 0),
-                              "output_tokens": usage.get("output_tokens", 0),
-                              "estimated_cost": usage.get("estimated_cost", 0.0)}, updated)
-    yield path, b.document(), _checksum_note(doc)
+    b.add("tokens.recorded", {"input_tokens": usage.number("input_tokens"),
+                              "output_tokens": usage.number("output_tokens"),
+                              "estimated_cost": usage.number("estimated_cost")}, updated)
+    return b.document()

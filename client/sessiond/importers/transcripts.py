@@ -1,0 +1,273 @@
+"""Claude Code and Codex CLI transcripts into sessions, once or live (`--follow`).
+
+A transcript becomes one session (a sub-agent's transcript its own, linked session).
+The first time, its lines go in with `session.import`, keeping the times the CLI
+recorded; after that, each new line is one `events.append` whose idempotency key is the
+line's own id (`cc:<uuid>` for Claude Code; `cx:<hash of the line>` for Codex, whose
+lines have no id). Every event keeps its line's key in `meta.idempotency_key`, so what a
+session holds is read back from the daemon: a re-run, or a follower restarted, appends
+exactly the lines the daemon does not have, in their order.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessiond_schemas.errors import (
+    InvalidParamsError,
+    SessiondError,
+    SessionExistsError,
+    SessionImportError,
+    SessionNotFoundError,
+    TooLargeError,
+)
+from sessiond_schemas.events import new_id, now
+
+from .._sync import Client
+from .._wire import ConnectionLostError
+from ._builder import DocumentBuilder, Problem, problem_of
+from ._lines import PARSERS, Line, Parser, transcript_files
+
+
+@dataclass
+class Result:
+    """What one pass over a transcript did (the CLI's per-file result)."""
+
+    file: str
+    session_id: str | None = None
+    appended: int = 0  # lines that went in
+    created: bool = False
+    version: int | None = None
+    failures: list[Problem] = field(default_factory=list)
+    error: Problem | None = None  # the whole file failed
+    moved: bool = False  # the file listed is no longer at its path: list again
+
+    def as_item(self) -> dict[str, Any]:
+        return {"file": self.file, "session_id": self.session_id, "version": self.version,
+                "lines": self.appended, "created": self.created, "warnings": []}
+
+
+@dataclass
+class _Tail:
+    """One open transcript: where reading stopped, and the line it is in the middle of."""
+
+    parser: Parser
+    handle: Any = None
+    inode: int = -1
+    partial: bytes = b""
+    number: int = 0
+    pending: list[Line] = field(default_factory=list)  # parsed, not yet in the daemon
+
+
+class TranscriptImporter:
+    """Brings transcripts of one format into a daemon; call `sync` again for more."""
+
+    def __init__(self, client: Client, fmt: str) -> None:
+        self.client, self.fmt = client, fmt
+        self.parser_type = PARSERS[fmt]
+        self.tails: dict[str, _Tail] = {}
+        self.known: dict[str, set[str]] = {}  # session -> line keys the daemon holds
+
+    def files(self, root: str) -> list[tuple[str, int]]:
+        """The transcripts under `root`, oldest first, with the inode each had when
+        listed (a rotation between listing and reading is noticed by it)."""
+        listed = []
+        for path in transcript_files(self.fmt, root):
+            try:
+                listed.append((path, os.stat(path).st_ino))
+            except FileNotFoundError:
+                continue  # rotated away meanwhile: the next listing has it
+        return listed
+
+    def close(self) -> None:
+        for tail in self.tails.values():
+            if tail.handle is not None:
+                tail.handle.close()
+        self.tails.clear()
+
+    # -- reading -------------------------------------------------------------------
+
+    def _open(self, path: str, tail: _Tail) -> None:
+        if tail.handle is not None:
+            tail.handle.close()
+        tail.handle = open(path, "rb")  # noqa: SIM115 - kept open across passes
+        tail.inode = os.fstat(tail.handle.fileno()).st_ino
+        tail.partial, tail.number = b"", 0
+
+    def _read(self, path: str, tail: _Tail, final: bool, result: Result) -> None:
+        """Read what is new; on a replaced file (new inode: rotated or rewritten) the old
+        one is read to its end first, then the new one from its start; on a file cut
+        shorter, from its start again. Keys make a line read twice count once."""
+        if tail.handle is None:
+            self._open(path, tail)
+        while True:
+            self._lines(tail, tail.handle.read(), result)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                break  # gone (rotated away, not replaced yet): what it had is read
+            if st.st_ino != tail.inode:
+                self._finish(tail, result)
+                self._open(path, tail)
+                continue
+            if st.st_size < tail.handle.tell():
+                tail.handle.seek(0)
+                tail.partial, tail.number = b"", 0
+                continue
+            break
+        if final:
+            self._finish(tail, result)
+
+    def _finish(self, tail: _Tail, result: Result) -> None:
+        """The end of a file that will not grow: a last line without newline counts."""
+        if tail.partial.strip():
+            rest, tail.partial = tail.partial, b""
+            self._lines(tail, rest + b"\n", result)
+        tail.partial = b""
+
+    def _lines(self, tail: _Tail, data: bytes, result: Result) -> None:
+        if not data:
+            return
+        chunks = (tail.partial + data).split(b"\n")
+        tail.partial = chunks.pop()
+        for raw in chunks:
+            tail.number += 1
+            if not raw.strip():
+                continue
+            try:
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise Problem(f"not UTF-8 text (byte {exc.start})", line=tail.number) \
+                        from None
+                line = tail.parser.parse(text, tail.number)
+            except Problem as problem:
+                result.failures.append(problem)
+                continue
+            if line is not None:
+                tail.pending.append(line)
+
+    # -- writing -------------------------------------------------------------------
+
+    def _known(self, sid: str) -> set[str] | None:
+        """The line keys session `sid` holds (None: no such session)."""
+        if sid in self.known:
+            return self.known[sid]
+        try:
+            self.client.get_session(sid)
+        except SessionNotFoundError:
+            return None
+        keys: set[str] = set()
+        version: int | None = 1
+        while version is not None:
+            page = self.client.read_events(sid, from_version=version, limit=10_000)
+            keys.update(e.meta.idempotency_key for e in page.events if e.meta.idempotency_key)
+            version = page.next
+        self.known[sid] = keys
+        return keys
+
+    def _document(self, parser: Parser, sid: str, lines: list[Line]) -> dict[str, Any]:
+        f = parser.facts
+        first = f.first_at or next((x.at for x in lines if x.at), None) or now()
+        b = DocumentBuilder(sid, parser.adapter)
+        metadata: dict[str, Any] = {k: v for k, v in {
+            "git_branch": f.first_git_branch, "cli_version": f.cli_version,
+            "transcript": os.path.abspath(parser.path),
+            "parent_session_id": f.parent_session_id, **f.extra}.items() if v is not None}
+        b.add("session.created", {
+            "task": f.task, "working_dir": f.working_dir, "model": f.first_model or f.model,
+            "adapter": parser.adapter, "source": parser.adapter,
+            "correlation_id": f.parent_session_id, "metadata": metadata}, first)
+        at, sequence = first, 0
+        for line in lines:
+            at = line.at or at
+            for event in line.events:
+                data = dict(event["data"])
+                if event["type"] == "message.appended":
+                    data.update(message_id=new_id(), sequence=sequence)
+                    sequence += 1
+                b.add(event["type"], data, at, line.key)
+        return b.document()
+
+    def sync(self, path: str, final: bool = True, inode: int | None = None) -> Result:
+        """Bring what is new in transcript `path` into its session. `final`: the file is
+        read to its end as it is now (a one-off import); else a line still being written
+        waits for its newline (--follow). `inode`: the one `files` listed; if a file
+        first opened here is another (rotated in meanwhile), nothing is read and
+        `moved` says to list again, so that older files are always read first."""
+        result = Result(path)
+        tail = self.tails.get(path)
+        try:
+            if tail is None:
+                tail = _Tail(self.parser_type(path))
+                try:
+                    self._open(path, tail)
+                except FileNotFoundError:
+                    if inode is None:
+                        raise
+                    result.moved = True  # rotated away since it was listed
+                    return result
+                if inode is not None and tail.inode != inode:
+                    tail.handle.close()
+                    result.moved = True
+                    return result
+                self.tails[path] = tail
+            self._read(path, tail, final, result)
+            sid = tail.parser.facts.session_id
+            result.session_id = sid
+            if not tail.pending:
+                return result
+            if sid is None:
+                raise Problem("no session id: the file name has none and no line names one")
+            self._write(tail, sid, result)
+        except ConnectionLostError:
+            raise  # the daemon is gone, not this file: the caller waits for it
+        except SessiondError as exc:
+            result.error = Problem(exc.message)
+        except Exception as exc:  # a file's failure is its own result
+            result.error = problem_of(exc)
+        return result
+
+    def _write(self, tail: _Tail, sid: str, result: Result) -> None:
+        known = self._known(sid)
+        if known is None:
+            lines, tail.pending = tail.pending, []
+            try:
+                state = self.client.import_session(self._document(tail.parser, sid, lines))
+            except SessionExistsError:  # another importer was first: append instead
+                self.known.pop(sid, None)
+                tail.pending = lines + tail.pending
+                return self._write(tail, sid, result)
+            except (SessionImportError, InvalidParamsError, TooLargeError):
+                # The daemon refuses some line's data. The session goes in without its
+                # lines, which follow one by one: the bad one fails alone (the others
+                # then carry the daemon's time, their own in their metadata).
+                tail.pending = lines + tail.pending
+                state = self.client.import_session(self._document(tail.parser, sid, []))
+                self.known[sid] = set()
+                result.created, result.version = True, state.version
+                return self._write(tail, sid, result)
+            except BaseException:
+                tail.pending = lines + tail.pending
+                raise
+            self.known[sid] = {x.key for x in lines}
+            result.created, result.appended, result.version = True, len(lines), state.version
+            return None
+        while tail.pending:
+            line = tail.pending[0]
+            if line.key not in known:
+                try:
+                    write = self.client.append_events(sid, line.events,
+                                                      idempotency_key=line.key)
+                except (InvalidParamsError, TooLargeError) as exc:
+                    # The daemon refuses this line's data: it is this line's failure,
+                    # and the lines after it still go in.
+                    result.failures.append(Problem(exc.message, line=line.number))
+                else:
+                    result.version = write.version
+                    result.appended += 1
+                    known.add(line.key)
+            tail.pending.pop(0)
+        return None
