@@ -258,7 +258,7 @@ class TestAuth:
             assert (await c.get(f"/t/{'B' * 43}/v1/stream/x")).status_code == 403
             ok = await c.put(f"/t/{token(daemon)}/v1/stream/x")
             assert ok.status_code == 201
-            assert ok.headers["location"] == f"/t/{token(daemon)}/v1/stream/x"
+            assert ok.headers["location"] == f"{base(daemon)}/t/{token(daemon)}/v1/stream/x"
 
     async def test_rotation(self, daemon: Daemon) -> None:
         old = token(daemon)
