@@ -361,13 +361,20 @@ class TestDocs:
         """Every sh block of docs/http.md runs against this daemon (they are marked
         not-run for the docs-snippet test, whose daemon has no HTTP face)."""
         text = (ROOT / "docs" / "http.md").read_text()
-        blocks = re.findall(r"<!-- not run: [^>]*tests/test_http.py[^>]*-->\n```sh\n(.*?)```",
-                            text, re.S)
-        assert len(blocks) == 3
+        blocks = re.findall(r"<!-- not run: [^>]*tests/test_http.py[^>]*-->\n```(sh|python)\n"
+                            r"(.*?)```", text, re.S)
+        assert [kind for kind, _ in blocks] == ["sh", "sh", "sh", "python"]
         env = {**os.environ, "SESSIOND_SOCKET": daemon.socket,
                "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
                "SESSIOND_HTTP": f"{base(daemon)}/t/{token(daemon)}"}
-        for block in blocks:
-            done = await anyio.run_process(["bash", "-euo", "pipefail", "-c", block],
-                                           env=env, check=False)
+        outputs = []
+        for kind, block in blocks:
+            argv = (["bash", "-euo", "pipefail", "-c", block] if kind == "sh"
+                    else [sys.executable, "-c", block])
+            done = await anyio.run_process(argv, env=env, check=False)
             assert done.returncode == 0, (block, done.stdout, done.stderr)
+            outputs.append(done.stdout.decode())
+        assert "hello world" in outputs[0]
+        assert "session.created\nplan.linked" in outputs[1]
+        assert outputs[2].startswith("!")
+        assert outputs[3].strip() == "[{'step': 1}, {'step': 2}]"
