@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,8 +134,9 @@ Sender = Callable[[bytes], Awaitable[None]]
 
 class Streams:
     def __init__(self, calls: Calls, writer: Writer, *, long_poll_s: float,
-                 sse_close_s: float) -> None:
+                 sse_close_s: float, on_tail: Callable[[int], None] = lambda n: None) -> None:
         self.calls, self.writer = calls, writer
+        self.on_tail = on_tail  # live tails count as subscriptions (daemon.stats, metrics)
         self.long_poll_s, self.sse_close_s = long_poll_s, sse_close_s
         self._locks: dict[str, tuple[anyio.Lock, int]] = {}
         self._writers: OrderedDict[str, WriterState] = OrderedDict()
@@ -201,6 +202,14 @@ class Streams:
             return b"[" + b",".join(page.items) + b"]"
         return b"".join(page.items)
 
+    @contextmanager
+    def _tail(self) -> Iterator[None]:
+        self.on_tail(1)
+        try:
+            yield
+        finally:
+            self.on_tail(-1)
+
     # --- the per-stream lock and writer state -----------------------------------------
 
     @asynccontextmanager
@@ -259,7 +268,9 @@ class Streams:
         bell = tails.mark(self.writer)
         page = await self.read(view, after, r.caller)
         if live == "long-poll" and not page.items and not view.closed:
-            if await tails.wait_for(bell, r.name, self.long_poll_s):
+            with self._tail():
+                woken = await tails.wait_for(bell, r.name, self.long_poll_s)
+            if woken:
                 view = await self.view(r.name, r.caller)
                 page = await self.read(view, after, r.caller)
             if not page.items:
@@ -495,7 +506,7 @@ class Streams:
         view = await self.view(r.name, r.caller)
         after = codec.parse_offset(r.param("offset"), view.version)
         binary = codec.sse_base64(view.content_type)
-        with anyio.move_on_after(self.sse_close_s):
+        with self._tail(), anyio.move_on_after(self.sse_close_s):
             while True:
                 bell = tails.mark(self.writer)
                 page = await self.read(view, after, r.caller)
