@@ -24,7 +24,7 @@ from .streams import Streams
 
 log = structlog.get_logger("sessiond.http")
 
-MAX_SCRAPES = 8  # connections metrics_listen keeps open at once (it has no peer check)
+MAX_SCRAPES = 32  # connections metrics_listen keeps open at once (it has no peer check)
 BindUnix = Callable[[str], Awaitable[SocketListener]]
 
 
