@@ -96,6 +96,10 @@ class Face:
                                max_connections=max_connections,
                                graceful_s=1.0))
 
+    def stop(self) -> None:
+        """The daemon is draining: end the live tails (their responses complete)."""
+        self.streams.stop()
+
     def close(self) -> None:
         """Remove our Unix socket files (never one another daemon has put there since)."""
         for path, bound in self._bound:
