@@ -104,6 +104,9 @@ class TestStreams:
         other = await http.put("/v1/stream/t1", headers={"content-type": "application/json"})
         assert other.status_code == 409
         assert (await http.get("/v1/stream/missing")).status_code == 404
+        assert (await http.put("/v1/stream/t2", headers={"content-type": "html"})
+                ).status_code == 400
+        assert "sandbox" in head.headers["content-security-policy"]
         assert (await http.get("/v1/stream/t1", params={"offset": "x"})).status_code == 400
 
     async def test_json_stream_is_a_session(self, http: httpx.AsyncClient,
