@@ -21,6 +21,7 @@ from .app import App, Metrics, Settings
 from .auth import Tokens
 from .calls import Calls
 from .streams import Streams
+from .view import WebView
 
 log = structlog.get_logger("sessiond.http")
 
@@ -52,7 +53,9 @@ class Face:
         assert config.socket
         self.config = config
         self.tokens = Tokens(config.socket)
-        self.streams = Streams(Calls(table, grants), writer,
+        calls = Calls(table, grants)
+        self.view = WebView(calls)
+        self.streams = Streams(calls, writer,
                                long_poll_s=config.http_long_poll_s,
                                sse_close_s=config.http_sse_close_s)
         self.metrics = metrics
@@ -67,7 +70,8 @@ class Face:
         config = self.config
         if config.http_listen:
             self.tokens.create()
-            app = App(self.streams, self.tokens, self.metrics, lambda: self._settings)
+            app = App(self.streams, self.tokens, self.metrics, lambda: self._settings,
+                      view=self.view)
             await self._serve(tg, app, config.http_listen, bind_unix)
         if config.metrics_listen is not None:
             scrape = App(None, None, self.metrics, lambda: self._settings, metrics_only=True)
