@@ -214,6 +214,8 @@ function describe(e) {
       return ["", `checkpoint ${d.checkpoint_id}`, `node ${d.node_id || "-"} · ${d.size ?? "?"} B`];
     case "process.output":
       return ["", `output [${d.stream || "stdout"}]`, d.line];
+    case "stream.chunk":
+      return ["", "chunk", d.text !== undefined && d.text !== null ? d.text : `${Math.floor((d.base64 || "").length * 3 / 4)} bytes (binary)`];
     case "session.forked":
       return ["", "forked", `from ${d.from && d.from.session_id} at v${d.from && d.from.version}`];
     default:
@@ -322,7 +324,13 @@ async function sessionView(id) {
   graphPath(graph, id, last).catch((err) => fill(graph, h("p", { class: "error" }, err.message)));
   forkTree(forks, state).catch((err) => fill(forks, h("p", { class: "error" }, err.message)));
   executorPane(executor, state).catch((err) => fill(executor, h("p", { class: "error" }, err.message)));
-  if (!at) follow(id, timeline, current);
+  if (!at) {
+    // A typed session's stream is its events as JSON: follow it over SSE. A generic
+    // stream's is its bytes, not events: read its events once a second instead.
+    const stream = state.metadata && state.metadata.stream;
+    if (stream && typeof stream.content_type === "string") poll(id, timeline, current);
+    else follow(id, timeline, current);
+  }
 }
 
 function follow(id, timeline, current) {
@@ -357,6 +365,22 @@ function follow(id, timeline, current) {
   };
   open();
   stop = () => { source.close(); clearTimeout(facts); clearTimeout(again); setLive(""); };
+}
+
+function poll(id, timeline, current) {
+  let timer = null;
+  let stopped = false;
+  const tick = async () => {
+    try {
+      const page = await rpc("events.read", { session_id: id, from_version: timeline.seen + 1, limit: EVENTS_PAGE });
+      for (const e of page.events) timeline.add(e);
+      if (page.events.length) await refreshFacts(id, current);
+      setLive("● live (read every second)");
+    } catch (err) { setLive(`reconnecting… (${err.message})`); }
+    if (!stopped) timer = setTimeout(tick, 1000);
+  };
+  timer = setTimeout(tick, 1000);
+  stop = () => { stopped = true; clearTimeout(timer); setLive(""); };
 }
 
 async function refreshFacts(id, current) {
