@@ -25,6 +25,7 @@ from .calls import Caller
 from .codec import HttpError, from_rpc, parse_offset, session_id, sse_base64
 from .listen import ABORT, PEER
 from .streams import Reply, Request, Streams
+from .view import WebView
 
 log = structlog.get_logger("sessiond.http")
 
@@ -61,8 +62,10 @@ class App:
     """One ASGI app for every HTTP listener; `metrics_only` for --metrics-listen's."""
 
     def __init__(self, streams: Streams | None, tokens: Tokens | None, metrics: Metrics | None,
-                 settings: Callable[[], Settings], *, metrics_only: bool = False) -> None:
+                 settings: Callable[[], Settings], *, metrics_only: bool = False,
+                 view: WebView | None = None) -> None:
         self.streams, self.tokens, self.metrics = streams, tokens, metrics
+        self.view = view  # the web view's page and /rpc
         self.settings = settings  # read per request: SIGHUP reloads some
         self.metrics_only = metrics_only
 
@@ -116,6 +119,10 @@ class App:
             if caller.uid != os.getuid():
                 raise HttpError(403, "the metrics are the owner's (use the owner's token)")
             await self._metrics(scope, method, reply)
+            return
+        if self.view is not None and self.view.serves(path):
+            body = await _body(receive, settings.max_body_bytes) if method == "POST" else b""
+            await reply(await self.view.handle(method, path, _headers(scope), body, caller))
             return
         if not path.startswith(STREAM_PREFIX) or self.streams is None:
             raise HttpError(404, f"no such route: streams are at {STREAM_PREFIX}<session id>")

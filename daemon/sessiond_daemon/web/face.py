@@ -3,6 +3,7 @@ daemon's task group (lifecycle.py starts it when http_listen or metrics_listen i
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -11,6 +12,8 @@ from functools import partial
 
 import structlog
 from anyio.abc import SocketAttribute, SocketListener, TaskGroup
+
+from sessiond_schemas.paths import http_listen_path
 
 from ..config import Config, ConfigError
 from ..methods import MethodTable
@@ -21,6 +24,7 @@ from .app import App, Metrics, Settings
 from .auth import Tokens
 from .calls import Calls
 from .streams import Streams
+from .view import WebView
 
 log = structlog.get_logger("sessiond.http")
 
@@ -54,6 +58,7 @@ class Face:
         self.config = config
         self.tokens = Tokens(config.socket)
         calls = Calls(table, lambda: server.grants, lambda: server.draining)
+        self.view = WebView(calls)
         self.streams = Streams(calls, writer, long_poll_s=config.http_long_poll_s,
                                sse_close_s=config.http_sse_close_s,
                                on_tail=server.count_subscriptions)
@@ -69,16 +74,21 @@ class Face:
         config = self.config
         if config.http_listen:
             self.tokens.create()
-            app = App(self.streams, self.tokens, self.metrics, lambda: self._settings)
-            await self._serve(tg, app, config.http_listen, bind_unix,
-                              config.http_max_connections)
+            app = App(self.streams, self.tokens, self.metrics, lambda: self._settings,
+                      view=self.view)
+            bound = await self._serve(tg, app, config.http_listen, bind_unix,
+                                      config.http_max_connections)
+            assert config.socket
+            _write_listening(http_listen_path(config.socket), bound)
         if config.metrics_listen is not None:
             scrape = App(None, None, self.metrics, lambda: self._settings, metrics_only=True)
             await self._serve(tg, scrape, [config.metrics_listen], bind_unix, MAX_SCRAPES)
 
     async def _serve(self, tg: TaskGroup, app: App, addresses: list[str],
-                     bind_unix: BindUnix, max_connections: int) -> None:
+                     bind_unix: BindUnix, max_connections: int) -> list[str]:
+        """Serve `app` on each address; return them as bound (a port 0 made real)."""
         sockets: list[socket.socket] = []
+        bound: list[str] = []
         for address in addresses:
             where = listen.parse(address, allow_remote=self.config.http_allow_remote)
             if isinstance(where, str):
@@ -89,12 +99,15 @@ class Face:
                 self._bound.append((where, os.lstat(where)))
             else:
                 sockets.append(listen.tcp_socket(*where))
-            log.info("http.listening", listen=address if isinstance(where, str)
-                     else "{}:{}".format(*sockets[-1].getsockname()[:2]))
+            host, port = sockets[-1].getsockname()[:2] if not isinstance(where, str) else ("", 0)
+            bound.append(address if isinstance(where, str)
+                         else f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+            log.info("http.listening", listen=bound[-1])
         await tg.start(partial(listen.serve, app, sockets,
                                idle_timeout_s=self.config.http_idle_timeout_s,
                                max_connections=max_connections,
                                graceful_s=1.0))
+        return bound
 
     def stop(self) -> None:
         """The daemon is draining: end the live tails (their responses complete)."""
@@ -111,3 +124,13 @@ class Face:
                                                                          bound.st_ino):
                 os.unlink(path)
 
+
+def _write_listening(path: str, bound: list[str]) -> None:
+    """Say where the HTTP face listens, for `sessionctl web` (0600, replaced atomically)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, json.dumps(bound).encode() + b"\n")
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
