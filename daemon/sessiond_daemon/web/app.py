@@ -275,7 +275,10 @@ async def _body(receive: Receive, limit: int) -> bytes:
 def _start(status: int, headers: dict[str, str], cors: str | None) -> dict[str, Any]:
     raw = [(k.encode("latin-1"), v.encode("latin-1", errors="replace"))
            for k, v in headers.items()]
-    raw += _SECURITY
+    # The web view's page sends a policy of its own (view.py): the sandbox would stop its
+    # script, and a browser enforces every policy it is sent.
+    raw += [h for h in _SECURITY if h[0] != b"content-security-policy"
+            or "content-security-policy" not in headers]
     if cors is not None:
         raw += [(b"access-control-allow-origin", cors.encode("latin-1")),
                 (b"access-control-expose-headers", _EXPOSED.encode()), (b"vary", b"origin")]
