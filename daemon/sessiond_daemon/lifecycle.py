@@ -379,7 +379,8 @@ def _server_limits(config: Config) -> ServerLimits:
 def _service_limits(config: Config) -> Limits:
     return Limits(max_message_bytes=config.max_message_bytes,
                   max_event_bytes=config.max_event_bytes,
-                  max_checkpoint_bytes=config.max_checkpoint_bytes)
+                  max_checkpoint_bytes=config.max_checkpoint_bytes,
+                  max_fork_depth=config.max_fork_depth)
 
 
 def _raise_fd_limit(max_connections: int) -> None:
