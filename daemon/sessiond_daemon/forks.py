@@ -204,6 +204,10 @@ async def link_problems(store: ForkReads, state: SessionState,
         return []
     if first is None or first.type != "session.forked":
         return ["forked_from is set but the history does not start with session.forked"]
+    chain = await store.fork_ancestry(state.session_id, 2)
+    if chain[1:] != [link.session_id]:
+        return [f"the fork index links it to {chain[1] if len(chain) > 1 else 'nothing'},"
+                f" its history to {link.session_id} (daemon.reindex rebuilds the index)"]
     source_hash = await hash_at(store, link.session_id, link.version)
     if source_hash is None:
         return [f"fork source {link.session_id} has no version {link.version}"]
@@ -322,9 +326,11 @@ async def link_problem(store: ForkReads, session_id: str, source_id: str,
     return None
 
 
-async def check_import(store: ForkReads, first: Event, max_depth: int) -> None:
+async def check_import(store: ForkReads, state_at: StateAt, first: Event,
+                       max_depth: int) -> None:
     """An imported fork needs its source here, with the hash its chain starts from, and a
-    link that is neither to itself, nor round, nor past max_fork_depth (-32007)."""
+    link that is neither to itself, nor round, nor past max_fork_depth; the counts its
+    first event claims are the source's there (-32007)."""
     if first.type != "session.forked":
         return
     source = first.data.get("from", {})
@@ -342,3 +348,11 @@ async def check_import(store: ForkReads, first: Event, max_depth: int) -> None:
             f"import failed: this is a fork of {source_id} at version"
             f" {source.get('version')}, which this daemon does not hold with the same history;"
             " import the source first", {"reason": "fork source missing"})
+    version = int(source.get("version", 0))
+    claimed = first.data.get("state", {}).get("message_count") \
+        if isinstance(first.data.get("state"), dict) else None
+    held = (await state_at(source_id, version)).message_count
+    if claimed != held:
+        reason = (f"its session.forked claims {claimed!r} messages, but {source_id} held"
+                  f" {held} at version {version}")
+        raise SessionImportError(f"import failed: {reason}", {"reason": reason})

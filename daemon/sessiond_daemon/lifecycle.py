@@ -229,7 +229,7 @@ class Daemon:
         # The features, each given what it reads and writes through.
         self.commands = commands = Commands(store, writer, _service_limits(config))
         self.service = service = Service(commands, store, writer)
-        maintenance = Maintenance(store, writer, commands)
+        maintenance = Maintenance(store, writer, commands, service.state_at)
         executors = Executors(commands, store, ExecutorSettings(
             max_processes=config.max_processes, max_line_bytes=config.max_line_bytes,
             max_output_lines_per_s=config.max_output_lines_per_s,

@@ -50,10 +50,12 @@ class _NoLongerStale(SessiondError):
 class Maintenance:
     """The contract's data-lifecycle methods, beside the Service they write through."""
 
-    def __init__(self, store: Store, writer: Writer, commands: Commands) -> None:
+    def __init__(self, store: Store, writer: Writer, commands: Commands,
+                 state_at: forks.StateAt) -> None:
         self.store = store
         self.writer = writer
         self.commands = commands
+        self.state_at = state_at  # a session's view at a version: an imported fork's claim
 
     async def daemon_verify(self, p: rpc.NoParams, meta: EventMeta) -> rpc.VerifyResult:
         caps = self.store.capabilities
@@ -188,7 +190,8 @@ class Maintenance:
         events = doc.events
         sid = events[0].session_id
         mark = _history_mark(events, meta)
-        await forks.check_import(self.store, events[0], self.commands.limits.max_fork_depth)
+        await forks.check_import(self.store, self.state_at, events[0],
+                                 self.commands.limits.max_fork_depth)
         clash = await self.store.foreign_event_ids(sid, [e.event_id for e in events])
         if clash:
             raise _import_failed(f"event {clash[0]} is already stored in another session")
