@@ -27,6 +27,7 @@ from sessiond_schemas.errors import (
     InvalidTransitionError,
     SessionExistsError,
     SessionImportError,
+    StorageError,
 )
 from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
 from sessiond_schemas.export import chain_hash
@@ -269,6 +270,18 @@ async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
             f"session {p.session_id} has a running executor (pid {current.pid}): a fork is"
             " data, not a process; fork it when its turn has ended, or after session.kill",
             {"session_id": p.session_id, "pid": current.pid})
+    limit = commands.limits.max_fork_depth
+    chain = await store.fork_ancestry(p.session_id, limit + 1)
+    if len(set(chain)) < len(chain):  # only rows written behind the daemon's back
+        raise StorageError(
+            f"stored data of session {p.session_id} does not read back (its fork chain goes"
+            " round); daemon.verify reports it",
+            {"detail": "fork chain goes round", "session_id": p.session_id})
+    if len(chain) > limit:
+        raise InvalidParamsError(
+            f"session {p.session_id} is {limit} forks from its first session: a fork of it"
+            f" would pass max_fork_depth ({limit})",
+            {"detail": "fork chain too deep", "limit": limit, "path": "$.session_id"})
     state = await state_at(p.session_id, at)
     prev = await hash_at(store, p.session_id, at)
     if prev is None:
@@ -276,12 +289,6 @@ async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
                                  {"detail": "no such version", "path": "$.at_version"})
     key = p.idempotency_key
     sid = p.new_session_id or (_fork_id(p.session_id, key) if key else new_id())
-    limit = commands.limits.max_fork_depth
-    if len(await store.fork_ancestry(p.session_id, limit + 1)) > limit:
-        raise InvalidParamsError(
-            f"session {p.session_id} is {limit} forks from its first session: a fork of it"
-            f" would pass max_fork_depth ({limit})",
-            {"detail": "fork chain too deep", "limit": limit, "path": "$.session_id"})
     event_meta = msgspec.structs.replace(meta, idempotency_key=key)
     event = Event(position=0, session_id=sid, version=at + 1, event_id=new_id(),
                   type="session.forked", schema_version=CURRENT_SCHEMA_VERSION,
