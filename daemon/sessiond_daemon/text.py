@@ -21,10 +21,14 @@ _ESCAPED_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 REPLACEMENT = "\ufffd"
 
 
-def nul_in_json(raw: bytes | memoryview) -> bool:
-    """Whether JSON text holds a NUL in a string or key (a cheap scan: memchr first)."""
-    data = bytes(raw)
-    return b"u0000" in data and _ESCAPED_NUL.search(data) is not None
+_U0000 = re.compile(rb"u0000")
+
+
+def nul_in_json(raw: Any) -> bool:
+    """Whether JSON text (any bytes-like object, not copied) holds a NUL in a string or
+    key: a literal search first, the exact pattern only where it finds one."""
+    data = memoryview(raw)
+    return _U0000.search(data) is not None and _ESCAPED_NUL.search(data) is not None
 
 
 def nul_path(value: Any, path: str = "$") -> str | None:
@@ -53,7 +57,7 @@ def refuse_nul(value: Any, path: str = "$") -> None:
         raise nul_error(where)
 
 
-def refuse_nul_in_params(raw: bytes | memoryview, method: str) -> None:
+def refuse_nul_in_params(raw: Any, method: str) -> None:
     """The boundary check of every request's params (only a line holding an escaped NUL is
     decoded again, to name the path)."""
     if nul_in_json(raw):
