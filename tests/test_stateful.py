@@ -5,9 +5,9 @@ at and past their bounds and hostile strings, over the real socket; imports of
 documents built from those values; restarts between steps, and rows no daemon
 would write put into the file while it is stopped. After every step the
 daemon answers ping, after every restart it has started, at the end
-daemon.verify is ok, and every refusal carries a contract code (never -32603)
-and names its field. Issue 24 added fork documents with claimed counts and self or
-cyclic sources, fork chains past max_fork_depth, odd and NUL session ids in imports,
+daemon.verify is ok and SIGTERM ends a daemon process started on what is left,
+and every refusal carries a contract code (never -32603) and names its field.
+Issue 24 added fork documents with claimed counts and self or cyclic sources, fork chains past max_fork_depth, odd and NUL session ids in imports,
 and 900-character search queries.
 
 SESSIOND_STATEFUL_EXAMPLES sets how many runs (default 15; CI may raise it).
@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,7 +30,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from conftest import daemon_config, running_daemon
+from conftest import PATIENCE_S, daemon_config, running_daemon, wait_for_daemon
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -490,9 +492,33 @@ class DaemonMachine(RuleBasedStateMachine):
                 assert verify["result"]["ok"] is True, verify["result"]["problems"]
         finally:
             self.daemon.stop()
-            for name in os.listdir(self.directory):
-                os.unlink(os.path.join(self.directory, name))
-            os.rmdir(self.directory)
+        try:
+            self.sigterm_ends_it()
+        finally:
+            self.cleanup()
+
+    def sigterm_ends_it(self) -> None:
+        """The final step: a daemon process on what the run left starts, answers ping,
+        and SIGTERM ends it with exit 0 (the wait is a guard against a hang, not a timing)."""
+        sock = os.path.join(self.directory, "term.sock")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sessiond_daemon", "--socket", sock, "--db",
+             self.daemon.config.db or "", "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_for_daemon(sock, proc)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=PATIENCE_S)
+            assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def cleanup(self) -> None:
+        for name in os.listdir(self.directory):
+            os.unlink(os.path.join(self.directory, name))
+        os.rmdir(self.directory)
 
 
 DaemonMachine.TestCase.settings = settings(
