@@ -7,8 +7,9 @@ would write put into the file while it is stopped. After every step the
 daemon answers ping, after every restart it has started, at the end
 daemon.verify is ok and SIGTERM ends a daemon process started on what is left,
 and every refusal carries a contract code (never -32603) and names its field.
-Issue 24 added fork documents with claimed counts and self or cyclic sources, fork chains past max_fork_depth, odd and NUL session ids in imports,
-and 900-character search queries.
+Issue 24 added fork documents with claimed counts and self or cyclic sources,
+fork chains past max_fork_depth, odd and NUL session ids in imports, and
+900-character search queries.
 
 SESSIOND_STATEFUL_EXAMPLES sets how many runs (default 15; CI may raise it).
 """

@@ -66,6 +66,15 @@ def reseal(doc: dict[str, Any], sid: str, first: dict[str, Any] | None = None) -
     return out
 
 
+def high_water_mark() -> int:
+    """This process's peak resident set (VmHWM), in bytes, from /proc."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
 async def error_of(call: Any) -> SessiondError:
     with pytest.raises(SessiondError) as err:
         await call
@@ -97,6 +106,7 @@ class TestForkClaims:
                    "UPDATE events SET data = convert_to(jsonb_set(convert_from(data, 'UTF8')"
                    "::jsonb, '{state,message_count}', to_jsonb($1::bigint))::text, 'UTF8')"
                    " WHERE session_id = 'claims' AND type = 'session.forked'", INT64_MAX)
+        peak = high_water_mark()
         again = await client.fork(f.session_id, new_session_id="claims-2")
         assert again.message_count == INT64_MAX  # the view says what was stored ...
         third = await client.fork("claims-2", new_session_id="claims-3")
@@ -104,6 +114,9 @@ class TestForkClaims:
             page = await client.list_messages(sid)
             assert [m.content for m in page.messages] == [f"message {i}" for i in range(3)]
         assert third.forked_from is not None and third.forked_from.session_id == "claims-2"
+        # The daemon runs in this process: its high-water mark grew by no allocation the
+        # claim sized (a generous bound: a memory figure, not a timing).
+        assert high_water_mark() - peak < 256 << 20
         assert (await client.ping()).pong
 
     async def test_an_imported_claimed_count_is_refused(self, client: AsyncClient) -> None:
