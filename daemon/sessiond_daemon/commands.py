@@ -42,6 +42,7 @@ class Limits:
     max_message_bytes: int = 16 << 20
     max_event_bytes: int = 32 << 20
     max_checkpoint_bytes: int = 96 << 20
+    max_fork_depth: int = 1000  # forks.DEFAULT_MAX_DEPTH
 
 
 @overload

@@ -62,6 +62,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_message_bytes: Count = 16 << 20
     max_event_bytes: Count = 32 << 20
     max_checkpoint_bytes: Count = 96 << 20
+    # Forks of forks: how many links a chain may have (session.fork and session.import
+    # refuse one more, -32602); its bound is the walk limit every read of a chain stops at.
+    max_fork_depth: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1000
     allowed_uids: list[Id] = []
     allowed_gids: list[Id] = []
     # Methods those other users may call beyond the default session-data set
@@ -103,9 +106,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 RELOADABLE = frozenset({
     "log_level", "log_format", "max_request_bytes", "max_connections", "max_inflight",
     "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
-    "max_checkpoint_bytes", "allowed_uids", "allowed_gids", "peer_methods", "drain_timeout_s",
-    "max_batch_requests", "max_reply_buffer", "max_page_bytes", "http_cors_origins",
-    "http_send_timeout_s",
+    "max_checkpoint_bytes", "max_fork_depth", "allowed_uids", "allowed_gids", "peer_methods",
+    "drain_timeout_s", "max_batch_requests", "max_reply_buffer", "max_page_bytes",
+    "http_cors_origins", "http_send_timeout_s",
 })
 
 

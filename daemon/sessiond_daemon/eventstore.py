@@ -331,6 +331,11 @@ class ForkReads(Protocol):
         fork point)."""
         ...
 
+    async def fork_ancestry(self, session_id: str, limit: int) -> list[str]:
+        """The session and the sources it was forked from, nearest first, at most `limit`
+        of them (a chain that goes round repeats itself up to the limit)."""
+        ...
+
     async def fork_count(self, session_id: str) -> int: ...
     async def forks_page(self, source_id: str, after: str,
                          limit: int) -> tuple[int, list[ForkRow]]:

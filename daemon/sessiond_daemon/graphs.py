@@ -19,6 +19,7 @@ from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.events import EventMeta, GraphPruned, SessionCreated
 from sessiond_schemas.state import SessionState
 
+from . import access
 from .commands import Commands, require
 from .eventstore import GraphReads, page_budget
 from .writer import Delete, Plan
@@ -40,6 +41,10 @@ class Graphs:
     async def graph_put(self, p: rpc.GraphPutParams, meta: EventMeta) -> msgspec.Raw:
         data = _event_data(p)
         self.commands.check_checkpoint_size(data, "graph.checkpoint data")
+        if access.is_peer() and await self.store.graph_checkpoints(
+                p.session_id, p.ns, p.checkpoint_id, None, 1, 0):
+            # Replacing a checkpoint takes what graph.get serves out of the view.
+            access.require("graph.put", access.GRAPH_REPLACE)
         return await self._append(p.session_id, p.thread_id, meta, [("graph.checkpoint", data)])
 
     async def graph_put_writes(self, p: rpc.GraphPutWritesParams, meta: EventMeta) -> msgspec.Raw:

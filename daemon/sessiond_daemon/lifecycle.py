@@ -240,7 +240,7 @@ class Daemon:
         # The features, each given what it reads and writes through.
         self.commands = commands = Commands(store, writer, _service_limits(config))
         self.service = service = Service(commands, store, writer)
-        maintenance = Maintenance(store, writer, commands)
+        maintenance = Maintenance(store, writer, commands, service.state_at)
         executors = Executors(commands, store, ExecutorSettings(
             max_processes=config.max_processes, max_line_bytes=config.max_line_bytes,
             max_output_lines_per_s=config.max_output_lines_per_s,
@@ -412,7 +412,8 @@ def _server_limits(config: Config) -> ServerLimits:
 def _service_limits(config: Config) -> Limits:
     return Limits(max_message_bytes=config.max_message_bytes,
                   max_event_bytes=config.max_event_bytes,
-                  max_checkpoint_bytes=config.max_checkpoint_bytes)
+                  max_checkpoint_bytes=config.max_checkpoint_bytes,
+                  max_fork_depth=config.max_fork_depth)
 
 
 def _raise_fd_limit(max_connections: int) -> None:

@@ -23,7 +23,7 @@ from sessiond_schemas import rpc
 from sessiond_schemas.events import EventMeta
 from sessiond_schemas.state import SessionState
 
-from .access import import_grant
+from .access import append_grant, import_grant, memory_grant
 from .executors import Executors
 from .graphs import Graphs
 from .maintenance import Maintenance
@@ -143,7 +143,7 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
         "progress.record": Signature(rpc.ProgressRecordParams, rpc.ProgressRecordResult
                                      ).served_by(s.progress_record),
         "memory.update": Signature(rpc.MemoryUpdateParams, rpc.MemoryUpdateResult).served_by(
-            s.memory_update),
+            s.memory_update, grant=memory_grant),
         "checkpoint.save": Signature(rpc.CheckpointSaveParams, rpc.CheckpointSaveResult
                                      ).served_by(s.checkpoint_save),
         "checkpoint.get": Signature(rpc.CheckpointGetParams, rpc.CheckpointGetResult
@@ -154,7 +154,7 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
             s.progress_list),
         # raw events, and the connection's subscriptions
         "events.append": Signature(rpc.EventsAppendParams, rpc.WriteResult).served_by(
-            s.events_append),
+            s.events_append, grant=append_grant),
         "events.read": Signature(rpc.EventsReadParams, rpc.EventsReadResult).served_by(
             s.events_read),
         "events.subscribe": Signature(rpc.EventsSubscribeParams, rpc.SubscribeResult

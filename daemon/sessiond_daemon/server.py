@@ -34,7 +34,7 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.events import EventMeta, new_id
 
-from . import host
+from . import access, host, text
 from .access import Grants
 from .eventstore import Store, page_budget
 from .methods import ConnectionHandler, Handler, MethodTable
@@ -462,8 +462,10 @@ class Server:
         except msgspec.DecodeError as exc:  # not UTF-8 inside params: the line is not JSON
             raise ParseError(f"parse error in params of {req.method}: {exc}",
                              {"detail": str(exc)}) from exc
+        text.refuse_nul_in_params(params_raw, req.method)  # the rule for text on both stores
         grant = self._grants.get(req.method)
         self.grants.check(req.method, peer.uid, grant(params) if grant else None)  # or -32006
+        access.caller.set((self.grants, peer.uid))  # for grants that depend on stored data
         meta = EventMeta(peer_uid=peer.uid, peer_pid=peer.pid)
         self.inflight += 1
         try:
