@@ -292,6 +292,12 @@ class TestRpcOverHttp:
                                                 "method": "events.subscribe", "params": {}})
             assert sub.json()["error"]["code"] == -32601
             assert "SSE" in sub.json()["error"]["message"]
+            nul = await http.post("/rpc", json={"jsonrpc": "2.0", "id": 4,
+                                                "method": "message.append", "params": {
+                                                    "session_id": "rpc-1", "role": "user",
+                                                    "content": "a\u0000b"}})
+            assert nul.json()["error"]["code"] == -32602  # the text rule, as on the socket
+            assert nul.json()["error"]["data"]["path"] == "$.content"
             junk = await http.post("/rpc", content=b"{not json",
                                    headers={"content-type": "application/json"})
             assert junk.json()["error"]["code"] == -32700
@@ -304,6 +310,14 @@ class TestRpcOverHttp:
             assert page.status_code == 200
             assert "script-src 'self'" in page.headers["content-security-policy"]
             assert (await http.get("/ui/nothing.js")).status_code == 404
+        peer = f"http://{daemon.config.http_listen[0]}/t/{token(daemon, peer=True)}"
+        async with httpx.AsyncClient(base_url=peer, timeout=30) as http:
+            taken = await http.post("/rpc", json={"jsonrpc": "2.0", "id": 5,
+                                                  "method": "memory.update", "params": {
+                                                      "session_id": "rpc-1",
+                                                      "patch": {"k": None}}})
+            assert taken.json()["error"]["code"] == -32006  # a removing form: not granted
+        assert (await client.get_session("rpc-1")).message_count == 0
         async with httpx.AsyncClient(timeout=30) as http:  # no token, no page
             refused = await http.get(f"http://{daemon.config.http_listen[0]}/ui/")
             assert refused.status_code == 401

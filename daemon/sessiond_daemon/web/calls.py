@@ -22,6 +22,7 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.events import EventMeta, new_id
 
+from .. import access, text
 from ..access import Grants
 from ..methods import MethodTable
 from ..service import invalid_params
@@ -56,7 +57,10 @@ class Calls:
         except RecursionError as exc:
             raise InvalidParamsError(f"invalid params for {method}: nested too deeply",
                                      {"detail": "nested too deeply", "path": "$"}) from exc
-        self.grants().check(method, caller.uid, m.grant(p) if m.grant else None)
+        text.refuse_nul(params)  # the rule for text on both stores, as on the socket
+        grants = self.grants()
+        grants.check(method, caller.uid, m.grant(p) if m.grant else None)
+        access.caller.set((grants, caller.uid))  # for grants that depend on stored data
         assert m.handler is not None, f"{method} is served by a connection"
         try:
             result = await m.handler(p, EventMeta(peer_uid=caller.uid, peer_pid=caller.pid))
