@@ -105,6 +105,26 @@ class TestDifferential:
         reference.close()
         ours.close()
 
+    async def test_session_settings_dict_is_coerced_as_the_sdk_stores(
+            self, daemon: Daemon, tmp_path: Path) -> None:
+        """A dict is coerced to SessionSettings (so Runner.run reads its limit); an unknown
+        key is the TypeError SQLiteSession raises."""
+        reference, ours = both(tmp_path, daemon.socket, session_settings={"limit": 1})
+        assert isinstance(ours.session_settings, SessionSettings)
+        assert ours.session_settings == reference.session_settings
+        await reference.add_items(ITEMS)
+        await ours.add_items(ITEMS)
+        assert await ours.get_items() == await reference.get_items() == ITEMS[-1:]
+        result = await Runner.run(Agent(name="a", model=StubModel()), "hi", session=ours)
+        assert result.final_output == "answer 1"
+        reference.close()
+        ours.close()
+        with pytest.raises(TypeError) as theirs:
+            SQLiteSession("x", str(tmp_path / "sdk.db"), session_settings={"limti": 1})
+        with pytest.raises(TypeError) as mine:
+            SessiondSession("x", socket=daemon.socket, session_settings={"limti": 1})
+        assert str(mine.value) == str(theirs.value)
+
 
 class TestStored:
     async def test_items_are_messages_and_pop_clear_are_events(self, daemon: Daemon,

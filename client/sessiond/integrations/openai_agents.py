@@ -22,7 +22,11 @@ from typing import Any
 
 import msgspec
 from agents.memory.session import SessionABC
-from agents.memory.session_settings import SessionSettings, resolve_session_limit
+from agents.memory.session_settings import (
+    SessionSettings,
+    coerce_session_settings,
+    resolve_session_limit,
+)
 
 from sessiond_schemas.bounds import json_out_of_bounds
 from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError
@@ -163,9 +167,12 @@ class SessiondSession(SessionABC):
 
     def __init__(self, session_id: str, *, client: LoopClient | None = None,
                  socket: str | None = None, namespace: str = "openai-agents",
-                 session_settings: SessionSettings | None = None) -> None:
+                 session_settings: SessionSettings | dict[str, Any] | None = None) -> None:
         self.session_id = session_id
-        self.session_settings = session_settings or SessionSettings()
+        # As every store of the SDK: a dict becomes SessionSettings, an unknown key is a
+        # TypeError here rather than an AttributeError inside Runner.run.
+        self.session_settings = (coerce_session_settings(session_settings)
+                                 if session_settings is not None else SessionSettings())
         self.namespace = namespace
         self.client = client or LoopClient(socket)
         self._sid = session_id_for(session_id)
