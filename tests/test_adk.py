@@ -319,8 +319,9 @@ class TestStaleAndRetries:
         service = SessiondSessionService(daemon.socket)
         session = await service.create_session(app_name="big", user_id="u", session_id="s")
         text = "é" * 300_000  # 600 KB of UTF-8
-        event = Event(author="user", content=types.Content(role="user", parts=[
-            types.Part(text="short"), types.Part(text=text)]))
+        event = Event(author="user", timestamp=1_699_999_999.0,  # before make_event's
+                      content=types.Content(role="user", parts=[
+                          types.Part(text="short"), types.Part(text=text)]))
         await service.append_event(session, event)
         got = await service.get_session(app_name="big", user_id="u", session_id="s")
         assert got is not None and got.events[0].content == event.content
@@ -378,3 +379,109 @@ class TestStaleAndRetries:
         assert [e.id for e in session.events] == [e.id for e in got.events]
         assert service._locks == {}
         await service.close()
+
+
+class TestAsDatabaseSessionService:
+    """Where ADK's own SQL store and its in-memory one differ, sessiond does as the SQL one."""
+
+    @pytest.fixture
+    async def stores(self, daemon: Daemon, tmp_path: Any) -> AsyncGenerator[
+            dict[str, Any], None]:
+        from google.adk.sessions.database_session_service import DatabaseSessionService
+
+        found = {"sessiond": SessiondSessionService(daemon.socket),
+                 "database": DatabaseSessionService(
+                     f"sqlite+aiosqlite:///{tmp_path / 'adk.db'}")}
+        yield found
+        for store in found.values():
+            await store.close()
+
+    async def test_state_values_that_are_not_json_are_stored_as_the_sdk_stores_them(
+            self, stores: dict[str, Any]) -> None:
+        """A datetime, a set, a pydantic model and an object in a state delta: the event is
+        stored, and the state and event read back are DatabaseSessionService's."""
+        import datetime
+
+        from google.adk.sessions.session import Session as AdkSession
+
+        class Opaque:
+            def __repr__(self) -> str:
+                return "<opaque>"
+
+        when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+        got = {}
+        for name, store in stores.items():
+            session = await store.create_session(
+                app_name="json", user_id="u", session_id="s", state={"at": when, "ids": {3}})
+            event = Event(id="e1", author="agent", invocation_id="i", timestamp=1_700_000_000.0,
+                          actions=EventActions(state_delta={
+                              "at": when, "tags": {"a"}, "app:model": AdkSession(
+                                  id="m", app_name="a", user_id="u", last_update_time=1.0),
+                              "user:thing": Opaque()}))
+            await store.append_event(session, event)
+            got[name] = await store.get_session(app_name="json", user_id="u", session_id="s")
+        assert got["sessiond"] is not None and got["database"] is not None
+        assert got["sessiond"].state == got["database"].state
+        assert got["sessiond"].state["at"] == "2026-01-02T03:04:05Z"
+        assert got["sessiond"].state["user:thing"] == "<opaque>"
+        assert [e.model_dump() for e in got["sessiond"].events] == [
+            e.model_dump() for e in got["database"].events]
+
+    async def test_append_after_delete_is_not_found(self, stores: dict[str, Any]) -> None:
+        """Deleted under a loaded session object: SessionNotFoundError, not StaleSessionError."""
+        from google.adk.errors.session_not_found_error import SessionNotFoundError as NotFound
+
+        for store in stores.values():
+            session = await store.create_session(app_name="gone", user_id="u", session_id="s")
+            await store.append_event(session, make_event(0, 1))
+            await store.delete_session(app_name="gone", user_id="u", session_id="s")
+            with pytest.raises(NotFound):
+                await store.append_event(session, make_event(0, 2))
+
+    async def test_two_events_with_one_id_are_refused(self, stores: dict[str, Any]) -> None:
+        """A second, different event under a stored id raises (the SQL store's primary key
+        does); nothing of it is stored. The same event again is a retry: stored once."""
+        ours = stores["sessiond"]
+        session = await ours.create_session(app_name="dup", user_id="u", session_id="s")
+        first = make_event(0, 1)
+        await ours.append_event(session, first)
+        other = make_event(1, 2)
+        other.id = first.id
+        with pytest.raises(AlreadyExistsError, match=first.id):
+            await ours.append_event(session, copy.deepcopy(other))  # this object has it
+        fresh = await ours.get_session(app_name="dup", user_id="u", session_id="s")
+        assert fresh is not None
+        stale = copy.deepcopy(fresh)
+        await ours.append_event(fresh, make_event(0, 3))
+        with pytest.raises(AlreadyExistsError):  # through a copy that never saw it: the store
+            await ours.append_event(stale, copy.deepcopy(other))
+        await ours.append_event(stale, copy.deepcopy(first))  # a retry: no error, no copy
+        got = await ours.get_session(app_name="dup", user_id="u", session_id="s")
+        assert got is not None and [e.id for e in got.events] == [
+            first.id, fresh.events[-1].id]
+        assert got.events[0].model_dump() == first.model_dump()
+        theirs = stores["database"]
+        session = await theirs.create_session(app_name="dup", user_id="u", session_id="s")
+        await theirs.append_event(session, copy.deepcopy(first))
+        from sqlalchemy.exc import IntegrityError
+
+        with pytest.raises(IntegrityError):
+            await theirs.append_event(session, copy.deepcopy(other))
+
+    async def test_equal_timestamps_read_back_in_id_order(self, stores: dict[str, Any]) -> None:
+        """Events appended out of time order, some at one timestamp: read back, and cut by
+        num_recent_events, in DatabaseSessionService's order (timestamp, then id)."""
+        got = {}
+        for name, store in stores.items():
+            session = await store.create_session(app_name="order", user_id="u",
+                                                 session_id="s")
+            for eid, ts in (("e-c", 5.0), ("e-a", 5.0), ("e-b", 5.0), ("e-z", 4.0),
+                            ("e-y", 6.0)):
+                await store.append_event(session, Event(
+                    id=eid, author="user", invocation_id="i", timestamp=1_700_000_000.0 + ts))
+            got[name] = [[e.id for e in (await store.get_session(
+                app_name="order", user_id="u", session_id="s", config=config)).events]
+                for config in (None, GetSessionConfig(num_recent_events=3),
+                               GetSessionConfig(after_timestamp=1_700_000_005.0))]
+        assert got["sessiond"] == got["database"]
+        assert got["sessiond"][0] == ["e-z", "e-a", "e-b", "e-c", "e-y"]

@@ -22,7 +22,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 from google.adk.errors import StaleSessionError
@@ -37,6 +37,7 @@ from google.adk.sessions.base_session_service import (
 )
 from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
+from pydantic_core import to_jsonable_python
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError, VersionConflictError
@@ -119,8 +120,19 @@ def _version(marker: str | None) -> int | None:
     return None  # none, or another store's: ADK's fallback by time and last event
 
 
+def _json_safe_deltas(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The state's deltas per scope, made JSON-safe as DatabaseSessionService makes them
+    (pydantic's JSON form: a datetime is its ISO text, a set a list; what pydantic cannot
+    serialize, its repr), so a state value never costs the event."""
+    safe = getattr(_session_util, "extract_json_safe_state_delta", None)
+    if safe is not None:
+        return cast(dict[str, dict[str, Any]], safe(state))
+    deltas = _session_util.extract_state_delta(state)  # ADK before it had the helper
+    return cast(dict[str, dict[str, Any]], to_jsonable_python(deltas, serialize_unknown=True))
+
+
 def _state_events(state: dict[str, Any], app_name: str, user_id: str) -> list[dict[str, Any]]:
-    deltas = _session_util.extract_state_delta(state)
+    deltas = _json_safe_deltas(state)
     events = []
     for scope in ("session", "app", "user"):
         if deltas[scope]:
@@ -131,6 +143,12 @@ def _state_events(state: dict[str, Any], app_name: str, user_id: str) -> list[di
                 data["user_id"] = user_id
             events.append({"type": "state.updated", "data": data})
     return events
+
+
+def _duplicate(session: Session, event: Event) -> AlreadyExistsError:
+    return AlreadyExistsError(
+        f"Event {event.id} already exists in session {session.id} with other content;"
+        " nothing was stored (an event id is unique within its session).")
 
 
 class SessiondSessionService(BaseSessionService):
@@ -230,13 +248,16 @@ class SessiondSessionService(BaseSessionService):
         # A retry of an append this object already took: stored once, kept once. Retries
         # come right after their first try, so the newest few events are enough to look
         # at; scanning them all made every append cost O(history).
-        if event.id and any(e.id == event.id for e in session.events[-_RETRY_WINDOW:]):
-            return event
+        stored = event.model_dump(mode="json", exclude_none=True)
+        for e in session.events[-_RETRY_WINDOW:]:
+            if event.id and e.id == event.id:
+                if e.model_dump(mode="json", exclude_none=True) != stored:
+                    raise _duplicate(session, event)
+                return event
         sid = session_id_for(session.app_name, session.user_id, session.id)
         version = _version(session._storage_update_marker)
         if version is None:
             version = await self._check_unmarked(sid, session)
-        stored = event.model_dump(mode="json", exclude_none=True)
         role, content, tool_call_id, spans = _render(event, stored)
         message: dict[str, Any] = {"role": role, "content": content,
                                    "metadata": {"adk_event": lift(stored, spans)}}
@@ -259,9 +280,23 @@ class SessiondSessionService(BaseSessionService):
             raise AdkSessionNotFound(f"Session {session.id} not found.") from None
         except VersionConflictError:
             raise StaleSessionError(STALE_SESSION_MESSAGE) from None
+        if written.version <= version:  # the key was taken before: a retry, or another event
+            await self._check_repeat(sid, written.version - len(events) + 1, stored, session,
+                                     event)
         session.last_update_time = event.timestamp
         session._storage_update_marker = _marker(written.version)
         return self._commit_event_to_session(session, event)
+
+    async def _check_repeat(self, sid: str, at: int, stored: dict[str, Any], session: Session,
+                            event: Event) -> None:
+        """A repeated key is a retry only if the stored event is this one; a different
+        event under a taken id is refused, as DatabaseSessionService's primary key does."""
+        read = await self.client.read_events(sid, from_version=at, limit=1)
+        first = read.events[0].data if read.events else {}
+        metadata = first.get("metadata", {}) if isinstance(first, dict) else {}
+        if "adk_event" not in metadata or restore(
+                metadata["adk_event"], first["content"], metadata.get("spans") or []) != stored:
+            raise _duplicate(session, event)
 
     async def _check_unmarked(self, sid: str, session: Session) -> int:
         """For a session object this service did not load (no marker), ADK's fallback:
@@ -283,29 +318,28 @@ class SessiondSessionService(BaseSessionService):
     # --- reading back -----------------------------------------------------------------
 
     async def _events(self, sid: str, count: int, config: GetSessionConfig | None) -> list[Event]:
-        """The session's events, newest last, as GetSessionConfig narrows them."""
+        """The session's events in DatabaseSessionService's order (by timestamp, ties by
+        event id; the log keeps append order), as GetSessionConfig narrows them. That
+        order is not append order when timestamps go back, so the newest N are the last
+        N of the whole session in it: a narrowed read reads the whole session too."""
         limit = config.num_recent_events if config else None
         after = config.after_timestamp if config else None
-        wanted = count if limit is None else min(limit, count)
+        if limit is not None and limit <= 0:
+            return []
         found: list[Event] = []
-        while len(found) < wanted:
-            page = await self.client.list_messages(sid, order="desc", offset=len(found),
-                                                   limit=min(_PAGE, wanted - len(found)))
+        cursor: int | None = None
+        while len(found) < count:
+            page = await self.client.list_messages(sid, limit=_PAGE, after_sequence=cursor)
             if not page.messages:
                 break
-            batch = [Event.model_validate(restore(m.metadata["adk_event"], m.content,
-                                                  m.metadata.get("spans") or []))
-                     for m in page.messages if "adk_event" in m.metadata]
-            found += batch
-            if after is not None and batch and batch[-1].timestamp < after:
-                break
-        found.reverse()
-        if after is not None:  # as InMemorySessionService: what follows the last older event
-            i = len(found) - 1
-            while i >= 0 and found[i].timestamp >= after:
-                i -= 1
-            found = found[i + 1:]
-        return found
+            found += [Event.model_validate(restore(m.metadata["adk_event"], m.content,
+                                                   m.metadata.get("spans") or []))
+                      for m in page.messages if "adk_event" in m.metadata]
+            cursor = page.messages[-1].sequence
+        found.sort(key=lambda e: (e.timestamp, e.id))
+        if after is not None:
+            found = [e for e in found if e.timestamp >= after]
+        return found if limit is None else found[-limit:]
 
     async def _scoped(self, app_name: str, user_ids: list[str]) -> rpc.StateGetResult:
         result: rpc.StateGetResult = await self.client.call(
