@@ -180,6 +180,13 @@ class Methods:
                        **options)
 
     @rpc_method
+    def set_ttl(self, /, session_id: str, ttl_s: int | None,
+                **options: Any) -> Call[SessionState]:
+        """Set the session's idle TTL in seconds (None: no TTL). -> SessionState."""
+        return Call.of("session.set_ttl", SessionState, session_id=session_id, ttl_s=ttl_s,
+                       **options)
+
+    @rpc_method
     def resume(self, /, session_id: str, checkpoint_id: str | None = None,
                **options: Any) -> Call[rpc.SessionResumeResult]:
         """Move a session back to active. -> SessionResumeResult (state, resume)."""

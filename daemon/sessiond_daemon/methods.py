@@ -115,6 +115,8 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
                                     ).served_by(s.session_states),
         "session.transition": Signature(rpc.SessionTransitionParams, SessionState
                                         ).served_by(s.session_transition),
+        "session.set_ttl": Signature(rpc.SessionSetTtlParams, SessionState).served_by(
+            s.session_set_ttl),
         "session.resume": Signature(rpc.SessionResumeParams, rpc.SessionResumeResult
                                     ).served_by(s.session_resume),
         "session.delete": Signature(rpc.SessionDeleteParams, rpc.DeleteResult).served_by(
