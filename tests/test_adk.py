@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import anyio
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sdk_extras import require_sdk
@@ -485,3 +485,67 @@ class TestAsDatabaseSessionService:
                                GetSessionConfig(after_timestamp=1_700_000_005.0))]
         assert got["sessiond"] == got["database"]
         assert got["sessiond"][0] == ["e-z", "e-a", "e-b", "e-c", "e-y"]
+
+
+
+class TestTtl:
+    async def test_ttl_as_vertex_ai_session_service(self, short_dir: str) -> None:
+        """create_session(ttl="7200s" or seconds), as VertexAiSessionService, or the
+        service's own ttl: the session's idle TTL. Once it passed the session is gone:
+        get_session answers None, list_sessions leaves it out, its id can be created
+        again, and retention removes it."""
+        from sessiond.integrations.adk import session_id_for, ttl_seconds
+
+        assert [ttl_seconds(t) for t in ("7200s", 30, "1.5s", None)] == [7200, 30, 2, None]
+        for bad in ("soon", 0, "0s"):
+            with pytest.raises(ValueError):
+                ttl_seconds(bad)
+        config = daemon_config(short_dir, expire_every_s=0.01)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            service = SessiondSessionService(d.socket, ttl="3600s")
+            with pytest.raises(ValueError, match="expire_time"):
+                await service.create_session(app_name="t", user_id="u",
+                                             expire_time="2030-01-01T00:00:00Z")
+            kept = await service.create_session(app_name="t", user_id="u", session_id="k")
+            short = await service.create_session(app_name="t", user_id="u", session_id="s",
+                                                 ttl="1s")
+            await service.append_event(short, make_event(0, 1))
+            sid = session_id_for("t", "u", "s")
+            assert (await c.get_session(sid)).ttl_s == 1
+            assert (await c.get_session(session_id_for("t", "u", "k"))).ttl_s == 3600
+
+            async def expired() -> bool:
+                return (await c.get_session(sid)).status == "expired"
+
+            await eventually(expired, "the session to expire")
+            assert await service.get_session(app_name="t", user_id="u", session_id="s") is None
+            listed = await service.list_sessions(app_name="t", user_id="u")
+            assert [s.id for s in listed.sessions] == [kept.id]
+            from google.adk.errors import StaleSessionError
+            with pytest.raises(StaleSessionError):  # an object loaded before: it moved on
+                await service.append_event(short, make_event(0, 2))
+            assert (await c.cleanup(older_than_days=0)).session_ids == [sid]
+            again = await service.create_session(app_name="t", user_id="u", session_id="s")
+            assert again.events == []
+            await service.close()
+
+    async def test_an_expired_id_is_free_before_retention(self, short_dir: str) -> None:
+        config = daemon_config(short_dir, expire_every_s=0.01)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            from sessiond.integrations.adk import session_id_for
+
+            service = SessiondSessionService(d.socket)
+            await service.create_session(app_name="t", user_id="u", session_id="s", ttl=1)
+            sid = session_id_for("t", "u", "s")
+
+            async def expired() -> bool:
+                return (await c.get_session(sid)).status == "expired"
+
+            await eventually(expired, "the session to expire")
+            fresh = await service.create_session(app_name="t", user_id="u", session_id="s",
+                                                 state={"k": 1})
+            assert fresh.state == {"k": 1} and fresh.events == []
+            assert (await c.get_session(sid)).status == "active"
+            with pytest.raises(AlreadyExistsError):
+                await service.create_session(app_name="t", user_id="u", session_id="s")
+            await service.close()

@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 
 import anyio
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon
 from sdk_extras import require_sdk
 
 require_sdk("langgraph", "langgraph")
@@ -176,3 +176,38 @@ async def test_four_processes_put_concurrently(daemon: Daemon) -> None:
             assert t.checkpoint["channel_values"] == {"by": f"{name} {int(n)}"}
             assert t.pending_writes is not None
             assert [w[1:] for w in t.pending_writes] == [("by", f"{name} write {int(n)}")]
+
+
+class TestTtl:
+    async def test_ttl_config_is_each_new_threads_idle_ttl(self, short_dir: str) -> None:
+        """TTLConfig(default_ttl=minutes): every thread the saver creates gets that idle TTL
+        (the namespace default otherwise); it expires, and retention removes it."""
+        from sessiond import AsyncClient
+        from sessiond.integrations.langgraph import session_id_for, ttl_seconds
+
+        assert ttl_seconds({"default_ttl": 0.5, "refresh_on_read": False}) == 30
+        assert ttl_seconds({"default_ttl": 0.001}) == 1
+        assert ttl_seconds(None) is None
+        with pytest.raises(ValueError, match="refresh_on_read"):
+            ttl_seconds({"default_ttl": 1, "refresh_on_read": True})
+        config = daemon_config(short_dir, expire_every_s=0.01,
+                               default_ttl_s={"langgraph": 3600})
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            short = SessiondSaver(d.socket, ttl={"default_ttl": 1 / 60})
+            plain = SessiondSaver(d.socket)
+            for saver, thread_id in ((short, "short-1"), (plain, "plain-1")):
+                graph = build().compile(checkpointer=saver)
+                await graph.ainvoke({"topic": "t"}, {"configurable": {"thread_id": thread_id}})
+            assert (await c.get_session(session_id_for("plain-1"))).ttl_s == 3600
+            sid = session_id_for("short-1")
+            assert (await c.get_session(sid)).ttl_s == 1
+
+            async def expired() -> bool:
+                return (await c.get_session(sid)).status == "expired"
+
+            await eventually(expired, "the thread to expire")
+            assert (await c.get_session(session_id_for("plain-1"))).status == "active"
+            assert (await c.cleanup(older_than_days=0)).session_ids == [sid]
+            for saver in (short, plain):
+                await saver.aclose()
+                saver.close()

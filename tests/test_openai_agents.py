@@ -301,3 +301,35 @@ async def test_four_processes_add_concurrently(daemon: Daemon) -> None:
     for i in range(4):
         assert [t for t in texts if t.startswith(f"p{i} ")] == [f"p{i} {n}" for n in range(40)]
     session.close()
+
+
+class TestTtl:
+    async def test_ttl_as_redis_session_ttl(self, short_dir: str) -> None:
+        """RedisSession's ttl: the session's idle TTL. Once it passed the items are gone
+        (get_items empty, pop None) and the next add_items starts the session again; the
+        old items stay in its events. A ttl given to an existing session is set on it."""
+        with pytest.raises(ValueError, match="ttl"):
+            SessiondSession("x", ttl=0)
+        config = daemon_config(short_dir, expire_every_s=0.01)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            session = SessiondSession("ttl-1", socket=d.socket, ttl=1)
+            await session.add_items(ITEMS[:2])
+            assert (await c.get_session("ttl-1")).ttl_s == 1
+
+            async def expired() -> bool:
+                return (await c.get_session("ttl-1")).status == "expired"
+
+            await eventually(expired, "the session to expire")
+            assert await session.get_items() == []
+            assert await session.pop_item() is None
+            await session.add_items(ITEMS[2:3])
+            assert await session.get_items() == ITEMS[2:3]
+            view = await c.get_session("ttl-1")
+            assert view.status == "active"
+            appended = (await c.read_events("ttl-1", types=["message.appended"])).events
+            assert len(appended) == 3  # the history keeps what expired
+            again = SessiondSession("ttl-1", socket=d.socket, ttl=600)
+            await again.add_items(ITEMS[3:4])
+            assert (await c.get_session("ttl-1")).ttl_s == 600
+            session.close()
+            again.close()

@@ -19,7 +19,7 @@ from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.events import EventMeta, GraphPruned, SessionCreated
 from sessiond_schemas.state import SessionState
 
-from .commands import Commands, require
+from .commands import Commands, default_ttl, require
 from .eventstore import GraphReads, page_budget
 from .writer import Delete, Plan
 
@@ -40,18 +40,24 @@ class Graphs:
     async def graph_put(self, p: rpc.GraphPutParams, meta: EventMeta) -> msgspec.Raw:
         data = _event_data(p)
         self.commands.check_checkpoint_size(data, "graph.checkpoint data")
-        return await self._append(p.session_id, p.thread_id, meta, [("graph.checkpoint", data)])
+        return await self._append(p.session_id, p.thread_id, p.ttl_s, meta,
+                                  [("graph.checkpoint", data)])
 
     async def graph_put_writes(self, p: rpc.GraphPutWritesParams, meta: EventMeta) -> msgspec.Raw:
         data = _event_data(p)
         self.commands.check_checkpoint_size(data, "graph.writes data")
-        return await self._append(p.session_id, p.thread_id, meta, [("graph.writes", data)])
+        return await self._append(p.session_id, p.thread_id, p.ttl_s, meta,
+                                  [("graph.writes", data)])
 
-    async def _append(self, sid: str, thread_id: str, meta: EventMeta,
+    async def _append(self, sid: str, thread_id: str, ttl_s: int | None, meta: EventMeta,
                       events: list[tuple[str, dict[str, Any]]]) -> msgspec.Raw:
-        """Append to the thread's session, creating it on its first checkpoint."""
+        """Append to the thread's session, creating it on its first checkpoint (with the
+        call's ttl_s, else the namespace's default, as session.create)."""
+        if ttl_s is None:
+            ttl_s = default_ttl(self.commands.limits.default_ttl_s, NAMESPACE)
         created = msgspec.to_builtins(SessionCreated(
-            namespace=NAMESPACE, source="langgraph", metadata={"thread_id": thread_id}))
+            namespace=NAMESPACE, source="langgraph", metadata={"thread_id": thread_id},
+            ttl_s=ttl_s))
 
         def plan(state: SessionState | None) -> Plan:
             first = [("session.created", created)] if state is None else []
@@ -131,7 +137,7 @@ class Graphs:
                                          "checkpoint_id": t.checkpoint_id, "task_id": task_id,
                                          "task_path": task_path, "writes": writes})
                        for (task_id, task_path), writes in by_task.items()]
-        await self._append(p.target_session_id, p.target_thread_id, meta, events)
+        await self._append(p.target_session_id, p.target_thread_id, None, meta, events)
         return rpc.GraphChangeResult(checkpoints=len(rows), sessions=[p.target_session_id])
 
     # --- reads ----------------------------------------------------------------------
@@ -219,4 +225,5 @@ def _event_data(p: msgspec.Struct) -> dict[str, Any]:
     extend) without `session_id`, as JSON builtins."""
     data: dict[str, Any] = msgspec.to_builtins(p)
     data.pop("session_id", None)
+    data.pop("ttl_s", None)
     return data

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -41,7 +42,7 @@ from pydantic_core import to_jsonable_python
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError, VersionConflictError
-from sessiond_schemas.state import SessionState
+from sessiond_schemas.state import MAX_TTL_S, SessionState
 
 from ._loop import LoopClient, sized
 from ._text import Piece, compose, lift, restore
@@ -131,6 +132,21 @@ def _json_safe_deltas(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return cast(dict[str, dict[str, Any]], to_jsonable_python(deltas, serialize_unknown=True))
 
 
+def ttl_seconds(ttl: str | float | None) -> int | None:
+    """An idle TTL in whole seconds from VertexAiSessionService's `ttl` ("7200s", a
+    protobuf Duration string) or a number of seconds; at least 1, at most ten years."""
+    if ttl is None:
+        return None
+    text = ttl[:-1] if isinstance(ttl, str) and ttl.endswith("s") else ttl
+    try:
+        seconds = math.ceil(float(text))
+    except (TypeError, ValueError):
+        raise ValueError(f"ttl must be seconds, or a duration like '7200s': {ttl!r}") from None
+    if not 1 <= seconds <= MAX_TTL_S:
+        raise ValueError(f"ttl must be 1 … {MAX_TTL_S} seconds, not {ttl!r}")
+    return seconds
+
+
 def _state_events(state: dict[str, Any], app_name: str, user_id: str) -> list[dict[str, Any]]:
     deltas = _json_safe_deltas(state)
     events = []
@@ -154,26 +170,43 @@ def _duplicate(session: Session, event: Event) -> AlreadyExistsError:
 class SessiondSessionService(BaseSessionService):
     """ADK sessions, events and app/user/session state in sessiond (`socket`: the default)."""
 
-    def __init__(self, socket: str | None = None, *, client: LoopClient | None = None) -> None:
+    def __init__(self, socket: str | None = None, *, client: LoopClient | None = None,
+                 ttl: str | float | None = None) -> None:
         self.client = client or LoopClient(socket)
         self._locks: dict[tuple[Any, ...], list[Any]] = {}
+        self.ttl_s = ttl_seconds(ttl)  # every new session's, unless create_session says
 
     # --- sessions ---------------------------------------------------------------------
 
     async def create_session(self, *, app_name: str, user_id: str,
                              state: dict[str, Any] | None = None,
-                             session_id: str | None = None) -> Session:
+                             session_id: str | None = None,
+                             ttl: str | float | None = None,
+                             expire_time: str | None = None) -> Session:
+        """As ADK's stores; `ttl` as VertexAiSessionService's (`"7200s"`, or seconds):
+        the session's idle TTL, after which it is gone (get_session answers None)."""
+        if expire_time is not None:
+            raise ValueError("expire_time is not supported: sessiond's TTL is idle time,"
+                             " counted from the session's last event; pass ttl")
         session_id = (session_id.strip() if session_id else None) or str(uuid.uuid4())
-        created = time.time()
-        try:
-            await self.client.create_session(
-                session_id_for(app_name, user_id, session_id),
-                namespace=namespace_for(app_name, user_id), source="adk",
-                metadata={"adk": {"app_name": app_name, "user_id": user_id, "id": session_id,
-                                  "created_time": created}},
-                events=_state_events(state or {}, app_name, user_id))
-        except SessionExistsError:
-            raise AlreadyExistsError(f"Session with id {session_id} already exists.") from None
+        sid = session_id_for(app_name, user_id, session_id)
+        ttl_s = ttl_seconds(ttl) if ttl is not None else self.ttl_s
+        for attempt in (1, 2):
+            created = time.time()
+            try:
+                await self.client.create_session(
+                    sid, namespace=namespace_for(app_name, user_id), source="adk",
+                    metadata={"adk": {"app_name": app_name, "user_id": user_id,
+                                      "id": session_id, "created_time": created}},
+                    events=_state_events(state or {}, app_name, user_id), ttl_s=ttl_s)
+                break
+            except SessionExistsError:
+                # An expired session is gone, as in ADK's stores with a TTL: its id is free.
+                if attempt == 2 or not await self._expired(sid):
+                    raise AlreadyExistsError(
+                        f"Session with id {session_id} already exists.") from None
+                with contextlib.suppress(SessionNotFoundError):
+                    await self.client.delete_session(sid)
         found = await self.get_session(app_name=app_name, user_id=user_id, session_id=session_id)
         assert found is not None
         return found
@@ -184,6 +217,8 @@ class SessiondSessionService(BaseSessionService):
         try:
             view = await self.client.get_session(sid)
         except SessionNotFoundError:
+            return None
+        if view.status == "expired":  # its TTL passed: gone for ADK until retention takes it
             return None
         events = await self._events(sid, view.message_count, config)
         scoped = await self._scoped(app_name, [user_id])
@@ -197,7 +232,7 @@ class SessiondSessionService(BaseSessionService):
             page = await self.client.call(
                 "session.states", rpc.SessionStatesResult, limit=_PAGE, cursor=cursor,
                 namespace=namespace_for(app_name, user_id), prefix=user_id is None)
-            views += page.states
+            views += [v for v in page.states if v.status != "expired"]
             if page.next is None:
                 break
             cursor = page.next
@@ -206,6 +241,12 @@ class SessiondSessionService(BaseSessionService):
         sessions = [self._session(v, [], scoped) for v in views]
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
         return ListSessionsResponse(sessions=sessions)
+
+    async def _expired(self, sid: str) -> bool:
+        try:
+            return (await self.client.get_session(sid)).status == "expired"
+        except SessionNotFoundError:
+            return False
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         with contextlib.suppress(SessionNotFoundError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import random
 import re
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -34,6 +35,7 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.store.base import TTLConfig
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessionNotFoundError
@@ -51,27 +53,49 @@ def session_id_for(thread_id: str) -> str:
         "lg-" + hashlib.sha256(thread_id.encode()).hexdigest()[:40]
 
 
+def ttl_seconds(ttl: TTLConfig | None) -> int | None:
+    """sessiond's idle TTL (whole seconds, at least 1) for LangGraph's TTLConfig: its
+    `default_ttl` is in minutes. Reads never refresh it (sessiond counts idle time from a
+    thread's last write), so `refresh_on_read=True` is refused rather than ignored."""
+    if not ttl:
+        return None
+    unknown = set(ttl) - {"default_ttl", "refresh_on_read", "sweep_interval_minutes"}
+    if unknown:
+        raise TypeError(f"TTLConfig keys sessiond does not know: {sorted(unknown)}")
+    if ttl.get("refresh_on_read"):
+        raise ValueError("refresh_on_read=True: sessiond's TTL counts from a thread's last"
+                         " write; reads do not refresh it (pass refresh_on_read=False)")
+    minutes = ttl.get("default_ttl")
+    if minutes is None:
+        return None
+    return max(1, math.ceil(minutes * 60))
+
+
 class SessiondSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer stored in sessiond (`socket`: the daemon's, by default)."""
 
     def __init__(self, socket: str | None = None, *,
-                 serde: SerializerProtocol | None = None) -> None:
+                 serde: SerializerProtocol | None = None,
+                 ttl: TTLConfig | None = None) -> None:
         super().__init__(serde=serde)
         self.client = Client(socket)
         self.aclient = LoopClient(socket)
+        # LangGraph's TTLConfig: default_ttl (minutes) becomes each new thread's idle TTL.
+        self.ttl_s = ttl_seconds(ttl)
 
     # --- opening and closing, as LangGraph's savers ------------------------------------
 
     @classmethod
     def from_socket(cls, socket: str | None = None, *,
-                    serde: SerializerProtocol | None = None) -> _Opened:
+                    serde: SerializerProtocol | None = None,
+                    ttl: TTLConfig | None = None) -> _Opened:
         """A saver for `with` or `async with`, closed at the block's end, as
         `SqliteSaver.from_conn_string` and `AsyncSqliteSaver.from_conn_string` give:
 
             with SessiondSaver.from_socket() as saver: ...
             async with SessiondSaver.from_socket("/run/sessiond.sock") as saver: ...
         """
-        return _Opened(cls(socket, serde=serde))
+        return _Opened(cls(socket, serde=serde, ttl=ttl))
 
     # LangGraph users reach for this name; here the "connection string" is a socket path.
     from_conn_string = from_socket
@@ -103,7 +127,7 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         values: dict[str, Any] = c.pop("channel_values", {})
         metadata = get_checkpoint_metadata(config, metadata)
         return {
-            "session_id": session_id_for(thread_id), "thread_id": thread_id,
+            "session_id": session_id_for(thread_id), "thread_id": thread_id, "ttl_s": self.ttl_s,
             "ns": conf.get("checkpoint_ns", ""), "checkpoint_id": checkpoint["id"],
             "parent_id": conf.get("checkpoint_id"), "checkpoint": self._typed(c),
             "metadata": msgspec.to_builtins(metadata, enc_hook=str, str_keys=True),
@@ -118,6 +142,7 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         conf = config["configurable"]
         return {
             "session_id": session_id_for(conf["thread_id"]), "thread_id": conf["thread_id"],
+            "ttl_s": self.ttl_s,
             "ns": conf.get("checkpoint_ns", ""), "checkpoint_id": conf["checkpoint_id"],
             "task_id": task_id, "task_path": task_path,
             "writes": [{"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel,

@@ -30,6 +30,7 @@ from agents.memory.session_settings import (
 
 from sessiond_schemas.bounds import json_out_of_bounds
 from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError
+from sessiond_schemas.state import MAX_TTL_S
 
 from ._loop import LoopClient, sized
 from ._text import Piece, compose, lift, restore
@@ -167,13 +168,19 @@ class SessiondSession(SessionABC):
 
     def __init__(self, session_id: str, *, client: LoopClient | None = None,
                  socket: str | None = None, namespace: str = "openai-agents",
-                 session_settings: SessionSettings | dict[str, Any] | None = None) -> None:
+                 session_settings: SessionSettings | dict[str, Any] | None = None,
+                 ttl: int | None = None) -> None:
         self.session_id = session_id
         # As every store of the SDK: a dict becomes SessionSettings, an unknown key is a
         # TypeError here rather than an AttributeError inside Runner.run.
         self.session_settings = (coerce_session_settings(session_settings)
                                  if session_settings is not None else SessionSettings())
         self.namespace = namespace
+        # RedisSession's `ttl` (seconds): here the session's idle TTL, after which the
+        # daemon ends it and retention removes it; each write starts it again, as there.
+        if ttl is not None and not 1 <= ttl <= MAX_TTL_S:
+            raise ValueError(f"ttl must be 1 … {MAX_TTL_S} seconds, not {ttl}")
+        self.ttl = ttl
         self.client = client or LoopClient(socket)
         self._sid = session_id_for(session_id)
         self._exists = False
@@ -182,17 +189,42 @@ class SessiondSession(SessionABC):
     async def _ensure(self) -> None:
         if self._exists:
             return
-        with contextlib.suppress(SessionExistsError):
+        try:
             await self.client.create_session(
                 self._sid, namespace=self.namespace, source="openai-agents",
-                metadata={"sdk_session_id": self.session_id})
+                metadata={"sdk_session_id": self.session_id}, ttl_s=self.ttl)
+        except SessionExistsError:
+            view = await self._revive_if_expired()
+            if self.ttl is not None and view.ttl_s != self.ttl:
+                await self.client.set_ttl(self._sid, self.ttl)
         self._exists = True
+
+    async def _revive_if_expired(self) -> Any:
+        """A session whose TTL passed has no items, as a Redis key that expired: the next
+        write clears its conversation and makes it active again (its history stays in the
+        events until retention removes the session)."""
+        view = await self.client.get_session(self._sid)
+        if view.status == "expired":
+            await self.client.clear_messages(self._sid)
+            view = await self.client.transition(self._sid, "active", reason="used after expiry")
+        return view
+
+    async def _is_expired(self) -> bool:
+        """Only sessions given a ttl pay the look-up (one session.get per call)."""
+        if self.ttl is None:
+            return False
+        try:
+            return (await self.client.get_session(self._sid)).status == "expired"
+        except SessionNotFoundError:
+            return False
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
         self._check_not_closed()
         limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None and limit < 0:
             limit = None  # as SQLiteSession's SQL LIMIT: a negative limit is no limit
+        if await self._is_expired():
+            return []
         try:
             messages = await (self._all() if limit is None else self._latest(limit))
         except SessionNotFoundError:
@@ -225,6 +257,8 @@ class SessiondSession(SessionABC):
         if not items:
             return
         await self._ensure()
+        if await self._is_expired():
+            await self._revive_if_expired()
         messages = [as_message(item) for item in items]
         for batch in _batches(messages):
             try:
@@ -238,6 +272,8 @@ class SessiondSession(SessionABC):
 
     async def pop_item(self) -> Any | None:
         self._check_not_closed()
+        if await self._is_expired():
+            return None
         try:
             popped = await self.client.pop_message(self._sid)
         except SessionNotFoundError:

@@ -8,15 +8,18 @@ import msgspec
 
 from ..bounds import NonNegInt
 from ..events import GraphCheckpoint, GraphWrites, SessionId, Typed
+from ..state import TtlSeconds
 from .base import Params
 
 
 class GraphPutParams(GraphCheckpoint, kw_only=True, forbid_unknown_fields=True):
     session_id: SessionId
+    ttl_s: TtlSeconds | None = None  # the thread's session's idle TTL, if this creates it
 
 
 class GraphPutWritesParams(GraphWrites, kw_only=True, forbid_unknown_fields=True):
     session_id: SessionId
+    ttl_s: TtlSeconds | None = None
 
 
 class GraphGetParams(Params, kw_only=True, forbid_unknown_fields=True):
