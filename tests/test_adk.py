@@ -549,3 +549,45 @@ class TestTtl:
             with pytest.raises(AlreadyExistsError):
                 await service.create_session(app_name="t", user_id="u", session_id="s")
             await service.close()
+
+
+class MeteredLlm(BaseLlm):
+    """An offline model that reports token usage as Gemini does (usage_metadata)."""
+
+    async def generate_content_async(self, llm_request: LlmRequest,
+                                     stream: bool = False) -> AsyncGenerator[LlmResponse, None]:
+        yield LlmResponse(
+            content=types.Content(role="model", parts=[types.Part(text="metered")]),
+            model_version="stub-1",
+            usage_metadata=types.GenerateContentResponseUsageMetadata(
+                prompt_token_count=100, candidates_token_count=20, thoughts_token_count=5,
+                total_token_count=125))
+
+
+async def test_runner_usage_is_recorded_with_its_event(daemon: Daemon,
+                                                       client: AsyncClient) -> None:
+    """Two Runner turns of a model that reports usage_metadata: the session's token_usage
+    holds both (prompt in; candidates and thinking out), each recorded in its event's own
+    write; the cost is 0 without prices and priced with them."""
+    from sessiond.integrations.adk import session_id_for
+
+    agent = LlmAgent(name="helper", model=MeteredLlm(model="stub"), instruction="Be brief.")
+    for app, prices in (("free", None), ("priced", {"stub-1": (1.0, 4.0)})):
+        service = SessiondSessionService(daemon.socket, prices=prices)
+        runner = Runner(agent=agent, app_name=app, session_service=service)
+        await service.create_session(app_name=app, user_id="u", session_id="s")
+        for text in ("one", "two"):
+            async for _ in runner.run_async(user_id="u", session_id="s", new_message=types.Content(
+                    role="user", parts=[types.Part(text=text)])):
+                pass
+        await service.close()
+        sid = session_id_for(app, "u", "s")
+        usage = (await client.get_session(sid)).token_usage
+        assert (usage.input_tokens, usage.output_tokens) == (200, 50)
+        assert usage.estimated_cost == (0.0 if prices is None else
+                                        pytest.approx(2 * (100 * 1.0 + 25 * 4.0) / 1e6))
+        recorded = (await client.read_events(sid, types=["tokens.recorded"])).events
+        assert [e.data["model"] for e in recorded] == ["stub-1", "stub-1"]
+        messages = (await client.read_events(sid, types=["message.appended"])).events
+        # Each in the same write as the model's message: the version right after it.
+        assert {e.version for e in recorded} <= {m.version + 1 for m in messages}

@@ -4,7 +4,7 @@ restart."""
 from __future__ import annotations
 
 import json
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import anyio
 import pytest
@@ -13,9 +13,11 @@ from sdk_extras import require_sdk
 
 require_sdk("langgraph", "langgraph")
 require_sdk("langgraph.checkpoint.conformance", "sdk-tests")
+from langchain_core.messages import AnyMessage  # noqa: E402
 from langchain_core.runnables import RunnableConfig  # noqa: E402
 from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
+from langgraph.graph.message import add_messages  # noqa: E402
 from langgraph.types import Command, interrupt  # noqa: E402
 
 from sessiond.integrations.langgraph import SessiondSaver  # noqa: E402
@@ -211,3 +213,42 @@ class TestTtl:
             for saver in (short, plain):
                 await saver.aclose()
                 saver.close()
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+async def test_messages_usage_metadata_is_recorded_once(daemon: Daemon) -> None:
+    """A graph whose node answers with an AIMessage carrying usage_metadata (as every
+    LangChain chat model does): the thread's token_usage holds each call once, though the
+    message is in the task's writes and in every later checkpoint; cost with prices."""
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from sessiond import AsyncClient
+    from sessiond.integrations.langgraph import session_id_for
+
+    def model(state: Chat) -> Chat:
+        return {"messages": [AIMessage(
+            content="hi", response_metadata={"model_name": "stub-chat"},
+            usage_metadata={"input_tokens": 30, "output_tokens": 4, "total_tokens": 34})]}
+
+    builder = StateGraph(Chat)
+    builder.add_node("model", model)
+    builder.add_edge(START, "model")
+    builder.add_edge("model", END)
+    saver = SessiondSaver(daemon.socket, prices={"stub-chat": (3.0, 15.0)})
+    graph = builder.compile(checkpointer=saver)
+    thread: RunnableConfig = {"configurable": {"thread_id": "usage-1"}}
+    for text in ("one", "two"):
+        await graph.ainvoke({"messages": [HumanMessage(content=text)]}, thread)
+    sync = SessiondSaver(daemon.socket)  # the blocking path too
+    await anyio.to_thread.run_sync(lambda: builder.compile(checkpointer=sync).invoke(
+        {"messages": [HumanMessage(content="three")]}, thread))
+    async with AsyncClient(daemon.socket) as c:
+        usage = (await c.get_session(session_id_for("usage-1"))).token_usage
+    assert (usage.input_tokens, usage.output_tokens) == (90, 12)
+    assert usage.estimated_cost == pytest.approx(2 * (30 * 3.0 + 4 * 15.0) / 1e6)
+    for s in (saver, sync):
+        await s.aclose()
+        s.close()

@@ -333,3 +333,47 @@ class TestTtl:
             assert (await c.get_session("ttl-1")).ttl_s == 600
             session.close()
             again.close()
+
+
+class MeteredModel(StubModel):
+    """StubModel reporting token usage for each response; named as the SDK's models are
+    (`OpenAIResponsesModel.model`)."""
+
+    model = "metered"
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        response = await super().get_response(*args, **kwargs)
+        return ModelResponse(output=response.output, response_id=None, usage=Usage(
+            requests=1, input_tokens=50, output_tokens=7, total_tokens=57))
+
+
+class TestUsage:
+    async def test_store_run_usage_as_advanced_sqlite_session(
+            self, daemon: Daemon, client: AsyncClient, tmp_path: Path) -> None:
+        """store_run_usage after two Runner.run calls: get_session_usage answers as
+        AdvancedSQLiteSession's; the view's token_usage (what sessionctl show, top and the
+        metrics read) holds the tokens; cost 0 without prices, priced with them."""
+        from agents.extensions.memory import AdvancedSQLiteSession
+
+        theirs = AdvancedSQLiteSession(session_id="u1", db_path=str(tmp_path / "adv.db"),
+                                       create_tables=True)
+        ours = SessiondSession("usage-1", socket=daemon.socket)
+        priced = SessiondSession("usage-2", socket=daemon.socket,
+                                 prices={"metered": (2.0, 10.0)})
+        assert await ours.get_session_usage() is None
+        agent = Agent(name="a", model=MeteredModel())
+        for session in (theirs, ours, priced):
+            for text in ("one", "two"):
+                await session.store_run_usage(await Runner.run(agent, text, session=session))
+        assert await ours.get_session_usage() == await theirs.get_session_usage() == {
+            "requests": 2, "input_tokens": 100, "output_tokens": 14, "total_tokens": 114,
+            "total_turns": 2}
+        usage = (await client.get_session("usage-1")).token_usage
+        assert (usage.input_tokens, usage.output_tokens, usage.estimated_cost) == (100, 14, 0.0)
+        cost = (await client.get_session("usage-2")).token_usage.estimated_cost
+        assert cost == pytest.approx(2 * (50 * 2.0 + 7 * 10.0) / 1e6)
+        with pytest.raises(ValueError, match="branch"):
+            await ours.get_session_usage("main")
+        theirs.close()
+        ours.close()
+        priced.close()

@@ -46,6 +46,7 @@ from sessiond_schemas.state import MAX_TTL_S, SessionState
 
 from ._loop import LoopClient, sized
 from ._text import Piece, compose, lift, restore
+from ._usage import Prices, tokens
 
 _PAGE = 1000
 # DatabaseSessionService's words for the same refusal.
@@ -171,8 +172,9 @@ class SessiondSessionService(BaseSessionService):
     """ADK sessions, events and app/user/session state in sessiond (`socket`: the default)."""
 
     def __init__(self, socket: str | None = None, *, client: LoopClient | None = None,
-                 ttl: str | float | None = None) -> None:
+                 ttl: str | float | None = None, prices: Prices | None = None) -> None:
         self.client = client or LoopClient(socket)
+        self.prices = prices  # model -> (USD per 1M input, per 1M output tokens); else cost 0
         self._locks: dict[tuple[Any, ...], list[Any]] = {}
         self.ttl_s = ttl_seconds(ttl)  # every new session's, unless create_session says
 
@@ -308,7 +310,8 @@ class SessiondSessionService(BaseSessionService):
             message["tool_call_id"] = tool_call_id
         delta = event.actions.state_delta if event.actions and event.actions.state_delta else {}
         events = [{"type": "message.appended", "data": message},
-                  *_state_events(delta, session.app_name, session.user_id)]
+                  *_state_events(delta, session.app_name, session.user_id),
+                  *self._usage_events(event)]
         # The same event delivered again (a retry whose answer was lost) is stored once;
         # its key is its id (or, without one, its content).
         key = "adk-event:" + (event.id or hashlib.sha256(
@@ -327,6 +330,17 @@ class SessiondSessionService(BaseSessionService):
         session.last_update_time = event.timestamp
         session._storage_update_marker = _marker(written.version)
         return self._commit_event_to_session(session, event)
+
+    def _usage_events(self, event: Event) -> list[dict[str, Any]]:
+        """The model's token usage the event carries (`usage_metadata`), recorded with it in
+        the same write: prompt tokens in, candidate and thinking tokens out."""
+        u = event.usage_metadata
+        if u is None:
+            return []
+        data = tokens(u.prompt_token_count or 0,
+                      (u.candidates_token_count or 0) + (u.thoughts_token_count or 0),
+                      event.model_version, self.prices)
+        return [{"type": "tokens.recorded", "data": data}] if data else []
 
     async def _check_repeat(self, sid: str, at: int, stored: dict[str, Any], session: Session,
                             event: Event) -> None:

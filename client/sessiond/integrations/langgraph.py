@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, cast
 
 import msgspec
+from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -42,6 +43,7 @@ from sessiond_schemas.errors import SessionNotFoundError
 
 from .._sync import Client
 from ._loop import LoopClient, sized
+from ._usage import Prices, tokens
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
@@ -76,8 +78,9 @@ class SessiondSaver(BaseCheckpointSaver[str]):
 
     def __init__(self, socket: str | None = None, *,
                  serde: SerializerProtocol | None = None,
-                 ttl: TTLConfig | None = None) -> None:
+                 ttl: TTLConfig | None = None, prices: Prices | None = None) -> None:
         super().__init__(serde=serde)
+        self.prices = prices  # model -> (USD per 1M input, per 1M output tokens); else cost 0
         self.client = Client(socket)
         self.aclient = LoopClient(socket)
         # LangGraph's TTLConfig: default_ttl (minutes) becomes each new thread's idle TTL.
@@ -88,14 +91,14 @@ class SessiondSaver(BaseCheckpointSaver[str]):
     @classmethod
     def from_socket(cls, socket: str | None = None, *,
                     serde: SerializerProtocol | None = None,
-                    ttl: TTLConfig | None = None) -> _Opened:
+                    ttl: TTLConfig | None = None, prices: Prices | None = None) -> _Opened:
         """A saver for `with` or `async with`, closed at the block's end, as
         `SqliteSaver.from_conn_string` and `AsyncSqliteSaver.from_conn_string` give:
 
             with SessiondSaver.from_socket() as saver: ...
             async with SessiondSaver.from_socket("/run/sessiond.sock") as saver: ...
         """
-        return _Opened(cls(socket, serde=serde, ttl=ttl))
+        return _Opened(cls(socket, serde=serde, ttl=ttl, prices=prices))
 
     # LangGraph users reach for this name; here the "connection string" is a socket path.
     from_conn_string = from_socket
@@ -148,6 +151,32 @@ class SessiondSaver(BaseCheckpointSaver[str]):
             "writes": [{"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel,
                         "value": self._typed(value)} for i, (channel, value) in enumerate(writes)],
         }
+
+    def _usage(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+               task_id: str) -> list[dict[str, Any]]:
+        """tokens.record calls for the `usage_metadata` of the messages a task wrote (its
+        model calls), one per model. Each is keyed by the checkpoint, task and model, so a
+        task's writes stored again never count twice."""
+        by_model: dict[str, list[int]] = {}
+        for _, value in writes:
+            for m in value if isinstance(value, (list, tuple)) else [value]:
+                usage = getattr(m, "usage_metadata", None) if isinstance(m, BaseMessage) else None
+                if usage:
+                    model = str((m.response_metadata or {}).get("model_name") or "")
+                    totals = by_model.setdefault(model, [0, 0])
+                    totals[0] += int(usage.get("input_tokens") or 0)
+                    totals[1] += int(usage.get("output_tokens") or 0)
+        conf = config["configurable"]
+        calls = []
+        for model, (inp, out) in sorted(by_model.items()):
+            data = tokens(inp, out, model or None, self.prices)
+            if data is None:
+                continue
+            key = "\0".join((conf.get("checkpoint_ns", ""), conf["checkpoint_id"], task_id,
+                             model)).encode()
+            calls.append({"session_id": session_id_for(conf["thread_id"]), **data,
+                          "idempotency_key": "lg-usage:" + hashlib.sha256(key).hexdigest()})
+        return calls
 
     @staticmethod
     def _get_params(config: RunnableConfig) -> dict[str, Any]:
@@ -213,6 +242,8 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         with sized():
             self.client.call("graph.put_writes", rpc.WriteResult,
                              **self._writes_params(config, writes, task_id, task_path))
+        for usage in self._usage(config, writes, task_id):
+            self.client.record_tokens(**usage)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         found = self.client.call("graph.get", rpc.GraphGetResult, **self._get_params(config))
@@ -261,6 +292,8 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         with sized():
             await self.aclient.call("graph.put_writes", rpc.WriteResult,
                                     **self._writes_params(config, writes, task_id, task_path))
+        for usage in self._usage(config, writes, task_id):
+            await self.aclient.record_tokens(**usage)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         found = await self.aclient.call("graph.get", rpc.GraphGetResult,

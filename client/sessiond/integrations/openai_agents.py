@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import re
 from typing import Any
 
@@ -29,11 +30,14 @@ from agents.memory.session_settings import (
 )
 
 from sessiond_schemas.bounds import json_out_of_bounds
-from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError
+from sessiond_schemas.errors import SessiondError, SessionExistsError, SessionNotFoundError
 from sessiond_schemas.state import MAX_TTL_S
 
 from ._loop import LoopClient, sized
 from ._text import Piece, compose, lift, restore
+from ._usage import Prices, tokens
+
+log = logging.getLogger("sessiond.integrations.openai_agents")
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _PAGE = 1000  # message.list's largest page
@@ -169,7 +173,7 @@ class SessiondSession(SessionABC):
     def __init__(self, session_id: str, *, client: LoopClient | None = None,
                  socket: str | None = None, namespace: str = "openai-agents",
                  session_settings: SessionSettings | dict[str, Any] | None = None,
-                 ttl: int | None = None) -> None:
+                 ttl: int | None = None, prices: Prices | None = None) -> None:
         self.session_id = session_id
         # As every store of the SDK: a dict becomes SessionSettings, an unknown key is a
         # TypeError here rather than an AttributeError inside Runner.run.
@@ -181,6 +185,7 @@ class SessiondSession(SessionABC):
         if ttl is not None and not 1 <= ttl <= MAX_TTL_S:
             raise ValueError(f"ttl must be 1 … {MAX_TTL_S} seconds, not {ttl}")
         self.ttl = ttl
+        self.prices = prices  # model -> (USD per 1M input, per 1M output tokens); else cost 0
         self.client = client or LoopClient(socket)
         self._sid = session_id_for(session_id)
         self._exists = False
@@ -286,6 +291,56 @@ class SessiondSession(SessionABC):
         self._check_not_closed()
         with contextlib.suppress(SessionNotFoundError):
             await self.client.clear_messages(self._sid)
+
+    # --- usage, as AdvancedSQLiteSession's -------------------------------------------
+
+    async def store_run_usage(self, result: Any) -> None:
+        """Record a run's token usage (`result.context_wrapper.usage`, after Runner.run) in
+        the session's token_usage, as one tokens.recorded event. As the SDK's, a failure is
+        logged, never raised into the caller's run."""
+        usage = getattr(getattr(result, "context_wrapper", None), "usage", None)
+        if usage is None:
+            return
+        model = getattr(getattr(result, "last_agent", None), "model", None)
+        name = model if isinstance(model, str) else getattr(model, "model", None)
+        data = tokens(usage.input_tokens, usage.output_tokens,
+                      name if isinstance(name, str) else None, self.prices)
+        if data is None and not usage.requests:
+            return
+        data = {**(data or {"input_tokens": 0, "output_tokens": 0}),
+                "requests": usage.requests, "total_tokens": usage.total_tokens}
+        try:
+            await self._ensure()
+            await self.client.append_events(self._sid, [{"type": "tokens.recorded",
+                                                         "data": data}])
+        except (SessiondError, ValueError):
+            log.exception("Failed to store session usage", extra={"session_id": self.session_id})
+
+    async def get_session_usage(self, branch_id: str | None = None) -> dict[str, int] | None:
+        """The session's usage over every stored run, as AdvancedSQLiteSession's:
+        {requests, input_tokens, output_tokens, total_tokens, total_turns}, or None if no
+        run was stored. Branches are sessiond forks (see the docs): `branch_id` names no
+        branch here, so only None is taken."""
+        if branch_id is not None:
+            raise ValueError("SessiondSession has no branches: a branch is a fork, its own"
+                             " SessiondSession (docs/integrations/openai-agents.md)")
+        totals = {"requests": 0, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                  "total_turns": 0}
+        version: int | None = 1
+        try:
+            while version is not None:
+                page = await self.client.read_events(self._sid, from_version=version,
+                                                     types=["tokens.recorded"])
+                for e in page.events:
+                    if "requests" not in e.data:  # recorded otherwise, not by a run
+                        continue
+                    totals["total_turns"] += 1
+                    for key in ("requests", "input_tokens", "output_tokens", "total_tokens"):
+                        totals[key] += int(e.data.get(key, 0))
+                version = page.next
+        except SessionNotFoundError:
+            return None
+        return totals if totals["total_turns"] else None
 
     def close(self) -> None:
         """Close the connection (shared with every session given the same client); as
