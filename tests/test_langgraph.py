@@ -4,6 +4,7 @@ restart."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, TypedDict
 
 import anyio
@@ -15,6 +16,7 @@ require_sdk("langgraph", "langgraph")
 require_sdk("langgraph.checkpoint.conformance", "sdk-tests")
 from langchain_core.messages import AnyMessage  # noqa: E402
 from langchain_core.runnables import RunnableConfig  # noqa: E402
+from langgraph.channels import DeltaChannel  # noqa: E402
 from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 from langgraph.graph.message import add_messages  # noqa: E402
@@ -252,3 +254,79 @@ async def test_messages_usage_metadata_is_recorded_once(daemon: Daemon) -> None:
     for s in (saver, sync):
         await s.aclose()
         s.close()
+
+
+def _concat(state: list[str], writes: Sequence[list[str]]) -> list[str]:
+    return [*state, *(x for w in writes for x in w)]
+
+
+class Deltas(TypedDict, total=False):
+    items: Annotated[list[str], DeltaChannel(_concat, snapshot_frequency=3)]
+    n: int
+
+
+def delta_graph() -> StateGraph[Deltas]:
+    """A loop that appends to a DeltaChannel, with two parallel writers each round."""
+    def left(state: Deltas) -> Deltas:
+        return {"items": [f"l{state.get('n', 0)}"]}
+
+    def right(state: Deltas) -> Deltas:
+        return {"items": [f"r{state.get('n', 0)}"]}
+
+    def count(state: Deltas) -> Deltas:
+        return {"n": state.get("n", 0) + 1}
+
+    builder = StateGraph(Deltas)
+    for name, node in (("left", left), ("right", right), ("count", count)):
+        builder.add_node(name, node)
+    builder.add_edge(START, "left")
+    builder.add_edge(START, "right")
+    builder.add_edge("left", "count")
+    builder.add_edge("right", "count")
+    builder.add_conditional_edges("count", lambda s: END if s["n"] >= 4 else ["left", "right"])
+    return builder
+
+
+def comparable(history: Mapping[str, Any]) -> dict[str, Any]:
+    """A delta history without task ids (they hash each run's own checkpoint ids)."""
+    return {ch: {"writes": [(c, v) for _, c, v in h["writes"]],
+                 **({"seed": h["seed"]} if "seed" in h else {})} for ch, h in history.items()}
+
+
+async def test_delta_channel_history_from_the_index(daemon: Daemon) -> None:
+    """get_delta_channel_history (sync and async) answers what LangGraph's default walk
+    over get_tuple answers, at every checkpoint of a thread with parallel writers and a
+    fork; a DeltaChannel graph on it reads back the state InMemorySaver's run holds."""
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    assert "aget_delta_channel_history" in SessiondSaver.__dict__  # the capability's test
+    states = {}
+    for name, saver in (("sessiond", SessiondSaver(daemon.socket)),
+                        ("memory", InMemorySaver())):
+        graph = delta_graph().compile(checkpointer=saver)
+        thread: RunnableConfig = {"configurable": {"thread_id": f"delta-{name}"}}
+        await graph.ainvoke({"items": ["start"], "n": 0}, thread)
+        history = [s async for s in graph.aget_state_history(thread)]
+        fork = await graph.aupdate_state(history[3].config, {"items": ["forked"]},
+                                         as_node="count")
+        await graph.ainvoke(None, fork)
+        states[name] = (await graph.aget_state(thread)).values
+        if isinstance(saver, SessiondSaver):
+            ours = saver
+            configs = [s.config async for s in graph.aget_state_history(thread)]
+    assert states["sessiond"] == states["memory"]
+    assert "forked" in states["sessiond"]["items"]
+    for config in configs:
+        for channels in (["items"], ["items", "n", "nothing"]):
+            expected = await BaseCheckpointSaver.aget_delta_channel_history(
+                ours, config=config, channels=channels)
+            got = await ours.aget_delta_channel_history(config=config, channels=channels)
+            assert comparable(got) == comparable(expected), config
+            blocking = await anyio.to_thread.run_sync(
+                lambda config=config, channels=channels: ours.get_delta_channel_history(
+                    config=config, channels=channels))
+            assert comparable(blocking) == comparable(expected)
+    assert await ours.aget_delta_channel_history(config=configs[0], channels=[]) == {}
+    await ours.aclose()
+    ours.close()

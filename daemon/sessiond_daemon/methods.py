@@ -186,6 +186,9 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
             g.graph_copy),
         "graph.prune": Signature(rpc.GraphPruneParams, rpc.GraphChangeResult).served_by(
             g.graph_prune),
+        "graph.delta_history": Signature(rpc.GraphDeltaHistoryParams,
+                                         rpc.GraphDeltaHistoryResult).served_by(
+            g.graph_delta_history),
         # search and fork
         "session.search": Signature(rpc.SessionSearchParams, rpc.SearchResult).served_by(
             search.session_search),

@@ -19,7 +19,7 @@ import hashlib
 import math
 import random
 import re
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -179,6 +179,25 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         return calls
 
     @staticmethod
+    def _delta_params(config: RunnableConfig, channels: Sequence[str]) -> dict[str, Any]:
+        conf = config["configurable"]
+        return {"session_id": session_id_for(conf["thread_id"]),
+                "ns": conf.get("checkpoint_ns", ""), "checkpoint_id": get_checkpoint_id(config),
+                "channels": list(dict.fromkeys(channels))}
+
+    def _delta(self, found: rpc.GraphDeltaHistoryResult) -> dict[str, Any]:
+        """DeltaChannelHistory entries: `writes` as PendingWrite tuples, `seed` when found."""
+        out: dict[str, Any] = {}
+        for ch, h in found.channels.items():
+            entry: dict[str, Any] = {"writes": [
+                (w.task_id, w.channel, self.serde.loads_typed((w.value.type, w.value.data)))
+                for w in h.writes]}
+            if h.seed is not None:
+                entry["seed"] = self.serde.loads_typed((h.seed.type, h.seed.data))
+            out[ch] = entry
+        return out
+
+    @staticmethod
     def _get_params(config: RunnableConfig) -> dict[str, Any]:
         conf = config["configurable"]
         return {"session_id": session_id_for(conf["thread_id"]),
@@ -261,6 +280,17 @@ class SessiondSaver(BaseCheckpointSaver[str]):
                 return
             params = self._next_page(params, found)
 
+    def get_delta_channel_history(self, *, config: RunnableConfig,
+                                  channels: Sequence[str]) -> Mapping[str, Any]:
+        """LangGraph's DeltaChannel history (per channel: the writes across the
+        checkpoint's ancestors, oldest first, and the nearest stored value as `seed`),
+        answered by the daemon from its index in one call."""
+        if not channels:
+            return {}
+        found = self.client.call("graph.delta_history", rpc.GraphDeltaHistoryResult,
+                                 **self._delta_params(config, channels))
+        return self._delta(found)
+
     def delete_thread(self, thread_id: str) -> None:
         with contextlib.suppress(SessionNotFoundError):
             self.client.delete_session(session_id_for(thread_id))
@@ -311,6 +341,14 @@ class SessiondSaver(BaseCheckpointSaver[str]):
             if found.next is None:  # else the page ended at the daemon's byte budget
                 return
             params = self._next_page(params, found)
+
+    async def aget_delta_channel_history(self, *, config: RunnableConfig,
+                                         channels: Sequence[str]) -> Mapping[str, Any]:
+        if not channels:
+            return {}
+        found = await self.aclient.call("graph.delta_history", rpc.GraphDeltaHistoryResult,
+                                        **self._delta_params(config, channels))
+        return self._delta(found)
 
     async def adelete_thread(self, thread_id: str) -> None:
         with contextlib.suppress(SessionNotFoundError):

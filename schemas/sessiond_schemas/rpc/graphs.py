@@ -84,6 +84,25 @@ class GraphPruneParams(Params, kw_only=True, forbid_unknown_fields=True):
     strategy: Literal["keep_latest", "delete"] = "keep_latest"
 
 
+class GraphDeltaHistoryParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    ns: str = ""
+    checkpoint_id: str | None = None  # default: the latest in `ns`
+    channels: list[str]
+
+
+class ChannelHistory(msgspec.Struct, kw_only=True):
+    """What one channel got across a checkpoint's ancestors (LangGraph's
+    DeltaChannelHistory): the writes oldest first, and the nearest stored value."""
+
+    writes: list[PendingWrite]
+    seed: Typed | None = None  # None: no ancestor stored a value (start empty)
+
+
+class GraphDeltaHistoryResult(msgspec.Struct, kw_only=True):
+    channels: dict[str, ChannelHistory]
+
+
 class GraphChangeResult(msgspec.Struct, kw_only=True):
     checkpoints: int  # checkpoints pruned, deleted or copied
     sessions: list[str]  # sessions written to
