@@ -330,3 +330,29 @@ async def test_delta_channel_history_from_the_index(daemon: Daemon) -> None:
     assert await ours.aget_delta_channel_history(config=configs[0], channels=[]) == {}
     await ours.aclose()
     ours.close()
+
+
+async def test_list_filters_by_dotted_metadata_paths_as_sqlite_saver(daemon: Daemon) -> None:
+    """list(filter={"user.id": ...}): a path into nested metadata, as SqliteSaver reads it
+    (json_extract); a plain key, a missing one and a path through a non-object too."""
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    def run() -> None:  # the blocking saver, off the loop that serves the daemon
+        ours = SessiondSaver(daemon.socket)
+        with SqliteSaver.from_conn_string(":memory:") as theirs:
+            for saver in (ours, theirs):
+                for i, meta in enumerate([{"source": "input", "user": {"id": "u1", "tier": 2}},
+                                          {"source": "loop", "user": {"id": "u2"}},
+                                          {"source": "loop", "user": "flat"}]):
+                    saver.put({"configurable": {"thread_id": "dotted", "checkpoint_ns": ""}},
+                              empty_checkpoint(), {**meta, "step": i},  # type: ignore[typeddict-item]
+                              {})
+            for flt in ({"user.id": "u1"}, {"user.id": "u2"}, {"user.tier": 2},
+                        {"source": "loop"}, {"user.id": "nobody"}, {"user.id.deeper": "x"}):
+                got = [[t.metadata["step"]  # type: ignore[typeddict-item]
+                        for t in s.list(None, filter=flt)] for s in (ours, theirs)]
+                assert got[0] == got[1], flt
+        ours.close()
+
+    await anyio.to_thread.run_sync(run)

@@ -243,7 +243,7 @@ class Graphs:
         for sid, ns, checkpoint_id, raw in rows:
             d = msgspec.json.decode(raw)
             metadata = d.get("metadata", {})
-            if not filter or all(metadata.get(k) == v for k, v in filter.items()):
+            if not filter or all(_matches(metadata, k, v) for k, v in filter.items()):
                 picked.append((sid, ns, checkpoint_id, d))
         groups: dict[tuple[str, str], list[Any]] = {}
         for item in picked:
@@ -269,6 +269,22 @@ class Graphs:
                 "channel_values": channel_values,
                 "pending_writes": pending[(sid, ns)].get(checkpoint_id, [])}, rpc.GraphTuple))
         return out
+
+
+_ABSENT = object()
+
+
+def _matches(metadata: dict[str, Any], key: str, value: Any) -> bool:
+    """A metadata filter entry: the key itself, else (a key with dots) the path into nested
+    objects, as LangGraph's SQL savers read it (`json_extract(metadata, '$.a.b')`)."""
+    found = metadata.get(key, _ABSENT)
+    if found is _ABSENT and "." in key:
+        found = metadata
+        for part in key.split("."):
+            found = found.get(part, _ABSENT) if isinstance(found, dict) else _ABSENT
+            if found is _ABSENT:
+                break
+    return (None if found is _ABSENT else found) == value
 
 
 def _cursor_of(session_id: str, ns: str, checkpoint_id: str) -> str:
