@@ -284,7 +284,7 @@ def _matches(metadata: dict[str, Any], key: str, value: Any) -> bool:
             found = found.get(part, _ABSENT) if isinstance(found, dict) else _ABSENT
             if found is _ABSENT:
                 break
-    return (None if found is _ABSENT else found) == value
+    return bool((None if found is _ABSENT else found) == value)
 
 
 def _cursor_of(session_id: str, ns: str, checkpoint_id: str) -> str:
