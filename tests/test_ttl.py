@@ -255,3 +255,15 @@ class TestFleet:
             removed = await on_b.cleanup(older_than_days=0)
             assert sorted(removed.session_ids) == sorted(ids)
             assert (await on_a.list_sessions()).sessions == []
+
+
+@pytest.mark.sqlite_only("the query plan is SQLite's")
+async def test_the_sweep_reads_the_expiry_index_only(daemon: Daemon) -> None:
+    """The sweep's page is a range of the partial index sessions_by_expiry (a covering
+    index): its cost is the due sessions, not the sessions table."""
+    from sessiond_daemon.sqlite.sessions import EXPIRING_SQL
+
+    plan = daemon.sql("EXPLAIN QUERY PLAN " + EXPIRING_SQL, "2030", "", "", 500)
+    assert [row[3] for row in plan] == [
+        "SEARCH sessions USING COVERING INDEX sessions_by_expiry"
+        " ((expires_at,session_id)>(?,?) AND expires_at<?)"]

@@ -23,6 +23,10 @@ from ..eventstore import (
 from .base import SqliteReads, encode, marks, storage_error
 
 state_decoder = msgspec.json.Decoder(SessionState)
+# A page of the expiry sweep (expiry.py): a range of the partial index sessions_by_expiry.
+EXPIRING_SQL = ("SELECT expires_at, session_id FROM sessions WHERE expires_at IS NOT NULL"
+                " AND expires_at <= ? AND (expires_at, session_id) > (?, ?)"
+                " ORDER BY expires_at, session_id LIMIT ?")
 
 
 def write_views(db: sqlite3.Connection, batch: Batch) -> None:
@@ -138,10 +142,7 @@ class SessionViews(SqliteReads):
                                 limit: int) -> list[tuple[str, str]]:
         """A page of the expiry index (sessions_by_expiry): no scan of other sessions."""
         start = after or ("", "")
-        rows = await self._all(
-            "SELECT expires_at, session_id FROM sessions WHERE expires_at IS NOT NULL"
-            " AND expires_at <= ? AND (expires_at, session_id) > (?, ?)"
-            " ORDER BY expires_at, session_id LIMIT ?", (before, *start, limit))
+        rows = await self._all(EXPIRING_SQL, (before, *start, limit))
         return [(r[0], r[1]) for r in rows]
 
     async def states(self, namespace: str, prefix: bool, after: str,
