@@ -190,13 +190,14 @@ class Methods:
         checkpoint_enabled: bool | None = None, input_data: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
         status: Literal["pending", "active"] | None = None,
-        events: list[dict[str, Any]] | None = None,
+        events: list[dict[str, Any]] | None = None, ttl_s: int | None = None,
         expected_version: int | None = None, idempotency_key: str | None = None,
     ) -> Call[SessionState]:
         """Create a session: its id (default: a new ULID) and the `session.created` fields
         (namespace "local", actor_name "owner/name", task, model, metadata, input_data,
         status "active" or "pending", ...); `events` [{type, data}] are appended with it,
-        all or nothing. -> SessionState."""
+        all or nothing; `ttl_s`, an idle TTL in seconds (the namespace's default_ttl_s
+        otherwise). -> SessionState."""
         return Call.of(
             "session.create", SessionState, session_id=session_id, namespace=namespace,
             actor_name=actor_name, goal_id=goal_id, agent_id=agent_id, stream_id=stream_id,
@@ -204,7 +205,7 @@ class Methods:
             working_dir=working_dir, model=model, adapter=adapter, source=source,
             automation_level=automation_level, isolation_level=isolation_level,
             checkpoint_enabled=checkpoint_enabled, input_data=input_data, metadata=metadata,
-            status=status, events=events, expected_version=expected_version,
+            status=status, events=events, ttl_s=ttl_s, expected_version=expected_version,
             idempotency_key=idempotency_key)
 
     @rpc_method
@@ -247,6 +248,15 @@ class Methods:
                        reason=reason, error=error, paused_at=paused_at,
                        resume_from=resume_from, expected_version=expected_version,
                        idempotency_key=idempotency_key)
+
+    @rpc_method
+    def set_ttl(self, /, session_id: str, ttl_s: int | None, *,
+                expected_version: int | None = None,
+                idempotency_key: str | None = None) -> Call[SessionState]:
+        """Set the session's idle TTL in seconds (None: no TTL); it ends as `expired` when
+        no event comes for that long. -> SessionState."""
+        return Call.of("session.set_ttl", SessionState, session_id=session_id, ttl_s=ttl_s,
+                       expected_version=expected_version, idempotency_key=idempotency_key)
 
     @rpc_method
     def resume(self, /, session_id: str, checkpoint_id: str | None = None, *,

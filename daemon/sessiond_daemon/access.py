@@ -23,6 +23,7 @@ DEFAULT_PEER_METHODS: frozenset[str] = frozenset({
     "session.get", "session.resolve", "session.list", "session.states", "session.export",
     "message.list", "progress.list", "checkpoint.get", "checkpoint.list", "events.read",
     "session.output", "session.trajectory", "graph.get", "graph.list", "state.get",
+    "graph.delta_history",
     # search and fork (a fork adds a session; daemon.reindex stays the owner's)
     "session.search", "session.forks", "session.fork",
     # subscribe

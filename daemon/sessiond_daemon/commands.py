@@ -8,7 +8,8 @@ read) instead of reaching into the Service.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, overload
 
 import msgspec
@@ -43,6 +44,18 @@ class Limits:
     max_event_bytes: int = 32 << 20
     max_checkpoint_bytes: int = 96 << 20
     max_fork_depth: int = 1000  # forks.DEFAULT_MAX_DEPTH
+    # The config's default_ttl_s: namespace (or "prefix*") -> idle TTL of new sessions.
+    default_ttl_s: Mapping[str, int] = field(default_factory=dict)
+
+
+def default_ttl(defaults: Mapping[str, int], namespace: str) -> int | None:
+    """The idle TTL a new session of `namespace` gets: its own entry, else the longest
+    "prefix*" entry that matches it, else none."""
+    if namespace in defaults:
+        return defaults[namespace]
+    matches = [(len(pattern), ttl) for pattern, ttl in defaults.items()
+               if pattern.endswith("*") and namespace.startswith(pattern[:-1])]
+    return max(matches)[1] if matches else None
 
 
 @overload

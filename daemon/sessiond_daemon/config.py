@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from sessiond_schemas.paths import default_socket
+from sessiond_schemas.state import TtlSeconds
 
 from .access import Grant
 from .postgres import dsn
@@ -73,6 +74,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     drain_timeout_s: Seconds = 10.0
     cleanup_older_than_days: Seconds = 0  # 0: no periodic retention
     cleanup_every_s: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 3600
+    # Idle TTL of new sessions per namespace (a name, or a prefix ending in "*": the
+    # longest match wins), in seconds; a session.create's own ttl_s comes first.
+    default_ttl_s: dict[str, TtlSeconds] = {}
+    # How often the daemon looks for sessions whose idle TTL has passed (and ends them).
+    expire_every_s: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 30
     # Executors (session.spawn): processes at once, longest output line kept whole,
     # output lines per second per process before it is throttled, SIGTERM-to-SIGKILL wait.
     max_processes: CountOrZero = 16  # 0: session.spawn refused
@@ -108,7 +114,7 @@ RELOADABLE = frozenset({
     "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
     "max_checkpoint_bytes", "max_fork_depth", "allowed_uids", "allowed_gids", "peer_methods",
     "drain_timeout_s", "max_batch_requests", "max_reply_buffer", "max_page_bytes",
-    "http_cors_origins", "http_send_timeout_s",
+    "http_cors_origins", "http_send_timeout_s", "default_ttl_s",
 })
 
 

@@ -259,6 +259,11 @@ class SessionQueries(Protocol):
     async def session_ids(self, after: str, limit: int) -> list[str]: ...
     async def stale_sessions(self, statuses: Sequence[str], before: str,
                              limit: int) -> list[str]: ...
+    async def expiring_sessions(self, before: str, after: tuple[str, str] | None,
+                                limit: int) -> list[tuple[str, str]]:
+        """(expires_at, session_id) of sessions whose idle TTL passes at or before `before`,
+        in that order, after the key `after` (a page of the expiry index)."""
+        ...
     async def states(self, namespace: str, prefix: bool, after: str, limit: int,
                      max_bytes: int = 0) -> Page[bytes]: ...
     async def counts(self) -> tuple[int, int]:
@@ -450,15 +455,22 @@ def sessions_page(rows: Page[Any], limit: int) -> tuple[Page[SessionSummary], st
 
 def add_pending_writes(found: dict[str, list[dict[str, Any]]], rows: Sequence[Any]) -> None:
     """graph_pending's writes from rows of (checkpoint_id, item, position, the
-    graph.writes event's data), each event decoded once however many items it holds."""
+    graph.writes event's data), each event decoded once however many items it holds. The
+    rows come by (checkpoint, task_id, idx); each checkpoint's writes leave in LangGraph's
+    `writes_sort_key` order, (task_path, task_id, idx), the order a super-step applies
+    them in (the sort is stable, so idx order stays)."""
     decoded: dict[int, Any] = {}
+    touched: set[str] = set()
     for checkpoint_id, item, position, data in rows:
         if position not in decoded:
             decoded[position] = msgspec.json.decode(data)
         w = decoded[position]
+        touched.add(checkpoint_id)
         found.setdefault(checkpoint_id, []).append({
             "task_id": w["task_id"], "task_path": w.get("task_path", ""),
             "channel": w["writes"][item]["channel"], "value": w["writes"][item]["value"]})
+    for checkpoint_id in touched:
+        found[checkpoint_id].sort(key=lambda w: (w["task_path"], w["task_id"]))
 
 
 def encode_list_cursor(created_at: str, session_id: str) -> str:

@@ -17,7 +17,7 @@ import structlog
 from anyio.abc import SocketListener, TaskGroup, TaskStatus
 
 from sessiond_schemas.errors import SessiondError
-from sessiond_schemas.events import EventMeta
+from sessiond_schemas.events import EventMeta, now
 from sessiond_schemas.rpc import SessionCleanupParams
 
 from . import host, logs, methods
@@ -27,6 +27,7 @@ from .config import RELOADABLE, Config, differences
 from .eventstore import Store
 from .executors import Executors
 from .executors import Settings as ExecutorSettings
+from .expiry import Expiry
 from .graphs import Graphs
 from .maintenance import Maintenance
 from .metrics import MetricsUnavailable, require_client
@@ -120,9 +121,11 @@ class Daemon:
 
     def __init__(self, config: Config, *, notifier: Notifier | None = None,
                  inherited: socket.socket | None = None,
-                 store_factory: StoreFactory = default_store) -> None:
+                 store_factory: StoreFactory = default_store,
+                 clock: Callable[[], str] = now) -> None:
         assert config.socket and config.db
         self.config = config
+        self.clock = clock  # what the expiry sweep takes as now (tests drive it)
         self.store_factory = store_factory
         self.notifier = notifier or Notifier(None)
         self.inherited = inherited  # a listening socket from systemd, if activated
@@ -132,6 +135,7 @@ class Daemon:
         self.methods: methods.MethodTable | None = None  # what the server serves
         self.writer: Writer | None = None
         self.http: Face | None = None  # the HTTP face, with http_listen or metrics_listen
+        self.expiry: Expiry | None = None
 
     async def run(self, shutdown: anyio.Event, *,
                   task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -241,6 +245,7 @@ class Daemon:
         self.commands = commands = Commands(store, writer, _service_limits(config))
         self.service = service = Service(commands, store, writer)
         maintenance = Maintenance(store, writer, commands, service.state_at)
+        self.expiry = Expiry(store, commands, clock=self.clock)
         executors = Executors(commands, store, ExecutorSettings(
             max_processes=config.max_processes, max_line_bytes=config.max_line_bytes,
             max_output_lines_per_s=config.max_output_lines_per_s,
@@ -276,6 +281,7 @@ class Daemon:
                     await self._start_http(serving, config, writer, server, executors, store)
                 if config.cleanup_older_than_days > 0:
                     serving.start_soon(_retention, maintenance, config)
+                serving.start_soon(self.expiry.run, config.expire_every_s)  # ends idle TTLs
                 log.info("daemon.ready", socket=socket_path, db=config.db,
                          durability=config.durability, pid=os.getpid(),
                          activated=self.inherited is not None)
@@ -392,10 +398,12 @@ async def migrate_only(config: Config) -> list[int]:
 
 
 async def run(config: Config, shutdown: anyio.Event, *,
-              store_factory: StoreFactory = default_store,
+              store_factory: StoreFactory = default_store, clock: Callable[[], str] = now,
               task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Run a daemon on `config` until `shutdown` is set (no systemd, no reloads)."""
-    await Daemon(config, store_factory=store_factory).run(shutdown, task_status=task_status)
+    """Run a daemon on `config` until `shutdown` is set (no systemd, no reloads); `clock`
+    is what its expiry sweep takes as the time now."""
+    await Daemon(config, store_factory=store_factory, clock=clock).run(
+        shutdown, task_status=task_status)
 
 
 def _server_limits(config: Config) -> ServerLimits:
@@ -413,7 +421,8 @@ def _service_limits(config: Config) -> Limits:
     return Limits(max_message_bytes=config.max_message_bytes,
                   max_event_bytes=config.max_event_bytes,
                   max_checkpoint_bytes=config.max_checkpoint_bytes,
-                  max_fork_depth=config.max_fork_depth)
+                  max_fork_depth=config.max_fork_depth,
+                  default_ttl_s=dict(config.default_ttl_s))
 
 
 def _raise_fd_limit(max_connections: int) -> None:

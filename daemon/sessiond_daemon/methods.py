@@ -115,6 +115,8 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
                                     ).served_by(s.session_states),
         "session.transition": Signature(rpc.SessionTransitionParams, SessionState
                                         ).served_by(s.session_transition),
+        "session.set_ttl": Signature(rpc.SessionSetTtlParams, SessionState).served_by(
+            s.session_set_ttl),
         "session.resume": Signature(rpc.SessionResumeParams, rpc.SessionResumeResult
                                     ).served_by(s.session_resume),
         "session.delete": Signature(rpc.SessionDeleteParams, rpc.DeleteResult).served_by(
@@ -184,6 +186,9 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
             g.graph_copy),
         "graph.prune": Signature(rpc.GraphPruneParams, rpc.GraphChangeResult).served_by(
             g.graph_prune),
+        "graph.delta_history": Signature(rpc.GraphDeltaHistoryParams,
+                                         rpc.GraphDeltaHistoryResult).served_by(
+            g.graph_delta_history),
         # search and fork
         "session.search": Signature(rpc.SessionSearchParams, rpc.SearchResult).served_by(
             search.session_search),

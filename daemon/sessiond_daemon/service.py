@@ -32,13 +32,21 @@ from sessiond_schemas.events import (
     SessionCreated,
     Status,
     StatusChanged,
+    TtlSet,
     new_id,
     parse_time,
 )
 from sessiond_schemas.state import ForkLink, Message, SessionState
 
 from . import forks, projection
-from .commands import Commands, check_transition, created_view, require, sequenced
+from .commands import (
+    Commands,
+    check_transition,
+    created_view,
+    default_ttl,
+    require,
+    sequenced,
+)
 from .eventstore import Page, SessionFilters, Store, page_budget, repage
 from .histories import unreadable_error
 from .writer import Delete, Plan, Writer
@@ -79,11 +87,15 @@ APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
     "graph.writes": None,
     "graph.pruned": None,
     "session.forked": None,
+    "session.ttl_set": None,
+    "session.expired": None,
 }
 _INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint.save",
             "messages.truncated": "message.pop or message.clear",
             "graph.checkpoint": "graph.put", "graph.writes": "graph.put_writes",
-            "graph.pruned": "graph.prune or graph.delete_runs", "session.forked": "session.fork"}
+            "graph.pruned": "graph.prune or graph.delete_runs", "session.forked": "session.fork",
+            "session.ttl_set": "session.set_ttl",
+            "session.expired": "session.set_ttl (the daemon ends a session whose TTL passed)"}
 # Written only by the daemon's executor runner: their pids are what it signals, so a
 # client never writes them (docs/security.md). Imported copies are history only.
 RUNNER_ONLY = frozenset({"process.started", "process.output", "process.exited",
@@ -190,6 +202,8 @@ class Service:
     async def session_create(self, p: rpc.SessionCreateParams, meta: EventMeta) -> msgspec.Raw:
         sid = p.session_id or new_id()
         fields = {f: getattr(p, f) for f in SessionCreated.__struct_fields__}
+        if fields["ttl_s"] is None:
+            fields["ttl_s"] = default_ttl(self.commands.limits.default_ttl_s, p.namespace)
         data = msgspec.to_builtins(SessionCreated(**fields))
         self.commands.check_event_size(data, "session.created data")
         inputs = self._appendable(p.events)
@@ -313,6 +327,14 @@ class Service:
             data = StatusChanged(from_=cast(Status, s.status), to=p.to, reason=p.reason,
                                  error=p.error, paused_at=p.paused_at, resume_from=p.resume_from)
             return Plan([("session.status_changed", data)], lambda s, ev: s)
+
+        return await self.commands.submit_params(p, meta, plan)
+
+    async def session_set_ttl(self, p: rpc.SessionSetTtlParams,
+                              meta: EventMeta) -> msgspec.Raw:
+        def plan(state: SessionState | None) -> Plan:
+            require(state, p.session_id)
+            return Plan([("session.ttl_set", TtlSet(ttl_s=p.ttl_s))], lambda s, ev: s)
 
         return await self.commands.submit_params(p, meta, plan)
 

@@ -210,6 +210,15 @@ class Reads:
                                list(statuses), before, limit)
         return [r[0] for r in rows]
 
+    async def expiring_sessions(self, before: str, after: tuple[str, str] | None,
+                                limit: int) -> list[tuple[str, str]]:
+        start = after or ("", "")
+        rows = await self._all(
+            "SELECT expires_at, session_id FROM sessions WHERE expires_at IS NOT NULL"
+            " AND expires_at <= $1 AND (expires_at, session_id) > ($2, $3)"
+            " ORDER BY expires_at, session_id LIMIT $4", before, *start, limit)
+        return [(r[0], r[1]) for r in rows]
+
     async def counts(self) -> tuple[int, int]:
         """Return (sessions, events), counted from the views."""
         row = await self._one("SELECT COUNT(*), COALESCE(SUM(version), 0) FROM sessions")

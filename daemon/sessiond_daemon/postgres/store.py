@@ -77,21 +77,22 @@ _LOCK: Final = ("SELECT session_id, version FROM sessions WHERE session_id = ANY
 _VIEWS: Final = """
     INSERT INTO sessions (session_id, version, status, namespace, actor_name, source, task,
         created_at, updated_at, message_count, input_tokens, output_tokens, estimated_cost,
-        last_hash, host, state)
+        last_hash, host, state, expires_at)
     SELECT v.sid, v.ver, v.st, v.ns, v.actor, v.src, v.task, v.created, v.updated, v.mc,
-        v.inp, v.outp, v.cost, v.hash, $15, v.state
+        v.inp, v.outp, v.cost, v.hash, $15, v.state, v.exp
     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[],
         $7::text[], $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[],
-        $13::float8[], $14::text[], $16::bytea[])
+        $13::float8[], $14::text[], $16::bytea[], $17::text[])
         AS v(sid, ver, st, ns, actor, src, task, created, updated, mc, inp, outp, cost, hash,
-             state)
+             state, exp)
     ON CONFLICT (session_id) DO UPDATE SET version = excluded.version,
         status = excluded.status, namespace = excluded.namespace,
         actor_name = excluded.actor_name, source = excluded.source, task = excluded.task,
         created_at = excluded.created_at, updated_at = excluded.updated_at,
         message_count = excluded.message_count, input_tokens = excluded.input_tokens,
         output_tokens = excluded.output_tokens, estimated_cost = excluded.estimated_cost,
-        last_hash = excluded.last_hash, state = excluded.state
+        last_hash = excluded.last_hash, state = excluded.state,
+        expires_at = excluded.expires_at
     RETURNING session_id, xmax = 0 AS inserted"""
 _KEYS: Final = ("SELECT i.session_id FROM idempotency i JOIN unnest($1::text[], $2::text[])"
                 " AS k(session_id, key) USING (session_id, key)")
@@ -283,7 +284,7 @@ class PostgresStore(ModelReads):
         if batch.views:
             new = {sid for sid in batch.views if sid not in stored or sid in batch.deletes}
             columns = _view_columns(batch.views)
-            rows = await con.fetch(_VIEWS, *columns[:14], self.host_name, columns[14])
+            rows = await con.fetch(_VIEWS, *columns[:14], self.host_name, *columns[14:])
             raced = [r[0] for r in rows if r[0] in new and not r[1]]
             if raced:
                 raise _Abort(raced)
@@ -309,7 +310,7 @@ class PostgresStore(ModelReads):
 
 
 def _view_columns(views: Mapping[str, Entry]) -> list[list[Any]]:
-    """The views as the columns of _VIEWS ($1..$14, then $16: the state), in
+    """The views as the columns of _VIEWS ($1..$14, then $16 and $17: state, expires_at), in
     session_id order (two daemons inserting the same new sessions wait, never deadlock)."""
     rows = []
     for sid in sorted(views):
@@ -318,7 +319,7 @@ def _view_columns(views: Mapping[str, Entry]) -> list[list[Any]]:
         rows.append((s.session_id, s.version, s.status, s.namespace, s.actor_name, s.source,
                      s.task, s.timestamps.created_at, s.timestamps.updated_at, s.message_count,
                      u.input_tokens, u.output_tokens, u.estimated_cost, entry.last_hash,
-                     _json.encode(s)))
+                     _json.encode(s), s.expires_at))
     return [list(column) for column in zip(*rows, strict=True)]
 
 
