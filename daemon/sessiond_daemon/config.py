@@ -82,6 +82,17 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch_requests: Count = 64
     max_reply_buffer: Count = 16 << 20
     max_page_bytes: Count = 4 << 20
+    # The cost a session.search query may take (docs/reliability.md, "Budgets"): query
+    # terms, prefix terms (`deplo*`), SQLite VM steps, and its time; past one the query is
+    # refused (-32602) or stopped (-32012), naming the setting.
+    search_max_terms: Count = 64
+    search_max_prefixes: Count = 8
+    search_max_steps: Count = 500_000_000
+    search_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 10.0
+    # PostgreSQL (fleet mode): every statement of the writer and of the readers ends
+    # after this long (statement_timeout; a timed-out commit is a retryable -32012).
+    # 0: no timeout.
+    db_statement_timeout_s: Seconds = 30.0
     # Prometheus endpoint (docs/metrics.md): host:port or a socket path; None: off.
     metrics_listen: str | None = None
     max_metrics_labels: Count = 20  # actors / namespaces labelled; the rest are "(other)"
@@ -94,6 +105,7 @@ RELOADABLE = frozenset({
     "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
     "max_checkpoint_bytes", "allowed_uids", "allowed_gids", "peer_methods", "drain_timeout_s",
     "max_batch_requests", "max_reply_buffer", "max_page_bytes",
+    "search_max_terms", "search_max_prefixes", "search_max_steps", "search_timeout_s",
 })
 
 

@@ -56,7 +56,8 @@ def default_store(config: Config) -> Store:
         from .postgres.store import PostgresStore  # asyncpg: the `fleet` extra
 
         return PostgresStore(config.db, password=dsn.password(config.db_password_file),
-                             host_name=config.host_name or socket.gethostname())
+                             host_name=config.host_name or socket.gethostname(),
+                             statement_timeout_s=config.db_statement_timeout_s)
     return SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
 
 

@@ -200,6 +200,12 @@ MIGRATIONS: Final[list[list[str]]] = [
     [
         "DROP INDEX IF EXISTS events_by_session",
     ],
+    # 7: forks share their source's checkpoint payloads by reference (forks.py): a fork's
+    # row holds an empty payload and the position of the source's checkpoint.saved, and
+    # the payload is found by that position. Idempotent.
+    [
+        "CREATE INDEX IF NOT EXISTS checkpoints_by_position ON checkpoints (position)",
+    ],
 ]
 
 

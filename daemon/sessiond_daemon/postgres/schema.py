@@ -193,6 +193,11 @@ MIGRATIONS: Final[list[list[str]]] = [
             OR (type = 'process.output' AND (position('thread_id'::bytea IN data) > 0
                 OR position('session_id'::bytea IN data) > 0))""",
     ],
+    # 3: forks share their source's checkpoint payloads by reference (forks.py), as
+    # SQLite's migration 7: a fork's row holds an empty payload, found by its position.
+    [
+        "CREATE INDEX IF NOT EXISTS checkpoints_by_position ON checkpoints (position)",
+    ],
 ]
 
 LATEST: Final = len(MIGRATIONS)
