@@ -4,6 +4,7 @@ both stores."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 
 import pg
@@ -11,7 +12,7 @@ import pytest
 from conftest import Daemon, daemon_config, running_daemon
 
 from sessiond import AsyncClient
-from sessiond_schemas.errors import InvalidTransitionError, StorageError
+from sessiond_schemas.errors import InvalidParamsError, InvalidTransitionError, StorageError
 
 pytestmark = pytest.mark.anyio
 BIG = "x" * (512 << 10)  # a checkpoint payload of half a MiB
@@ -98,3 +99,60 @@ class TestPostgresStatementTimeout:
             assert first.sequence == again.sequence == 0
             assert (await client.get_session("s1")).message_count == 1
             assert (await client.list_messages("s1")).messages[0].content == "hi"
+
+
+FTS = pytest.mark.sqlite_only(
+    "session.search is SQLite's FTS5; a PostgreSQL store answers -32012")
+WORDS = ["alpha", "alpine", "beta", "bet", "gamma", "game", "delta", "deli", "echo", "eco"]
+
+
+async def wordy_sessions(client: AsyncClient, sessions: int = 20, each: int = 100) -> None:
+    rng = random.Random(24)
+    for n in range(sessions):
+        sid = f"w{n}"
+        await client.create_session(session_id=sid, task="words")
+        await client.append_messages(sid, [
+            {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(30))}
+            for _ in range(each)])
+
+
+class TestSearchBudget:
+    @FTS
+    async def test_queries_past_the_budget_are_refused_or_stopped(
+            self, store_kind: str, short_dir: str) -> None:
+        """Too many terms or prefixes: -32602 before the query runs, naming the setting.
+        Past the VM steps it may take: -32012 naming the setting, and the daemon serves
+        the next query as before."""
+        config = daemon_config(short_dir)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as client:
+            await wordy_sessions(client)
+            whole = await client.search("a* b* g* d* e*", limit=100)
+            assert len(whole.sessions) == 20
+            with pytest.raises(InvalidParamsError) as refused:
+                await client.search(" ".join(["a*"] * 9))
+            assert refused.value.data["setting"] == "search_max_prefixes"
+            assert refused.value.data["limit"] == 8 and refused.value.data["found"] == 9
+            assert refused.value.data["path"] == "$.query"
+            with pytest.raises(InvalidParamsError) as refused:
+                await client.search(" OR ".join(["alpha"] * 65))
+            assert refused.value.data["setting"] == "search_max_terms"
+        config = daemon_config(short_dir, search_max_steps=20_000)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as client:
+            with pytest.raises(StorageError) as stopped:
+                await client.search("a* b* g* d* e*", limit=100)
+            assert stopped.value.data["setting"] == "search_max_steps"
+            assert stopped.value.data["limit"] == 20_000
+            assert "search_max_steps" in stopped.value.message
+            assert (await client.ping()).pong
+            assert (await client.get_session("w3")).message_count == 100
+
+    @FTS
+    async def test_hits_carry_their_fields_not_their_events(
+            self, store_kind: str, daemon: Daemon, client: AsyncClient) -> None:
+        """A hit on a huge message: sequence and role come, the snippet is short."""
+        await client.create_session(session_id="big", task="t")
+        await client.append_message("big", "assistant", "needle " + "hay " * 200_000)
+        found = await client.search("needle")
+        hit = found.sessions[0].hits[0]
+        assert (hit.sequence, hit.role, hit.current) == (0, "assistant", True)
+        assert "«needle»" in hit.snippet and len(hit.snippet) < 1_000

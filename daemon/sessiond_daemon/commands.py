@@ -42,6 +42,11 @@ class Limits:
     max_message_bytes: int = 16 << 20
     max_event_bytes: int = 32 << 20
     max_checkpoint_bytes: int = 96 << 20
+    # session.search's cost budget (search.Budget; docs/reliability.md "Budgets")
+    search_max_terms: int = 64
+    search_max_prefixes: int = 8
+    search_max_steps: int = 500_000_000
+    search_timeout_s: float = 10.0
 
 
 @overload

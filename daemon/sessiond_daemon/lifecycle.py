@@ -380,7 +380,11 @@ def _server_limits(config: Config) -> ServerLimits:
 def _service_limits(config: Config) -> Limits:
     return Limits(max_message_bytes=config.max_message_bytes,
                   max_event_bytes=config.max_event_bytes,
-                  max_checkpoint_bytes=config.max_checkpoint_bytes)
+                  max_checkpoint_bytes=config.max_checkpoint_bytes,
+                  search_max_terms=config.search_max_terms,
+                  search_max_prefixes=config.search_max_prefixes,
+                  search_max_steps=config.search_max_steps,
+                  search_timeout_s=config.search_timeout_s)
 
 
 def _raise_fd_limit(max_connections: int) -> None:
