@@ -4,14 +4,20 @@ both stores."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
 from collections.abc import Iterator
+from typing import Any
 
+import msgspec
 import pg
 import pytest
 from conftest import Daemon, daemon_config, running_daemon
+from test_cli import ctl, ctl_json
 
 from sessiond import AsyncClient
+from sessiond_schemas import export
 from sessiond_schemas.errors import InvalidParamsError, InvalidTransitionError, StorageError
 
 pytestmark = pytest.mark.anyio
@@ -156,3 +162,91 @@ class TestSearchBudget:
         hit = found.sessions[0].hits[0]
         assert (hit.sequence, hit.role, hit.current) == (0, "assistant", True)
         assert "«needle»" in hit.snippet and len(hit.snippet) < 1_000
+
+
+async def rich(client: AsyncClient, sid: str, messages: int = 60) -> None:
+    await client.create_session(session_id=sid, task="paged")
+    await client.append_messages(sid, [{"role": "user", "content": f"message {i} " + "w" * 300}
+                                       for i in range(messages)])
+    for i in range(5):
+        await client.save_checkpoint(sid, {"i": i, "blob": "c" * 2000}, checkpoint_id=f"c{i}")
+
+
+class TestPagedExport:
+    @pytest.fixture
+    def daemon_overrides(self) -> dict[str, Any]:
+        return {"max_page_bytes": 4096}
+
+    async def test_pages_are_bounded_and_make_the_document(
+            self, daemon: Daemon, client: AsyncClient, short_dir: str) -> None:
+        """Each page stays near max_page_bytes; the pages put together are the export
+        document (checksum and all) that session.import takes, also from sessionctl's
+        file; a request without a cursor is the first page and says there is more."""
+        await rich(client, "p1")
+        first = await client.call("session.export", dict, session_id="p1")
+        assert first["next_cursor"] and "checksum" not in first
+        pages, cursor = [first], first["next_cursor"]
+        while cursor is not None:
+            page = await client.call("session.export", dict, session_id="p1", cursor=cursor)
+            pages.append(page)
+            cursor = page["next_cursor"]
+        assert len(pages) > 5
+        assert all(len(msgspec.json.encode(p["events"] + p["checkpoints"])) < 3 * 4096
+                   for p in pages)
+        assembled = {k: first[k] for k in ("format", "format_version", "exported_at")} | {
+            "events": [e for p in pages for e in p["events"]],
+            "checkpoints": [c for p in pages for c in p["checkpoints"]],
+            "session": pages[-1]["session"]}
+        assert pages[-1]["checksum"] == export.checksum(assembled)
+        doc = await client.export_session("p1")
+        assert doc["checksum"] == export.checksum(doc)
+        assert [e["version"] for e in doc["events"]] == list(range(1, 67))
+        assert [c["checkpoint_id"] for c in doc["checkpoints"]] == [f"c{i}" for i in range(5)]
+        assert doc["session"]["version"] == 66 and "next_cursor" not in doc
+        path = os.path.join(short_dir, "p1.json")
+        await ctl(daemon, "export", "p1", "-o", path)
+        with open(path) as f:
+            written = json.load(f)
+        assert written["checksum"] == export.checksum(written)
+        assert {k: v for k, v in written.items() if k not in ("exported_at", "checksum")} \
+            == {k: v for k, v in doc.items() if k not in ("exported_at", "checksum")}
+        await client.delete_session("p1")
+        back = await client.import_session(doc)
+        assert back.version == 66 and back.message_count == 60
+        await client.delete_session("p1")
+        summary = await ctl_json(daemon, "import", path)
+        assert [i["session_id"] for i in summary["imported"]] == ["p1"]
+        assert (await client.get_checkpoint("p1", "c3")).payload["i"] == 3
+        # A fork's export: its own events, its own checkpoints, imported back.
+        await client.save_checkpoint("p1", {"own": 1}, checkpoint_id="c9")
+        await client.fork("p1", new_session_id="pf")
+        await client.append_message("pf", "user", "fork's own")
+        fdoc = await client.export_session("pf")
+        assert fdoc["events"][0]["type"] == "session.forked"
+        assert export.checksum(fdoc) == fdoc["checksum"] and fdoc["checkpoints"] == []
+        await client.delete_session("pf")
+        assert (await client.import_session(fdoc)).message_count == 61
+
+    async def test_a_small_session_is_one_whole_document(self, client: AsyncClient) -> None:
+        """Without a cursor, a session that fits one page answers the old document."""
+        await client.create_session(session_id="tiny", task="t")
+        doc = await client.call("session.export", dict, session_id="tiny")
+        assert set(doc) == {"format", "format_version", "exported_at", "session", "events",
+                            "checkpoints", "checksum"}
+        assert doc["checksum"] == export.checksum(doc)
+
+    async def test_a_history_changed_between_pages_is_refused(self, client: AsyncClient
+                                                               ) -> None:
+        await rich(client, "p2")
+        first = await client.call("session.export", dict, session_id="p2")
+        doc = await client.export_session("p2")
+        await client.delete_session("p2")
+        await client.import_session({**doc, "events": doc["events"][:3], "session": None,
+                                     "checkpoints": []} | {"checksum": export.checksum(
+                                         {**doc, "events": doc["events"][:3], "session": None,
+                                          "checkpoints": []})})
+        await client.append_messages("p2", [{"role": "user", "content": "other"}] * 70)
+        with pytest.raises(InvalidParamsError) as moved:
+            await client.call("session.export", dict, session_id="p2",
+                              cursor=first["next_cursor"])
+        assert moved.value.data["path"] == "$.cursor"

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import itertools
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, TextIO, TypeVar, overload
 
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError
 from sessiond_schemas.paths import default_socket
 
 from ._connection import Connection, open_connection
-from ._methods import AsyncCaller, Call, Methods, decoded, encode_request, whole_state
+from ._methods import (
+    AsyncCaller,
+    Call,
+    ExportDocument,
+    Methods,
+    decoded,
+    encode_request,
+    export_page,
+    whole_state,
+)
 from ._subscription import Subscription
 from ._wire import ConnectionLostError, skew_error
 
@@ -45,6 +54,21 @@ class AsyncCalls(AsyncCaller, Methods):
         except SessiondError:
             daemon = None
         return skew_error(method, self.socket_path, exc, daemon)
+
+    async def export_session(self, session_id: str) -> dict[str, Any]:
+        """The export document of a session (events, view, checkpoints, checksum), put
+        together from every page of session.export. -> dict."""
+        return (await self.export_session_to(session_id)).document
+
+    async def export_session_to(self, session_id: str,
+                          out: TextIO | None = None) -> ExportDocument:
+        """Read every page of session.export; with `out` (a text file) write the export
+        document there as the pages come, never holding it whole. -> ExportDocument."""
+        document, cursor = ExportDocument(out), None
+        while True:
+            cursor = document.add(await self._run(export_page(session_id, cursor)))
+            if cursor is None:
+                return document
 
     async def session_state_dict(self, session_id: str,
                                  at_version: int | None = None) -> dict[str, Any]:

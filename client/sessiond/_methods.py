@@ -11,10 +11,11 @@ So every method is blocking on `Client`, awaitable on `AsyncClient`, and typed o
 from __future__ import annotations
 
 import functools
+import json
 import math
 import types
 from collections.abc import Callable, Coroutine
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, TextIO, TypeVar, overload
 
 import msgspec
 
@@ -78,6 +79,73 @@ def whole_state(state: SessionState, steps: list[ProgressStep]) -> dict[str, Any
 def decoded(method: str, result_type: Any, params: dict[str, Any]) -> Call[Any]:
     """The call behind the clients' generic `call(method, result_type, **params)`."""
     return Call(method, params, _decoder(result_type).decode)
+
+
+def export_page(session_id: str, cursor: str | None) -> Call[dict[str, Any]]:
+    """One page of session.export (the first without a cursor)."""
+    params: dict[str, Any] = {"session_id": session_id}
+    if cursor is not None:  # a daemon before paged exports knows no cursor
+        params["cursor"] = cursor
+    return Call.of("session.export", dict[str, Any], **params)
+
+
+class ExportDocument:
+    """session.export's pages put together into the contract's single export document.
+
+    `add` takes each page in turn and returns the cursor of the next (None when done). The
+    document is `document` in memory, or, with `out`, written to that text file as the
+    pages come (a page at a time in memory): the same JSON document either way."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out
+        self.document: dict[str, Any] = {}
+        self.events = self.checkpoints = 0
+        self._list = ""  # the list `out` is in: "events", then "checkpoints"
+
+    def add(self, page: dict[str, Any]) -> str | None:
+        if "next_cursor" not in page:  # the whole document in one answer
+            self.events, self.checkpoints = len(page["events"]), len(page["checkpoints"])
+            if self.out is None:
+                self.document = page
+            else:
+                self.out.write(json.dumps(page, ensure_ascii=False, indent=1) + "\n")
+            return None
+        if not self.document and not self._list:  # the first page
+            head = {k: page[k] for k in ("format", "format_version", "exported_at")}
+            self.document = {**head, "events": [], "checkpoints": []}
+            if self.out is not None:
+                self.out.write(json.dumps(head, ensure_ascii=False)[:-1] + ', "events": [')
+                self._list, self._first = "events", True
+        for key in ("events", "checkpoints"):
+            for item in page[key]:
+                self._item(key, item)
+        if page["next_cursor"] is not None:
+            return str(page["next_cursor"])
+        tail = {"session": page["session"], "checksum": page["checksum"]}
+        if self.out is None:
+            self.document |= tail
+        else:
+            self._enter("checkpoints")
+            self.out.write("], " + json.dumps(tail, ensure_ascii=False)[1:] + "\n")
+        return None
+
+    def _enter(self, key: str) -> None:
+        assert self.out is not None
+        if self._list != key:
+            self.out.write('], "checkpoints": [')
+            self._list, self._first = key, True
+
+    def _item(self, key: str, item: Any) -> None:
+        if key == "events":
+            self.events += 1
+        else:
+            self.checkpoints += 1
+        if self.out is None:
+            self.document[key].append(item)
+            return
+        self._enter(key)
+        self.out.write(("\n" if self._first else ",\n") + json.dumps(item, ensure_ascii=False))
+        self._first = False
 
 
 class SyncCaller:
@@ -191,11 +259,6 @@ class Methods:
         """Delete a session with all its events, messages and checkpoints. -> bool."""
         return Call.picked("session.delete", rpc.DeleteResult, lambda r: r.deleted,
                            session_id=session_id, **options)
-
-    @rpc_method
-    def export_session(self, /, session_id: str) -> Call[dict[str, Any]]:
-        """The export document of a session (events, view, checkpoints, checksum). -> dict."""
-        return Call.of("session.export", dict[str, Any], session_id=session_id)
 
     @rpc_method
     def import_session(self, /, document: Any,
