@@ -4,6 +4,7 @@ both stores."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -18,7 +19,13 @@ from test_cli import ctl, ctl_json
 
 from sessiond import AsyncClient
 from sessiond_schemas import export
-from sessiond_schemas.errors import InvalidParamsError, InvalidTransitionError, StorageError
+from sessiond_schemas.errors import (
+    InvalidParamsError,
+    InvalidTransitionError,
+    SessionNotFoundError,
+    StorageError,
+    TooLargeError,
+)
 
 pytestmark = pytest.mark.anyio
 BIG = "x" * (512 << 10)  # a checkpoint payload of half a MiB
@@ -250,3 +257,78 @@ class TestPagedExport:
             await client.call("session.export", dict, session_id="p2",
                               cursor=first["next_cursor"])
         assert moved.value.data["path"] == "$.cursor"
+
+    async def test_trajectory_pages_make_every_step(self, client: AsyncClient) -> None:
+        """session.trajectory reads a page of events (max_page_bytes) at a time; the client
+        follows next_cursor and gets every step, in order; one request is one page."""
+        await rich(client, "t1", messages=80)
+        page = await client.trajectory_page("t1")
+        assert page.next_cursor is not None and page.truncated_by_bytes
+        assert 0 < len(page.steps) < 80
+        found = await client.trajectory("t1", full=True)
+        assert [s.summary.split()[1] for s in found] == [str(i) for i in range(80)]
+        assert all(s.type == "user" and s.turn == 1 for s in found)
+        cut = await client.trajectory("t1", max_output_len=10)
+        assert len(cut) == 80 and cut[0].summary == "message 0 …"
+
+
+def blob(i: int, size: int = 20_000) -> dict[str, Any]:
+    return {"type": "bytes", "data": base64.b64encode(bytes([i % 256]) * size).decode()}
+
+
+async def graph_thread(client: AsyncClient, thread: str, steps: int = 12) -> None:
+    """Each step stores one new distinct value and refers to every earlier one."""
+    for i in range(steps):
+        await client.call("graph.put", session_id=thread, thread_id=thread,
+                          checkpoint_id=f"{i:04d}", checkpoint={"type": "json", "data": "e30="},
+                          channel_versions={f"ch{j}": "1" for j in range(i + 1)},
+                          blobs={f"ch{i}": blob(i)})
+
+
+def event_bytes(daemon: Daemon, sid: str) -> int:
+    return int(daemon.sql("SELECT COALESCE(SUM(length(data)), 0) FROM events"
+                          " WHERE session_id = ?", sid)[0][0])
+
+
+class TestGraphCopyMovesReferences:
+    @pytest.fixture
+    def daemon_overrides(self) -> dict[str, Any]:
+        return {"max_checkpoint_bytes": 200_000}
+
+    async def test_the_copy_weighs_what_the_source_does(
+            self, daemon: Daemon, client: AsyncClient) -> None:
+        """12 checkpoints, each referring to every earlier value: the copy stores each
+        value once (not once per checkpoint that refers to it) and reads back the same."""
+        await graph_thread(client, "g1")
+        done = await client.call("graph.copy", source_session_id="g1",
+                                 target_session_id="g2", target_thread_id="g2")
+        assert done["checkpoints"] == 12
+        assert event_bytes(daemon, "g2") < 1.2 * event_bytes(daemon, "g1")
+        src = (await client.call("graph.get", session_id="g1"))["tuple"]
+        dst = (await client.call("graph.get", session_id="g2"))["tuple"]
+        assert dst["channel_values"] == src["channel_values"] and len(src["channel_values"]) == 12
+        listed = await client.call("graph.list", session_id="g2")
+        assert [t["checkpoint_id"] for t in listed["tuples"]] == [f"{i:04d}" for i in
+                                                                 reversed(range(12))]
+        assert all(len(t["channel_values"]) == int(t["checkpoint_id"]) + 1
+                   for t in listed["tuples"])
+
+    async def test_values_of_pruned_checkpoints_come_along_within_the_cap(
+            self, daemon: Daemon, client: AsyncClient) -> None:
+        """After keep_latest, the latest checkpoint refers to values only pruned events
+        hold: the copy carries them with it, and a copied event that would pass
+        max_checkpoint_bytes is refused (-32005) with nothing written."""
+        await graph_thread(client, "g3", steps=6)
+        await client.call("graph.prune", session_ids=["g3"], strategy="keep_latest")
+        await client.call("graph.copy", source_session_id="g3", target_session_id="g4",
+                          target_thread_id="g4")
+        dst = (await client.call("graph.get", session_id="g4"))["tuple"]
+        assert dst["channel_values"] == {f"ch{j}": blob(j) for j in range(6)}
+        await graph_thread(client, "g5", steps=12)  # 12 values of 20 kB: past 200 kB
+        await client.call("graph.prune", session_ids=["g5"], strategy="keep_latest")
+        with pytest.raises(TooLargeError) as refused:
+            await client.call("graph.copy", source_session_id="g5", target_session_id="g6",
+                              target_thread_id="g6")
+        assert "0011" in refused.value.message
+        with pytest.raises(SessionNotFoundError):
+            await client.get_session("g6")

@@ -6,6 +6,7 @@ import itertools
 from types import TracebackType
 from typing import Any, TextIO, TypeVar, overload
 
+from sessiond_schemas import rpc
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError
 from sessiond_schemas.paths import default_socket
 
@@ -54,6 +55,20 @@ class AsyncCalls(AsyncCaller, Methods):
         except SessiondError:
             daemon = None
         return skew_error(method, self.socket_path, exc, daemon)
+
+    async def trajectory(self, session_id: str, full: bool = False,
+                   max_output_len: int | None = None) -> list[rpc.Step]:
+        """The session's steps (user, message, reasoning, command, tool_call, ...), from
+        every page of session.trajectory. -> list[Step]."""
+        found: list[rpc.Step] = []
+        cursor: str | None = None
+        while True:
+            page = await self.trajectory_page(session_id, full=full,
+                                          max_output_len=max_output_len, cursor=cursor)
+            found += page.steps
+            if page.next_cursor is None:
+                return found
+            cursor = page.next_cursor
 
     async def export_session(self, session_id: str) -> dict[str, Any]:
         """The export document of a session (events, view, checkpoints, checksum), put

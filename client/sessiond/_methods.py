@@ -419,12 +419,16 @@ class Methods:
                        stream=stream)
 
     @rpc_method
-    def trajectory(self, /, session_id: str, full: bool = False,
-                   max_output_len: int | None = None) -> Call[list[rpc.Step]]:
-        """The session's steps (user, message, reasoning, command, tool_call, ...).
-        -> list[Step]."""
-        return Call.picked("session.trajectory", rpc.TrajectoryResult, lambda r: r.steps,
-                           session_id=session_id, full=full, max_output_len=max_output_len)
+    def trajectory_page(self, /, session_id: str, full: bool = False,
+                        max_output_len: int | None = None,
+                        cursor: str | None = None) -> Call[rpc.TrajectoryResult]:
+        """One page of the session's steps (`next_cursor` set when more follow).
+        -> TrajectoryResult."""
+        params: dict[str, Any] = {"session_id": session_id, "full": full,
+                                  "max_output_len": max_output_len}
+        if cursor is not None:  # a daemon before paged trajectories knows no cursor
+            params["cursor"] = cursor
+        return Call.of("session.trajectory", rpc.TrajectoryResult, **params)
 
     # --- search and fork ----------------------------------------------------------------
 

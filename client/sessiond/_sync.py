@@ -108,6 +108,20 @@ class Client(SyncCaller, Methods):
         return follow(self.socket_path, session_id=session_id, from_position=from_position,
                       from_version=from_version, types=types, retry_for=retry_for)
 
+    def trajectory(self, session_id: str, full: bool = False,
+                   max_output_len: int | None = None) -> list[rpc.Step]:
+        """The session's steps (user, message, reasoning, command, tool_call, ...), from
+        every page of session.trajectory. -> list[Step]."""
+        found: list[rpc.Step] = []
+        cursor: str | None = None
+        while True:
+            page = self.trajectory_page(session_id, full=full,
+                                          max_output_len=max_output_len, cursor=cursor)
+            found += page.steps
+            if page.next_cursor is None:
+                return found
+            cursor = page.next_cursor
+
     def export_session(self, session_id: str) -> dict[str, Any]:
         """The export document of a session (events, view, checkpoints, checksum), put
         together from every page of session.export. -> dict."""
