@@ -8,13 +8,17 @@ import base64
 import json
 import os
 import random
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import msgspec
 import pg
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, running_daemon, wait_for_daemon
 from test_cli import ctl, ctl_json
 
 from sessiond import AsyncClient
@@ -332,3 +336,63 @@ class TestGraphCopyMovesReferences:
         assert "0011" in refused.value.message
         with pytest.raises(SessionNotFoundError):
             await client.get_session("g6")
+
+
+def vm(pid: int, field: str) -> int:
+    """A /proc/<pid>/status figure (VmRSS, VmHWM) in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} for {pid}")
+
+
+@pytest.fixture
+def process_daemon(db_url: str, short_dir: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A daemon in its own process (its memory is its own), on this run's store."""
+    path = os.path.join(short_dir, "p.sock")
+    proc = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--socket", path,
+                             "--db", db_url, "--log-level", "error"])
+    try:
+        wait_for_daemon(path, proc)
+        yield proc, path
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+MIB = 1 << 20
+
+
+class TestReadMemory:
+    @pytest.mark.slow_on_postgresql
+    async def test_a_big_export_and_trajectory_stay_near_a_page(
+            self, process_daemon: tuple[subprocess.Popen[bytes], str], short_dir: str) -> None:
+        """A 96 MiB session: its export (written to a file as the pages come) and four
+        trajectory reads side by side raise the daemon's high-water mark by a small part
+        of the session's size (the whole answer built at once took several times it)."""
+        proc, path = process_daemon
+        async with AsyncClient(path) as client:
+            await client.create_session(session_id="big", task="t")
+            for i in range(96):
+                await client.append_message("big", "user", f"{i} " + "m" * MIB)
+                await client.save_checkpoint("big", {"n": i}, checkpoint_id=f"c{i}")
+            await client.ping()
+            before = vm(proc.pid, "VmHWM")
+            out = os.path.join(short_dir, "big.json")
+            with open(out, "w", encoding="utf-8") as f:
+                written = await client.export_session_to("big", f)
+            assert written.events == 193 and written.checkpoints == 96
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(client.trajectory, "big")
+            grown = vm(proc.pid, "VmHWM") - before
+            assert grown < 48 * MIB, f"the high-water mark grew by {grown / MIB:.0f} MiB"
+            with open(out, encoding="utf-8") as f:
+                doc = json.load(f)
+            assert doc["checksum"] == export.checksum(doc)
+            assert len(await client.trajectory("big", max_output_len=5)) == 96

@@ -109,15 +109,15 @@ async def _sealed(store: Store, sid: str, cur: Cursor) -> tuple[SessionState, st
     """The view folded from the exported events and the document's checksum, streamed:
     SHA-256 over the canonical JSON (sorted keys) that export.checksum hashes whole."""
     digest = hashlib.sha256(b'{"checkpoints":[')
-    sep = b""
-    async for page in _checkpoints(store, sid, cur.first, cur.upto, 0):
+    sep, budget = b"", page_budget.get()
+    async for page in _checkpoints(store, sid, cur.first, cur.upto, 0, budget):
         for _, cp in page:
             digest.update(sep + canonical(cp))
             sep = b","
     digest.update(b'],"events":[')
     sep, state, prev = b"", None, ""
     try:
-        async for events in _events(store, sid, cur.first, cur.upto):
+        async for events in _events(store, sid, cur.first, cur.upto, budget):
             for e in events:
                 digest.update(sep + canonical(e))
                 sep = b","

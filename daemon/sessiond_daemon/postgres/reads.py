@@ -78,7 +78,7 @@ class Reads:
         try:
             async with self._pool.acquire() as con, con.transaction(readonly=True):
                 cursor = await con.cursor(sql, *args)
-                used, chunk = 0, 1
+                used, chunk, largest = 0, 1, 1
                 while rows := await cursor.fetch(chunk):
                     for row in rows:
                         size = _row_bytes(row)
@@ -87,7 +87,9 @@ class Reads:
                             return page
                         page.append(row)
                         used += size
-                    chunk = max(1, min(1024, (max_bytes - used) // (used // len(page)) + 1))
+                        largest = max(largest, size)
+                    # As SQLite's (sqlite/base.py): from the largest row, at most doubling.
+                    chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
             raise storage_error(exc) from exc
         return page
