@@ -164,6 +164,72 @@ class TestSearchBudget:
             assert (await client.get_session("w3")).message_count == 100
 
     @FTS
+    async def test_a_query_whose_client_went_stops(self, store_kind: str,
+                                                   short_dir: str) -> None:
+        """The query stops at its progress handler once its client is gone (or its request
+        cancelled), on the read connection's thread, instead of running on."""
+        import sqlite3
+
+        from sessiond_daemon import search
+
+        config = daemon_config(short_dir)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as client:
+            await wordy_sessions(client)
+        con = sqlite3.connect(f"file:{config.db}?mode=ro", uri=True, isolation_level=None)
+        search.register(con)
+        try:
+            args: dict[str, Any] = {
+                "text": "a* b* g* d* e*", "statuses": (), "namespace": None,
+                "actor_name": None, "since": None, "until": None, "limit": 100, "hits": 3,
+                "mark": ("«", "»"), "cursor": None}
+            assert len(search.query(con, **args, budget=search.Budget()).sessions) == 20
+            with pytest.raises(StorageError) as stopped:
+                search.query(con, **args, budget=search.Budget(gone=lambda: True))
+            assert "client went away" in stopped.value.message
+            cancelled = search.Budget()
+            cancelled.stop.set()
+            with pytest.raises(StorageError):
+                search.query(con, **args, budget=cancelled)
+            # The connection serves the next query: the handler is gone with its query.
+            assert len(search.query(con, **args).sessions) == 20
+        finally:
+            con.close()
+
+    async def test_a_client_gone_is_told_from_one_that_stopped_sending(
+            self, short_dir: str) -> None:
+        """The server's check the progress handler calls: a client that closed its socket
+        is gone; one that only shut its sending side waits for its answers."""
+        import asyncio
+        import socket
+
+        from sessiond_daemon.server import _gone
+
+        path = os.path.join(short_dir, "g.sock")
+        writers: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+        async def accepted(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await writers.put(w)
+
+        server = await asyncio.start_unix_server(accepted, path)
+        try:
+            for how in ("half", "closed"):
+                peer = socket.socket(socket.AF_UNIX)
+                peer.connect(path)
+                w = await writers.get()
+                gone = _gone(w)
+                assert not gone()
+                if how == "half":
+                    peer.shutdown(socket.SHUT_WR)
+                    assert not await anyio.to_thread.run_sync(gone)
+                    peer.close()
+                else:
+                    peer.close()
+                assert await anyio.to_thread.run_sync(gone)
+                w.close()
+        finally:
+            server.close()
+
+    @FTS
     async def test_hits_carry_their_fields_not_their_events(
             self, store_kind: str, daemon: Daemon, client: AsyncClient) -> None:
         """A hit on a huge message: sequence and role come, the snippet is short."""

@@ -273,7 +273,7 @@ def _watch(con: sqlite3.Connection, budget: Budget) -> Callable[[], str | None]:
             state["why"] = "search_max_steps"
         elif time.monotonic() > deadline:
             state["why"] = "search_timeout_s"
-        elif budget.stop.is_set() or (state["steps"] % (_STEPS * 64) == 0 and budget.gone()):
+        elif budget.stop.is_set() or (state["steps"] % (_STEPS * 16) == 0 and budget.gone()):
             state["why"] = "client gone"
         return 1 if state["why"] else 0
 
