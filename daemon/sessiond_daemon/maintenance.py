@@ -158,6 +158,12 @@ class Maintenance:
         """A page of the session's export document (exports.py), or the whole document
         when it fits in one page."""
         state = await self.commands.state(p.session_id)
+        damage = self.writer.damaged.get(p.session_id)
+        if damage is not None:  # its view is the last good one; the history goes past it
+            raise StorageError(
+                f"session {p.session_id} cannot be exported: its stored history {damage}."
+                " Delete it, or import a good copy with on_conflict=replace.",
+                {"detail": damage, "session_id": p.session_id})
         try:
             return await exports.page(self.store, state, p.cursor)
         except (msgspec.DecodeError, msgspec.ValidationError, projection.FoldError) as exc:
