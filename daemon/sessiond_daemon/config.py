@@ -101,6 +101,17 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     http_send_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     http_idle_timeout_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 5.0
     http_max_connections: Count = 256  # open at once; more are dropped as they connect
+    # The cost a session.search query may take (docs/reliability.md, "Budgets"): query
+    # terms, prefix terms (`deplo*`), SQLite VM steps, and its time; past one the query is
+    # refused (-32602) or stopped (-32012), naming the setting.
+    search_max_terms: Count = 64
+    search_max_prefixes: Count = 8
+    search_max_steps: Count = 500_000_000
+    search_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 10.0
+    # PostgreSQL (fleet mode): every statement of the writer and of the readers ends
+    # after this long (statement_timeout; a timed-out commit is a retryable -32012).
+    # 0: no timeout.
+    db_statement_timeout_s: Seconds = 30.0
     # Prometheus alone, unauthenticated, on host:port or a socket path (docs/metrics.md);
     # None: off (with http_listen, /metrics is also served there, to the owner's token).
     metrics_listen: str | None = None
@@ -115,6 +126,7 @@ RELOADABLE = frozenset({
     "max_checkpoint_bytes", "max_fork_depth", "allowed_uids", "allowed_gids", "peer_methods",
     "drain_timeout_s", "max_batch_requests", "max_reply_buffer", "max_page_bytes",
     "http_cors_origins", "http_send_timeout_s", "default_ttl_s",
+    "search_max_terms", "search_max_prefixes", "search_max_steps", "search_timeout_s",
 })
 
 

@@ -70,9 +70,12 @@ def index(db: sqlite3.Connection, e: Event) -> None:
         db.executemany("INSERT INTO messages (session_id, sequence, position) VALUES (?, ?, ?)",
                        [(e.session_id, seq, pos) for seq, pos
                         in _find_messages(db, source, version, count, have).items()])
+    # The payloads are shared, not copied: the fork's rows hold an empty payload (no stored
+    # payload is empty: JSON is at least one byte) and the position of the source's
+    # checkpoint.saved, by which the payload is found (SHARED_PAYLOAD_SQL).
     db.execute("INSERT OR REPLACE INTO checkpoints (session_id, checkpoint_id, position, version,"
                " node_id, resume_from, created_at, size, payload) SELECT ?, checkpoint_id,"
-               " position, version, node_id, resume_from, created_at, size, payload"
+               " position, version, node_id, resume_from, created_at, size, X''"
                " FROM checkpoints WHERE session_id = ? AND version <= ?",
                (e.session_id, source, version))
 
@@ -95,6 +98,33 @@ ANCESTRY_SQL = (
     "WITH RECURSIVE up(session_id, depth) AS (SELECT ?, 0 UNION ALL"
     " SELECT f.source_id, up.depth + 1 FROM forks f JOIN up ON f.session_id = up.session_id"
     " WHERE up.depth + 1 < ?) SELECT session_id FROM up ORDER BY depth")
+
+# The payload a row with an empty one shares: the row holding it at the same position.
+SHARED_PAYLOAD_SQL = ("SELECT payload FROM checkpoints WHERE position = ? AND length(payload) > 0"
+                      " LIMIT 1")
+
+
+def keep_shared_payload(db: sqlite3.Connection, session_id: str, checkpoint_id: str) -> None:
+    """Before a session's checkpoint row is replaced (the same checkpoint_id saved again),
+    give its payload to one fork row that shares it, so the forks still find it there."""
+    db.execute(
+        "UPDATE checkpoints SET payload = (SELECT payload FROM checkpoints WHERE session_id = ?1"
+        " AND checkpoint_id = ?2) WHERE (session_id, checkpoint_id) = (SELECT session_id,"
+        " checkpoint_id FROM checkpoints WHERE length(payload) = 0 AND position = (SELECT"
+        " position FROM checkpoints WHERE session_id = ?1 AND checkpoint_id = ?2"
+        " AND length(payload) > 0) LIMIT 1)", (session_id, checkpoint_id))
+
+
+def keep_shared_payloads(db: sqlite3.Connection, session_id: str) -> None:
+    """Before a session's rows are deleted: the rows of other sessions that share one of
+    its payloads get it (a source with forks is never deleted, but a fork holding a
+    payload handed on by keep_shared_payload may be)."""
+    db.execute(
+        "UPDATE checkpoints SET payload = (SELECT o.payload FROM checkpoints o"
+        " WHERE o.session_id = ?1 AND o.position = checkpoints.position"
+        " AND length(o.payload) > 0) WHERE session_id != ?1 AND length(payload) = 0"
+        " AND position IN (SELECT position FROM checkpoints WHERE session_id = ?1"
+        " AND length(payload) > 0)", (session_id,))
 
 
 def _link(db: sqlite3.Connection, session_id: str) -> tuple[str, int] | None:

@@ -118,7 +118,14 @@ class Graphs:
         await self.commands.submit(sid, meta, plan)
 
     async def graph_copy(self, p: rpc.GraphCopyParams, meta: EventMeta) -> rpc.GraphChangeResult:
-        """Copy the source thread's indexed checkpoints and writes, oldest first."""
+        """Copy the source thread's indexed checkpoints and writes, oldest first.
+
+        Values move as they are stored, not resolved per checkpoint: each copied checkpoint
+        carries the values its own event stored, plus those it refers to that no copied
+        checkpoint before it carries (their event was pruned), so every distinct value is
+        written once and the copy weighs what the source's values weigh, not that times
+        its checkpoints. No copied event passes max_checkpoint_bytes (-32005 otherwise,
+        before anything is written)."""
         rows, offset = [], 0
         while page := await self.store.graph_checkpoints(p.source_session_id, None, None, None,
                                                          PAGE, offset):
@@ -126,23 +133,43 @@ class Graphs:
             offset += len(page)
         if not rows:
             return rpc.GraphChangeResult(checkpoints=0, sessions=[])
+        sid = p.source_session_id
+        picked = [(ns, cid, msgspec.json.decode(raw)) for _, ns, cid, raw in reversed(rows)]
+        carried: set[tuple[str, str, str]] = set()  # (ns, channel, version) in the copy
+        needs: list[dict[str, str]] = []
+        for ns, _, d in picked:
+            own = d.get("blobs", {})
+            need = {c: v for c, v in d.get("channel_versions", {}).items()
+                    if c not in own and (ns, c, v) not in carried}
+            carried |= {(ns, c, d["channel_versions"][c]) for c in own
+                        if c in d.get("channel_versions", {})} | {(ns, c, v)
+                                                                  for c, v in need.items()}
+            needs.append(need)
+        values: dict[str, dict[tuple[str, str], Any]] = {}
+        for ns in {ns for ns, _, _ in picked}:
+            wanted = sorted({(c, v) for (n, _, _), need in zip(picked, needs, strict=True)
+                             if n == ns for c, v in need.items()})
+            values[ns] = await self.store.graph_values(sid, ns, wanted) if wanted else {}
+        pending: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for ns in values:
+            pending[ns] = await self.store.graph_pending(
+                sid, ns, [cid for n, cid, _ in picked if n == ns])
         events: list[tuple[str, dict[str, Any]]] = []
-        for t in reversed(await self._tuples(rows, None)):
-            events.append(("graph.checkpoint", {
-                "thread_id": p.target_thread_id, "ns": t.ns, "checkpoint_id": t.checkpoint_id,
-                "parent_id": t.parent_id, "checkpoint": msgspec.to_builtins(t.checkpoint),
-                "metadata": t.metadata, "metadata_typed": msgspec.to_builtins(t.metadata_typed),
-                "channel_versions": t.channel_versions,
-                # Every value, resolved: the events that held some of them may be pruned.
-                "blobs": msgspec.to_builtins(t.channel_values)}))
+        for (ns, cid, d), need in zip(picked, needs, strict=True):
+            blobs = dict(d.get("blobs", {}))
+            blobs |= {c: values[ns][(c, v)] for c, v in need.items() if (c, v) in values[ns]}
+            data = {**d, "thread_id": p.target_thread_id, "ns": ns, "blobs": blobs}
+            self.commands.check_checkpoint_size(data, f"graph.copy of checkpoint {cid}")
+            events.append(("graph.checkpoint", data))
             by_task: dict[tuple[str, str], list[dict[str, Any]]] = {}
-            for i, w in enumerate(t.pending_writes):
-                by_task.setdefault((w.task_id, w.task_path), []).append(
-                    {"idx": i, "channel": w.channel, "value": msgspec.to_builtins(w.value)})
-            events += [("graph.writes", {"thread_id": p.target_thread_id, "ns": t.ns,
-                                         "checkpoint_id": t.checkpoint_id, "task_id": task_id,
-                                         "task_path": task_path, "writes": writes})
-                       for (task_id, task_path), writes in by_task.items()]
+            for i, w in enumerate(pending[ns].get(cid, [])):
+                by_task.setdefault((w["task_id"], w["task_path"]), []).append(
+                    {"idx": i, "channel": w["channel"], "value": w["value"]})
+            for (task_id, task_path), writes in by_task.items():
+                wdata = {"thread_id": p.target_thread_id, "ns": ns, "checkpoint_id": cid,
+                         "task_id": task_id, "task_path": task_path, "writes": writes}
+                self.commands.check_checkpoint_size(wdata, f"graph.copy of {cid}'s writes")
+                events.append(("graph.writes", wdata))
         await self._append(p.target_session_id, p.target_thread_id, None, meta, events)
         return rpc.GraphChangeResult(checkpoints=len(rows), sessions=[p.target_session_id])
 
@@ -157,8 +184,10 @@ class Graphs:
         found: list[rpc.GraphTuple] = []
         offset, used, budget, cut = 0, 0, page_budget.get(), False
         after = _cursor_position(p.cursor) if p.cursor is not None else None
+        chunk = 4  # rows read (with their data) at a time: grown from the sizes seen, so
+        # a page never reads much past its byte budget however large each checkpoint is
         while not cut and (p.limit is None or len(found) < p.limit):
-            page = PAGE if p.limit is None or p.filter else min(PAGE, p.limit - len(found))
+            page = chunk if p.limit is None or p.filter else min(chunk, p.limit - len(found))
             rows = await self.store.graph_checkpoints(p.session_id, p.ns, p.checkpoint_id,
                                                       p.before, page, offset, after)
             offset += len(rows)
@@ -171,6 +200,8 @@ class Graphs:
                 used += size
             if len(rows) < page:
                 break
+            if found:
+                chunk = max(1, min(PAGE, (budget - used) // max(1, used // len(found)) + 1))
         found = found if p.limit is None else found[:p.limit]
         last = found[-1] if cut else None
         return rpc.GraphListResult(

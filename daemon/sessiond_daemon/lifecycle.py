@@ -61,7 +61,8 @@ def default_store(config: Config) -> Store:
         from .postgres.store import PostgresStore  # asyncpg: the `fleet` extra
 
         return PostgresStore(config.db, password=dsn.password(config.db_password_file),
-                             host_name=config.host_name or socket.gethostname())
+                             host_name=config.host_name or socket.gethostname(),
+                             statement_timeout_s=config.db_statement_timeout_s)
     return SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
 
 
@@ -422,7 +423,11 @@ def _service_limits(config: Config) -> Limits:
                   max_event_bytes=config.max_event_bytes,
                   max_checkpoint_bytes=config.max_checkpoint_bytes,
                   max_fork_depth=config.max_fork_depth,
-                  default_ttl_s=dict(config.default_ttl_s))
+                  default_ttl_s=dict(config.default_ttl_s),
+                  search_max_terms=config.search_max_terms,
+                  search_max_prefixes=config.search_max_prefixes,
+                  search_max_steps=config.search_max_steps,
+                  search_timeout_s=config.search_timeout_s)
 
 
 def _raise_fd_limit(max_connections: int) -> None:

@@ -26,13 +26,12 @@ from sessiond_schemas.events import (
     EventMeta,
     SessionId,
     new_id,
-    now,
     parse_time,
 )
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
-from . import forks, projection, search, text
+from . import exports, forks, projection, search, text
 from .commands import Commands
 from .eventstore import Store
 from .histories import unreadable_error
@@ -164,26 +163,21 @@ class Maintenance:
                 return
             version = page[-1].version + 1
 
-    async def session_export(self, p: rpc.SessionRef, meta: EventMeta) -> dict[str, Any]:
-        await self.commands.state(p.session_id)
+    async def session_export(self, p: rpc.SessionExportParams,
+                             meta: EventMeta) -> dict[str, Any]:
+        """A page of the session's export document (exports.py), or the whole document
+        when it fits in one page."""
+        state = await self.commands.state(p.session_id)
+        damage = self.writer.damaged.get(p.session_id)
+        if damage is not None:  # its view is the last good one; the history goes past it
+            raise StorageError(
+                f"session {p.session_id} cannot be exported: its stored history {damage}."
+                " Delete it, or import a good copy with on_conflict=replace.",
+                {"detail": damage, "session_id": p.session_id})
         try:
-            events = [e async for page in self._pages(p.session_id) for e in page]
-            # The view is folded from exactly these events, so the document is consistent
-            # even if the session moves on while it is read.
-            state = projection.fold(None, events)
+            return await exports.page(self.store, state, p.cursor)
         except (msgspec.DecodeError, msgspec.ValidationError, projection.FoldError) as exc:
             raise unreadable_error(p.session_id, exc) from exc
-        saved = {e.data["checkpoint_id"] for e in events if e.type == "checkpoint.saved"}
-        payloads = await self.store.checkpoint_payloads(p.session_id)
-        document: dict[str, Any] = {
-            "format": export.FORMAT, "format_version": export.FORMAT_VERSION,
-            "exported_at": now(), "session": msgspec.to_builtins(state),
-            "events": msgspec.to_builtins(events),
-            "checkpoints": [{"checkpoint_id": cid, "payload": msgspec.json.decode(payloads[cid])}
-                            for cid in sorted(saved) if cid in payloads],
-        }
-        document["checksum"] = export.checksum(document)
-        return document
 
     async def session_import(self, p: rpc.SessionImportParams, meta: EventMeta) -> msgspec.Raw:
         doc = _read_document(p.document)

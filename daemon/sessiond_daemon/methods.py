@@ -125,7 +125,7 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
         # data lifecycle
         "session.cleanup": Signature(rpc.SessionCleanupParams, rpc.CleanupResult).served_by(
             m.session_cleanup),
-        "session.export": Signature(rpc.SessionRef, dict).served_by(m.session_export),
+        "session.export": Signature(rpc.SessionExportParams, dict).served_by(m.session_export),
         "session.import": Signature(rpc.SessionImportParams, SessionState).served_by(
             m.session_import, grant=import_grant),
         # messages, tokens, progress, memory, checkpoints

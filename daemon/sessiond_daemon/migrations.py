@@ -208,6 +208,12 @@ MIGRATIONS: Final[list[list[str]]] = [
         """CREATE INDEX sessions_by_expiry ON sessions (expires_at, session_id)
             WHERE expires_at IS NOT NULL""",
     ],
+    # 8: forks share their source's checkpoint payloads by reference (forks.py): a fork's
+    # row holds an empty payload and the position of the source's checkpoint.saved, and
+    # the payload is found by that position. Idempotent.
+    [
+        "CREATE INDEX IF NOT EXISTS checkpoints_by_position ON checkpoints (position)",
+    ],
 ]
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import re
+import select
 import socket
 import struct
 from collections.abc import Callable, Coroutine
@@ -36,7 +37,7 @@ from sessiond_schemas.events import EventMeta, new_id
 
 from . import access, host, text
 from .access import Grants
-from .eventstore import Store, page_budget
+from .eventstore import Store, client_gone, page_budget
 from .methods import ConnectionHandler, Handler, MethodTable
 from .metrics import NO_METRICS, Hooks
 from .service import VERSION, invalid_params
@@ -263,6 +264,7 @@ class Server:
                 log.error("rpc.request_task_failed", error_id=new_id(),
                           exc_info=task.exception())
 
+        client_gone.set(_gone(writer))  # copied into each request task's context
         async with anyio.create_task_group() as tg:
             conn = Connection(peer, Subscriptions(
                 self.store, self.writer, writer, tg,
@@ -491,3 +493,21 @@ class Server:
 async def _on_connection(handler: ConnectionHandler, conn: Connection, params: Any,
                          meta: EventMeta) -> object:
     return await handler(conn.subscriptions, params)
+
+
+def _gone(writer: asyncio.StreamWriter) -> Callable[[], bool]:
+    """Whether the client closed its socket (POLLHUP: both directions shut, not a client
+    that only stopped sending). Safe to call from a read connection's thread."""
+    sock = writer.get_extra_info("socket")
+
+    def gone() -> bool:
+        if writer.is_closing() or sock is None:
+            return writer.is_closing()
+        try:
+            poller = select.poll()
+            poller.register(sock.fileno(), select.POLLIN)
+            return any(events & (select.POLLHUP | select.POLLERR)
+                       for _, events in poller.poll(0))
+        except (OSError, ValueError):
+            return True
+    return gone

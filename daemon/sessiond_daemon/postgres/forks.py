@@ -45,10 +45,12 @@ async def index(con: Any, e: Event) -> None:
         await con.executemany(
             "INSERT INTO messages (session_id, sequence, position) VALUES ($1, $2, $3)",
             [(e.session_id, seq, pos) for seq, pos in found.items()])
+    # The payloads are shared, not copied (forks.py): an empty payload and the source's
+    # position, by which it is found (SHARED_PAYLOAD_SQL).
     await con.execute(
         "INSERT INTO checkpoints (session_id, checkpoint_id, position, version, node_id,"
         " resume_from, created_at, size, payload) SELECT $1, checkpoint_id, position,"
-        " version, node_id, resume_from, created_at, size, payload FROM checkpoints"
+        " version, node_id, resume_from, created_at, size, ''::bytea FROM checkpoints"
         " WHERE session_id = $2 AND version <= $3 ON CONFLICT (session_id, checkpoint_id)"
         f" DO UPDATE SET {CHECKPOINT_COLUMNS}",
         e.session_id, source, version)
@@ -123,3 +125,29 @@ async def _find_messages(con: Any, session_id: str, version: int, count: int,
             break
         session_id, version = link[0], min(version, link[1])
     return found
+
+
+# The payload a row with an empty one shares: the row holding it at the same position.
+SHARED_PAYLOAD_SQL = ("SELECT payload FROM checkpoints WHERE position = $1"
+                      " AND length(payload) > 0 LIMIT 1")
+
+
+async def keep_shared_payloads(con: Any, rows: list[tuple[str, str]]) -> None:
+    """Before these (session_id, checkpoint_id) rows are replaced by a new save: each
+    payload a fork row shares is handed to one such row (forks.keep_shared_payload)."""
+    await con.executemany(
+        "UPDATE checkpoints SET payload = (SELECT payload FROM checkpoints WHERE session_id = $1"
+        " AND checkpoint_id = $2) WHERE (session_id, checkpoint_id) = (SELECT session_id,"
+        " checkpoint_id FROM checkpoints WHERE length(payload) = 0 AND position = (SELECT"
+        " position FROM checkpoints WHERE session_id = $1 AND checkpoint_id = $2"
+        " AND length(payload) > 0) LIMIT 1)", rows)
+
+
+async def keep_payloads_of_deleted(con: Any, session_ids: list[str]) -> None:
+    """Before these sessions' rows are deleted: rows of other sessions sharing one of
+    their payloads get it (forks.keep_shared_payloads)."""
+    await con.execute(
+        "UPDATE checkpoints c SET payload = o.payload FROM checkpoints o"
+        " WHERE o.session_id = ANY($1::text[]) AND o.position = c.position"
+        " AND length(o.payload) > 0 AND length(c.payload) = 0"
+        " AND NOT c.session_id = ANY($1::text[])", session_ids)

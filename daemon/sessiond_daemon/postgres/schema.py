@@ -200,6 +200,11 @@ MIGRATIONS: Final[list[list[str]]] = [
         """CREATE INDEX sessions_by_expiry ON sessions (expires_at, session_id)
             WHERE expires_at IS NOT NULL""",
     ],
+    # 4: forks share their source's checkpoint payloads by reference (forks.py), as
+    # SQLite's migration 8: a fork's row holds an empty payload, found by its position.
+    [
+        "CREATE INDEX IF NOT EXISTS checkpoints_by_position ON checkpoints (position)",
+    ],
 ]
 
 LATEST: Final = len(MIGRATIONS)

@@ -35,7 +35,7 @@ import structlog
 from sessiond_schemas.errors import StorageError
 
 from ..eventstore import Batch, Capabilities, Entry, Moved, Store
-from . import projections, schema
+from . import forks, projections, schema
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -120,13 +120,18 @@ class PostgresStore(ModelReads):
     """The writer's connection (only the writer task uses it) and a pool for reads."""
 
     def __init__(self, url: str, *, password: str | None = None, readers: int = 2,
-                 host_name: str | None = None, connect_timeout_s: float = 5.0) -> None:
+                 host_name: str | None = None, connect_timeout_s: float = 5.0,
+                 statement_timeout_s: float = 30.0) -> None:
         self.url = url
         self.password = password
         # A server that is down fails a commit after this long, retryable, instead of
         # holding the writer (asyncpg's own default is 60 s).
         self.connect_timeout_s = connect_timeout_s
         self.host_name = host_name
+        # Every statement, the writer's and the readers', ends after this long (a lock
+        # held from psql, say): the commit fails retryable instead of stopping every write
+        # (and the watchdog with them). 0: none.
+        self.server_settings = {"statement_timeout": str(int(statement_timeout_s * 1000))}
         self._reader_count = readers
         self._con: Any = None  # asyncpg.Connection of the writer
         self._pool: Any = None  # asyncpg.Pool of the readers
@@ -146,17 +151,22 @@ class PostgresStore(ModelReads):
     async def connect(self) -> Any:
         """A new connection to the database (the listener opens its own with this)."""
         return await asyncpg.connect(self.url, password=self.password,
-                                     timeout=self.connect_timeout_s)
+                                     timeout=self.connect_timeout_s,
+                                     server_settings=self.server_settings)
 
     async def open(self) -> None:
         """Connect, run pending migrations under the advisory lock, open the read pool."""
         try:
             self._con = await self.connect()
+            # A migration may rebuild an index of every event: no statement timeout for it.
+            await self._con.execute("SET statement_timeout = 0")
             self.migrated = await schema.migrate(self._con, redact(self.url))
+            await self._con.execute("RESET statement_timeout")
             self.schema_version = await schema.schema_version(self._con)
             self._pool = await asyncpg.create_pool(
                 self.url, password=self.password, min_size=1, max_size=self._reader_count,
-                timeout=self.connect_timeout_s, command_timeout=READ_TIMEOUT_S)
+                timeout=self.connect_timeout_s, command_timeout=READ_TIMEOUT_S,
+                server_settings=self.server_settings)
         except schema.SchemaTooNew:
             await self.close()
             raise
@@ -278,6 +288,7 @@ class PostgresStore(ModelReads):
         if stale:
             raise _Abort(sorted(stale))
         if batch.deletes:
+            await forks.keep_payloads_of_deleted(con, batch.deletes)
             for table in schema.SESSION_TABLES:
                 await con.execute(f"DELETE FROM {table} WHERE session_id = ANY($1::text[])",
                                   batch.deletes)

@@ -362,6 +362,7 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
         for sid in batch.deletes:
             # The read models first: the pages they free make room for the search index's
             # delete markers (FTS5 writes them) in a database at max_db_bytes.
+            forks.keep_shared_payloads(db, sid)
             for table in SESSION_TABLES:
                 if table not in ("events", "sessions"):
                     db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))

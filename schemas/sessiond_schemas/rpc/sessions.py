@@ -78,6 +78,11 @@ class SessionCleanupParams(Params, kw_only=True, forbid_unknown_fields=True):
     dry_run: bool = False
 
 
+class SessionExportParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    cursor: str | None = None  # the `next_cursor` of the previous page
+
+
 class SessionImportParams(Params, kw_only=True, forbid_unknown_fields=True):
     document: Any
     on_conflict: Literal["error", "skip", "replace"] = "error"
