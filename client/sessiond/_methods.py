@@ -579,11 +579,9 @@ class Methods:
                         cursor: str | None = None) -> Call[rpc.TrajectoryResult]:
         """One page of the session's steps (`next_cursor` set when more follow).
         -> TrajectoryResult."""
-        params: dict[str, Any] = {"session_id": session_id, "full": full,
-                                  "max_output_len": max_output_len}
-        if cursor is not None:  # a daemon before paged trajectories knows no cursor
-            params["cursor"] = cursor
-        return Call.of("session.trajectory", rpc.TrajectoryResult, **params)
+        # A None cursor is left out, so a daemon before paged trajectories is asked as before.
+        return Call.of("session.trajectory", rpc.TrajectoryResult, session_id=session_id,
+                       full=full, max_output_len=max_output_len, cursor=cursor)
 
     # --- search and fork ----------------------------------------------------------------
 
