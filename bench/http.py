@@ -16,8 +16,9 @@ acknowledgement), the reference server's file store with an fdatasync of the str
 segment file and an LMDB commit per append.
 
 Tail lag: one reader follows a stream, one writer appends a message at a time and waits
-for it to arrive; lag = arrival at the reader - the writer's acknowledgement (a delivery
-may beat the reply, so a lag can be slightly negative), p50 and p99. Over HTTP the reader
+for it to arrive; lag = arrival at the reader - the moment the writer sent the append
+(so it holds the append's own commit: a delivery often beats the writer's reply), p50 and
+p99. Over HTTP the reader
 is an SSE GET (`live=sse`), then a long-poll loop (`live=long-poll`); on the socket it is
 a subscription (`events.subscribe`).
 
@@ -81,12 +82,34 @@ class HttpTarget:
             raise RuntimeError(f"{self.name}: PUT {url}: {r.status_code} {r.text[:200]}")
         return url
 
-    def body(self, label: str, n: int) -> bytes:
-        return msgspec.json.encode(_message(label, n))
+    def body(self, message: dict[str, str]) -> bytes:
+        """An append of `message` (a role and a content)."""
+        return msgspec.json.encode(message)
 
     def content(self, item: Any) -> str:
         """The content of a message as a read returns it."""
         return str(item["content"])
+
+
+class SessionTarget(HttpTarget):
+    """sessiond's typed sessions as streams: a session made through the socket, each
+    append a `message.appended` event POSTed as {type, data} (docs/http.md); a read
+    returns the session's events."""
+
+    def __init__(self, name: str, base: str, sock: str) -> None:
+        super().__init__(name, base)
+        self.sock = sock
+
+    async def new_stream(self, http: httpx.AsyncClient, label: str) -> str:
+        async with AsyncClient(self.sock) as c:
+            sid = (await c.create_session(task=f"b14 {label}")).session_id
+        return f"{self.base}/{sid}"
+
+    def body(self, message: dict[str, str]) -> bytes:
+        return msgspec.json.encode({"type": "message.appended", "data": message})
+
+    def content(self, item: Any) -> str:
+        return str(item["data"]["content"]) if item["type"] == "message.appended" else ""
 
 
 async def http_appends(target: HttpTarget, seconds: float) -> dict[str, Any]:
@@ -100,8 +123,8 @@ async def http_appends(target: HttpTarget, seconds: float) -> dict[str, Any]:
 
         async def writer(w: int) -> None:
             while time.perf_counter() < deadline:
-                r = await clients[w].post(urls[w], content=target.body(f"w{w}", counts[w]),
-                                          headers=JSON)
+                body = target.body(_message(f"w{w}", counts[w]))
+                r = await clients[w].post(urls[w], content=body, headers=JSON)
                 if r.status_code not in (200, 204):
                     raise RuntimeError(f"{target.name}: POST: {r.status_code} {r.text[:200]}")
                 counts[w] += 1
@@ -158,15 +181,15 @@ async def _lag(samples: int, read: Callable[[anyio.Event], Awaitable[None]],
                append: Callable[[str], Awaitable[None]], arrived: dict[str, float]
                ) -> dict[str, Any]:
     """One writer's `samples` appends, each waited for at the reader `read` runs."""
-    acked: dict[str, float] = {}
+    sent: dict[str, float] = {}
     ready = anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(read, ready)
         await ready.wait()
         for i in range(samples):
             content = f"lag {i}"
+            sent[content] = time.perf_counter()
             await append(content)
-            acked[content] = time.perf_counter()
             with anyio.move_on_after(10 if i == 0 else 5):
                 while content not in arrived:
                     await anyio.sleep(0.0005)  # the poll's pace bounds how finely lag is seen
@@ -175,7 +198,7 @@ async def _lag(samples: int, read: Callable[[anyio.Event], Awaitable[None]],
                 return {"available": False, "why": f"{content!r} never arrived"}
             await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
-    return _figures([(arrived[k] - acked[k]) * 1000 for k in acked])
+    return _figures([(arrived[k] - sent[k]) * 1000 for k in sent])
 
 
 async def http_lag(target: HttpTarget, samples: int, mode: str) -> dict[str, Any]:
@@ -185,8 +208,8 @@ async def http_lag(target: HttpTarget, samples: int, mode: str) -> dict[str, Any
         arrived: dict[str, float] = {}
 
         async def append(content: str) -> None:
-            resp = await w.post(url, content=msgspec.json.encode(
-                {"role": "user", "content": content}), headers=JSON)
+            resp = await w.post(url, content=target.body({"role": "user", "content": content}),
+                                headers=JSON)
             if resp.status_code not in (200, 204):
                 raise RuntimeError(f"{target.name}: POST: {resp.status_code}")
 
@@ -266,8 +289,10 @@ class HttpDaemon(DaemonProcess):
     def base_url(self) -> str:
         """The streams' base URL: the capability URL with the daemon's token
         (docs/http.md)."""
-        token = Path(self.directory, "sessiond", "http-token").read_text().strip()
-        return f"http://127.0.0.1:{self.port}/{token}/streams"
+        from sessiond_schemas import paths
+
+        token = Path(paths.http_token_path(self.socket)).read_text().strip()
+        return f"http://127.0.0.1:{self.port}/t/{token}/v1/stream"
 
 
 def _free_port() -> int:
@@ -323,7 +348,6 @@ async def run(seconds: float, samples: int) -> dict[str, Any]:
                                "lag_samples": samples}
     root = tempfile.mkdtemp(prefix="b14-")
     try:
-        os.environ["XDG_RUNTIME_DIR"] = root  # the daemon's token file goes here
         daemon = HttpDaemon(root) if has_http_face() else DaemonProcess(root)
         await daemon.start()
         try:
@@ -331,12 +355,17 @@ async def run(seconds: float, samples: int) -> dict[str, Any]:
                                  "lag_subscribe": await socket_lag(daemon.socket, samples)}
             print(f"B14 socket: {results['socket']}", file=sys.stderr)
             if isinstance(daemon, HttpDaemon):
-                target = HttpTarget("sessiond", daemon.base_url())
-                results["sessiond_http"] = await http_figures(target, seconds, samples)
+                base = daemon.base_url()
+                results["sessiond_http"] = await http_figures(
+                    SessionTarget("sessiond", base, daemon.socket), seconds, samples)
+                results["sessiond_http_generic"] = await http_figures(
+                    HttpTarget("sessiond generic", base), seconds, samples)
             else:
-                results["sessiond_http"] = {
+                results["sessiond_http"] = results["sessiond_http_generic"] = {
                     "available": False, "why": "this daemon has no HTTP face (http_listen)"}
             print(f"B14 sessiond HTTP: {results['sessiond_http']}", file=sys.stderr)
+            print(f"B14 sessiond HTTP, generic: {results['sessiond_http_generic']}",
+                  file=sys.stderr)
         finally:
             daemon.stop()
         try:
@@ -365,10 +394,11 @@ def report(results: dict[str, Any]) -> None:
     print(f"B14 HTTP: {WRITERS} writers, {results['seconds_each']} s each; "
           f"lag over {results['lag_samples']} appends")
     s = results["socket"]
-    print(f"  sessiond socket API:   {s['appends']['appends_per_s']:>9} appends/s;"
+    print(f"  sessiond socket API:    {s['appends']['appends_per_s']:>9} appends/s;"
           f" subscription lag {_lag_text(s['lag_subscribe'])}")
-    for key, name in (("sessiond_http", "sessiond HTTP:       "),
-                      ("reference", "reference Node (file):")):
+    for key, name in (("sessiond_http", "sessiond HTTP, session:"),
+                      ("sessiond_http_generic", "sessiond HTTP, generic:"),
+                      ("reference", "reference Node (file): ")):
         r = results[key]
         if not r.get("available", True):
             print(f"  {name} not available ({r['why']})")

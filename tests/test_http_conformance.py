@@ -40,6 +40,7 @@ from conftest import PATIENCE_S, wait_for_daemon
 
 from sessiond import Client
 from sessiond_daemon.config import Config
+from sessiond_schemas import paths
 
 # --- starting the servers -----------------------------------------------------------------
 
@@ -67,16 +68,17 @@ def _free_port() -> int:
 @dataclass
 class HttpDaemon:
     socket: str
-    base_url: str  # where streams live: the capability prefix included
+    base_url: str  # the capability URL: the suite's base, streams under /v1/stream/
     proc: subprocess.Popen[bytes]
 
     def stream_url(self, session_id: str) -> str:
-        return f"{self.base_url}/{session_id}"
+        return f"{self.base_url}/v1/stream/{session_id}"
 
 
 @contextmanager
 def http_daemon(directory: str, db: str) -> Iterator[HttpDaemon]:
-    """A real sessiond process with its HTTP face on a loopback port, on `db`."""
+    """A real sessiond process with its HTTP face on a loopback port, on `db`; its base
+    URL is the capability URL that carries the owner's token (docs/http.md)."""
     if "http_listen" not in Config.__struct_fields__:
         raise AssertionError("this daemon has no HTTP face (`http_listen`): issue 29's "
                              "server (branch b29) is not merged here yet")
@@ -86,12 +88,11 @@ def http_daemon(directory: str, db: str) -> Iterator[HttpDaemon]:
     with open(config, "w") as f:
         f.write(f'socket = "{sock}"\ndb = "{db}"\nlog_level = "warning"\n'
                 f'http_listen = ["127.0.0.1:{port}"]\n')
-    env = {**os.environ, "XDG_RUNTIME_DIR": directory}
-    proc = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--config", config],
-                            env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--config", config])
     try:
         wait_for_daemon(sock, proc)
-        yield HttpDaemon(sock, _base_url(directory, port), proc)
+        token = Path(paths.http_token_path(sock)).read_text().strip()
+        yield HttpDaemon(sock, f"http://127.0.0.1:{port}/t/{token}", proc)
     finally:
         proc.terminate()
         try:
@@ -99,13 +100,6 @@ def http_daemon(directory: str, db: str) -> Iterator[HttpDaemon]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _base_url(runtime_dir: str, port: int) -> str:
-    """The streams' base URL of a daemon on `port`: the capability URL, which carries the
-    token the daemon wrote into its runtime directory (docs/http.md)."""
-    token = Path(runtime_dir, "sessiond", "http-token").read_text().strip()
-    return f"http://127.0.0.1:{port}/{token}/streams"
 
 
 @pytest.fixture
@@ -229,13 +223,14 @@ def tail(node: str, url: str, total: int, live: str) -> Iterator[Tail]:
 CATCHUP, ROUNDS, PER_ROUND = 5, 3, 4  # events before the reader starts; then live rounds
 
 
-def _tail_all(node: str, url: str, live: str, append: Any) -> list[Any]:
+def _tail_all(node: str, url: str, live: str, append: Any, created: int = 0) -> list[Any]:
     """Append CATCHUP events, start the TypeScript client, then append ROUNDS rounds of
     PER_ROUND, each once the client has printed the round before (so those events reach
-    it through its live tail, not its catch-up). Returns every item it saw, in order."""
+    it through its live tail, not its catch-up). Returns every item it saw, in order
+    (`created`: how many items the stream held before the first append)."""
     for n in range(CATCHUP):
         append(n)
-    total = CATCHUP + ROUNDS * PER_ROUND
+    total = created + CATCHUP + ROUNDS * PER_ROUND
     with tail(node, url, total, live) as t:
         first = t.next()
         seen = list(first["catchup"])
@@ -271,17 +266,18 @@ def test_typescript_client_tails_the_reference_server(node: str, reference_url: 
 def test_typescript_client_tails_a_session(node: str, store_kind: str, sessiond_db: str,
                                            short_dir: str, live: str) -> None:
     """The official client reads a real daemon's session over HTTP while the test appends
-    through the Python socket client: every event once, in order, as the socket client
-    reads the same session."""
+    through the Python socket client: every event of the session once, in order, as the
+    socket API's events.read returns it."""
     with http_daemon(short_dir, sessiond_db) as d, Client(d.socket) as client:
-        session = client.create_session().session_id
+        session = client.create_session(task="tailed over HTTP").session_id
 
         def append(n: int) -> None:
             client.append_message(session, "user", f"message {n}")
 
-        seen = _tail_all(node, d.stream_url(session), live, append)
-        events = client.call("session.events", dict, session_id=session)
-    # TODO(b29): compare with the events as the socket API lists them, once the
-    # event's JSON form over HTTP is in docs/http.md.
-    assert [e["content"] for e in seen if e.get("type") == "message"] == [
-        f"message {n}" for n in range(CATCHUP + ROUNDS * PER_ROUND)], events
+        # the session.created event counts as one of the catch-up's
+        seen = _tail_all(node, d.stream_url(session), live, append, created=1)
+        stored = client.call("events.read", dict, session_id=session, limit=1000)["events"]
+    assert [e["version"] for e in seen] == list(range(1, len(stored) + 1))
+    assert seen == stored
+    assert [e["data"]["content"] for e in seen if e["type"] == "message.appended"] == [
+        f"message {n}" for n in range(CATCHUP + ROUNDS * PER_ROUND)]
