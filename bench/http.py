@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -218,9 +219,14 @@ async def http_lag(target: HttpTarget, samples: int, mode: str) -> dict[str, Any
 
 
 async def http_figures(target: HttpTarget, seconds: float, samples: int) -> dict[str, Any]:
-    out = {"appends": await http_appends(target, seconds)}
-    for mode in ("sse", "long-poll"):
-        out[f"lag_{mode}"] = await http_lag(target, samples, mode)
+    """Appends/s and both lags; a request the target refuses makes it "not available",
+    with the refusal, rather than ending the run."""
+    try:
+        out = {"appends": await http_appends(target, seconds)}
+        for mode in ("sse", "long-poll"):
+            out[f"lag_{mode}"] = await http_lag(target, samples, mode)
+    except (RuntimeError, httpx.HTTPError) as exc:  # the capability token is not printed
+        return {"available": False, "why": re.sub(r"/t/[^/]+", "/t/<token>", str(exc))[:300]}
     return out
 
 

@@ -216,3 +216,46 @@ def differences(reference: SuiteRun, other: SuiteRun) -> str:
         lines.append(f"- [{spec_section(name, test.group if test else '')}] {name} "
                      f"({status}){why}")
     return "\n".join(lines)
+
+
+def tables(reports: Path) -> str:
+    """The figures section of tests/http/CONFORMANCE.md from a run's reports (the JSON
+    files tests/test_http_conformance.py keeps, one a target):
+
+        python tests/http_harness.py [DIR]   # default: $TMPDIR/sessiond-conformance
+    """
+    runs: dict[str, dict[str, dict[str, str]]] = {}
+    for path in sorted(reports.glob("*.json")):
+        runs[path.stem.replace("-", " ")] = json.loads(path.read_text())
+    out = ["| target | tests | passed | failed | skipped |", "| --- | --- | --- | --- | --- |"]
+    for target, tests in runs.items():
+        c = Counter(t["status"] for t in tests.values())
+        out.append(f"| {target} | {len(tests)} | {c['passed']} | {c['failed']} | "
+                   f"{c['skipped']} |")
+    reference = runs.get("reference", {})
+    passed = {n for n, t in reference.items() if t["status"] == "passed"}
+    for target, tests in runs.items():
+        if target == "reference":
+            continue
+        mine = {n for n, t in tests.items() if t["status"] == "passed"}
+        for title, names in ((f"{target} fails, the reference passes", passed - mine),
+                             (f"{target} passes, the reference does not", mine - passed)):
+            out += ["", f"### {title} ({len(names)})", ""]
+            for name in sorted(names, key=lambda n: (tests[n]["section"], n)):
+                t = tests[name]
+                why = f": `{t['failure'][:160]}`" if t["failure"] and name not in mine else ""
+                out.append(f"- §{t['section']}: {name} ({t['status']}){why}")
+    if reference:
+        out += ["", "### The reference server's own (not passed)", ""]
+        for name, t in sorted(reference.items(), key=lambda kv: (kv[1]["section"], kv[0])):
+            if t["status"] != "passed":
+                why = f": `{t['failure'][:160]}`" if t["failure"] else ""
+                out.append(f"- §{t['section']}: {name} ({t['status']}){why}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(tables(Path(sys.argv[1] if len(sys.argv) > 1
+                      else Path(tempfile.gettempdir(), "sessiond-conformance"))))

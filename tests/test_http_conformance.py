@@ -88,18 +88,24 @@ def http_daemon(directory: str, db: str) -> Iterator[HttpDaemon]:
     with open(config, "w") as f:
         f.write(f'socket = "{sock}"\ndb = "{db}"\nlog_level = "warning"\n'
                 f'http_listen = ["127.0.0.1:{port}"]\n')
-    proc = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--config", config])
-    try:
-        wait_for_daemon(sock, proc)
-        token = Path(paths.http_token_path(sock)).read_text().strip()
-        yield HttpDaemon(sock, f"http://127.0.0.1:{port}/t/{token}", proc)
-    finally:
-        proc.terminate()
+    log_path = os.path.join(directory, "daemon.log")  # the suite's refusals fill it
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--config", config],
+                                stdout=log, stderr=subprocess.STDOUT)
         try:
-            proc.wait(timeout=PATIENCE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            try:
+                wait_for_daemon(sock, proc)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}:\n{Path(log_path).read_text()[-3000:]}") from None
+            token = Path(paths.http_token_path(sock)).read_text().strip()
+            yield HttpDaemon(sock, f"http://127.0.0.1:{port}/t/{token}", proc)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=PATIENCE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.fixture
