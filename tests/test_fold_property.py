@@ -45,7 +45,7 @@ commands = st.one_of(
     st.tuples(st.just("clear")),
     st.tuples(st.just("events"), st.lists(st.sampled_from(
         ["plan", "problem", "decision", "result", "metadata", "started", "output", "exited",
-         "detached", "state", "app_state"]),
+         "detached", "state", "app_state", "chunk", "chunk_bytes"]),
         min_size=1, max_size=3), names),
 )
 
@@ -95,7 +95,9 @@ async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
                                                    "reason": cmd[2]}),
                  "state": ("state.updated", {"scope": "session", "delta": {cmd[2]: None}}),
                  "app_state": ("state.updated", {"scope": "app", "app_name": "p",
-                                                 "delta": {cmd[2]: 1}})}
+                                                 "delta": {cmd[2]: 1}}),
+                 "chunk": ("stream.chunk", {"text": cmd[2], "seq": cmd[2]}),
+                 "chunk_bytes": ("stream.chunk", {"base64": "AAEC/w=="})}
         await c.append_events(sid, [{"type": datas[k][0], "data": datas[k][1]} for k in cmd[1]])
 
 

@@ -82,7 +82,17 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch_requests: Count = 64
     max_reply_buffer: Count = 16 << 20
     max_page_bytes: Count = 4 << 20
-    # Prometheus endpoint (docs/metrics.md): host:port or a socket path; None: off.
+    # The HTTP face (docs/http.md): Durable Streams and /metrics on each host:port or
+    # socket path listed (loopback only unless http_allow_remote); none: off.
+    http_listen: list[str] = []
+    http_allow_remote: bool = False
+    http_cors_origins: list[str] = []  # origins a browser may call from; "*": any
+    http_long_poll_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    http_sse_close_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 60.0
+    http_send_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    http_idle_timeout_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 5.0
+    # Prometheus alone, unauthenticated, on host:port or a socket path (docs/metrics.md);
+    # None: off (with http_listen, /metrics is also served there, to the owner's token).
     metrics_listen: str | None = None
     max_metrics_labels: Count = 20  # actors / namespaces labelled; the rest are "(other)"
 
@@ -93,7 +103,8 @@ RELOADABLE = frozenset({
     "log_level", "log_format", "max_request_bytes", "max_connections", "max_inflight",
     "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
     "max_checkpoint_bytes", "allowed_uids", "allowed_gids", "peer_methods", "drain_timeout_s",
-    "max_batch_requests", "max_reply_buffer", "max_page_bytes",
+    "max_batch_requests", "max_reply_buffer", "max_page_bytes", "http_cors_origins",
+    "http_send_timeout_s",
 })
 
 

@@ -9,7 +9,7 @@ import socket
 import stat
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -29,7 +29,8 @@ from .executors import Executors
 from .executors import Settings as ExecutorSettings
 from .graphs import Graphs
 from .maintenance import Maintenance
-from .metrics import start_metrics
+from .metrics import MetricsUnavailable, require_client
+from .metrics import install as install_metrics
 from .postgres import dsn
 from .search_fork import SearchAndFork
 from .server import Server, ServerLimits
@@ -37,6 +38,9 @@ from .service import LiveFigures, Service
 from .sqlite import SqliteStore
 from .systemd import Notifier, Watchdog
 from .writer import Writer
+
+if TYPE_CHECKING:
+    from .web.face import Face
 
 log = structlog.get_logger("sessiond.lifecycle")
 
@@ -127,6 +131,7 @@ class Daemon:
         self.commands: Commands | None = None
         self.methods: methods.MethodTable | None = None  # what the server serves
         self.writer: Writer | None = None
+        self.http: Face | None = None  # the HTTP face, with http_listen or metrics_listen
 
     async def run(self, shutdown: anyio.Event, *,
                   task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -261,9 +266,8 @@ class Daemon:
                 # Executors a previous daemon left are marked before anyone is served.
                 await serving.start(executors.run)
                 await serving.start(server.serve, listener)
-                if config.metrics_listen is not None:
-                    await start_metrics(serving, config, store, writer, server, executors,
-                                        lambda path: bind_socket(path, config.socket_mode))
+                if config.http_listen or config.metrics_listen is not None:
+                    await self._start_http(serving, config, writer, server, executors, store)
                 if config.cleanup_older_than_days > 0:
                     serving.start_soon(_retention, maintenance, config)
                 log.info("daemon.ready", socket=socket_path, db=config.db,
@@ -289,6 +293,25 @@ class Daemon:
                 await listener.aclose()
                 if bound is not None:
                     _unlink_socket(socket_path, bound)
+                if self.http is not None:
+                    self.http.close()
+
+    async def _start_http(self, tg: TaskGroup, config: Config, writer: Writer, server: Server,
+                          executors: Executors, store: Store) -> None:
+        """The HTTP face (web/): Durable Streams and /metrics, on http_listen; /metrics
+        alone on metrics_listen. Prometheus' hooks are installed when its client is."""
+        from .web.face import Face
+
+        exposition = None
+        try:
+            require_client()
+        except MetricsUnavailable:
+            pass
+        else:
+            exposition = install_metrics(config, store, writer, server, executors).exposition
+        assert self.methods is not None
+        self.http = Face(config, self.methods, lambda: server.grants, writer, exposition)
+        await self.http.start(tg, lambda path: bind_socket(path, config.socket_mode))
 
     async def _heartbeat(self, writer: Writer, server: Server) -> None:
         """Tell systemd how we are: STATUS= lines, and WATCHDOG=1 only while healthy.
@@ -332,6 +355,8 @@ class Daemon:
             self.server.allowed_uids = frozenset(new.allowed_uids)
             self.server.allowed_gids = frozenset(new.allowed_gids)
             self.server.grants = Grants.of(new.peer_methods)
+        if self.http is not None:
+            self.http.reload(new)
         if self.commands is not None:
             self.commands.limits = _service_limits(new)
         # Keep the settings that need a restart as they are running.

@@ -342,6 +342,11 @@ def _state_updated(s: SessionState, event: Event, d: StateUpdated) -> None:
         s.memory = {**s.memory, **d.delta}
 
 
+def _stream_chunk(s: SessionState, event: Event, d: None) -> None:
+    """A generic stream's bytes are history only (read back over HTTP, searched as text);
+    the view records that the stream moved (updated_at)."""
+
+
 def _graph_event(s: SessionState, event: Event, d: None) -> None:
     """LangGraph checkpoints, writes and prunes live in their own index (graph.get,
     graph.list); the session view records only that the thread moved (updated_at)."""
@@ -375,6 +380,7 @@ _UNREAD = frozenset({
     "session.created", "session.forked",  # a second creation is refused, unread
     "problem.recorded", "decision.recorded",  # kept whole
     "process.output", "graph.checkpoint", "graph.writes", "graph.pruned",  # history only
+    "stream.chunk",
 })
 
 _BRANCHES: dict[str, Callable[[SessionState, Event, Any], None]] = {
@@ -400,4 +406,5 @@ _BRANCHES: dict[str, Callable[[SessionState, Event, Any], None]] = {
     "process.output": _process_output,
     "process.exited": _process_exited,
     "process.detached": _process_detached,
+    "stream.chunk": _stream_chunk,
 }

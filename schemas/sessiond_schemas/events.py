@@ -177,6 +177,21 @@ class PlanLinked(msgspec.Struct, kw_only=True):
     plan_id: Annotated[str, msgspec.Meta(min_length=1)]
 
 
+class StreamChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Bytes appended to a generic stream (the HTTP face, docs/http.md): `text` when the
+    stream's content type is textual (text/*, JSON, XML, ...), else `base64`; one of the
+    two, never both. A JSON stream's chunk is one JSON message. `seq` is the writer's
+    Stream-Seq header, when it gave one (later ones must sort after it)."""
+
+    text: str | None = None
+    base64: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9+/]*={0,2}$")] | None = None
+    seq: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.base64 is None):
+            raise ValueError("`text` or `base64`: a chunk carries exactly one of the two")
+
+
 class MessagesTruncated(msgspec.Struct, kw_only=True):
     """Messages from `from_sequence` on leave the conversation (sessiond extension:
     message.pop, message.clear). The events stay; `last_message` is the one now last."""
@@ -331,6 +346,7 @@ DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "graph.pruned": GraphPruned,
     "state.updated": StateUpdated,
     "session.forked": SessionForked,
+    "stream.chunk": StreamChunk,
 }
 EVENT_TYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
 if TYPE_CHECKING:  # a Literal cannot be derived for mypy; at run time it is the table's keys
