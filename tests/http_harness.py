@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -167,6 +168,11 @@ class SuiteRun:
                 f"{c['failed']} failed, {c['skipped']} skipped")
 
 
+def redact(text: str) -> str:
+    """`text` without capability tokens (a URL's /t/<token>/ prefix)."""
+    return re.sub(r"/t/[^/\s]+/", "/t/<token>/", text)
+
+
 def parse_report(target: str, report: dict[str, object]) -> SuiteRun:
     """The tests of vitest's JSON reporter output (`--reporter=json`)."""
     tests: dict[str, Test] = {}
@@ -179,7 +185,8 @@ def parse_report(target: str, report: dict[str, object]) -> SuiteRun:
             group = a["ancestorTitles"][0] if a["ancestorTitles"] else a["title"]
             name = a["fullName"]
             assert name not in tests, f"two tests named {name!r} in the suite"
-            tests[name] = Test(name, group, status, messages[0].strip().split("\n")[0])
+            tests[name] = Test(name, group, status,
+                               redact(messages[0].strip().split("\n")[0]))
     return SuiteRun(target, tests)
 
 
@@ -234,17 +241,24 @@ def tables(reports: Path) -> str:
                    f"{c['skipped']} |")
     reference = runs.get("reference", {})
     passed = {n for n, t in reference.items() if t["status"] == "passed"}
-    for target, tests in runs.items():
-        if target == "reference":
-            continue
-        mine = {n for n, t in tests.items() if t["status"] == "passed"}
-        for title, names in ((f"{target} fails, the reference passes", passed - mine),
-                             (f"{target} passes, the reference does not", mine - passed)):
-            out += ["", f"### {title} ({len(names)})", ""]
-            for name in sorted(names, key=lambda n: (tests[n]["section"], n)):
-                t = tests[name]
-                why = f": `{t['failure'][:160]}`" if t["failure"] and name not in mine else ""
-                out.append(f"- §{t['section']}: {name} ({t['status']}){why}")
+    others = {target: tests for target, tests in runs.items() if target != "reference"}
+    for title, keep in (("fails, the reference passes", lambda t: t["status"] != "passed"),
+                        ("passes, the reference does not", lambda t: t["status"] == "passed")):
+        which: dict[str, list[str]] = {}
+        for target, tests in others.items():
+            for name, t in tests.items():
+                if keep(t) and (name in passed) == title.startswith("fails"):
+                    which.setdefault(name, []).append(target.removeprefix("sessiond "))
+        counts = ", ".join(f"{sum(target.removeprefix('sessiond ') in w for w in which.values())}"
+                           f" on {target.removeprefix('sessiond ')}" for target in others)
+        out += ["", f"### sessiond {title} ({counts})", ""]
+        for name in sorted(which, key=lambda n: (reference[n]["section"] if n in reference
+                                                 else "", n)):
+            t = next(tests[name] for tests in others.values() if name in tests)
+            failure = redact(t["failure"])[:160] if title.startswith("fails") else ""
+            why = f": `{failure}`" if failure else ""
+            stores = "" if len(which[name]) == len(others) else f" [{', '.join(which[name])} only]"
+            out.append(f"- §{t['section']}: {name}{stores}{why}")
     if reference:
         out += ["", "### The reference server's own (not passed)", ""]
         for name, t in sorted(reference.items(), key=lambda kv: (kv[1]["section"], kv[0])):

@@ -75,6 +75,11 @@ class HttpDaemon:
         return f"{self.base_url}/v1/stream/{session_id}"
 
 
+# A long poll with nothing new answers 204 after this: the reference server's, so the two
+# tests of the suite that wait one out wait as long on each.
+LONG_POLL_S = http_harness.REFERENCE_LONG_POLL_MS / 1000
+
+
 @contextmanager
 def http_daemon(directory: str, db: str) -> Iterator[HttpDaemon]:
     """A real sessiond process with its HTTP face on a loopback port, on `db`; its base
@@ -87,7 +92,7 @@ def http_daemon(directory: str, db: str) -> Iterator[HttpDaemon]:
     config = os.path.join(directory, "sessiond.toml")
     with open(config, "w") as f:
         f.write(f'socket = "{sock}"\ndb = "{db}"\nlog_level = "warning"\n'
-                f'http_listen = ["127.0.0.1:{port}"]\n')
+                f'http_listen = ["127.0.0.1:{port}"]\nhttp_long_poll_s = {LONG_POLL_S}\n')
     log_path = os.path.join(directory, "daemon.log")  # the suite's refusals fill it
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--config", config],
