@@ -49,7 +49,7 @@ import msgspec
 
 from sessiond import AsyncClient
 
-from .daemon import DaemonProcess
+from .daemon import DaemonProcess, cpu_s
 
 WRITERS = 16
 NODE_DIR = Path(__file__).resolve().parent.parent / "tests" / "http" / "conformance"
@@ -73,8 +73,9 @@ def _figures(lags: list[float]) -> dict[str, Any]:
 class HttpTarget:
     """A Durable Streams server: streams under `base`, created with a PUT."""
 
-    def __init__(self, name: str, base: str) -> None:
+    def __init__(self, name: str, base: str, pid: int) -> None:
         self.name, self.base = name, base
+        self.pid = pid  # the server's process: its CPU is counted
 
     async def new_stream(self, http: httpx.AsyncClient, label: str) -> str:
         url = f"{self.base}/b14-{label}-{os.getpid()}-{time.monotonic_ns()}"
@@ -97,8 +98,8 @@ class SessionTarget(HttpTarget):
     append a `message.appended` event POSTed as {type, data} (docs/http.md); a read
     returns the session's events."""
 
-    def __init__(self, name: str, base: str, sock: str) -> None:
-        super().__init__(name, base)
+    def __init__(self, name: str, base: str, pid: int, sock: str) -> None:
+        super().__init__(name, base, pid)
         self.sock = sock
 
     async def new_stream(self, http: httpx.AsyncClient, label: str) -> str:
@@ -113,13 +114,23 @@ class SessionTarget(HttpTarget):
         return str(item["data"]["content"]) if item["type"] == "message.appended" else ""
 
 
+def _rate(count: int, took: float, cpu: float, client_cpu: float) -> dict[str, Any]:
+    """The figures of an appends run: `cpu` the server's CPU seconds meanwhile,
+    `client_cpu` this process's (the 16 writers share the machine's 2 cores with it)."""
+    return {"appends": count, "seconds": round(took, 2),
+            "appends_per_s": round(count / took, 1),
+            "server_cpu_pct": round(100 * cpu / took), "server_cpu_ms_per_append":
+            round(1000 * cpu / count, 3) if count else None,
+            "client_cpu_pct": round(100 * client_cpu / took)}
+
+
 async def http_appends(target: HttpTarget, seconds: float) -> dict[str, Any]:
     clients = [httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1))
                for _ in range(WRITERS)]
     counts = [0] * WRITERS
     try:
         urls = [await target.new_stream(c, f"w{w}") for w, c in enumerate(clients)]
-        started = time.perf_counter()
+        cpu0, mine0, started = cpu_s(target.pid), time.process_time(), time.perf_counter()
         deadline = started + seconds
 
         async def writer(w: int) -> None:
@@ -133,12 +144,12 @@ async def http_appends(target: HttpTarget, seconds: float) -> dict[str, Any]:
         async with anyio.create_task_group() as tg:
             for w in range(WRITERS):
                 tg.start_soon(writer, w)
-        took = time.perf_counter() - started
+        took, cpu = time.perf_counter() - started, cpu_s(target.pid) - cpu0
+        mine = time.process_time() - mine0
     finally:
         for c in clients:
             await c.aclose()
-    return {"appends": sum(counts), "seconds": round(took, 2),
-            "appends_per_s": round(sum(counts) / took, 1)}
+    return _rate(sum(counts), took, cpu, mine)
 
 
 async def _sse(http: httpx.AsyncClient, url: str, target: HttpTarget,
@@ -233,14 +244,14 @@ async def http_figures(target: HttpTarget, seconds: float, samples: int) -> dict
 # --- the socket API -----------------------------------------------------------------------
 
 
-async def socket_appends(sock: str, seconds: float) -> dict[str, Any]:
+async def socket_appends(sock: str, pid: int, seconds: float) -> dict[str, Any]:
     clients = [AsyncClient(sock) for _ in range(WRITERS)]
     counts = [0] * WRITERS
     try:
         for c in clients:
             await c.__aenter__()
         sids = [(await c.create_session(task="b14")).session_id for c in clients]
-        started = time.perf_counter()
+        cpu0, mine0, started = cpu_s(pid), time.process_time(), time.perf_counter()
         deadline = started + seconds
 
         async def writer(w: int) -> None:
@@ -252,12 +263,12 @@ async def socket_appends(sock: str, seconds: float) -> dict[str, Any]:
         async with anyio.create_task_group() as tg:
             for w in range(WRITERS):
                 tg.start_soon(writer, w)
-        took = time.perf_counter() - started
+        took, cpu = time.perf_counter() - started, cpu_s(pid) - cpu0
+        mine = time.process_time() - mine0
     finally:
         for c in clients:
             await c.__aexit__(None, None, None)
-    return {"appends": sum(counts), "seconds": round(took, 2),
-            "appends_per_s": round(sum(counts) / took, 1)}
+    return _rate(sum(counts), took, cpu, mine)
 
 
 async def socket_lag(sock: str, samples: int) -> dict[str, Any]:
@@ -357,15 +368,17 @@ async def run(seconds: float, samples: int) -> dict[str, Any]:
         daemon = HttpDaemon(root) if has_http_face() else DaemonProcess(root)
         await daemon.start()
         try:
-            results["socket"] = {"appends": await socket_appends(daemon.socket, seconds),
+            assert daemon.proc is not None
+            pid = daemon.proc.pid
+            results["socket"] = {"appends": await socket_appends(daemon.socket, pid, seconds),
                                  "lag_subscribe": await socket_lag(daemon.socket, samples)}
             print(f"B14 socket: {results['socket']}", file=sys.stderr)
             if isinstance(daemon, HttpDaemon):
                 base = daemon.base_url()
                 results["sessiond_http"] = await http_figures(
-                    SessionTarget("sessiond", base, daemon.socket), seconds, samples)
+                    SessionTarget("sessiond", base, pid, daemon.socket), seconds, samples)
                 results["sessiond_http_generic"] = await http_figures(
-                    HttpTarget("sessiond generic", base), seconds, samples)
+                    HttpTarget("sessiond generic", base, pid), seconds, samples)
             else:
                 results["sessiond_http"] = results["sessiond_http_generic"] = {
                     "available": False, "why": "this daemon has no HTTP face (http_listen)"}
@@ -381,7 +394,7 @@ async def run(seconds: float, samples: int) -> dict[str, Any]:
         else:
             try:
                 results["reference"] = await http_figures(
-                    HttpTarget("reference", f"{ref.url}/v1/stream"), seconds, samples)
+                    HttpTarget("reference", f"{ref.url}/v1/stream", ref.proc.pid), seconds, samples)
             finally:
                 ref.stop()
         print(f"B14 reference: {results['reference']}", file=sys.stderr)
@@ -396,11 +409,17 @@ def _lag_text(lag: dict[str, Any]) -> str:
     return f"p50 {lag['p50_ms']} ms, p99 {lag['p99_ms']} ms ({lag['samples']} samples)"
 
 
+def _appends_text(a: dict[str, Any]) -> str:
+    return (f"{a['appends_per_s']:>9} appends/s (server CPU {a['server_cpu_pct']}%,"
+            f" {a['server_cpu_ms_per_append']} ms an append; client CPU"
+            f" {a['client_cpu_pct']}%)")
+
+
 def report(results: dict[str, Any]) -> None:
     print(f"B14 HTTP: {WRITERS} writers, {results['seconds_each']} s each; "
           f"lag over {results['lag_samples']} appends")
     s = results["socket"]
-    print(f"  sessiond socket API:    {s['appends']['appends_per_s']:>9} appends/s;"
+    print(f"  sessiond socket API:    {_appends_text(s['appends'])};"
           f" subscription lag {_lag_text(s['lag_subscribe'])}")
     for key, name in (("sessiond_http", "sessiond HTTP, session:"),
                       ("sessiond_http_generic", "sessiond HTTP, generic:"),
@@ -409,7 +428,7 @@ def report(results: dict[str, Any]) -> None:
         if not r.get("available", True):
             print(f"  {name} not available ({r['why']})")
             continue
-        print(f"  {name} {r['appends']['appends_per_s']:>9} appends/s;"
+        print(f"  {name} {_appends_text(r['appends'])};"
               f" SSE lag {_lag_text(r['lag_sse'])}; long-poll lag"
               f" {_lag_text(r['lag_long-poll'])}")
 
