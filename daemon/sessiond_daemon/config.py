@@ -91,6 +91,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     http_sse_close_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 60.0
     http_send_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     http_idle_timeout_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 5.0
+    http_max_connections: Count = 256  # open at once; more are dropped as they connect
     # Prometheus alone, unauthenticated, on host:port or a socket path (docs/metrics.md);
     # None: off (with http_listen, /metrics is also served there, to the owner's token).
     metrics_listen: str | None = None

@@ -138,7 +138,8 @@ class Daemon:
         """Run until `shutdown` is set; `task_status.started` gets the socket path."""
         config = self.config
         assert config.db
-        _raise_fd_limit(config.max_connections)
+        _raise_fd_limit(config.max_connections
+                        + (config.http_max_connections if config.http_listen else 0))
         # 0. The host: directories only we can write, and the database to ourselves.
         lock = _database_lock(config.db)
         if self.inherited is None:

@@ -24,6 +24,7 @@ from .streams import Streams
 
 log = structlog.get_logger("sessiond.http")
 
+MAX_SCRAPES = 8  # connections metrics_listen keeps open at once (it has no peer check)
 BindUnix = Callable[[str], Awaitable[SocketListener]]
 
 
@@ -68,13 +69,14 @@ class Face:
         if config.http_listen:
             self.tokens.create()
             app = App(self.streams, self.tokens, self.metrics, lambda: self._settings)
-            await self._serve(tg, app, config.http_listen, bind_unix)
+            await self._serve(tg, app, config.http_listen, bind_unix,
+                              config.http_max_connections)
         if config.metrics_listen is not None:
             scrape = App(None, None, self.metrics, lambda: self._settings, metrics_only=True)
-            await self._serve(tg, scrape, [config.metrics_listen], bind_unix)
+            await self._serve(tg, scrape, [config.metrics_listen], bind_unix, MAX_SCRAPES)
 
     async def _serve(self, tg: TaskGroup, app: App, addresses: list[str],
-                     bind_unix: BindUnix) -> None:
+                     bind_unix: BindUnix, max_connections: int) -> None:
         sockets: list[socket.socket] = []
         for address in addresses:
             where = listen.parse(address, allow_remote=self.config.http_allow_remote)
@@ -90,7 +92,7 @@ class Face:
                      else "{}:{}".format(*sockets[-1].getsockname()[:2]))
         await tg.start(partial(listen.serve, app, sockets,
                                idle_timeout_s=self.config.http_idle_timeout_s,
-                               max_connections=self.config.max_connections,
+                               max_connections=max_connections,
                                graceful_s=1.0))
 
     def close(self) -> None:

@@ -80,11 +80,17 @@ def tcp_socket(host: str, port: int) -> socket.socket:
 
 class _PeerProtocol(H11Protocol):
     """uvicorn's h11 protocol, plus: the peer's credentials in the scope of a Unix
-    connection (SO_PEERCRED), an abort callable, and the idle deadline armed at connect
-    (uvicorn arms it only after a first response, so a silent client would stay)."""
+    connection (SO_PEERCRED), an abort callable, the idle deadline armed at connect
+    (uvicorn arms it only after a first response, so a silent client would stay), and
+    connections past `limit_concurrency` dropped when they are made."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.limit_concurrency is not None and len(self.connections) > self.limit_concurrency:
+            # Past the limit a connection is dropped at once: a flood of idle connections
+            # must not take the descriptors the RPC socket and the database need.
+            transport.abort()
+            return
         sock = transport.get_extra_info("socket")
         peer = peer_of(sock) if sock is not None and sock.family == socket.AF_UNIX else None
         inner = self.app
