@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from conftest import Daemon, as_user, daemon_config, wait_for_daemon
+from conftest import Daemon, as_user, daemon_config, eventually, wait_for_daemon
 
 from sessiond import AsyncClient
 from sessiond_schemas.paths import http_token_path
@@ -191,7 +191,10 @@ class TestStreams:
         assert (await http.get("/v1/stream/fk")).text == "first+mine"
         assert (await client.get_session("fk")).forked_from is not None
 
-    async def test_long_poll_waits_for_the_append(self, http: httpx.AsyncClient) -> None:
+    async def test_long_poll_waits_for_the_append(self, http: httpx.AsyncClient,
+                                                  client: AsyncClient) -> None:
+        """A long poll at the end waits (counted as a live subscription meanwhile) and
+        answers with the append that wakes it."""
         made = await http.put("/v1/stream/lp", headers={"content-type": "text/plain"})
         at = made.headers["stream-next-offset"]
         got: list[httpx.Response] = []
@@ -202,13 +205,18 @@ class TestStreams:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(poll)
-            await anyio.sleep(0.3)  # paces the append after the poll began waiting
+
+            async def waiting() -> bool:
+                return (await client.stats()).subscriptions == 1
+
+            await eventually(waiting, "the long poll waiting")
             await http.post("/v1/stream/lp", content=b"news",
                             headers={"content-type": "text/plain"})
         assert got[0].status_code == 200 and got[0].text == "news"
         assert "stream-cursor" in got[0].headers
 
-    async def test_sse_follows_then_ends_at_closure(self, http: httpx.AsyncClient) -> None:
+    async def test_sse_follows_then_ends_at_closure(self, http: httpx.AsyncClient,
+                                                    client: AsyncClient) -> None:
         await http.put("/v1/stream/ss", content=b"one\n", headers={"content-type": "text/plain"})
         seen = ""
         async with http.stream("GET", "/v1/stream/ss",
@@ -219,6 +227,7 @@ class TestStreams:
                 if seen.count("event: control") == 1 and "two" not in seen:
                     await http.post("/v1/stream/ss", content=b"two", headers={
                         "content-type": "text/plain", "stream-closed": "true"})
+        assert (await client.stats()).subscriptions == 0
         events = sse_events(seen)
         data = [d for e, d in events if e == "data"]
         assert "".join(data) == "one\ntwo"
@@ -258,7 +267,7 @@ class TestAuth:
             assert (await c.get(f"/t/{'B' * 43}/v1/stream/x")).status_code == 403
             ok = await c.put(f"/t/{token(daemon)}/v1/stream/x")
             assert ok.status_code == 201
-            assert ok.headers["location"] == f"/t/{token(daemon)}/v1/stream/x"
+            assert ok.headers["location"] == f"{base(daemon)}/t/{token(daemon)}/v1/stream/x"
 
     async def test_rotation(self, daemon: Daemon) -> None:
         old = token(daemon)
@@ -361,13 +370,20 @@ class TestDocs:
         """Every sh block of docs/http.md runs against this daemon (they are marked
         not-run for the docs-snippet test, whose daemon has no HTTP face)."""
         text = (ROOT / "docs" / "http.md").read_text()
-        blocks = re.findall(r"<!-- not run: [^>]*tests/test_http.py[^>]*-->\n```sh\n(.*?)```",
-                            text, re.S)
-        assert len(blocks) == 3
+        blocks = re.findall(r"<!-- not run: [^>]*tests/test_http.py[^>]*-->\n```(sh|python)\n"
+                            r"(.*?)```", text, re.S)
+        assert [kind for kind, _ in blocks] == ["sh", "sh", "sh", "python"]
         env = {**os.environ, "SESSIOND_SOCKET": daemon.socket,
                "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
                "SESSIOND_HTTP": f"{base(daemon)}/t/{token(daemon)}"}
-        for block in blocks:
-            done = await anyio.run_process(["bash", "-euo", "pipefail", "-c", block],
-                                           env=env, check=False)
+        outputs = []
+        for kind, block in blocks:
+            argv = (["bash", "-euo", "pipefail", "-c", block] if kind == "sh"
+                    else [sys.executable, "-c", block])
+            done = await anyio.run_process(argv, env=env, check=False)
             assert done.returncode == 0, (block, done.stdout, done.stderr)
+            outputs.append(done.stdout.decode())
+        assert "hello world" in outputs[0]
+        assert "session.created\nplan.linked" in outputs[1]
+        assert outputs[2].startswith("!")
+        assert outputs[3].strip() == "[{'step': 1}, {'step': 2}]"

@@ -311,7 +311,7 @@ class Daemon:
         else:
             exposition = install_metrics(config, store, writer, server, executors).exposition
         assert self.methods is not None
-        self.http = Face(config, self.methods, lambda: server.grants, writer, exposition)
+        self.http = Face(config, self.methods, server, writer, exposition)
         await self.http.start(tg, lambda path: bind_socket(path, config.socket_mode))
 
     async def _heartbeat(self, writer: Writer, server: Server) -> None:

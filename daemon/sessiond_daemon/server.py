@@ -200,7 +200,8 @@ class Server:
             with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    def _count_subscriptions(self, delta: int) -> None:
+    def count_subscriptions(self, delta: int) -> None:
+        """Count live subscriptions: the socket's, and the HTTP face's live tails."""
         self.subscriptions += delta
 
     async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -267,7 +268,7 @@ class Server:
                 self.store, self.writer, writer, tg,
                 max_buffer=self.limits.max_subscription_buffer,
                 max_subscriptions=self.limits.max_subscriptions,
-                on_count=self._count_subscriptions))
+                on_count=self.count_subscriptions))
             self.metrics.connection(conn.subscriptions)
             try:
                 await self._read_lines(reader, writer, gate, requests, loop, finished, run)

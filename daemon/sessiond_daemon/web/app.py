@@ -103,7 +103,7 @@ class App:
             await self._metrics(scope, method, reply)
             return
         caller, mount, path = self._authenticate(scope, path, settings)
-        if method == "OPTIONS" and cors is not None:
+        if method == "OPTIONS":  # a preflight; without an allowed origin it grants nothing
             await reply(Reply(204, {
                 "access-control-allow-methods": "GET, HEAD, POST, PUT, DELETE, OPTIONS",
                 "access-control-allow-headers": _ALLOWED_HEADERS,
@@ -121,7 +121,9 @@ class App:
             else b""
         request = Request(method=method, name=name, query=parse_qsl(
             scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True),
-            headers=_headers(scope), body=body, caller=caller, mount=mount)
+            headers=_headers(scope), body=body, caller=caller,
+            mount=f"{scope.get('scheme', 'http')}://{_header(scope, b'host') or 'localhost'}"
+                  f"{mount}")
         streams = self.streams
         if method == "GET" and request.param("live") == "sse":
             await self._sse(scope, receive, send, settings, cors, request)
@@ -181,9 +183,11 @@ class App:
     async def _sse(self, scope: Scope, receive: Receive, send: Send, settings: Settings,
                    cors: str | None, request: Request) -> None:
         assert self.streams is not None
+        if request.param("offset") is None:
+            raise HttpError(400, "live=sse needs an offset (-1 for the start, now)")
         view = await self.streams.view(request.name, request.caller)
         parse_offset(request.param("offset"), view.version)  # 400 before the stream starts
-        headers = {"content-type": "text/event-stream", "cache-control": "no-store"}
+        headers = {"content-type": "text/event-stream", "cache-control": "no-cache, no-store"}
         if sse_base64(view.content_type):
             headers["stream-sse-data-encoding"] = "base64"
         await _timed(scope, settings, send, _start(200, headers, cors))
@@ -213,7 +217,8 @@ async def _collect(work: Awaitable[Reply], into: list[Reply]) -> None:
 
 
 async def _until_disconnect(receive: Receive, work: Callable[[], Awaitable[None]]) -> None:
-    """Run `work` until it returns or the client disconnects."""
+    """Run `work` until it returns or the client disconnects; its error is raised as is."""
+    failed: list[BaseException] = []
     async with anyio.create_task_group() as tg:
         async def watch() -> None:
             while (await receive())["type"] != "http.disconnect":
@@ -221,8 +226,13 @@ async def _until_disconnect(receive: Receive, work: Callable[[], Awaitable[None]
             tg.cancel_scope.cancel()
 
         tg.start_soon(watch)
-        await work()
+        try:
+            await work()
+        except Exception as exc:  # not inside the group's ExceptionGroup
+            failed.append(exc)
         tg.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
 
 
 async def _timed(scope: Scope, settings: Settings, send: Send, message: dict[str, Any]) -> None:

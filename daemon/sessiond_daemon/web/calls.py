@@ -14,7 +14,12 @@ from typing import Any
 import msgspec
 import structlog
 
-from sessiond_schemas.errors import InternalError, InvalidParamsError, SessiondError
+from sessiond_schemas.errors import (
+    InternalError,
+    InvalidParamsError,
+    SessiondError,
+    ShuttingDownError,
+)
 from sessiond_schemas.events import EventMeta, new_id
 
 from ..access import Grants
@@ -33,13 +38,17 @@ class Caller:
 
 
 class Calls:
-    def __init__(self, table: MethodTable, grants: Callable[[], Grants]) -> None:
+    def __init__(self, table: MethodTable, grants: Callable[[], Grants],
+                 draining: Callable[[], bool] = lambda: False) -> None:
         self.table = table
         self.grants = grants  # read at each call: a reload changes them
+        self.draining = draining  # the daemon is stopping: refuse, as the socket does
 
     async def call(self, method: str, params: dict[str, Any], caller: Caller) -> Any:
         """Run `method` as `caller` would over the socket; return its result as builtins."""
         m = self.table[method]
+        if self.draining():
+            raise ShuttingDownError("the daemon is shutting down")
         try:
             p = msgspec.convert(params, m.params)
         except msgspec.ValidationError as exc:

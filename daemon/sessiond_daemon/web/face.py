@@ -12,9 +12,9 @@ from functools import partial
 import structlog
 from anyio.abc import SocketAttribute, SocketListener, TaskGroup
 
-from ..access import Grants
 from ..config import Config, ConfigError
 from ..methods import MethodTable
+from ..server import Server
 from ..writer import Writer
 from . import listen
 from .app import App, Metrics, Settings
@@ -48,14 +48,15 @@ def settings_of(config: Config) -> Settings:
 class Face:
     """The HTTP listeners of one daemon."""
 
-    def __init__(self, config: Config, table: MethodTable, grants: Callable[[], Grants],
-                 writer: Writer, metrics: Metrics | None) -> None:
+    def __init__(self, config: Config, table: MethodTable, server: Server, writer: Writer,
+                 metrics: Metrics | None) -> None:
         assert config.socket
         self.config = config
         self.tokens = Tokens(config.socket)
-        self.streams = Streams(Calls(table, grants), writer,
-                               long_poll_s=config.http_long_poll_s,
-                               sse_close_s=config.http_sse_close_s)
+        calls = Calls(table, lambda: server.grants, lambda: server.draining)
+        self.streams = Streams(calls, writer, long_poll_s=config.http_long_poll_s,
+                               sse_close_s=config.http_sse_close_s,
+                               on_tail=server.count_subscriptions)
         self.metrics = metrics
         self._settings = settings_of(config)
         self._bound: list[tuple[str, os.stat_result]] = []

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from sessiond_schemas.errors import SessiondError, SessionNotFoundError
+from sessiond_schemas.errors import InvalidTransitionError, SessiondError, SessionNotFoundError
 from sessiond_schemas.events import TERMINAL_STATUSES
 
 from ..writer import Writer
@@ -40,7 +40,7 @@ class Request:
     headers: dict[str, str]  # lower-case names; a repeated header keeps its last value
     body: bytes
     caller: Caller
-    mount: str  # the path prefix the request came in under ("" or "/t/<token>")
+    mount: str  # the URL the request's path is under: scheme, host, "" or "/t/<token>"
 
     def param(self, name: str) -> str | None:
         values = [v for k, v in self.query if k == name]
@@ -71,6 +71,8 @@ class View:
     ttl_s: int | None
     expires_at: str | None
     forked_from: tuple[str, int] | None
+    fork: tuple[int, int] | None  # the (version, sub-offset) a PUT made it a fork at
+    deleted: bool  # soft-deleted: DELETEd while it had forks
 
     @classmethod
     def of(cls, state: dict[str, Any]) -> View:
@@ -86,7 +88,11 @@ class View:
             content_type=stream.get("content_type", codec.JSON),
             generic=generic, closed=state["status"] in TERMINAL_STATUSES,
             ttl_s=stream.get("ttl_s"), expires_at=stream.get("expires_at"),
-            forked_from=(link["session_id"], link["version"]) if link else None)
+            forked_from=(link["session_id"], link["version"]) if link else None,
+            fork=(fork["offset"], fork["sub"]) if isinstance(fork := stream.get("fork"), dict)
+            else None,
+            deleted=isinstance(meta.get(codec.META), dict)
+            and meta[codec.META].get("deleted") is True)
 
     def headers(self) -> dict[str, str]:
         h = {"content-type": self.content_type,
@@ -128,19 +134,26 @@ Sender = Callable[[bytes], Awaitable[None]]
 
 class Streams:
     def __init__(self, calls: Calls, writer: Writer, *, long_poll_s: float,
-                 sse_close_s: float) -> None:
+                 sse_close_s: float, on_tail: Callable[[int], None] = lambda n: None) -> None:
         self.calls, self.writer = calls, writer
+        self.on_tail = on_tail  # live tails count as subscriptions (daemon.stats, metrics)
         self.long_poll_s, self.sse_close_s = long_poll_s, sse_close_s
         self._locks: dict[str, tuple[anyio.Lock, int]] = {}
         self._writers: OrderedDict[str, WriterState] = OrderedDict()
 
     # --- reading views and events -------------------------------------------------------
 
-    async def view(self, sid: str, caller: Caller) -> View:
+    async def view(self, sid: str, caller: Caller, *, gone_ok: bool = False) -> View:
+        """The stream's view; 404 if there is none, 410 if it is soft-deleted (unless
+        `gone_ok`: a fork reading the history it shares)."""
         try:
-            return View.of(await self.calls.call("session.get", {"session_id": sid}, caller))
+            view = View.of(await self.calls.call("session.get", {"session_id": sid}, caller))
         except SessionNotFoundError as exc:
             raise HttpError(404, f"no stream {sid}") from exc
+        if view.deleted and not gone_ok:
+            raise HttpError(410, f"stream {sid} was deleted; its forks still share its"
+                            " history")
+        return view
 
     async def _events(self, view: View, after: int, caller: Caller,
                       upto: int | None = None) -> tuple[list[dict[str, Any]], bool]:
@@ -148,7 +161,7 @@ class Streams:
         whether more follow."""
         if view.forked_from is not None and after < view.forked_from[1]:
             source_id, at = view.forked_from
-            source = await self.view(source_id, caller)
+            source = await self.view(source_id, caller, gone_ok=True)
             events, _ = await self._events(source, after, caller, at)
             if events:
                 return events, True
@@ -188,6 +201,14 @@ class Streams:
         if codec.is_json(view.content_type):
             return b"[" + b",".join(page.items) + b"]"
         return b"".join(page.items)
+
+    @contextmanager
+    def _tail(self) -> Iterator[None]:
+        self.on_tail(1)
+        try:
+            yield
+        finally:
+            self.on_tail(-1)
 
     # --- the per-stream lock and writer state -----------------------------------------
 
@@ -247,7 +268,9 @@ class Streams:
         bell = tails.mark(self.writer)
         page = await self.read(view, after, r.caller)
         if live == "long-poll" and not page.items and not view.closed:
-            if await tails.wait_for(bell, r.name, self.long_poll_s):
+            with self._tail():
+                woken = await tails.wait_for(bell, r.name, self.long_poll_s)
+            if woken:
                 view = await self.view(r.name, r.caller)
                 page = await self.read(view, after, r.caller)
             if not page.items:
@@ -278,29 +301,36 @@ class Streams:
                                     or "stream-fork-sub-offset" in r.headers):
             raise HttpError(400, "Stream-Fork-Offset and Stream-Fork-Sub-Offset need"
                             " Stream-Forked-From")
-        sub = r.headers.get("stream-fork-sub-offset")
-        if sub is not None and sub.strip() != "0":
-            raise HttpError(400, "Stream-Fork-Sub-Offset is not supported by sessiond (forks"
-                            " branch at an offset; only 0 is accepted)")
+        sub_text = r.headers.get("stream-fork-sub-offset", "0").strip()
+        if not sub_text.isdigit() or len(sub_text) > 18:
+            raise HttpError(400, f"Stream-Fork-Sub-Offset must be a whole number: {sub_text!r}")
+        sub = int(sub_text)
         close = r.flag("stream-closed")
         given_type = r.headers.get("content-type")
         async with self._locked(r.name):
             try:
                 existing = await self.view(r.name, r.caller)
-            except HttpError:
+            except HttpError as exc:
+                if exc.status == 410:
+                    raise HttpError(409, f"stream {r.name} was deleted (its forks share its"
+                                    " history): the name is not free yet") from exc
                 existing = None
             if existing is not None:
+                wanted_source = (source_path.rstrip("/").rsplit("/", 1)[-1]
+                                 if source_path is not None else None)
                 same = (existing.generic
+                        and (existing.forked_from or (None,))[0] == wanted_source
                         and codec.media_type(given_type or existing.content_type)
                         == codec.media_type(existing.content_type)
                         and existing.ttl_s == ttl_s and existing.expires_at == expires_at
-                        and existing.closed == close)
+                        and existing.closed == close
+                        and (source_path is None or _same_fork(existing, r, sub)))
                 if not same:
                     raise HttpError(409, f"stream {r.name} exists with another configuration"
                                     " (content type, TTL, expiry or closure)")
                 return Reply(200, existing.headers())
             if source_path is not None:
-                view = await self._fork(r, source_path, given_type, ttl_s, expires_at)
+                view = await self._fork(r, source_path, given_type, ttl_s, expires_at, sub)
             else:
                 content_type = (given_type or codec.OCTETS).strip()
                 events = codec.chunk_events(content_type, r.body, seq=None, creating=True)
@@ -317,22 +347,35 @@ class Streams:
         return Reply(201, {**view.headers(), "location": f"{r.mount}/v1/stream/{r.name}"})
 
     async def _fork(self, r: Request, source_path: str, given_type: str | None,
-                    ttl_s: int | None, expires_at: str | None) -> View:
+                    ttl_s: int | None, expires_at: str | None, sub: int) -> View:
+        """session.fork at the offset; a sub-offset's part of the next append is copied
+        into the fork as its first chunk (the rest of the history is shared, not copied)."""
         source_name = source_path.rstrip("/").rsplit("/", 1)[-1]
         try:
             source = await self.view(codec.session_id(source_name), r.caller)
         except HttpError as exc:
+            if exc.status == 410:
+                raise HttpError(409, f"the source {source_name} was deleted") from exc
             raise HttpError(404, f"no source stream {source_path[:200]}") from exc
         if given_type and codec.media_type(given_type) != codec.media_type(source.content_type):
             raise HttpError(409, f"a fork has its source's content type {source.content_type}")
         at = codec.parse_offset(r.headers.get("stream-fork-offset"), source.version)
         if at > source.version:
             raise HttpError(400, "Stream-Fork-Offset is past the source's end")
+        at = max(1, at) if "stream-fork-offset" in r.headers else source.version
+        prefix = await self._sub_offset(source, at, sub, r.caller) if sub else []
         state = await self.calls.call("session.fork", {
-            "session_id": source.session_id, "at_version": max(1, at) if r.headers.get(
-                "stream-fork-offset") else source.version, "new_session_id": r.name}, r.caller)
+            "session_id": source.session_id, "at_version": at, "new_session_id": r.name},
+            r.caller)
         view = View.of(state)
-        events = codec.chunk_events(view.content_type, r.body, seq=None, creating=True)
+        events = prefix + codec.chunk_events(view.content_type, r.body, seq=None,
+                                             creating=True)
+        # The fork's own expiry (section 4.2), and where it branched (a PUT compares it).
+        stream: dict[str, Any] = {"fork": {"offset": at, "sub": sub}}
+        if ttl_s is not None or expires_at is not None:
+            stream |= {"ttl_s": ttl_s, "expires_at": expires_at}
+        events.insert(0, {"type": "metadata.updated",
+                          "data": {"patch": {codec.META: stream}}})
         if view.closed or r.flag("stream-closed"):
             # A fork starts open (section 4.2): an ended source's status is reopened.
             events = ([{"type": "session.status_changed", "data": {"to": "active"}}]
@@ -344,6 +387,27 @@ class Streams:
                                   r.caller)
             view = await self.view(r.name, r.caller)
         return view
+
+    async def _sub_offset(self, source: View, at: int, sub: int,
+                          caller: Caller) -> list[dict[str, Any]]:
+        """The chunks a fork at (`at`, `sub`) inherits past `at`: the first `sub` bytes of
+        the next chunk, or the first `sub` messages of a JSON stream's next append."""
+        events, _ = await self._events(source, at, caller)
+        chunks = [e for e in events if e["type"] == "stream.chunk"]
+        if not chunks:
+            raise HttpError(400, "Stream-Fork-Sub-Offset is past the source's end")
+        if codec.is_json(source.content_type):
+            batch = [c for c in chunks if c["recorded_at"] == chunks[0]["recorded_at"]]
+            if sub > len(batch):
+                raise HttpError(400, f"Stream-Fork-Sub-Offset {sub} is past the next append"
+                                f" ({len(batch)} messages)")
+            return [{"type": "stream.chunk", "data": {"text": c["data"]["text"]}}
+                    for c in batch[:sub]]
+        data = codec.chunk_bytes(chunks[0]["data"])
+        if sub > len(data):
+            raise HttpError(400, f"Stream-Fork-Sub-Offset {sub} is past the next append"
+                            f" ({len(data)} bytes)")
+        return codec.chunk_events(source.content_type, data[:sub], seq=None, creating=True)
 
     async def post(self, r: Request) -> Reply:
         producer = _producer_headers(r.headers)
@@ -357,7 +421,7 @@ class Streams:
                               "stream-next-offset": codec.offset(view.version)}
             if view.closed:
                 if producer is not None:
-                    known = ws.producers.get(producer[0])
+                    known = ws.producers.get(_hash(producer[0]))
                     if known and known.closed_it and (known.epoch, known.seq) == producer[1:]:
                         return Reply(204, {**closed_headers, **_echo(producer)})
                 if close and not r.body:
@@ -370,6 +434,12 @@ class Streams:
                         view.content_type):
                     raise HttpError(409, f"stream {r.name} holds {view.content_type}, not"
                                     f" {r.headers['content-type'][:80]}")
+            if producer is not None:
+                highest = _check_producer(ws, producer)
+                if highest is not None:  # a duplicate: written before, nothing to do
+                    return Reply(204, {"stream-next-offset": codec.offset(view.version),
+                                       "producer-epoch": str(producer[1]),
+                                       "producer-seq": str(highest)})
             seq = r.headers.get("stream-seq")
             if seq is not None:
                 if not view.generic:
@@ -378,16 +448,13 @@ class Streams:
                 if ws.last_seq is not None and seq <= ws.last_seq:
                     raise HttpError(409, f"Stream-Seq {seq[:80]!r} does not sort after the"
                                     f" last one, {ws.last_seq[:80]!r}")
-            if producer is not None:
-                duplicate = _check_producer(ws, producer)
-                if duplicate:
-                    return Reply(204, {"stream-next-offset": codec.offset(view.version),
-                                       **_echo(producer)})
-            if view.generic:
+            if not r.body:
+                events = []
+            elif view.generic:
                 events = codec.chunk_events(view.content_type, r.body, seq=seq,
                                             creating=False)
             else:
-                events = codec.typed_events(r.body) if r.body else []
+                events = codec.typed_events(r.body)
             if close:
                 events.append(_closing())
             params: dict[str, Any] = {"session_id": r.name, "events": events,
@@ -404,16 +471,31 @@ class Streams:
             if producer is not None:
                 pid, epoch, pseq = producer
                 ws.producers[_hash(pid)] = Producer(epoch, pseq, closed_it=close)
-                return Reply(200, {**headers, **_echo(producer)})
+                return Reply(200 if r.body else 204, {**headers, **_echo(producer)})
             return Reply(204, headers)
 
     async def delete(self, r: Request) -> Reply:
+        """session.delete; a stream with forks is soft-deleted instead (section 5.4: 410
+        from then on, its history kept for the forks) and deleted with its last fork."""
         async with self._locked(r.name):
+            view = await self.view(r.name, r.caller)
             try:
                 await self.calls.call("session.delete", {"session_id": r.name}, r.caller)
-            except SessionNotFoundError as exc:
-                raise HttpError(404, f"no stream {r.name}") from exc
+            except InvalidTransitionError:  # -32003: it has forks
+                await self.calls.call("events.append", {"session_id": r.name, "events": [
+                    {"type": "metadata.updated",
+                     "data": {"patch": {codec.META: {"deleted": True}}}}]}, r.caller)
+                return Reply(204)
             self._writers.pop(r.name, None)
+        while view.forked_from is not None:  # collect soft-deleted sources left forkless
+            try:
+                view = await self.view(view.forked_from[0], r.caller, gone_ok=True)
+                if not view.deleted:
+                    break
+                await self.calls.call("session.delete", {"session_id": view.session_id},
+                                      r.caller)
+            except (HttpError, InvalidTransitionError):  # gone already, or other forks left
+                break
         return Reply(204)
 
     # --- SSE ------------------------------------------------------------------------
@@ -424,12 +506,13 @@ class Streams:
         view = await self.view(r.name, r.caller)
         after = codec.parse_offset(r.param("offset"), view.version)
         binary = codec.sse_base64(view.content_type)
-        with anyio.move_on_after(self.sse_close_s):
+        with self._tail(), anyio.move_on_after(self.sse_close_s):
             while True:
                 bell = tails.mark(self.writer)
                 page = await self.read(view, after, r.caller)
-                if page.items:
-                    await send(_sse("data", self._sse_data(view, page, binary)))
+                # The data and its control event in one write: a reader never sees one
+                # without the other.
+                data = _sse("data", self._sse_data(view, page, binary)) if page.items else b""
                 after = page.next
                 closed = view.closed and page.at_tail
                 control: dict[str, Any] = {"streamNextOffset": codec.offset(after)}
@@ -439,7 +522,7 @@ class Streams:
                     control["streamCursor"] = codec.cursor(r.param("cursor"))
                     if page.at_tail:
                         control["upToDate"] = True
-                await send(_sse("control", codec.encode(control).decode()))
+                await send(data + _sse("control", codec.encode(control).decode()))
                 if closed:
                     return
                 if page.at_tail:
@@ -454,6 +537,15 @@ class Streams:
 
             return base64.b64encode(b"".join(page.items)).decode()
         return self.body(view, page).decode("utf-8", errors="replace")
+
+
+def _same_fork(existing: View, r: Request, sub: int) -> bool:
+    """A PUT of a fork that exists: the same offset and sub-offset as it was made with."""
+    if existing.fork is None:
+        return False
+    given = r.headers.get("stream-fork-offset")
+    offset_ok = given is None or max(1, codec.parse_offset(given, 0)) == existing.fork[0]
+    return offset_ok and sub == existing.fork[1]
 
 
 def _sse(event: str, data: str) -> bytes:
@@ -511,24 +603,25 @@ def _producer_headers(headers: dict[str, str]) -> tuple[str, int, int] | None:
     return pid, numbers[0], numbers[1]
 
 
-def _check_producer(ws: WriterState, producer: tuple[str, int, int]) -> bool:
-    """Refuse a stale epoch (403) or a gap (409); True for a duplicate (already written)."""
+def _check_producer(ws: WriterState, producer: tuple[str, int, int]) -> int | None:
+    """Refuse a stale epoch (403) or a gap (409); for a duplicate (already written), the
+    highest sequence number accepted in its epoch; None for a new append."""
     pid, epoch, seq = producer
     known = ws.producers.get(_hash(pid))
     if known is None or epoch > known.epoch:
         if seq != 0:
             raise HttpError(400, f"a new producer epoch starts at Producer-Seq 0, not {seq}")
-        return False
+        return None
     if epoch < known.epoch:
         raise HttpError(403, f"producer epoch {epoch} is stale; the current one is"
                         f" {known.epoch}", {"producer-epoch": str(known.epoch)})
     if seq <= known.seq:
-        return True
+        return known.seq
     if seq > known.seq + 1:
         raise HttpError(409, f"Producer-Seq {seq} leaves a gap: expected {known.seq + 1}",
                         {"producer-expected-seq": str(known.seq + 1),
                          "producer-received-seq": str(seq)})
-    return False
+    return None
 
 
 def _echo(producer: tuple[str, int, int]) -> dict[str, str]:
