@@ -17,7 +17,14 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from conftest import Daemon, as_user, daemon_config, eventually, wait_for_daemon
+from conftest import (
+    Daemon,
+    as_user,
+    daemon_config,
+    eventually,
+    running_daemon,
+    wait_for_daemon,
+)
 
 from sessiond import AsyncClient
 from sessiond_schemas.paths import http_token_path
@@ -255,6 +262,40 @@ class TestStreams:
         assert state.message_count == 20
         report = await client.verify()
         assert report.ok, report.problems
+
+
+class TestShutdown:
+    async def test_tails_end_when_the_daemon_stops(self, short_dir: str) -> None:
+        """SIGTERM's drain ends an open SSE tail and a waiting long poll (503: retry), so
+        the daemon stops at once instead of waiting for them."""
+        port = free_port()
+        config = daemon_config(short_dir, http_listen=[f"127.0.0.1:{port}"])
+        got: dict[str, Any] = {}
+        async with running_daemon(config) as d:
+            url = f"http://127.0.0.1:{port}/t/{token(d)}/v1/stream/z"
+            async with httpx.AsyncClient(timeout=120) as c:
+                await c.put(url)
+
+                async def sse() -> None:
+                    async with c.stream("GET", url, params={"offset": "-1",
+                                                            "live": "sse"}) as r:
+                        got["sse"] = "".join([t async for t in r.aiter_text()])
+
+                async def poll() -> None:
+                    got["poll"] = (await c.get(url, params={"offset": "now",
+                                                            "live": "long-poll"})).status_code
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(sse)
+                    tg.start_soon(poll)
+                    async with AsyncClient(d.socket) as rpc:
+                        async def both() -> bool:
+                            return (await rpc.stats()).subscriptions == 2
+
+                        await eventually(both, "two live tails")
+                    d.shutdown.set()
+        assert got["poll"] == 503
+        assert "upToDate" in got["sse"]
 
 
 class TestAuth:

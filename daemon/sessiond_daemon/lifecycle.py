@@ -284,6 +284,8 @@ class Daemon:
                 log.info("daemon.stopping", inflight=server.inflight)
                 self.notifier.notify("STOPPING=1", f"STATUS=draining {server.inflight} requests")
                 server.draining = True
+                if self.http is not None:
+                    self.http.stop()
                 with anyio.move_on_after(self.config.drain_timeout_s):
                     await server.wait_idle()
                 # Executors end with the daemon; their turns are recorded as failed.

@@ -24,7 +24,7 @@ from .streams import Streams
 
 log = structlog.get_logger("sessiond.http")
 
-MAX_SCRAPES = 8  # connections metrics_listen keeps open at once (it has no peer check)
+MAX_SCRAPES = 32  # connections metrics_listen keeps open at once (it has no peer check)
 BindUnix = Callable[[str], Awaitable[SocketListener]]
 
 
@@ -95,6 +95,10 @@ class Face:
                                idle_timeout_s=self.config.http_idle_timeout_s,
                                max_connections=max_connections,
                                graceful_s=1.0))
+
+    def stop(self) -> None:
+        """The daemon is draining: end the live tails (their responses complete)."""
+        self.streams.stop()
 
     def close(self) -> None:
         """Remove our Unix socket files (never one another daemon has put there since)."""

@@ -86,7 +86,10 @@ class _PeerProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if self.limit_concurrency is not None and len(self.connections) > self.limit_concurrency:
+        # uvicorn answers 503 from `limit_concurrency` connections on; serve() sets it one
+        # past our limit, so past the limit a connection is dropped here instead.
+        if (self.limit_concurrency is not None
+                and len(self.connections) >= self.limit_concurrency):
             # Past the limit a connection is dropped at once: a flood of idle connections
             # must not take the descriptors the RPC socket and the database need.
             transport.abort()
@@ -121,7 +124,7 @@ async def serve(app: ASGIApp, sockets: list[socket.socket], *, idle_timeout_s: f
     config = uvicorn.Config(
         app, lifespan="off", http=_PeerProtocol, log_config=None, access_log=False,
         server_header=False, timeout_keep_alive=max(1, round(idle_timeout_s)),
-        limit_concurrency=max_connections, timeout_graceful_shutdown=max(1, round(graceful_s)),
+        limit_concurrency=max_connections + 1, timeout_graceful_shutdown=max(1, round(graceful_s)),
         h11_max_incomplete_event_size=64 << 10)
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     server = _Embedded(config)

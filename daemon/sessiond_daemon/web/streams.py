@@ -137,6 +137,7 @@ class Streams:
                  sse_close_s: float, on_tail: Callable[[int], None] = lambda n: None) -> None:
         self.calls, self.writer = calls, writer
         self.on_tail = on_tail  # live tails count as subscriptions (daemon.stats, metrics)
+        self._tails: set[anyio.CancelScope] = set()
         self.long_poll_s, self.sse_close_s = long_poll_s, sse_close_s
         self._locks: dict[str, tuple[anyio.Lock, int]] = {}
         self._writers: OrderedDict[str, WriterState] = OrderedDict()
@@ -204,11 +205,22 @@ class Streams:
 
     @contextmanager
     def _tail(self) -> Iterator[None]:
+        """A live wait: counted, and ended (not failed) by `stop` when the daemon stops."""
+        scope = anyio.CancelScope()
+        self._tails.add(scope)
         self.on_tail(1)
         try:
-            yield
+            with scope:
+                yield
         finally:
+            self._tails.discard(scope)
             self.on_tail(-1)
+
+    def stop(self) -> None:
+        """End every live tail now: a long poll answers 204, an SSE response ends (the
+        client reconnects from its last offset, to another daemon or this one again)."""
+        for scope in list(self._tails):
+            scope.cancel()
 
     # --- the per-stream lock and writer state -----------------------------------------
 
@@ -268,6 +280,7 @@ class Streams:
         bell = tails.mark(self.writer)
         page = await self.read(view, after, r.caller)
         if live == "long-poll" and not page.items and not view.closed:
+            woken = False
             with self._tail():
                 woken = await tails.wait_for(bell, r.name, self.long_poll_s)
             if woken:
