@@ -34,8 +34,11 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Metrics = Callable[[str | None], Awaitable[tuple[bytes, str]]]
 
 STREAM_PREFIX = "/v1/stream/"
+# A stream's content type is its writer's choice (text/html, say): a sandbox with no
+# sources keeps a browser that opens a stream URL from running what it holds.
 _SECURITY = [(b"x-content-type-options", b"nosniff"),
-             (b"cross-origin-resource-policy", b"same-origin")]
+             (b"cross-origin-resource-policy", b"same-origin"),
+             (b"content-security-policy", b"default-src 'none'; sandbox")]
 _EXPOSED = ("stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, etag,"
             " stream-ttl, stream-expires-at, stream-sse-data-encoding, producer-epoch,"
             " producer-seq, producer-expected-seq, producer-received-seq, location")

@@ -94,6 +94,19 @@ def session_id(name: str) -> str:
     return name
 
 
+_TOKEN = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+_MEDIA_TYPE = re.compile(rf"^{_TOKEN}/{_TOKEN}"
+                         r"(\s*;\s*[A-Za-z0-9!#$&^_.+-]+=(\"[^\"\\\x00-\x1f]*\"|[A-Za-z0-9!#$&^_.+-]+))*$")
+
+
+def check_content_type(content_type: str) -> str:
+    """A stream's content type: a media type with parameters, at most 255 characters."""
+    value = content_type.strip()
+    if len(value) > 255 or not _MEDIA_TYPE.match(value):
+        raise HttpError(400, f"not a media type: {content_type[:80]!r}")
+    return value
+
+
 def media_type(content_type: str | None) -> str:
     return (content_type or "").split(";")[0].strip().lower()
 

@@ -345,7 +345,7 @@ class Streams:
             if source_path is not None:
                 view = await self._fork(r, source_path, given_type, ttl_s, expires_at, sub)
             else:
-                content_type = (given_type or codec.OCTETS).strip()
+                content_type = codec.check_content_type(given_type or codec.OCTETS)
                 events = codec.chunk_events(content_type, r.body, seq=None, creating=True)
                 if close:
                     events.append(_closing())
