@@ -25,6 +25,7 @@ from ..writer import Writer
 from . import codec, tails
 from .calls import Caller, Calls
 from .codec import HttpError
+from .expiry import Expiry, idle_ttl
 
 MAX_READ_BYTES = 1 << 20  # a catch-up response's data, about (one larger chunk comes alone)
 PAGE = 1000
@@ -57,6 +58,10 @@ class Reply:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+
+
+class StreamExpired(HttpError):
+    """404: the stream is past its Stream-TTL or Stream-Expires-At (expiry.py)."""
 
 
 @dataclass(slots=True)
@@ -141,19 +146,27 @@ class Streams:
         self.long_poll_s, self.sse_close_s = long_poll_s, sse_close_s
         self._locks: dict[str, tuple[anyio.Lock, int]] = {}
         self._writers: OrderedDict[str, WriterState] = OrderedDict()
+        self.expiry = Expiry(calls)
 
     # --- reading views and events -------------------------------------------------------
 
-    async def view(self, sid: str, caller: Caller, *, gone_ok: bool = False) -> View:
-        """The stream's view; 404 if there is none, 410 if it is soft-deleted (unless
-        `gone_ok`: a fork reading the history it shares)."""
+    async def view(self, sid: str, caller: Caller, *, gone_ok: bool = False,
+                   touch: bool = False) -> View:
+        """The stream's view; 404 if there is none or it has expired, 410 if it is
+        soft-deleted (unless `gone_ok`: a fork reading the history it shares). `touch`: a
+        read or a write, which restarts a Stream-TTL's countdown (a HEAD does not)."""
         try:
-            view = View.of(await self.calls.call("session.get", {"session_id": sid}, caller))
+            state = await self.calls.call("session.get", {"session_id": sid}, caller)
         except SessionNotFoundError as exc:
             raise HttpError(404, f"no stream {sid}") from exc
+        view = View.of(state)
         if view.deleted and not gone_ok:
             raise HttpError(410, f"stream {sid} was deleted; its forks still share its"
                             " history")
+        if not gone_ok and self.expiry.expired(state, view):
+            raise StreamExpired(404, f"no stream {sid}: it expired")
+        if touch and await self.expiry.touch(state, view, caller):
+            view = View.of(await self.calls.call("session.get", {"session_id": sid}, caller))
         return view
 
     async def _events(self, view: View, after: int, caller: Caller,
@@ -272,7 +285,7 @@ class Streams:
         given = r.param("offset")
         if live is not None and given is None:
             raise HttpError(400, f"live={live} needs an offset (-1 for the start, now)")
-        view = await self.view(r.name, r.caller)
+        view = await self.view(r.name, r.caller, touch=True)
         after = codec.parse_offset(given, view.version)
         if after > view.version:
             raise HttpError(400, f"offset {given} is past the stream's end"
@@ -328,6 +341,10 @@ class Streams:
                     raise HttpError(409, f"stream {r.name} was deleted (its forks share its"
                                     " history): the name is not free yet") from exc
                 existing = None
+                if isinstance(exc, StreamExpired):  # its name is free again: remove it
+                    await self.calls.call("session.delete", {"session_id": r.name},
+                                          r.caller)
+                    self.expiry.forget(r.name)
             if existing is not None:
                 wanted_source = (source_path.rstrip("/").rsplit("/", 1)[-1]
                                  if source_path is not None else None)
@@ -353,10 +370,10 @@ class Streams:
                           "expires_at": expires_at}
                 state = await self.calls.call("session.create", {
                     "session_id": r.name, "source": codec.SOURCE, "events": events,
+                    "ttl_s": idle_ttl(ttl_s, expires_at),
                     "metadata": {codec.META: {k: v for k, v in stream.items()
                                               if v is not None}}}, r.caller)
                 view = View.of(state)
-            apply_ttl(view.session_id, ttl_s, expires_at)
         return Reply(201, {**view.headers(), "location": f"{r.mount}/v1/stream/{r.name}"})
 
     async def _fork(self, r: Request, source_path: str, given_type: str | None,
@@ -399,6 +416,11 @@ class Streams:
             await self.calls.call("events.append", {"session_id": r.name, "events": events},
                                   r.caller)
             view = await self.view(r.name, r.caller)
+        ttl = idle_ttl(ttl_s, expires_at)
+        if ttl is not None:  # the fork's own, in place of the one its view inherited
+            await self.calls.call("session.set_ttl", {"session_id": r.name, "ttl_s": ttl},
+                                  r.caller)
+            view = await self.view(r.name, r.caller)
         return view
 
     async def _sub_offset(self, source: View, at: int, sub: int,
@@ -428,7 +450,7 @@ class Streams:
         if not r.body and not close:
             raise HttpError(400, "an append needs a body (or Stream-Closed: true to close)")
         async with self._locked(r.name):
-            view = await self.view(r.name, r.caller)
+            view = await self.view(r.name, r.caller, touch=True)
             ws = await self._writer_state(view, r.caller)
             closed_headers = {"stream-closed": "true",
                               "stream-next-offset": codec.offset(view.version)}
@@ -516,7 +538,7 @@ class Streams:
     async def sse(self, r: Request, send: Sender) -> None:
         """Send the stream as Server-Sent Events from the offset, then follow it until it
         closes or sse_close_s passes (the client reconnects from the last control event)."""
-        view = await self.view(r.name, r.caller)
+        view = await self.view(r.name, r.caller, touch=True)
         after = codec.parse_offset(r.param("offset"), view.version)
         binary = codec.sse_base64(view.content_type)
         with self._tail(), anyio.move_on_after(self.sse_close_s):
@@ -639,13 +661,6 @@ def _check_producer(ws: WriterState, producer: tuple[str, int, int]) -> int | No
 
 def _echo(producer: tuple[str, int, int]) -> dict[str, str]:
     return {"producer-epoch": str(producer[1]), "producer-seq": str(producer[2])}
-
-
-def apply_ttl(session_id: str, ttl_s: int | None, expires_at: str | None) -> None:
-    """TODO(issue 28, merge): give the session its expiry. Stream-TTL and
-    Stream-Expires-At are validated and kept in the stream's metadata (HEAD returns them,
-    PUT compares them), but nothing expires yet: at the merge, call session.set_ttl with
-    `ttl_s` (or the seconds until `expires_at`) once branch b28a's TTL work is in."""
 
 
 def as_http(exc: SessiondError) -> HttpError:
