@@ -4,18 +4,32 @@ and the session keeps the TTL as its idle TTL (the daemon's expiry sweep, retent
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import anyio
 import httpx
 import pytest
-from conftest import PATIENCE_S
-from test_http import daemon_overrides, http  # noqa: F401 (fixtures)
+from conftest import PATIENCE_S, Daemon
+from test_http import base, free_port, token
 
 from sessiond import AsyncClient
 
 pytestmark = pytest.mark.anyio
 TEXT = {"content-type": "text/plain"}
+
+
+@pytest.fixture
+def daemon_overrides() -> dict[str, object]:
+    return {"http_listen": [f"127.0.0.1:{free_port()}"]}
+
+
+@pytest.fixture
+async def http(daemon: Daemon) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client on the daemon's TCP listener, the owner's token in a header."""
+    async with httpx.AsyncClient(base_url=base(daemon), timeout=60, headers={
+            "authorization": f"Bearer {token(daemon)}"}) as c:
+        yield c
 
 
 async def until_gone(http: httpx.AsyncClient, url: str) -> None:
