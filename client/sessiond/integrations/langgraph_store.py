@@ -1,0 +1,581 @@
+"""LangGraph: `SessiondStore`, a `BaseStore` (long-term memory) whose items are sessiond sessions.
+
+    from sessiond.integrations.langgraph_store import SessiondStore
+
+    graph = builder.compile(checkpointer=SessiondSaver(), store=SessiondStore())
+
+One item is one session (its id a hash of the namespace and key; its sessiond namespace
+`lgstore:` and the item's namespace labels, escaped, each ended by `/`): each `put` appends
+the value as a message (its JSON text, so full-text search finds it), so an item's
+versions are its history, exported, verified and watchable like any session; `delete`
+deletes the session. `get` is one `session.get`: the value is the last message. Each
+namespace also has a small directory session (`lgstore-ns:`), so `list_namespaces` reads
+one session per namespace, never every item. `search(query=...)` is `session.search`;
+on a daemon without a search index (PostgreSQL) it falls back to matching the words of
+the query in the client, over at most `FALLBACK_SCAN` items of the namespace.
+
+TTL (LangGraph's TTLConfig, in minutes) is kept with the item (`expires_at` in the
+session's metadata), honoured on every read, refreshed by reads when `refresh_on_read`,
+and enforced by `sweep_ttl()` / `start_ttl_sweeper()`, which delete expired items.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import re
+import threading
+import time
+from collections.abc import Coroutine, Iterable
+from datetime import datetime
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    IndexConfig,
+    Item,
+    ListNamespacesOp,
+    MatchCondition,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    TTLConfig,
+    validate_op_namespace,
+)
+
+from sessiond_schemas import rpc
+from sessiond_schemas.errors import (
+    SessiondError,
+    SessionExistsError,
+    SessionNotFoundError,
+    StorageError,
+    VersionConflictError,
+)
+from sessiond_schemas.state import SessionState
+
+from ._loop import LoopClient, sized
+
+T = TypeVar("T")
+
+ITEMS = "lgstore:"  # the sessiond namespace of items starts with it
+DIRECTORY = "lgstore-ns:"  # ... and of the sessions that list the namespaces
+FALLBACK_SCAN = 10_000  # items a query reads at most where there is no search index
+_PAGE = 1000
+_SEARCH_PAGE = 100  # session.search's largest page
+_CONCURRENT = 32  # requests in flight at once for one operation
+_REFRESH_SLACK = 0.01  # a read moves expires_at only when it would move by 1% of the TTL
+
+
+def namespace_text(labels: Iterable[str]) -> str:
+    """Labels as sessiond namespace text: each escaped and ended by "/", so a prefix of the
+    text is a prefix of the labels and no two namespaces collide."""
+    return "".join(quote(label, safe="") + "/" for label in labels)
+
+
+def item_session_id(namespace: tuple[str, ...], key: str) -> str:
+    digest = hashlib.sha256(json.dumps([list(namespace), key]).encode()).hexdigest()
+    return "lgs-" + digest[:40]
+
+
+def _directory_id(namespace: tuple[str, ...]) -> str:
+    return "lgn-" + hashlib.sha256(json.dumps(list(namespace)).encode()).hexdigest()[:40]
+
+
+def _prefix_tag(labels: tuple[str, ...]) -> str:
+    """A search token for "in this namespace or below": one word, letters and digits."""
+    return "lgp" + hashlib.sha256(json.dumps(list(labels)).encode()).hexdigest()[:24]
+
+
+def _words(text: str) -> list[str]:
+    return list(dict.fromkeys(w.lower() for w in re.findall(r"\w+", text)))
+
+
+# --- filters, as InMemoryStore and the SQL stores apply them --------------------------
+
+
+def _at(value: Any, key: str) -> Any:
+    """The value's field `key`; a dotted key ("a.b") reaches into nested objects, as the
+    SQL stores' JSON paths do, when the value has no field of that very name."""
+    if not isinstance(value, dict):
+        return None
+    if key in value or "." not in key:
+        return value.get(key)
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _compare(item_value: Any, wanted: Any) -> bool:
+    if isinstance(wanted, dict):
+        if any(k.startswith("$") for k in wanted):
+            return all(_operator(item_value, op, v) for op, v in wanted.items())
+        return isinstance(item_value, dict) and all(
+            _compare(item_value.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, (list, tuple)):
+        return (isinstance(item_value, (list, tuple)) and len(item_value) == len(wanted)
+                and all(_compare(a, b) for a, b in zip(item_value, wanted, strict=True)))
+    return bool(item_value == wanted)
+
+
+def _operator(value: Any, op: str, operand: Any) -> bool:
+    if op == "$eq":
+        return bool(value == operand)
+    if op == "$ne":
+        return bool(value != operand)
+    if op not in ("$gt", "$gte", "$lt", "$lte"):
+        raise ValueError(f"Unsupported operator: {op}")
+    if value is None:
+        return False
+    try:
+        a, b = float(value), float(operand)
+    except (TypeError, ValueError):
+        a, b = value, operand  # strings compare as strings, as the SQL stores do
+        if type(a) is not type(b):
+            return False
+    return bool({"$gt": a > b, "$gte": a >= b, "$lt": a < b, "$lte": a <= b}[op])
+
+
+def matches(value: dict[str, Any], filter: dict[str, Any] | None) -> bool:
+    """Whether an item's value passes a search filter ({field: value or {$op: value}})."""
+    return not filter or all(_compare(_at(value, k), v) for k, v in filter.items())
+
+
+def _namespace_matches(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:
+    path = tuple(condition.path)
+    if len(namespace) < len(path):
+        return False
+    if condition.match_type == "prefix":
+        pairs = zip(namespace, path, strict=False)
+    elif condition.match_type == "suffix":
+        pairs = zip(reversed(namespace), reversed(path), strict=False)
+    else:
+        raise ValueError(f"Unsupported match type: {condition.match_type}")
+    return all(p in ("*", n) for n, p in pairs)
+
+
+# --- items as sessions ----------------------------------------------------------------
+
+
+def _item_meta(view: SessionState) -> dict[str, Any]:
+    meta: dict[str, Any] = view.metadata.get("lgstore") or {}
+    return meta
+
+
+def _expired(view: SessionState, now: float) -> bool:
+    expires_at = _item_meta(view).get("expires_at")
+    return expires_at is not None and expires_at <= now
+
+
+def _fields(view: SessionState) -> dict[str, Any]:
+    meta, last = _item_meta(view), view.last_message
+    assert last is not None
+    return {"namespace": tuple(meta["namespace"]), "key": meta["key"],
+            "value": json.loads(last.content),
+            "created_at": datetime.fromisoformat(view.timestamps.created_at),
+            "updated_at": datetime.fromisoformat(last.timestamp)}
+
+
+def _item(view: SessionState) -> Item:
+    return Item(**_fields(view))
+
+
+def _search_item(view: SessionState, score: float | None) -> SearchItem:
+    return SearchItem(**_fields(view), score=score)
+
+
+class SessiondStore(BaseStore):
+    """A LangGraph store in sessiond (`socket`: the daemon's, by default); `ttl`: LangGraph's
+    TTLConfig (minutes). `index` (vector search) is not supported: `search(query=...)` is
+    full-text search."""
+
+    supports_ttl = True
+
+    def __init__(self, socket: str | None = None, *, ttl: TTLConfig | None = None,
+                 index: IndexConfig | None = None) -> None:
+        if index is not None:
+            raise ValueError("SessiondStore has no vector search: leave `index` out;"
+                             " search(query=...) is served by sessiond's full-text search")
+        self.ttl_config = ttl
+        self.socket = socket
+        self.aclient = LoopClient(socket)  # the caller's event loop
+        self._client = LoopClient(socket)  # the sync methods' loop, on a thread of its own
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+        self._directories: set[tuple[str, ...]] = set()
+        self._sweeper: concurrent.futures.Future[None] | None = None
+
+    # --- the sync side: the same coroutines on a private loop --------------------------
+
+    def _run(self, make: Coroutine[Any, Any, T]) -> T:
+        with self._start:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, daemon=True,
+                                          name="sessiond-store")
+                thread.start()
+                self._loop, self._thread = loop, thread
+        return asyncio.run_coroutine_threadsafe(make, self._loop).result()
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        return self._run(self._batch(self._client, list(ops)))
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        return await self._batch(self.aclient, list(ops))
+
+    def close(self) -> None:
+        """Stop the sweeper and close the connections (the next call opens new ones)."""
+        self.stop_ttl_sweeper()
+        self.aclient.close()
+        with self._start:
+            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is not None and thread is not None:
+            async def closed() -> None:
+                self._client.close()
+                await asyncio.sleep(0)  # the transport closes on the next turn of the loop
+
+            asyncio.run_coroutine_threadsafe(closed(), loop).result()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __enter__(self) -> SessiondStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> SessiondStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- one batch ---------------------------------------------------------------------
+
+    async def _batch(self, client: LoopClient, ops: list[Op]) -> list[Result]:
+        """As LangGraph's stores: reads see the store as it was before the batch; its puts
+        apply after them, the last one per item winning."""
+        for op in ops:
+            validate_op_namespace(op)
+        gate = asyncio.Semaphore(_CONCURRENT)
+        results: list[Result] = [None] * len(ops)
+        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
+
+        async def read(i: int, op: Op) -> None:
+            async with gate:
+                if isinstance(op, GetOp):
+                    results[i] = await self._get(client, op)
+            if isinstance(op, SearchOp):
+                results[i] = await self._search(client, op, gate)
+            elif isinstance(op, ListNamespacesOp):
+                results[i] = await self._list_namespaces(client, op, gate)
+
+        reads = []
+        for i, op in enumerate(ops):
+            if isinstance(op, PutOp):
+                puts[(tuple(op.namespace), op.key)] = op
+            elif isinstance(op, (GetOp, SearchOp, ListNamespacesOp)):
+                reads.append(read(i, op))
+            else:
+                raise ValueError(f"Unknown operation type: {type(op)}")
+        await asyncio.gather(*reads)
+
+        async def write(op: PutOp) -> None:
+            async with gate:
+                await self._put(client, op)
+
+        await asyncio.gather(*(write(op) for op in puts.values()))
+        return results
+
+    # --- get ---------------------------------------------------------------------------
+
+    async def _view(self, client: LoopClient, namespace: tuple[str, ...],
+                    key: str) -> SessionState | None:
+        try:
+            view = await client.get_session(item_session_id(namespace, key))
+        except SessionNotFoundError:
+            return None
+        return view if view.last_message is not None else None
+
+    async def _get(self, client: LoopClient, op: GetOp) -> Item | None:
+        view = await self._view(client, tuple(op.namespace), op.key)
+        if view is None or _expired(view, time.time()):
+            return None
+        if op.refresh_ttl:
+            await self._refresh(client, view)
+        return _item(view)
+
+    async def _refresh(self, client: LoopClient, view: SessionState) -> None:
+        """Move the item's expiry to now + its TTL (a metadata.updated event), unless that
+        moves it by less than 1% of the TTL: a hot item costs at most 100 events per TTL."""
+        meta = _item_meta(view)
+        ttl = meta.get("ttl")
+        if ttl is None:
+            return
+        expires_at = time.time() + ttl * 60
+        if expires_at - (meta.get("expires_at") or 0) < ttl * 60 * _REFRESH_SLACK:
+            return
+        with contextlib.suppress(SessionNotFoundError):  # deleted meanwhile: nothing to keep
+            await client.append_events(view.session_id, [{"type": "metadata.updated", "data": {
+                "patch": {"lgstore": {"expires_at": expires_at}}}}])
+
+    # --- put and delete ----------------------------------------------------------------
+
+    async def _put(self, client: LoopClient, op: PutOp) -> None:
+        namespace = tuple(op.namespace)
+        sid = item_session_id(namespace, op.key)
+        if op.value is None:
+            with contextlib.suppress(SessionNotFoundError):
+                await client.delete_session(sid)
+            return
+        content = json.dumps(dict(op.value), ensure_ascii=False)
+        tags = [_prefix_tag(namespace[:n]) for n in range(len(namespace) + 1)]
+        message = {"role": "system", "content": content, "metadata": {"lgstore": tags}}
+        expiry = {"ttl": op.ttl,
+                  "expires_at": None if op.ttl is None else time.time() + op.ttl * 60}
+        events = [{"type": "message.appended", "data": message},
+                  {"type": "metadata.updated", "data": {"patch": {"lgstore": expiry}}}]
+        with sized():
+            for _ in range(3):  # an item made or deleted by another writer meanwhile
+                try:
+                    await client.append_events(sid, events)
+                    return
+                except SessionNotFoundError:
+                    pass
+                await self._ensure_directory(client, namespace)
+                try:
+                    await client.create_session(
+                        sid, namespace=ITEMS + namespace_text(namespace),
+                        source="langgraph-store", events=events[:1],
+                        metadata={"lgstore": {"namespace": list(namespace), "key": op.key,
+                                              **expiry}})
+                    return
+                except SessionExistsError:
+                    pass
+        raise RuntimeError(f"the item {namespace}/{op.key} kept changing under the put")
+
+    async def _ensure_directory(self, client: LoopClient, namespace: tuple[str, ...]) -> None:
+        if namespace in self._directories:
+            return
+        with contextlib.suppress(SessionExistsError):
+            await client.create_session(
+                _directory_id(namespace), namespace=DIRECTORY + namespace_text(namespace),
+                source="langgraph-store", metadata={"lgstore": {"namespace": list(namespace)}})
+        self._directories.add(namespace)
+
+    # --- search ------------------------------------------------------------------------
+
+    async def _pages(self, client: LoopClient, namespace: str, prefix: bool,
+                     cursor: str | None, limit: int = _PAGE) -> rpc.SessionStatesResult:
+        page: rpc.SessionStatesResult = await client.call(
+            "session.states", rpc.SessionStatesResult, namespace=namespace, prefix=prefix,
+            limit=limit, cursor=cursor)
+        return page
+
+    async def _search(self, client: LoopClient, op: SearchOp,
+                      gate: asyncio.Semaphore) -> list[SearchItem]:
+        prefix = tuple(op.namespace_prefix)
+        wanted = max(op.offset, 0) + max(op.limit, 0)
+        words = _words(op.query) if op.query else []
+        if not wanted:
+            return []
+        found: list[tuple[SessionState, float | None]]
+        if words:
+            try:
+                found = await self._full_text(client, prefix, words, op.filter, wanted, gate)
+            except StorageError as exc:
+                if exc.data.get("detail") != "no search index":
+                    raise
+                found = await self._scan_for_words(client, prefix, words, op.filter, wanted)
+        else:
+            found = await self._scan(client, prefix, op.filter, wanted)
+        found = found[op.offset:op.offset + op.limit]
+        if op.refresh_ttl:
+            async def refresh(view: SessionState) -> None:
+                async with gate:
+                    await self._refresh(client, view)
+            await asyncio.gather(*(refresh(view) for view, _ in found))
+        return [_search_item(view, score) for view, score in found]
+
+    async def _scan(self, client: LoopClient, prefix: tuple[str, ...],
+                    filter: dict[str, Any] | None,
+                    wanted: int) -> list[tuple[SessionState, float | None]]:
+        """Items under the prefix that pass the filter, a page at a time, in a stable order
+        (by session id), until `wanted` are found."""
+        found: list[tuple[SessionState, float | None]] = []
+        cursor, now = None, time.time()
+        while True:
+            page = await self._pages(client, ITEMS + namespace_text(prefix), True, cursor)
+            for view in page.states:
+                if (view.last_message is not None and not _expired(view, now)
+                        and matches(json.loads(view.last_message.content), filter)):
+                    found.append((view, None))
+                    if len(found) == wanted:
+                        return found
+            if page.next is None:
+                return found
+            cursor = page.next
+
+    async def _full_text(self, client: LoopClient, prefix: tuple[str, ...], words: list[str],
+                         filter: dict[str, Any] | None, wanted: int,
+                         gate: asyncio.Semaphore) -> list[tuple[SessionState, float | None]]:
+        """Items ranked by session.search (bm25; score is minus it, higher is better): any
+        of the query's words, in the item's current value, under the prefix."""
+        query = "(" + " OR ".join(f'"{w}"' for w in words) + f") AND tags: {_prefix_tag(prefix)}"
+        found: list[tuple[SessionState, float | None]] = []
+        cursor, now = None, time.time()
+
+        async def current(hit: rpc.SearchSession) -> SessionState | None:
+            async with gate:
+                try:
+                    view = await client.get_session(hit.session_id)
+                except SessionNotFoundError:
+                    return None
+            last = view.last_message
+            # a match in an older value of the item is not a match of the item
+            if last is None or _expired(view, now) or not any(
+                    h.type == "message.appended" and h.sequence == last.sequence
+                    for h in hit.hits):
+                return None
+            return view if matches(json.loads(last.content), filter) else None
+
+        while True:
+            result = await client.search(query, limit=_SEARCH_PAGE, hits=20, cursor=cursor)
+            views = await asyncio.gather(*(current(s) for s in result.sessions))
+            for hit, view in zip(result.sessions, views, strict=True):
+                if view is not None:
+                    found.append((view, -hit.score))
+                    if len(found) == wanted:
+                        return found
+            if result.next_cursor is None:
+                return found
+            cursor = result.next_cursor
+
+    async def _scan_for_words(self, client: LoopClient, prefix: tuple[str, ...],
+                              words: list[str], filter: dict[str, Any] | None,
+                              wanted: int) -> list[tuple[SessionState, float | None]]:
+        """No search index (a PostgreSQL daemon): the first FALLBACK_SCAN items under the
+        prefix that pass the filter, ranked by how many of the query's words each holds."""
+        scored: list[tuple[SessionState, float | None]] = []
+        cursor, now, seen = None, time.time(), 0
+        while seen < FALLBACK_SCAN:
+            page = await self._pages(client, ITEMS + namespace_text(prefix), True, cursor,
+                                     min(_PAGE, FALLBACK_SCAN - seen))
+            seen += len(page.states)
+            for view in page.states:
+                if view.last_message is None or _expired(view, now):
+                    continue
+                value = json.loads(view.last_message.content)
+                held = set(_words(view.last_message.content))
+                score = sum(1 for w in words if w in held)
+                if score and matches(value, filter):
+                    scored.append((view, float(score)))
+            if page.next is None:
+                break
+            cursor = page.next
+        scored.sort(key=lambda pair: -(pair[1] or 0))
+        return scored[:wanted]
+
+    # --- namespaces --------------------------------------------------------------------
+
+    async def _list_namespaces(self, client: LoopClient, op: ListNamespacesOp,
+                               gate: asyncio.Semaphore) -> list[tuple[str, ...]]:
+        """The namespaces that hold items, from the directory (one session per namespace,
+        read a page at a time under the conditions' literal prefix)."""
+        conditions = op.match_conditions or ()
+        literal: list[str] = []
+        for condition in conditions:
+            if condition.match_type == "prefix":
+                for label in condition.path:
+                    if label == "*":
+                        break
+                    literal.append(label)
+                break
+        candidates: list[tuple[str, ...]] = []
+        cursor = None
+        while True:
+            page = await self._pages(client, DIRECTORY + namespace_text(literal), True, cursor)
+            for view in page.states:
+                namespace = tuple(_item_meta(view)["namespace"])
+                if all(_namespace_matches(c, namespace) for c in conditions):
+                    candidates.append(namespace)
+            if page.next is None:
+                break
+            cursor = page.next
+
+        async def held(namespace: tuple[str, ...]) -> bool:
+            async with gate:
+                page = await self._pages(client, ITEMS + namespace_text(namespace), False,
+                                         None, 1)
+            return bool(page.states)
+
+        kept = [ns for ns, ok in zip(candidates, await asyncio.gather(
+            *(held(ns) for ns in candidates)), strict=True) if ok]
+        if op.max_depth is not None:
+            kept = list({ns[:op.max_depth] for ns in kept})
+        kept.sort()
+        return kept[op.offset:op.offset + op.limit]
+
+    # --- TTL -----------------------------------------------------------------------------
+
+    async def asweep_ttl(self) -> int:
+        """Delete the expired items (a page of items at a time); how many were deleted."""
+        return await self._sweep(self.aclient)
+
+    def sweep_ttl(self) -> int:
+        """Delete the expired items (a page of items at a time); how many were deleted."""
+        return self._run(self._sweep(self._client))
+
+    async def _sweep(self, client: LoopClient) -> int:
+        deleted, cursor, now = 0, None, time.time()
+        while True:
+            page = await self._pages(client, ITEMS, True, cursor)
+            for view in page.states:
+                if _expired(view, now):
+                    # expected_version: an item refreshed or rewritten since is kept
+                    with contextlib.suppress(SessionNotFoundError, VersionConflictError):
+                        await client.delete_session(view.session_id,
+                                                    expected_version=view.version)
+                        deleted += 1
+            if page.next is None:
+                return deleted
+            cursor = page.next
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: int | None = None
+                          ) -> concurrent.futures.Future[None]:
+        """Sweep every `sweep_interval_minutes` (default: the TTLConfig's, else 5) on the
+        store's own thread until stop_ttl_sweeper() or close(); as SqliteStore's."""
+        if self._sweeper is not None and not self._sweeper.done():
+            return self._sweeper
+        interval = float(sweep_interval_minutes
+                         or (self.ttl_config or {}).get("sweep_interval_minutes") or 5)
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval * 60)
+                with contextlib.suppress(SessiondError, OSError):  # the next round retries
+                    await self._sweep(self._client)
+
+        self._run(asyncio.sleep(0))  # start the store's loop
+        assert self._loop is not None
+        self._sweeper = asyncio.run_coroutine_threadsafe(loop(), self._loop)
+        return self._sweeper
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.cancel()
+        return True
