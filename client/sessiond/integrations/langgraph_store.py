@@ -71,6 +71,7 @@ _PAGE = 1000
 _SEARCH_PAGE = 100  # session.search's largest page
 _CONCURRENT = 32  # requests in flight at once for one operation
 _REFRESH_SLACK = 0.01  # a read moves expires_at only when it would move by 1% of the TTL
+_now = time.time  # the clock of expiry (a test moves it)
 
 
 def namespace_text(labels: Iterable[str]) -> str:
@@ -312,7 +313,7 @@ class SessiondStore(BaseStore):
 
     async def _get(self, client: LoopClient, op: GetOp) -> Item | None:
         view = await self._view(client, tuple(op.namespace), op.key)
-        if view is None or _expired(view, time.time()):
+        if view is None or _expired(view, _now()):
             return None
         if op.refresh_ttl:
             await self._refresh(client, view)
@@ -325,7 +326,7 @@ class SessiondStore(BaseStore):
         ttl = meta.get("ttl")
         if ttl is None:
             return
-        expires_at = time.time() + ttl * 60
+        expires_at = _now() + ttl * 60
         if expires_at - (meta.get("expires_at") or 0) < ttl * 60 * _REFRESH_SLACK:
             return
         with contextlib.suppress(SessionNotFoundError):  # deleted meanwhile: nothing to keep
@@ -345,7 +346,7 @@ class SessiondStore(BaseStore):
         tags = [_prefix_tag(namespace[:n]) for n in range(len(namespace) + 1)]
         message = {"role": "system", "content": content, "metadata": {"lgstore": tags}}
         expiry = {"ttl": op.ttl,
-                  "expires_at": None if op.ttl is None else time.time() + op.ttl * 60}
+                  "expires_at": None if op.ttl is None else _now() + op.ttl * 60}
         events = [{"type": "message.appended", "data": message},
                   {"type": "metadata.updated", "data": {"patch": {"lgstore": expiry}}}]
         with sized():
@@ -416,7 +417,7 @@ class SessiondStore(BaseStore):
         """Items under the prefix that pass the filter, a page at a time, in a stable order
         (by session id), until `wanted` are found."""
         found: list[tuple[SessionState, float | None]] = []
-        cursor, now = None, time.time()
+        cursor, now = None, _now()
         while True:
             page = await self._pages(client, ITEMS + namespace_text(prefix), True, cursor)
             for view in page.states:
@@ -436,7 +437,7 @@ class SessiondStore(BaseStore):
         of the query's words, in the item's current value, under the prefix."""
         query = "(" + " OR ".join(f'"{w}"' for w in words) + f") AND tags: {_prefix_tag(prefix)}"
         found: list[tuple[SessionState, float | None]] = []
-        cursor, now = None, time.time()
+        cursor, now = None, _now()
 
         async def current(hit: rpc.SearchSession) -> SessionState | None:
             async with gate:
@@ -470,7 +471,7 @@ class SessiondStore(BaseStore):
         """No search index (a PostgreSQL daemon): the first FALLBACK_SCAN items under the
         prefix that pass the filter, ranked by how many of the query's words each holds."""
         scored: list[tuple[SessionState, float | None]] = []
-        cursor, now, seen = None, time.time(), 0
+        cursor, now, seen = None, _now(), 0
         while seen < FALLBACK_SCAN:
             page = await self._pages(client, ITEMS + namespace_text(prefix), True, cursor,
                                      min(_PAGE, FALLBACK_SCAN - seen))
@@ -540,7 +541,7 @@ class SessiondStore(BaseStore):
         return self._run(self._sweep(self._client))
 
     async def _sweep(self, client: LoopClient) -> int:
-        deleted, cursor, now = 0, None, time.time()
+        deleted, cursor, now = 0, None, _now()
         while True:
             page = await self._pages(client, ITEMS, True, cursor)
             for view in page.states:

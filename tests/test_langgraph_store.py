@@ -1,0 +1,287 @@
+"""SessiondStore against LangGraph's own stores (InMemoryStore, SqliteStore), its TTL, its
+full-text search on both daemons, and a compiled graph that keeps memories in it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from typing import Any, TypedDict
+
+import anyio
+import pytest
+from conftest import Daemon
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sdk_extras import require_sdk
+
+require_sdk("langgraph", "langgraph")
+require_sdk("langgraph.store.sqlite", "sdk-tests")
+from langgraph.graph import END, START, StateGraph  # noqa: E402
+from langgraph.store.base import BaseStore, InvalidNamespaceError, Item  # noqa: E402
+from langgraph.store.memory import InMemoryStore  # noqa: E402
+from langgraph.store.sqlite import SqliteStore  # noqa: E402
+
+from sessiond import AsyncClient  # noqa: E402
+from sessiond.integrations import langgraph_store  # noqa: E402
+from sessiond.integrations.langgraph_store import SessiondStore, item_session_id  # noqa: E402
+from sessiond_schemas.errors import SessionNotFoundError  # noqa: E402
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
+roots = itertools.count()
+
+
+@pytest.fixture
+async def store(daemon: Daemon) -> AsyncIterator[SessiondStore]:
+    s = SessiondStore(daemon.socket)
+    yield s
+    await anyio.to_thread.run_sync(s.close)
+
+
+def sqlite_store() -> SqliteStore:
+    s = SqliteStore(sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None))
+    s.setup()
+    return s
+
+
+def plain(item: Item | None) -> Any:
+    return None if item is None else (item.namespace, item.key, item.value)
+
+
+LABELS = st.sampled_from(["a", "b", "c d", "é/ü", "x:y"])
+VALUES = st.fixed_dictionaries({"n": st.integers(-5, 5), "tag": st.sampled_from(["red", "blue"])},
+                               optional={"nested": st.fixed_dictionaries({"k": st.booleans()}),
+                                         "list": st.lists(st.integers(0, 2), max_size=2)})
+FILTERS = st.one_of(
+    st.none(),
+    st.fixed_dictionaries({"tag": st.sampled_from(["red", "blue"])}),
+    st.fixed_dictionaries({"n": st.fixed_dictionaries({}, optional={
+        "$gt": st.integers(-5, 5), "$lte": st.integers(-5, 5), "$ne": st.integers(-5, 5)})}),
+    st.fixed_dictionaries({"nested": st.fixed_dictionaries({"k": st.booleans()})}),
+    st.fixed_dictionaries({"list": st.lists(st.integers(0, 2), max_size=2)}),
+)
+operations = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.lists(LABELS, min_size=1, max_size=3), st.integers(0, 3),
+              VALUES),
+    st.tuples(st.just("delete"), st.lists(LABELS, min_size=1, max_size=3), st.integers(0, 3)),
+    st.tuples(st.just("get"), st.lists(LABELS, min_size=1, max_size=3), st.integers(0, 3)),
+    st.tuples(st.just("search"), st.lists(LABELS, max_size=2), FILTERS),
+    st.tuples(st.just("namespaces"), st.lists(LABELS, max_size=2),
+              st.one_of(st.none(), st.lists(LABELS, min_size=1, max_size=1)),
+              st.one_of(st.none(), st.integers(1, 3)), st.integers(0, 2)),
+), max_size=16)
+
+
+class TestAgainstLangGraphsStores:
+    @settings(max_examples=50, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(script=operations)
+    async def test_same_items_searches_and_namespaces(
+            self, store: SessiondStore, script: list[tuple[Any, ...]]) -> None:
+        """Random put/delete/get/search(filter)/list_namespaces sequences answer as
+        InMemoryStore (items, filters) and SqliteStore (namespaces that hold items) do."""
+        root = f"r{next(roots)}"
+        memory, lite = InMemoryStore(), sqlite_store()
+        for op in script:
+            if op[0] in ("put", "delete", "get"):
+                ns, key = (root, *op[1]), f"k{op[2]}"
+                if op[0] == "put":
+                    for s in (memory, lite):
+                        s.put(ns, key, op[3])
+                    await store.aput(ns, key, op[3])
+                elif op[0] == "delete":
+                    for s in (memory, lite):
+                        s.delete(ns, key)
+                    await store.adelete(ns, key)
+                else:
+                    ours = await store.aget(ns, key)
+                    assert plain(ours) == plain(memory.get(ns, key)) == plain(lite.get(ns, key))
+            elif op[0] == "search":
+                prefix = (root, *op[1])
+                ours = await store.asearch(prefix, filter=op[2], limit=1000)
+                theirs = memory.search(prefix, filter=op[2], limit=1000)
+                assert sorted(map(plain, ours)) == sorted(map(plain, theirs)), op
+                assert all(i.score is None for i in ours)
+            else:
+                _, prefix, suffix, depth, offset = op
+                args: dict[str, Any] = {"prefix": (root, *prefix), "max_depth": depth,
+                                        "offset": offset, "limit": 3}
+                if suffix:
+                    args["suffix"] = tuple(suffix)
+                assert await store.alist_namespaces(**args) == lite.list_namespaces(**args), op
+
+    async def test_pages_of_a_search_and_the_sync_api(self, store: SessiondStore) -> None:
+        """offset/limit pages cover every item once; the sync methods see the same store."""
+        ns = ("pages", "p")
+        for i in range(7):
+            await anyio.to_thread.run_sync(lambda i=i: store.put(ns, f"k{i}", {"i": i}))
+        pages = [await store.asearch(("pages",), limit=3, offset=o) for o in (0, 3, 6)]
+        assert [len(p) for p in pages] == [3, 3, 1]
+        assert sorted(i.value["i"] for p in pages for i in p) == list(range(7))
+        assert await anyio.to_thread.run_sync(lambda: store.search(("pages",), limit=3)) == \
+            pages[0]
+        both = await anyio.to_thread.run_sync(lambda: store.get(ns, "k2"))
+        assert both == await store.aget(ns, "k2")
+
+    async def test_a_batch_reads_before_its_puts(self, store: SessiondStore) -> None:
+        """As LangGraph's stores: a batch's reads see the store before its writes; the last
+        put of one item wins."""
+        from langgraph.store.base import GetOp, PutOp
+        ns = ("batch",)
+        await store.aput(ns, "a", {"v": 1})
+        results = await store.abatch([PutOp(ns, "a", {"v": 2}), GetOp(ns, "a"),
+                                      PutOp(ns, "a", {"v": 3}), PutOp(ns, "b", {"v": 4}),
+                                      PutOp(ns, "b", None)])
+        assert [plain(r) if isinstance(r, Item) else r for r in results] == [
+            None, (ns, "a", {"v": 1}), None, None, None]
+        assert (await store.aget(ns, "a")).value == {"v": 3}  # type: ignore[union-attr]
+        assert await store.aget(ns, "b") is None
+
+    async def test_namespaces_and_dotted_filters(self, store: SessiondStore) -> None:
+        """LangGraph's namespace rules (no periods, no empty labels, no "langgraph" root),
+        wildcards in list_namespaces, and dotted paths in filters as the SQL stores."""
+        with pytest.raises(InvalidNamespaceError):
+            await store.aput(("a.b",), "k", {})
+        with pytest.raises(InvalidNamespaceError):
+            await store.aput(("langgraph",), "k", {})
+        await store.aput(("docs", "u1", "v1"), "k", {"meta": {"lang": "en", "n": 2}})
+        await store.aput(("docs", "u2", "v1"), "k", {"meta": {"lang": "fr", "n": 5}})
+        await store.aput(("docs", "u2", "v2"), "k", {"meta": {"lang": "fr", "n": 9}})
+        assert await store.alist_namespaces(prefix=("docs", "*", "v1")) == [
+            ("docs", "u1", "v1"), ("docs", "u2", "v1")]
+        assert await store.alist_namespaces(suffix=("v2",)) == [("docs", "u2", "v2")]
+        found = await store.asearch(("docs",), filter={"meta.lang": "fr", "meta.n": {"$gt": 6}})
+        assert [i.namespace for i in found] == [("docs", "u2", "v2")]
+
+
+class TestTTL:
+    async def test_expiry_refresh_on_read_and_the_sweep(
+            self, store: SessiondStore, client: AsyncClient,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """An item's TTL (minutes) runs from its last access: a read moves it, a read with
+        refresh_ttl=False does not; past it the item is gone from get and search, and the
+        sweep deletes its session."""
+        now = [1_000_000.0]
+        monkeypatch.setattr(langgraph_store, "_now", lambda: now[0])
+        ns = ("ttl",)
+        await store.aput(ns, "short", {"v": 1}, ttl=1)
+        await store.aput(ns, "kept", {"v": 2})
+        now[0] += 50
+        assert await store.aget(ns, "short") is not None  # refreshed: expires at +110
+        now[0] += 50
+        assert await store.aget(ns, "short", refresh_ttl=False) is not None
+        now[0] += 50  # +150: 100 s after the last refreshing read
+        assert await store.aget(ns, "short") is None
+        assert [i.key for i in await store.asearch(ns)] == ["kept"]
+        assert await store.asweep_ttl() == 1
+        with pytest.raises(SessionNotFoundError):
+            await client.get_session(item_session_id(ns, "short"))
+        assert (await store.aget(ns, "kept")).value == {"v": 2}  # type: ignore[union-attr]
+        assert await store.asweep_ttl() == 0
+
+    async def test_ttl_config_default_and_refresh_on_read(
+            self, daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+        """TTLConfig: default_ttl applies to puts without ttl; refresh_on_read=False makes
+        reads leave the expiry alone; a search refreshes what it returns."""
+        now = [2_000_000.0]
+        monkeypatch.setattr(langgraph_store, "_now", lambda: now[0])
+        lazy = SessiondStore(daemon.socket, ttl={"default_ttl": 1, "refresh_on_read": False})
+        eager = SessiondStore(daemon.socket, ttl={"default_ttl": 1})
+        try:
+            await lazy.aput(("a",), "k", {"v": 1})
+            await eager.aput(("b",), "k", {"v": 1})
+            await eager.aput(("b",), "forever", {"v": 1}, ttl=None)
+            now[0] += 40
+            assert await lazy.aget(("a",), "k") is not None
+            assert len(await eager.asearch(("b",))) == 2
+            now[0] += 40  # +80
+            assert await lazy.aget(("a",), "k") is None
+            assert await eager.aget(("b",), "k") is not None
+            now[0] += 1000
+            assert await eager.asweep_ttl() == 2  # a sweep takes every store's items
+            assert await eager.aget(("b",), "forever") is not None
+        finally:
+            await anyio.to_thread.run_sync(lazy.close)
+            await anyio.to_thread.run_sync(eager.close)
+
+
+class TestSearch:
+    async def test_query_ranks_current_values_under_the_prefix(
+            self, store: SessiondStore, store_kind: str) -> None:
+        """search(query=...): session.search on SQLite, the client-side match on PostgreSQL
+        (no search index there); either way only current values under the prefix match,
+        the best first, and a filter still applies."""
+        await store.aput(("mem", "u1"), "a", {"text": "likes pizza and pasta", "n": 1})
+        await store.aput(("mem", "u1"), "b", {"text": "likes sushi", "n": 2})
+        await store.aput(("mem", "u1"), "c", {"text": "pizza pizza, but only on fridays", "n": 3})
+        await store.aput(("mem", "u1"), "old", {"text": "pizza once"})
+        await store.aput(("mem", "u1"), "old", {"text": "now salad"})
+        await store.aput(("mem", "u2"), "d", {"text": "pizza too"})
+        await store.aput(("other",), "e", {"text": "pizza elsewhere"})
+        found = await store.asearch(("mem", "u1"), query="Pizza and pasta?")
+        assert [i.key for i in found][:1] == ["a"]
+        assert {i.key for i in found} == {"a", "c"}
+        assert all(isinstance(i.score, float) for i in found)
+        assert {i.key for i in await store.asearch(("mem",), query="pizza")} == {"a", "c", "d"}
+        assert [i.key for i in await store.asearch(("mem",), query="pizza",
+                                                   filter={"n": {"$gte": 3}})] == ["c"]
+        assert await store.asearch(("mem",), query="salad") != []
+        assert await store.asearch(("mem",), query="once") == []
+        assert len(await store.asearch(("mem",), query="pizza", limit=1, offset=1)) == 1
+
+    async def test_items_are_events_exported_and_verified(
+            self, store: SessiondStore, client: AsyncClient) -> None:
+        """Each put is a message.appended of the item's session (its history), each delete
+        removes the session; the store verifies and exports like any other."""
+        await store.aput(("h",), "k", {"v": 1})
+        await store.aput(("h",), "k", {"v": 2})
+        sid = item_session_id(("h",), "k")
+        events = (await client.read_events(sid)).events
+        messages = [json.loads(e.data["content"]) for e in events
+                    if e.type == "message.appended"]
+        assert messages == [{"v": 1}, {"v": 2}]
+        exported = await client.export_session(sid)
+        assert [e["type"] for e in exported["events"]][:2] == [
+            "session.created", "message.appended"]
+        assert (await client.verify()).ok
+        await store.adelete(("h",), "k")
+        with pytest.raises(SessionNotFoundError):
+            await client.get_session(sid)
+        assert await store.alist_namespaces() == []
+
+
+class Chat(TypedDict):
+    user: str
+    said: str
+    recalled: list[str]
+
+
+async def test_a_compiled_graph_keeps_memories_across_threads(store: SessiondStore) -> None:
+    """A graph given store=SessiondStore() writes a memory in one thread and finds it by
+    search in another."""
+    def remember(state: Chat, *, store: BaseStore) -> dict[str, Any]:
+        ns = ("memories", state["user"])
+        found = store.search(ns, query=state["said"])
+        store.put(ns, f"m{len(found)}-{abs(hash(state['said']))}", {"text": state["said"]})
+        return {"recalled": [i.value["text"] for i in found]}
+
+    builder = StateGraph(Chat)
+    builder.add_node("remember", remember)
+    builder.add_edge(START, "remember")
+    builder.add_edge("remember", END)
+    graph = builder.compile(store=store)
+
+    def run() -> list[Any]:
+        first = graph.invoke({"user": "u1", "said": "my cat is called Tom", "recalled": []},
+                             {"configurable": {"thread_id": "t1"}})
+        second = graph.invoke({"user": "u1", "said": "what is my cat called", "recalled": []},
+                              {"configurable": {"thread_id": "t2"}})
+        other = graph.invoke({"user": "u2", "said": "cat", "recalled": []},
+                             {"configurable": {"thread_id": "t3"}})
+        return [first["recalled"], second["recalled"], other["recalled"]]
+
+    assert await anyio.to_thread.run_sync(run) == [[], ["my cat is called Tom"], []]
+    later = await graph.ainvoke({"user": "u1", "said": "Tom", "recalled": []},
+                                {"configurable": {"thread_id": "t4"}})
+    assert sorted(later["recalled"]) == ["my cat is called Tom"]
