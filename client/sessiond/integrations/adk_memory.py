@@ -1,0 +1,259 @@
+"""Google ADK: `SessiondMemoryService`, a `BaseMemoryService` (long-term memory) in sessiond.
+
+    from google.adk.runners import Runner
+    from sessiond.integrations.adk_memory import SessiondMemoryService
+
+    runner = Runner(agent=agent, app_name="support", session_service=...,
+                    memory_service=SessiondMemoryService())
+
+What an ADK session gives to memory is kept in a memory session of its own (one per app,
+user and ADK session; namespace `adk-memory:<app>:<user>`, both escaped): each event with
+text is a message, its text the content, the event's id, author, time and whole content
+in the metadata. Adding a session again appends only the events not yet there.
+`search_memory` is `session.search` within the user's namespace, so one user's search
+never reaches another's memories; the best candidates are then ranked as ADK's
+InMemoryMemoryService ranks (how many of the query's words each holds), at most ten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import unicodedata
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from google.adk.events.event import Event
+from google.adk.memory import _utils
+from google.adk.memory.base_memory_service import BaseMemoryService, SearchMemoryResponse
+from google.adk.memory.memory_entry import MemoryEntry
+from google.adk.sessions.session import Session
+from google.genai import types
+
+from sessiond_schemas import rpc
+from sessiond_schemas.errors import (
+    SessionExistsError,
+    SessionNotFoundError,
+    StorageError,
+    VersionConflictError,
+)
+from sessiond_schemas.state import Message
+
+from ._loop import LoopClient, sized
+from ._text import Piece, compose, lift, restore
+from .adk import session_id_for
+
+MAX_RESULTS = 10  # as InMemoryMemoryService
+CANDIDATE_SESSIONS = 20  # session.search's best sessions whose best hits are ranked
+CANDIDATE_HITS = 10
+FALLBACK_SCAN = 10_000  # messages a search reads at most where there is no search index
+_UNKNOWN_SESSION = "__unknown_session_id__"  # InMemoryMemoryService's, for events alone
+_PAGE = 1000
+_CONCURRENT = 32
+
+
+def memory_namespace(app_name: str, user_id: str) -> str:
+    """The namespace of one user's memories: escaped, so no two users' collide."""
+    return f"adk-memory:{quote(app_name, safe='')}:{quote(user_id, safe='')}"
+
+
+def memory_session_id(app_name: str, user_id: str, session_id: str) -> str:
+    key = "\0".join((app_name, user_id, session_id)).encode()
+    return "adkm-" + hashlib.sha256(key).hexdigest()[:40]
+
+
+def _query_words(text: str) -> set[str]:
+    """The query's words, as InMemoryMemoryService takes them."""
+    return {w.lower() for w in re.findall(r"\w+", unicodedata.normalize("NFC", text))}
+
+
+def _text(event: Event) -> tuple[str, list[list[Any]], dict[str, Any]] | None:
+    """(content, spans, the content as JSON without its texts) of an event worth keeping:
+    one with text, the only kind a search can find."""
+    if not event.content or not event.content.parts:
+        return None
+    pieces: list[Piece] = []
+    for i, part in enumerate(event.content.parts):
+        if part.text:
+            if pieces:
+                pieces.append((" ", None))
+            pieces.append((part.text, ("parts", i, "text")))
+    content, spans = compose(pieces)
+    if not re.search(r"\w", content):
+        return None
+    stored = event.content.model_dump(mode="json", exclude_none=True)
+    return content, spans, lift(stored, spans)
+
+
+def _message(event: Event) -> dict[str, Any] | None:
+    kept = _text(event)
+    if kept is None:
+        return None
+    content, spans, stored = kept
+    return {"role": "user" if event.author == "user" else "assistant", "content": content,
+            "metadata": {"adk_memory": {"id": event.id, "author": event.author,
+                                        "timestamp": event.timestamp, "content": stored},
+                         "spans": spans}}
+
+
+def _entry(message: Message) -> MemoryEntry:
+    kept = message.metadata["adk_memory"]
+    content = restore(kept["content"], message.content, message.metadata.get("spans") or [])
+    return MemoryEntry(id=kept["id"], content=types.Content.model_validate(content),
+                       author=kept["author"], timestamp=_utils.format_timestamp(kept["timestamp"]))
+
+
+def _score(words: set[str], message: Message) -> int:
+    """How many of the query's words the memory holds, as InMemoryMemoryService counts
+    (a non-Latin word also matches inside a longer run of text)."""
+    held = {w.lower() for w in re.findall(r"\w+", unicodedata.normalize("NFC", message.content))}
+    lower = unicodedata.normalize("NFC", message.content).lower()
+    return sum(1 for w in words if w in held or (not w.isascii() and w in lower))
+
+
+class SessiondMemoryService(BaseMemoryService):
+    """ADK memory in sessiond (`socket`: the daemon's, by default)."""
+
+    def __init__(self, socket: str | None = None, *, client: LoopClient | None = None) -> None:
+        self.client = client or LoopClient(socket)
+
+    # --- adding -----------------------------------------------------------------------
+
+    async def add_session_to_memory(self, session: Session) -> None:
+        """Keep the session's events with text; again later, only those added since."""
+        await self._add(session.app_name, session.user_id, session.id, session.events,
+                        whole=True)
+
+    async def add_events_to_memory(self, *, app_name: str, user_id: str,
+                                   events: Sequence[Event], session_id: str | None = None,
+                                   custom_metadata: Mapping[str, object] | None = None) -> None:
+        """Keep these events (a delta: those already kept are skipped)."""
+        await self._add(app_name, user_id, session_id or _UNKNOWN_SESSION, events, whole=False)
+
+    async def _add(self, app_name: str, user_id: str, session_id: str,
+                   events: Sequence[Event], *, whole: bool) -> None:
+        sid = memory_session_id(app_name, user_id, session_id)
+        for _ in range(5):  # another writer added to the same memory meanwhile: again
+            try:
+                view = await self.client.get_session(sid)
+            except SessionNotFoundError:
+                fresh = self._messages(events, set())
+                try:
+                    with sized():
+                        await self.client.create_session(
+                            sid, namespace=memory_namespace(app_name, user_id),
+                            source="adk-memory", metadata={"adk_memory": {
+                                "app_name": app_name, "user_id": user_id,
+                                "session_id": session_id,
+                                "from_session": session_id_for(app_name, user_id, session_id)}},
+                            events=[{"type": "message.appended", "data": m} for m in fresh])
+                    return
+                except SessionExistsError:
+                    continue
+            kept = [e for e in events if _text(e) is not None]
+            last = view.last_message.metadata["adk_memory"]["id"] if view.last_message else None
+            n = view.message_count
+            if whole and 0 < n <= len(kept) and kept[n - 1].id == last:
+                fresh = self._messages(kept[n:], set())  # the usual case: what follows
+            else:
+                fresh = self._messages(kept, await self._stored_ids(sid))
+            if not fresh:
+                return
+            version = view.version
+            try:
+                with sized():
+                    for start in range(0, len(fresh), 10_000):
+                        written = await self.client.append_messages(
+                            sid, fresh[start:start + 10_000], expected_version=version)
+                        version = written.version
+                return
+            except VersionConflictError:
+                continue
+        raise RuntimeError(f"memory of session {session_id!r} kept changing while adding to it")
+
+    @staticmethod
+    def _messages(events: Sequence[Event], stored: set[str | None]) -> list[dict[str, Any]]:
+        messages, seen = [], set(stored)
+        for event in events:
+            message = _message(event)
+            if message is not None and event.id not in seen:
+                seen.add(event.id)
+                messages.append(message)
+        return messages
+
+    async def _stored_ids(self, sid: str) -> set[str | None]:
+        ids: set[str | None] = set()
+        after = None
+        while True:
+            page = await self.client.list_messages(sid, limit=_PAGE, after_sequence=after)
+            ids.update(m.metadata["adk_memory"]["id"] for m in page.messages)
+            if len(page.messages) < _PAGE:
+                return ids
+            after = page.messages[-1].sequence
+
+    # --- searching --------------------------------------------------------------------
+
+    async def search_memory(self, *, app_name: str, user_id: str,
+                            query: str) -> SearchMemoryResponse:
+        """At most ten memories of this user, those holding the most of the query's words
+        first (ties: the older first)."""
+        words = _query_words(query)
+        if not words:
+            return SearchMemoryResponse(memories=[])
+        namespace = memory_namespace(app_name, user_id)
+        try:
+            candidates = await self._candidates(namespace, words)
+        except StorageError as exc:
+            if exc.data.get("detail") != "no search index":
+                raise
+            candidates = await self._scan(namespace)
+        scored = [(s, m) for m in candidates if (s := _score(words, m))]
+        scored.sort(key=lambda sm: (-sm[0], sm[1].metadata["adk_memory"]["timestamp"]))
+        return SearchMemoryResponse(memories=[_entry(m) for _, m in scored[:MAX_RESULTS]])
+
+    async def _candidates(self, namespace: str, words: set[str]) -> list[Message]:
+        """The best hits of the best sessions session.search finds in the namespace."""
+        query = " OR ".join(f'"{w}"' for w in sorted(words))  # words: \w+, no quotes
+        found = await self.client.search(query, namespace=namespace, limit=CANDIDATE_SESSIONS,
+                                         hits=CANDIDATE_HITS)
+        gate = asyncio.Semaphore(_CONCURRENT)
+
+        async def message(session_id: str, sequence: int) -> Message | None:
+            async with gate:
+                page = await self.client.list_messages(session_id, limit=1,
+                                                       after_sequence=sequence - 1)
+            return page.messages[0] if page.messages else None
+
+        fetched = await asyncio.gather(*(
+            message(s.session_id, h.sequence) for s in found.sessions for h in s.hits
+            if h.type == "message.appended" and h.sequence is not None))
+        return [m for m in fetched if m is not None and "adk_memory" in m.metadata]
+
+    async def _scan(self, namespace: str) -> list[Message]:
+        """No search index (a PostgreSQL daemon): the user's memories themselves, at most
+        FALLBACK_SCAN of them."""
+        messages: list[Message] = []
+        cursor = None
+        while len(messages) < FALLBACK_SCAN:
+            page: rpc.SessionStatesResult = await self.client.call(
+                "session.states", rpc.SessionStatesResult, namespace=namespace, limit=_PAGE,
+                cursor=cursor)
+            for view in page.states:
+                after = None
+                while len(messages) < FALLBACK_SCAN:
+                    got = await self.client.list_messages(
+                        view.session_id, after_sequence=after,
+                        limit=min(_PAGE, FALLBACK_SCAN - len(messages)))
+                    messages += got.messages
+                    if len(got.messages) < _PAGE:
+                        break
+                    after = got.messages[-1].sequence
+            if page.next is None:
+                break
+            cursor = page.next
+        return messages
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,189 @@
+"""SessiondMemoryService against ADK's own InMemoryMemoryService, its scoping by app and
+user, adding again, and a real Runner whose model is handed what it remembered."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, ClassVar
+
+import pytest
+from conftest import Daemon
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sdk_extras import require_sdk
+
+require_sdk("google.adk", "adk")
+from google.adk.agents import LlmAgent  # noqa: E402
+from google.adk.events.event import Event  # noqa: E402
+from google.adk.memory import InMemoryMemoryService  # noqa: E402
+from google.adk.models.base_llm import BaseLlm  # noqa: E402
+from google.adk.models.llm_request import LlmRequest  # noqa: E402
+from google.adk.models.llm_response import LlmResponse  # noqa: E402
+from google.adk.runners import Runner  # noqa: E402
+from google.adk.sessions.session import Session  # noqa: E402
+from google.adk.tools.preload_memory_tool import PreloadMemoryTool  # noqa: E402
+from google.genai import types  # noqa: E402
+
+from sessiond import AsyncClient  # noqa: E402
+from sessiond.integrations.adk import SessiondSessionService  # noqa: E402
+from sessiond.integrations.adk_memory import (  # noqa: E402
+    SessiondMemoryService,
+    memory_session_id,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
+apps = itertools.count()
+WORDS = ["teal", "colour", "pizza", "Berlin", "cat", "Tom", "café", "meeting", "tuesday"]
+
+
+@pytest.fixture
+async def memory(daemon: Daemon) -> AsyncIterator[SessiondMemoryService]:
+    service = SessiondMemoryService(daemon.socket)
+    yield service
+    await service.close()
+
+
+def event(i: int, text: str | None, author: str = "user", call: bool = False) -> Event:
+    parts = [types.Part(text=text)] if text is not None else []
+    if call:
+        parts.append(types.Part(function_call=types.FunctionCall(name="lookup", args={"q": i})))
+    return Event(id=f"e{i}", invocation_id=f"i{i}", author=author,
+                 timestamp=1_700_000_000.0 + i,
+                 content=types.Content(role="user" if author == "user" else "model",
+                                       parts=parts) if parts else None)
+
+
+def session(app: str, user: str, sid: str, events: list[Event]) -> Session:
+    return Session(id=sid, app_name=app, user_id=user, events=events)
+
+
+texts = st.lists(st.sampled_from(WORDS), min_size=0, max_size=4).map(" ".join)
+
+
+class TestAgainstInMemoryMemoryService:
+    @settings(max_examples=25, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(sessions=st.lists(st.lists(st.tuples(texts, st.booleans()), max_size=5),
+                             min_size=1, max_size=3),
+           queries=st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=3),
+                            min_size=1, max_size=3))
+    async def test_same_memories_for_the_same_searches(
+            self, memory: SessiondMemoryService, sessions: list[list[tuple[str, bool]]],
+            queries: list[list[str]]) -> None:
+        """Sessions of text and tool-call events added to both services: every search
+        returns the same memories (ids, contents, authors, times), in the same order."""
+        app, n = f"app{next(apps)}", itertools.count()
+        reference = InMemoryMemoryService()
+        for k, spec in enumerate(sessions):
+            events = [event(next(n), text or None, "user" if i % 2 else "agent", call)
+                      for i, (text, call) in enumerate(spec)]
+            for service in (reference, memory):
+                await service.add_session_to_memory(session(app, "u1", f"s{k}", events))
+        for words in queries:
+            query = " ".join(words) + "?"
+            theirs = await reference.search_memory(app_name=app, user_id="u1", query=query)
+            ours = await memory.search_memory(app_name=app, user_id="u1", query=query)
+            assert [m.model_dump() for m in ours.memories] == [
+                m.model_dump() for m in theirs.memories], query
+
+    async def test_at_most_ten_the_most_matching_first(
+            self, memory: SessiondMemoryService) -> None:
+        """Twelve matching events: the ten holding most of the query's words, as the SDK."""
+        app = f"app{next(apps)}"
+        events = [event(i, "pizza" + (" Berlin" if i % 3 == 0 else "")) for i in range(12)]
+        reference = InMemoryMemoryService()
+        for service in (reference, memory):
+            await service.add_session_to_memory(session(app, "u", "s", events))
+        ours = await memory.search_memory(app_name=app, user_id="u", query="pizza in Berlin")
+        theirs = await reference.search_memory(app_name=app, user_id="u", query="pizza in Berlin")
+        assert [m.id for m in ours.memories] == [m.id for m in theirs.memories]
+        assert len(ours.memories) == 10
+        assert [m.id for m in ours.memories][:4] == ["e0", "e3", "e6", "e9"]
+
+
+class TestScopeAndAddingAgain:
+    async def test_one_user_never_sees_anothers_memories(
+            self, memory: SessiondMemoryService) -> None:
+        """Apps and users whose names would run together if joined stay apart."""
+        pairs = [("x", "a:b"), ("x:a", "b"), ("x", "a"), ("y", "a:b")]
+        for k, (app, user) in enumerate(pairs):
+            await memory.add_session_to_memory(
+                session(app, user, "s", [event(k, f"secret{k} shared word")]))
+        for k, (app, user) in enumerate(pairs):
+            found = await memory.search_memory(app_name=app, user_id=user,
+                                               query="shared secret0 secret1 secret2 secret3")
+            assert [m.content.parts[0].text for m in found.memories] == [  # type: ignore[index]
+                f"secret{k} shared word"]
+        assert (await memory.search_memory(app_name="x", user_id="nobody",
+                                           query="shared")).memories == []
+
+    async def test_adding_again_adds_only_what_is_new(
+            self, memory: SessiondMemoryService, client: AsyncClient) -> None:
+        """A session added, grown, added again: only the new events are appended; added
+        once more unchanged, nothing is written. add_events_to_memory skips kept ids."""
+        app = f"app{next(apps)}"
+        events = [event(0, "first teal"), event(1, None, call=True), event(2, "second teal")]
+        await memory.add_session_to_memory(session(app, "u", "s", events))
+        sid = memory_session_id(app, "u", "s")
+        assert (await client.get_session(sid)).message_count == 2
+        events += [event(3, "third teal"), event(4, "fourth teal")]
+        await memory.add_session_to_memory(session(app, "u", "s", events))
+        view = await client.get_session(sid)
+        assert view.message_count == 4
+        appended = [e for e in (await client.read_events(sid)).events
+                    if e.type == "message.appended"]
+        assert [e.data["content"] for e in appended] == [
+            "first teal", "second teal", "third teal", "fourth teal"]
+        await memory.add_session_to_memory(session(app, "u", "s", events))
+        assert (await client.get_session(sid)).version == view.version
+        await memory.add_events_to_memory(app_name=app, user_id="u", session_id="s",
+                                          events=[event(2, "second teal"), event(5, "fifth teal")])
+        assert (await client.get_session(sid)).message_count == 5
+        found = await memory.search_memory(app_name=app, user_id="u", query="teal")
+        assert [m.id for m in found.memories] == ["e0", "e2", "e3", "e4", "e5"]
+        assert (await client.verify()).ok
+
+
+class RememberingLlm(BaseLlm):
+    """An offline model that keeps the texts of each request it was sent."""
+
+    seen: ClassVar[list[str]] = []
+
+    async def generate_content_async(self, llm_request: LlmRequest,
+                                     stream: bool = False) -> AsyncGenerator[LlmResponse, None]:
+        RememberingLlm.seen.append(" ".join(
+            p.text for c in llm_request.contents for p in (c.parts or []) if p.text))
+        yield LlmResponse(content=types.Content(role="model", parts=[types.Part(text="ok")]))
+
+
+async def test_a_runner_preloads_what_an_earlier_session_said(daemon: Daemon) -> None:
+    """A Runner on SessiondSessionService and SessiondMemoryService: a session added to
+    memory is what PreloadMemoryTool hands the model in the next session."""
+    sessions, memory = SessiondSessionService(daemon.socket), SessiondMemoryService(daemon.socket)
+    agent = LlmAgent(name="helper", model=RememberingLlm(model="stub"), instruction="Be brief.",
+                     tools=[PreloadMemoryTool()])
+    runner = Runner(agent=agent, app_name="support", session_service=sessions,
+                    memory_service=memory)
+    RememberingLlm.seen = []
+
+    async def say(sid: str, text: str) -> None:
+        if await sessions.get_session(app_name="support", user_id="u1", session_id=sid) is None:
+            await sessions.create_session(app_name="support", user_id="u1", session_id=sid)
+        message = types.Content(role="user", parts=[types.Part(text=text)])
+        _: list[Any] = [e async for e in runner.run_async(user_id="u1", session_id=sid,
+                                                          new_message=message)]
+
+    try:
+        await say("s1", "my favourite colour is teal")
+        done = await sessions.get_session(app_name="support", user_id="u1", session_id="s1")
+        assert done is not None
+        await memory.add_session_to_memory(done)
+        await say("s2", "which colour do I like?")
+        first, second = RememberingLlm.seen
+        assert "PAST_CONVERSATIONS" not in first  # nothing in memory yet
+        assert "<PAST_CONVERSATIONS>" in second
+        assert "user: my favourite colour is teal" in second.split("<PAST_CONVERSATIONS>")[1]
+    finally:
+        await sessions.close()
+        await memory.close()
