@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 
 import anyio
 import pytest
-from conftest import Daemon
+from conftest import Daemon, eventually
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sdk_extras import require_sdk
@@ -155,6 +155,33 @@ class TestAgainstLangGraphsStores:
         assert [i.namespace for i in found] == [("docs", "u2", "v2")]
 
 
+    async def test_langgraphs_namespace_listing_cases(self, store: SessiondStore) -> None:
+        """The namespaces and listings of LangGraph's own test_list_namespaces_* (upstream
+        tests/test_store.py), answered as SqliteStore answers them."""
+        lite = sqlite_store()
+        namespaces = [("a", "b", "c"), ("a", "b", "d", "e"), ("a", "b", "d", "i"),
+                      ("a", "b", "f"), ("a", "c", "f"), ("b", "a", "f"), ("users", "123"),
+                      ("users", "456", "settings"), ("admin", "users", "789"),
+                      *[("namespace", f"sub_{i:02d}") for i in range(20)]]
+        for i, ns in enumerate(namespaces):
+            lite.put(ns, f"id_{i}", {"data": i})
+            await store.aput(ns, f"id_{i}", {"data": i})
+        cases: list[dict[str, Any]] = [
+            {"prefix": ("a", "b")}, {"suffix": ("f",)}, {"prefix": ("a",), "suffix": ("f",)},
+            {"prefix": ("a", "b"), "max_depth": 3}, {"prefix": ("a", "b"), "limit": 2},
+            {"prefix": ("a", "b"), "offset": 2}, {"prefix": ("a", "*", "f")},
+            {"suffix": ("*", "f")}, {"prefix": ("nonexistent",)}, {"prefix": ("users", "123")},
+            {"prefix": ("users", "*")}, {"prefix": ("*", "users"), "suffix": ("*", "settings")},
+            {"prefix": ("namespace",), "limit": 5, "offset": 15}, {"max_depth": 2}, {}]
+        for case in cases:
+            assert await store.alist_namespaces(**case) == lite.list_namespaces(**case), case
+        from langgraph.store.base import PutOp
+        with pytest.raises(InvalidNamespaceError):  # past the public API too
+            await store.abatch([PutOp(("the", "thing.about"), "k", {})])
+        await store.abatch([PutOp(("langgraph", "foo"), "bar", {"v": 1})])  # as upstream
+        assert (await store.aget(("langgraph", "foo"), "bar")) is not None
+
+
 class TestTTL:
     async def test_expiry_refresh_on_read_and_the_sweep(
             self, store: SessiondStore, client: AsyncClient,
@@ -179,6 +206,29 @@ class TestTTL:
             await client.get_session(item_session_id(ns, "short"))
         assert (await store.aget(ns, "kept")).value == {"v": 2}  # type: ignore[union-attr]
         assert await store.asweep_ttl() == 0
+
+    async def test_the_sweeper_deletes_expired_items_until_stopped(
+            self, store: SessiondStore, client: AsyncClient,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """start_ttl_sweeper sweeps on the store's thread every interval; stop ends it."""
+        now = [3_000_000.0]
+        monkeypatch.setattr(langgraph_store, "_now", lambda: now[0])
+        await store.aput(("sw",), "k", {"v": 1}, ttl=1)
+        sweeper = await anyio.to_thread.run_sync(
+            lambda: store.start_ttl_sweeper(sweep_interval_minutes=0.001))
+        assert store.start_ttl_sweeper() is sweeper  # one at a time
+        now[0] += 120
+
+        async def swept() -> bool:
+            try:
+                await client.get_session(item_session_id(("sw",), "k"))
+            except SessionNotFoundError:
+                return True
+            return False
+
+        await eventually(swept, "the sweeper to delete the expired item")
+        assert store.stop_ttl_sweeper()
+        assert sweeper.cancelled()
 
     async def test_ttl_config_default_and_refresh_on_read(
             self, daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,6 +38,7 @@ from langgraph.store.base import (
     BaseStore,
     GetOp,
     IndexConfig,
+    InvalidNamespaceError,
     Item,
     ListNamespacesOp,
     MatchCondition,
@@ -47,7 +48,6 @@ from langgraph.store.base import (
     SearchItem,
     SearchOp,
     TTLConfig,
-    validate_op_namespace,
 )
 
 from sessiond_schemas import rpc
@@ -96,6 +96,23 @@ def _prefix_tag(labels: tuple[str, ...]) -> str:
 
 def _words(text: str) -> list[str]:
     return list(dict.fromkeys(w.lower() for w in re.findall(r"\w+", text)))
+
+
+def _check_labels(op: Op) -> None:
+    """As langgraph's validate_op_namespace (newer releases only): a label is a non-empty
+    string without periods or NUL, also in ops handed to batch directly."""
+    labels: tuple[str, ...] = ()
+    if isinstance(op, (GetOp, PutOp)):
+        labels = tuple(op.namespace)
+    elif isinstance(op, SearchOp):
+        labels = tuple(op.namespace_prefix)
+    elif isinstance(op, ListNamespacesOp):
+        labels = tuple(label for c in op.match_conditions or () for label in c.path)
+    for label in labels:
+        if not isinstance(label, str) or not label or "." in label or "\0" in label:
+            raise InvalidNamespaceError(
+                f"Invalid namespace label {label!r}: labels are non-empty strings without"
+                " periods ('.') or NUL bytes")
 
 
 # --- filters, as InMemoryStore and the SQL stores apply them --------------------------
@@ -270,7 +287,7 @@ class SessiondStore(BaseStore):
         """As LangGraph's stores: reads see the store as it was before the batch; its puts
         apply after them, the last one per item winning."""
         for op in ops:
-            validate_op_namespace(op)
+            _check_labels(op)
         gate = asyncio.Semaphore(_CONCURRENT)
         results: list[Result] = [None] * len(ops)
         puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
@@ -555,7 +572,7 @@ class SessiondStore(BaseStore):
                 return deleted
             cursor = page.next
 
-    def start_ttl_sweeper(self, sweep_interval_minutes: int | None = None
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None
                           ) -> concurrent.futures.Future[None]:
         """Sweep every `sweep_interval_minutes` (default: the TTLConfig's, else 5) on the
         store's own thread until stop_ttl_sweeper() or close(); as SqliteStore's."""
