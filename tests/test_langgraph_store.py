@@ -301,6 +301,51 @@ class TestSearch:
         assert await store.alist_namespaces() == []
 
 
+def letters(texts: list[str]) -> list[list[float]]:
+    """An offline embedding: how often each letter occurs (and a constant, never zero)."""
+    return [[0.5, *(t.lower().count(c) for c in "abcdefghijklmnopqrstuvwxyz")] for t in texts]
+
+
+class TestVectorSearch:
+    async def test_same_ranking_as_in_memory_store_with_the_same_index(
+            self, daemon: Daemon) -> None:
+        """With LangGraph's `index` config, search(query=...) ranks by the items' vectors
+        (kept beside them, re-embedded on each put; per-put `index` fields or False), as
+        InMemoryStore does: the same items, scores and pages, unscored items last."""
+        index: Any = {"dims": 27, "embed": letters, "fields": ["text", "tags[*]"]}
+        ours, theirs = SessiondStore(daemon.socket, index=index), InMemoryStore(index=index)
+        puts: list[tuple[str, dict[str, Any], Any]] = [
+            ("a", {"text": "apples and bananas", "kind": "fruit"}, None),
+            ("b", {"text": "zebra crossing", "kind": "road"}, None),
+            ("c", {"text": "banana bread", "kind": "food"}, None),
+            ("d", {"text": "quiet quizzes", "other": "aaaa bbbb"}, ["other"]),
+            ("e", {"text": "not embedded at all"}, False),
+            ("f", {"title": "no text field"}, None),
+            ("g", {"text": "many vectors", "tags": ["zebra", "qqq", "bread"]}, None),
+            ("b", {"text": "bananas, again", "kind": "road"}, None),  # re-embedded
+        ]
+        try:
+            for key, value, fields in puts:
+                for s in (ours, theirs):
+                    await s.aput(("v", "u1"), key, value, index=fields)
+            await ours.aput(("w",), "x", {"text": "bananas elsewhere"})
+
+            def ranked(found: list[Any]) -> tuple[list[Any], set[str]]:
+                return ([(i.key, round(i.score, 9)) for i in found if i.score is not None],
+                        {i.key for i in found if i.score is None})
+
+            for query, kwargs in [("banana", {}), ("zebra", {"limit": 2}),
+                                  ("a b", {"limit": 3, "offset": 2}),
+                                  ("banana", {"filter": {"kind": "road"}}),
+                                  ("bread", {"limit": 10, "offset": 4})]:
+                got = await ours.asearch(("v",), query=query, **kwargs)
+                want = await theirs.asearch(("v",), query=query, **kwargs)
+                assert ranked(got) == ranked(want), (query, kwargs)
+                assert "x" not in {i.key for i in got}
+        finally:
+            await anyio.to_thread.run_sync(ours.close)
+
+
 class Chat(TypedDict):
     user: str
     said: str

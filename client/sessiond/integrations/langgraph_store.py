@@ -22,13 +22,16 @@ and enforced by `sweep_ttl()` / `start_ttl_sweeper()`, which delete expired item
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import hashlib
 import json
+import math
 import re
 import threading
 import time
+from array import array
 from collections.abc import Coroutine, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -48,6 +51,9 @@ from langgraph.store.base import (
     SearchItem,
     SearchOp,
     TTLConfig,
+    ensure_embeddings,
+    get_text_at_path,
+    tokenize_path,
 )
 
 from sessiond_schemas import rpc
@@ -210,19 +216,26 @@ def _search_item(view: SessionState, score: float | None) -> SearchItem:
     return SearchItem(**_fields(view), score=score)
 
 
+def _cosine(a: list[float], b: array[float]) -> float:
+    dot = math.fsum(x * y for x, y in zip(a, b, strict=False))
+    norms = math.sqrt(math.fsum(x * x for x in a)) * math.sqrt(math.fsum(y * y for y in b))
+    return dot / norms if norms else 0.0
+
+
 class SessiondStore(BaseStore):
     """A LangGraph store in sessiond (`socket`: the daemon's, by default); `ttl`: LangGraph's
-    TTLConfig (minutes). `index` (vector search) is not supported: `search(query=...)` is
-    full-text search."""
+    TTLConfig (minutes); `index`: LangGraph's IndexConfig, for vector search (without it,
+    `search(query=...)` is full-text search)."""
 
     supports_ttl = True
 
     def __init__(self, socket: str | None = None, *, ttl: TTLConfig | None = None,
                  index: IndexConfig | None = None) -> None:
-        if index is not None:
-            raise ValueError("SessiondStore has no vector search: leave `index` out;"
-                             " search(query=...) is served by sessiond's full-text search")
         self.ttl_config = ttl
+        self.index_config = index
+        self.embeddings = ensure_embeddings(index.get("embed")) if index else None
+        self._fields = [(f, f if f == "$" else tokenize_path(f))
+                        for f in (index or {}).get("fields") or ["$"]]
         self.socket = socket
         self.aclient = LoopClient(socket)  # the caller's event loop
         self._client = LoopClient(socket)  # the sync methods' loop, on a thread of its own
@@ -311,12 +324,43 @@ class SessiondStore(BaseStore):
                 raise ValueError(f"Unknown operation type: {type(op)}")
         await asyncio.gather(*reads)
 
+        vectors = await self._embed(list(puts.values()))
+
         async def write(op: PutOp) -> None:
             async with gate:
-                await self._put(client, op)
+                await self._put(client, op, vectors.get((tuple(op.namespace), op.key)))
 
         await asyncio.gather(*(write(op) for op in puts.values()))
         return results
+
+    # --- vectors (with an `index` config) ----------------------------------------------
+
+    async def _embed(self, puts: list[PutOp]) -> dict[tuple[tuple[str, ...], str],
+                                                     dict[str, str]]:
+        """Each put item's vectors ({field path: base64 of float64s}), embedded in one call
+        as InMemoryStore does: the index's fields, or the put's own `index` list."""
+        if self.embeddings is None:
+            return {}
+        wanted: list[tuple[tuple[tuple[str, ...], str], str, str]] = []
+        found: dict[tuple[tuple[str, ...], str], dict[str, str]] = {}
+        for op in puts:
+            if op.value is None:
+                continue
+            item = (tuple(op.namespace), op.key)
+            found[item] = {}
+            if op.index is False:
+                continue
+            paths = self._fields if op.index is None else [
+                (f, tokenize_path(f)) for f in op.index]
+            for path, tokens in paths:
+                texts = get_text_at_path(op.value, tokens)
+                for i, text in enumerate(texts):
+                    wanted.append((item, f"{path}.{i}" if len(texts) > 1 else path, text))
+        if wanted:
+            embedded = await self.embeddings.aembed_documents([t for _, _, t in wanted])
+            for (item, path, _), vector in zip(wanted, embedded, strict=True):
+                found[item][path] = base64.b64encode(array("d", vector).tobytes()).decode()
+        return found
 
     # --- get ---------------------------------------------------------------------------
 
@@ -352,7 +396,8 @@ class SessiondStore(BaseStore):
 
     # --- put and delete ----------------------------------------------------------------
 
-    async def _put(self, client: LoopClient, op: PutOp) -> None:
+    async def _put(self, client: LoopClient, op: PutOp,
+                   vectors: dict[str, str] | None) -> None:
         namespace = tuple(op.namespace)
         sid = item_session_id(namespace, op.key)
         if op.value is None:
@@ -366,6 +411,9 @@ class SessiondStore(BaseStore):
                   "expires_at": None if op.ttl is None else _now() + op.ttl * 60}
         events = [{"type": "message.appended", "data": message},
                   {"type": "metadata.updated", "data": {"patch": {"lgstore": expiry}}}]
+        if vectors is not None:  # beside the item, in its memory (not in the search index)
+            events += [{"type": "memory.updated", "data": {"patch": {"vectors": None}}},
+                       {"type": "memory.updated", "data": {"patch": {"vectors": vectors}}}]
         with sized():
             for _ in range(3):  # an item made or deleted by another writer meanwhile
                 try:
@@ -377,7 +425,7 @@ class SessiondStore(BaseStore):
                 try:
                     await client.create_session(
                         sid, namespace=ITEMS + namespace_text(namespace),
-                        source="langgraph-store", events=events[:1],
+                        source="langgraph-store", events=[events[0], *events[2:]],
                         metadata={"lgstore": {"namespace": list(namespace), "key": op.key,
                                               **expiry}})
                     return
@@ -411,16 +459,21 @@ class SessiondStore(BaseStore):
         if not wanted:
             return []
         found: list[tuple[SessionState, float | None]]
-        if words:
-            try:
-                found = await self._full_text(client, prefix, words, op.filter, wanted, gate)
-            except StorageError as exc:
-                if exc.data.get("detail") != "no search index":
-                    raise
-                found = await self._scan_for_words(client, prefix, words, op.filter, wanted)
+        if op.query and self.embeddings is not None:
+            found = await self._nearest(client, prefix, op)  # the page itself
         else:
-            found = await self._scan(client, prefix, op.filter, wanted)
-        found = found[op.offset:op.offset + op.limit]
+            if words:
+                try:
+                    found = await self._full_text(client, prefix, words, op.filter, wanted,
+                                                  gate)
+                except StorageError as exc:
+                    if exc.data.get("detail") != "no search index":
+                        raise
+                    found = await self._scan_for_words(client, prefix, words, op.filter,
+                                                       wanted)
+            else:
+                found = await self._scan(client, prefix, op.filter, wanted)
+            found = found[op.offset:op.offset + op.limit]
         if op.refresh_ttl:
             async def refresh(view: SessionState) -> None:
                 async with gate:
@@ -506,6 +559,39 @@ class SessiondStore(BaseStore):
             cursor = page.next
         scored.sort(key=lambda pair: -(pair[1] or 0))
         return scored[:wanted]
+
+    async def _nearest(self, client: LoopClient, prefix: tuple[str, ...],
+                       op: SearchOp) -> list[tuple[SessionState, float | None]]:
+        """Vector search, as InMemoryStore: the items under the prefix (at most
+        FALLBACK_SCAN) that pass the filter, by their best vector's cosine similarity to
+        the query's; items without vectors fill the page after them, unscored."""
+        assert self.embeddings is not None and op.query
+        query = await self.embeddings.aembed_query(op.query)
+        scored: list[tuple[SessionState, float | None]] = []
+        scoreless: list[tuple[SessionState, float | None]] = []
+        cursor, now, seen = None, _now(), 0
+        while seen < FALLBACK_SCAN:
+            page = await self._pages(client, ITEMS + namespace_text(prefix), True, cursor,
+                                     min(_PAGE, FALLBACK_SCAN - seen))
+            seen += len(page.states)
+            for view in page.states:
+                if (view.last_message is None or _expired(view, now)
+                        or not matches(json.loads(view.last_message.content), op.filter)):
+                    continue
+                vectors = [array("d", base64.b64decode(v))
+                           for v in (view.memory.get("vectors") or {}).values()]
+                if vectors:
+                    scored.append((view, max(_cosine(query, v) for v in vectors)))
+                else:
+                    scoreless.append((view, None))
+            if page.next is None:
+                break
+            cursor = page.next
+        scored.sort(key=lambda pair: -(pair[1] or 0.0))
+        kept = scored[op.offset:op.offset + op.limit]
+        if scoreless and len(kept) < op.limit:
+            kept += scoreless[:op.limit - len(kept)]
+        return kept
 
     # --- namespaces --------------------------------------------------------------------
 
