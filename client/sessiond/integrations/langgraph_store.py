@@ -12,7 +12,9 @@ deletes the session. `get` is one `session.get`: the value is the last message. 
 namespace also has a small directory session (`lgstore-ns:`), so `list_namespaces` reads
 one session per namespace, never every item. `search(query=...)` is `session.search`;
 on a daemon without a search index (PostgreSQL) it falls back to matching the words of
-the query in the client, over at most `FALLBACK_SCAN` items of the namespace.
+the query in the client, over at most `FALLBACK_SCAN` items of the namespace. With
+LangGraph's `index` config, a put also keeps the item's vectors (its session's memory)
+and `search(query=...)` ranks by them, as InMemoryStore.
 
 TTL (LangGraph's TTLConfig, in minutes) is kept with the item (`expires_at` in the
 session's metadata), honoured on every read, refreshed by reads when `refresh_on_read`,
