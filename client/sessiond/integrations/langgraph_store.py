@@ -308,10 +308,10 @@ class SessiondStore(BaseStore):
         puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
 
         async def read(i: int, op: Op) -> None:
-            async with gate:
-                if isinstance(op, GetOp):
+            if isinstance(op, GetOp):
+                async with gate:
                     results[i] = await self._get(client, op)
-            if isinstance(op, SearchOp):
+            elif isinstance(op, SearchOp):  # these take the gate per request they make
                 results[i] = await self._search(client, op, gate)
             elif isinstance(op, ListNamespacesOp):
                 results[i] = await self._list_namespaces(client, op, gate)
