@@ -3,6 +3,7 @@ full-text search on both daemons, and a compiled graph that keeps memories in it
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import sqlite3
@@ -138,6 +139,22 @@ class TestAgainstLangGraphsStores:
         assert (await store.aget(ns, "a")).value == {"v": 3}  # type: ignore[union-attr]
         assert await store.aget(ns, "b") is None
 
+    async def test_a_namespace_is_listed_while_it_holds_an_item(
+            self, daemon: Daemon, store: SessiondStore) -> None:
+        """The last item of a namespace deleted while another store puts a new one there,
+        over and over: the namespace is listed exactly when it holds an item."""
+        other = SessiondStore(daemon.socket)
+        try:
+            for i in range(30):
+                ns = ("race", f"n{i % 3}")
+                await store.aput(ns, "old", {"v": i})
+                await asyncio.gather(store.adelete(ns, "old"), other.aput(ns, f"new{i}", {}))
+                assert ns in await store.alist_namespaces(prefix=("race",))
+                await other.adelete(ns, f"new{i}")
+                assert ns not in await store.alist_namespaces(prefix=("race",))
+        finally:
+            await anyio.to_thread.run_sync(other.close)
+
     async def test_namespaces_and_dotted_filters(self, store: SessiondStore) -> None:
         """LangGraph's namespace rules (no periods, no empty labels, no "langgraph" root),
         wildcards in list_namespaces, and dotted paths in filters as the SQL stores."""
@@ -202,6 +219,7 @@ class TestTTL:
         assert await store.aget(ns, "short") is None
         assert [i.key for i in await store.asearch(ns)] == ["kept"]
         assert await store.asweep_ttl() == 1
+        assert await store.alist_namespaces() == [ns]  # "kept" is still there
         with pytest.raises(SessionNotFoundError):
             await client.get_session(item_session_id(ns, "short"))
         assert (await store.aget(ns, "kept")).value == {"v": 2}  # type: ignore[union-attr]
@@ -227,6 +245,7 @@ class TestTTL:
             return False
 
         await eventually(swept, "the sweeper to delete the expired item")
+        assert await store.alist_namespaces() == []  # the sweep emptied it
         assert store.stop_ttl_sweeper()
         assert sweeper.cancelled()
 

@@ -244,7 +244,6 @@ class SessiondStore(BaseStore):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
-        self._directories: set[tuple[str, ...]] = set()
         self._sweeper: concurrent.futures.Future[None] | None = None
 
     # --- the sync side: the same coroutines on a private loop --------------------------
@@ -314,7 +313,7 @@ class SessiondStore(BaseStore):
             elif isinstance(op, SearchOp):  # these take the gate per request they make
                 results[i] = await self._search(client, op, gate)
             elif isinstance(op, ListNamespacesOp):
-                results[i] = await self._list_namespaces(client, op, gate)
+                results[i] = await self._list_namespaces(client, op)
 
         reads = []
         for i, op in enumerate(ops):
@@ -405,6 +404,7 @@ class SessiondStore(BaseStore):
         if op.value is None:
             with contextlib.suppress(SessionNotFoundError):
                 await client.delete_session(sid)
+                await self._collect(client, namespace)
             return
         content = json.dumps(dict(op.value), ensure_ascii=False)
         tags = [_prefix_tag(namespace[:n]) for n in range(len(namespace) + 1)]
@@ -423,26 +423,55 @@ class SessiondStore(BaseStore):
                     return
                 except SessionNotFoundError:
                     pass
-                await self._ensure_directory(client, namespace)
                 try:
                     await client.create_session(
                         sid, namespace=ITEMS + namespace_text(namespace),
                         source="langgraph-store", events=[events[0], *events[2:]],
                         metadata={"lgstore": {"namespace": list(namespace), "key": op.key,
                                               **expiry}})
-                    return
                 except SessionExistsError:
-                    pass
+                    continue
+                await self._touch(client, namespace)
+                return
         raise RuntimeError(f"the item {namespace}/{op.key} kept changing under the put")
 
-    async def _ensure_directory(self, client: LoopClient, namespace: tuple[str, ...]) -> None:
-        if namespace in self._directories:
+    # The directory: a session per namespace that holds items. A new item touches its
+    # namespace's directory session (after the item exists); a delete that leaves the
+    # namespace empty deletes it at the version read before looking, so a touch in between
+    # (a new item) keeps it.
+
+    async def _touch(self, client: LoopClient, namespace: tuple[str, ...]) -> None:
+        did = _directory_id(namespace)
+        touch = [{"type": "metadata.updated", "data": {"patch": {"lgstore": {
+            "touched": _now()}}}}]
+        for _ in range(3):
+            try:
+                await client.append_events(did, touch)
+                return
+            except SessionNotFoundError:
+                pass
+            try:
+                await client.create_session(
+                    did, namespace=DIRECTORY + namespace_text(namespace),
+                    source="langgraph-store",
+                    metadata={"lgstore": {"namespace": list(namespace)}})
+                return
+            except SessionExistsError:
+                continue
+        raise RuntimeError(f"the directory of {namespace} kept changing under a put")
+
+    async def _collect(self, client: LoopClient, namespace: tuple[str, ...]) -> None:
+        """Delete the namespace's directory session if the namespace holds no item."""
+        did = _directory_id(namespace)
+        try:
+            directory = await client.get_session(did)
+        except SessionNotFoundError:
             return
-        with contextlib.suppress(SessionExistsError):
-            await client.create_session(
-                _directory_id(namespace), namespace=DIRECTORY + namespace_text(namespace),
-                source="langgraph-store", metadata={"lgstore": {"namespace": list(namespace)}})
-        self._directories.add(namespace)
+        if (await self._pages(client, ITEMS + namespace_text(namespace), False, None,
+                              1)).states:
+            return
+        with contextlib.suppress(SessionNotFoundError, VersionConflictError):
+            await client.delete_session(did, expected_version=directory.version)
 
     # --- search ------------------------------------------------------------------------
 
@@ -597,10 +626,10 @@ class SessiondStore(BaseStore):
 
     # --- namespaces --------------------------------------------------------------------
 
-    async def _list_namespaces(self, client: LoopClient, op: ListNamespacesOp,
-                               gate: asyncio.Semaphore) -> list[tuple[str, ...]]:
-        """The namespaces that hold items, from the directory (one session per namespace,
-        read a page at a time under the conditions' literal prefix)."""
+    async def _list_namespaces(self, client: LoopClient,
+                               op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        """The namespaces that hold items: the directory, a page (1,000 namespaces) at a
+        time under the conditions' literal prefix, never the items."""
         conditions = op.match_conditions or ()
         literal: list[str] = []
         for condition in conditions:
@@ -610,26 +639,17 @@ class SessiondStore(BaseStore):
                         break
                     literal.append(label)
                 break
-        candidates: list[tuple[str, ...]] = []
+        kept: list[tuple[str, ...]] = []
         cursor = None
         while True:
             page = await self._pages(client, DIRECTORY + namespace_text(literal), True, cursor)
             for view in page.states:
                 namespace = tuple(_item_meta(view)["namespace"])
                 if all(_namespace_matches(c, namespace) for c in conditions):
-                    candidates.append(namespace)
+                    kept.append(namespace)
             if page.next is None:
                 break
             cursor = page.next
-
-        async def held(namespace: tuple[str, ...]) -> bool:
-            async with gate:
-                page = await self._pages(client, ITEMS + namespace_text(namespace), False,
-                                         None, 1)
-            return bool(page.states)
-
-        kept = [ns for ns, ok in zip(candidates, await asyncio.gather(
-            *(held(ns) for ns in candidates)), strict=True) if ok]
         if op.max_depth is not None:
             kept = list({ns[:op.max_depth] for ns in kept})
         kept.sort()
@@ -647,6 +667,7 @@ class SessiondStore(BaseStore):
 
     async def _sweep(self, client: LoopClient) -> int:
         deleted, cursor, now = 0, None, _now()
+        emptied: set[tuple[str, ...]] = set()
         while True:
             page = await self._pages(client, ITEMS, True, cursor)
             for view in page.states:
@@ -656,9 +677,13 @@ class SessiondStore(BaseStore):
                         await client.delete_session(view.session_id,
                                                     expected_version=view.version)
                         deleted += 1
+                        emptied.add(tuple(_item_meta(view)["namespace"]))
             if page.next is None:
-                return deleted
+                break
             cursor = page.next
+        for namespace in emptied:
+            await self._collect(client, namespace)
+        return deleted
 
     def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None
                           ) -> concurrent.futures.Future[None]:
