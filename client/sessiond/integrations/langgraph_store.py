@@ -518,9 +518,11 @@ class SessiondStore(BaseStore):
         """Items under the prefix that pass the filter, a page at a time, in a stable order
         (by session id), until `wanted` are found."""
         found: list[tuple[SessionState, float | None]] = []
-        cursor, now = None, _now()
+        cursor, now, size = None, _now(), min(_PAGE, wanted)
         while True:
-            page = await self._pages(client, ITEMS + namespace_text(prefix), True, cursor)
+            page = await self._pages(client, ITEMS + namespace_text(prefix), True, cursor,
+                                     size)
+            size = min(_PAGE, size * 2)  # a page as large as the answer, then larger
             for view in page.states:
                 if (view.last_message is not None and not _expired(view, now)
                         and matches(json.loads(view.last_message.content), filter)):
@@ -555,7 +557,8 @@ class SessiondStore(BaseStore):
             return view if matches(json.loads(last.content), filter) else None
 
         while True:
-            result = await client.search(query, limit=_SEARCH_PAGE, hits=20, cursor=cursor)
+            result = await client.search(query, limit=min(_SEARCH_PAGE, wanted), hits=20,
+                                         cursor=cursor)
             views = await asyncio.gather(*(current(s) for s in result.sessions))
             for hit, view in zip(result.sessions, views, strict=True):
                 if view is not None:
