@@ -189,7 +189,8 @@ class SessiondMemoryService(BaseMemoryService):
         while True:
             page = await self.client.list_messages(sid, limit=_PAGE, after_sequence=after)
             ids.update(m.metadata["adk_memory"]["id"] for m in page.messages)
-            if len(page.messages) < _PAGE:
+            if not page.messages or (len(page.messages) < _PAGE
+                                     and not page.truncated_by_bytes):
                 return ids
             after = page.messages[-1].sequence
 
@@ -247,7 +248,8 @@ class SessiondMemoryService(BaseMemoryService):
                         view.session_id, after_sequence=after,
                         limit=min(_PAGE, FALLBACK_SCAN - len(messages)))
                     messages += got.messages
-                    if len(got.messages) < _PAGE:
+                    if not got.messages or (len(got.messages) < _PAGE
+                                            and not got.truncated_by_bytes):
                         break
                     after = got.messages[-1].sequence
             if page.next is None:
