@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 
 import anyio
 import pytest
-from conftest import Daemon, eventually
+from conftest import Daemon, daemon_config, eventually, running_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sdk_extras import require_sdk
@@ -139,6 +139,31 @@ class TestAgainstLangGraphsStores:
         assert (await store.aget(ns, "a")).value == {"v": 3}  # type: ignore[union-attr]
         assert await store.aget(ns, "b") is None
 
+    async def test_values_json_has_no_type_for_read_back_as_sqlite_stores_do(
+            self, store: SessiondStore) -> None:
+        """Times, UUIDs and enums become what SqliteStore's orjson makes of them; a value
+        that is not JSON at all (a set) is a TypeError and nothing is stored."""
+        import datetime
+        import enum
+        import uuid
+
+        class Colour(enum.Enum):
+            TEAL = "teal"
+
+        value = {"when": datetime.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=datetime.UTC),
+                 "day": datetime.date(2026, 1, 2), "id": uuid.UUID(int=7),
+                 "colour": Colour.TEAL, "naive": datetime.datetime(2026, 1, 2)}
+        lite = sqlite_store()
+        lite.put(("odd",), "k", value)
+        await store.aput(("odd",), "k", value)
+        assert plain(await store.aget(("odd",), "k")) == plain(lite.get(("odd",), "k"))
+        from langgraph.store.base import PutOp
+        with pytest.raises(TypeError):
+            await store.abatch([PutOp(("odd",), "fine", {"v": 1}),
+                                PutOp(("odd",), "s", {"tags": {"a", "b"}})])
+        assert await store.aget(("odd",), "s") is None
+        assert await store.aget(("odd",), "fine") is None  # nothing of the batch
+
     async def test_a_namespace_is_listed_while_it_holds_an_item(
             self, daemon: Daemon, store: SessiondStore) -> None:
         """The last item of a namespace deleted while another store puts a new one there,
@@ -197,6 +222,29 @@ class TestAgainstLangGraphsStores:
             await store.abatch([PutOp(("the", "thing.about"), "k", {})])
         await store.abatch([PutOp(("langgraph", "foo"), "bar", {"v": 1})])  # as upstream
         assert (await store.aget(("langgraph", "foo"), "bar")) is not None
+
+
+async def test_a_value_over_the_cap_is_a_value_error_naming_it(short_dir: str) -> None:
+    """A value over max_event_bytes: a ValueError naming the setting, nothing stored for
+    that item, the store goes on (sync and async)."""
+    config = daemon_config(short_dir, max_event_bytes=10_000)
+    async with running_daemon(config) as d:
+        store = SessiondStore(d.socket)
+        try:
+            with pytest.raises(ValueError, match="max_event_bytes"):
+                await store.aput(("cap",), "big", {"text": "x" * 20_000})
+            assert await store.aget(("cap",), "big") is None
+            assert await store.alist_namespaces() == []
+
+            def sync() -> None:
+                with pytest.raises(ValueError, match="max_event_bytes"):
+                    store.put(("cap",), "big", {"text": "x" * 20_000})
+                store.put(("cap",), "small", {"text": "ok"})
+
+            await anyio.to_thread.run_sync(sync)
+            assert (await store.aget(("cap",), "small")).value == {"text": "ok"}  # type: ignore[union-attr]
+        finally:
+            await anyio.to_thread.run_sync(store.close)
 
 
 class TestTTL:

@@ -27,15 +27,18 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
+import enum
 import hashlib
 import json
 import math
 import re
 import threading
 import time
+import uuid
 from array import array
 from collections.abc import Coroutine, Iterable
-from datetime import datetime
+from datetime import date, datetime
+from datetime import time as dt_time
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -100,6 +103,18 @@ def _directory_id(namespace: tuple[str, ...]) -> str:
 def _prefix_tag(labels: tuple[str, ...]) -> str:
     """A search token for "in this namespace or below": one word, letters and digits."""
     return "lgp" + hashlib.sha256(json.dumps(list(labels)).encode()).hexdigest()[:24]
+
+
+def _json_default(value: Any) -> Any:
+    """What SqliteStore's orjson makes of values JSON has no type for: times as RFC 3339
+    text, UUIDs as text, enums as their value; anything else is a TypeError."""
+    if isinstance(value, (datetime, date, dt_time)):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"a store value must be JSON: {type(value).__name__} is not")
 
 
 def _words(text: str) -> list[str]:
@@ -325,13 +340,18 @@ class SessiondStore(BaseStore):
                 raise ValueError(f"Unknown operation type: {type(op)}")
         await asyncio.gather(*reads)
 
+        # Every value encoded before any is written: one that is not JSON fails the batch
+        # with nothing stored.
+        contents = {item: json.dumps(dict(op.value), ensure_ascii=False,
+                                     default=_json_default)
+                    for item, op in puts.items() if op.value is not None}
         vectors = await self._embed(list(puts.values()))
 
-        async def write(op: PutOp) -> None:
+        async def write(item: tuple[tuple[str, ...], str], op: PutOp) -> None:
             async with gate:
-                await self._put(client, op, vectors.get((tuple(op.namespace), op.key)))
+                await self._put(client, op, contents.get(item), vectors.get(item))
 
-        await asyncio.gather(*(write(op) for op in puts.values()))
+        await asyncio.gather(*(write(item, op) for item, op in puts.items()))
         return results
 
     # --- vectors (with an `index` config) ----------------------------------------------
@@ -397,16 +417,15 @@ class SessiondStore(BaseStore):
 
     # --- put and delete ----------------------------------------------------------------
 
-    async def _put(self, client: LoopClient, op: PutOp,
+    async def _put(self, client: LoopClient, op: PutOp, content: str | None,
                    vectors: dict[str, str] | None) -> None:
         namespace = tuple(op.namespace)
         sid = item_session_id(namespace, op.key)
-        if op.value is None:
+        if content is None:
             with contextlib.suppress(SessionNotFoundError):
                 await client.delete_session(sid)
                 await self._collect(client, namespace)
             return
-        content = json.dumps(dict(op.value), ensure_ascii=False)
         tags = [_prefix_tag(namespace[:n]) for n in range(len(namespace) + 1)]
         message = {"role": "system", "content": content, "metadata": {"lgstore": tags}}
         expiry = {"ttl": op.ttl,
