@@ -62,24 +62,31 @@ texts = st.lists(st.sampled_from(WORDS), min_size=0, max_size=4).map(" ".join)
 
 
 class TestAgainstInMemoryMemoryService:
-    @settings(max_examples=25, deadline=None,
+    @settings(max_examples=60, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(sessions=st.lists(st.lists(st.tuples(texts, st.booleans()), max_size=5),
                              min_size=1, max_size=3),
            queries=st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=3),
-                            min_size=1, max_size=3))
+                            min_size=1, max_size=3),
+           grown=st.lists(texts, max_size=3))
     async def test_same_memories_for_the_same_searches(
             self, memory: SessiondMemoryService, sessions: list[list[tuple[str, bool]]],
-            queries: list[list[str]]) -> None:
-        """Sessions of text and tool-call events added to both services: every search
-        returns the same memories (ids, contents, authors, times), in the same order."""
+            queries: list[list[str]], grown: list[str]) -> None:
+        """Sessions of text and tool-call events added to both services, the first grown
+        and added again: every search returns the same memories (ids, contents, authors,
+        times), in the same order."""
         app, n = f"app{next(apps)}", itertools.count()
         reference = InMemoryMemoryService()
+        first: list[Event] = []
         for k, spec in enumerate(sessions):
             events = [event(next(n), text or None, "user" if i % 2 else "agent", call)
                       for i, (text, call) in enumerate(spec)]
+            first = first or events
             for service in (reference, memory):
                 await service.add_session_to_memory(session(app, "u1", f"s{k}", events))
+        first += [event(next(n), text or None) for text in grown]
+        for service in (reference, memory):
+            await service.add_session_to_memory(session(app, "u1", "s0", first))
         for words in queries:
             query = " ".join(words) + "?"
             theirs = await reference.search_memory(app_name=app, user_id="u1", query=query)

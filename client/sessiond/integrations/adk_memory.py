@@ -51,6 +51,8 @@ CANDIDATE_HITS = 10
 FALLBACK_SCAN = 10_000  # messages a search reads at most where there is no search index
 _UNKNOWN_SESSION = "__unknown_session_id__"  # InMemoryMemoryService's, for events alone
 _PAGE = 1000
+_Order = tuple[str, str, int]  # a memory's place in the order of adding: its memory
+# session's creation (the session's first add), the session, the message
 _CONCURRENT = 32
 
 
@@ -199,7 +201,8 @@ class SessiondMemoryService(BaseMemoryService):
     async def search_memory(self, *, app_name: str, user_id: str,
                             query: str) -> SearchMemoryResponse:
         """At most ten memories of this user, those holding the most of the query's words
-        first (ties: the older first)."""
+        first; ties in the order they were added (the session first added to memory first,
+        then its events in order), as InMemoryMemoryService."""
         words = _query_words(query)
         if not words:
             return SearchMemoryResponse(memories=[])
@@ -210,12 +213,13 @@ class SessiondMemoryService(BaseMemoryService):
             if exc.data.get("detail") != "no search index":
                 raise
             candidates = await self._scan(namespace)
-        scored = [(s, m) for m in candidates if (s := _score(words, m))]
-        scored.sort(key=lambda sm: (-sm[0], sm[1].metadata["adk_memory"]["timestamp"]))
-        return SearchMemoryResponse(memories=[_entry(m) for _, m in scored[:MAX_RESULTS]])
+        scored = [(s, order, m) for order, m in candidates if (s := _score(words, m))]
+        scored.sort(key=lambda som: (-som[0], som[1]))
+        return SearchMemoryResponse(memories=[_entry(m) for _, _, m in scored[:MAX_RESULTS]])
 
-    async def _candidates(self, namespace: str, words: set[str]) -> list[Message]:
-        """The best hits of the best sessions session.search finds in the namespace."""
+    async def _candidates(self, namespace: str, words: set[str]) -> list[tuple[_Order, Message]]:
+        """The best hits of the best sessions session.search finds in the namespace, each
+        with its place in the order of adding."""
         query = " OR ".join(f'"{w}"' for w in sorted(words))  # words: \w+, no quotes
         found = await self.client.search(query, namespace=namespace, limit=CANDIDATE_SESSIONS,
                                          hits=CANDIDATE_HITS)
@@ -227,15 +231,24 @@ class SessiondMemoryService(BaseMemoryService):
                                                        after_sequence=sequence - 1)
             return page.messages[0] if page.messages else None
 
-        fetched = await asyncio.gather(*(
-            message(s.session_id, h.sequence) for s in found.sessions for h in s.hits
-            if h.type == "message.appended" and h.sequence is not None))
-        return [m for m in fetched if m is not None and "adk_memory" in m.metadata]
+        async def created(session_id: str) -> str:
+            async with gate:
+                return (await self.client.get_session(session_id)).timestamps.created_at
 
-    async def _scan(self, namespace: str) -> list[Message]:
+        hits = [(s.session_id, h.sequence) for s in found.sessions for h in s.hits
+                if h.type == "message.appended" and h.sequence is not None]
+        fetched = await asyncio.gather(*(message(sid, seq) for sid, seq in hits))
+        sessions = list(dict.fromkeys(sid for sid, _ in hits))
+        when = dict(zip(sessions, await asyncio.gather(*(created(sid) for sid in sessions)),
+                        strict=True))
+        return [((when[m_sid], m_sid, m.sequence), m)
+                for (m_sid, _), m in zip(hits, fetched, strict=True)
+                if m is not None and "adk_memory" in m.metadata]
+
+    async def _scan(self, namespace: str) -> list[tuple[_Order, Message]]:
         """No search index (a PostgreSQL daemon): the user's memories themselves, at most
         FALLBACK_SCAN of them."""
-        messages: list[Message] = []
+        messages: list[tuple[_Order, Message]] = []
         cursor = None
         while len(messages) < FALLBACK_SCAN:
             page: rpc.SessionStatesResult = await self.client.call(
@@ -247,7 +260,8 @@ class SessiondMemoryService(BaseMemoryService):
                     got = await self.client.list_messages(
                         view.session_id, after_sequence=after,
                         limit=min(_PAGE, FALLBACK_SCAN - len(messages)))
-                    messages += got.messages
+                    messages += [((view.timestamps.created_at, view.session_id, m.sequence), m)
+                                 for m in got.messages]
                     if not got.messages or (len(got.messages) < _PAGE
                                             and not got.truncated_by_bytes):
                         break
