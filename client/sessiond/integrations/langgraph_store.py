@@ -27,18 +27,13 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
-import enum
 import hashlib
 import json
-import math
-import re
 import threading
 import time
-import uuid
 from array import array
 from collections.abc import Coroutine, Iterable
-from datetime import date, datetime
-from datetime import time as dt_time
+from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -46,10 +41,8 @@ from langgraph.store.base import (
     BaseStore,
     GetOp,
     IndexConfig,
-    InvalidNamespaceError,
     Item,
     ListNamespacesOp,
-    MatchCondition,
     Op,
     PutOp,
     Result,
@@ -72,6 +65,14 @@ from sessiond_schemas.errors import (
 from sessiond_schemas.state import SessionState
 
 from ._loop import LoopClient, sized
+from ._store_rules import (
+    check_labels,
+    cosine,
+    json_default,
+    matches,
+    namespace_matches,
+    query_words,
+)
 
 T = TypeVar("T")
 
@@ -105,104 +106,6 @@ def _prefix_tag(labels: tuple[str, ...]) -> str:
     return "lgp" + hashlib.sha256(json.dumps(list(labels)).encode()).hexdigest()[:24]
 
 
-def _json_default(value: Any) -> Any:
-    """What SqliteStore's orjson makes of values JSON has no type for: times as RFC 3339
-    text, UUIDs as text, enums as their value; anything else is a TypeError."""
-    if isinstance(value, (datetime, date, dt_time)):
-        return value.isoformat()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, enum.Enum):
-        return value.value
-    raise TypeError(f"a store value must be JSON: {type(value).__name__} is not")
-
-
-def _words(text: str) -> list[str]:
-    return list(dict.fromkeys(w.lower() for w in re.findall(r"\w+", text)))
-
-
-def _check_labels(op: Op) -> None:
-    """As langgraph's validate_op_namespace (newer releases only): a label is a non-empty
-    string without periods or NUL, also in ops handed to batch directly."""
-    labels: tuple[str, ...] = ()
-    if isinstance(op, (GetOp, PutOp)):
-        labels = tuple(op.namespace)
-    elif isinstance(op, SearchOp):
-        labels = tuple(op.namespace_prefix)
-    elif isinstance(op, ListNamespacesOp):
-        labels = tuple(label for c in op.match_conditions or () for label in c.path)
-    for label in labels:
-        if not isinstance(label, str) or not label or "." in label or "\0" in label:
-            raise InvalidNamespaceError(
-                f"Invalid namespace label {label!r}: labels are non-empty strings without"
-                " periods ('.') or NUL bytes")
-
-
-# --- filters, as InMemoryStore and the SQL stores apply them --------------------------
-
-
-def _at(value: Any, key: str) -> Any:
-    """The value's field `key`; a dotted key ("a.b") reaches into nested objects, as the
-    SQL stores' JSON paths do, when the value has no field of that very name."""
-    if not isinstance(value, dict):
-        return None
-    if key in value or "." not in key:
-        return value.get(key)
-    for part in key.split("."):
-        if not isinstance(value, dict):
-            return None
-        value = value.get(part)
-    return value
-
-
-def _compare(item_value: Any, wanted: Any) -> bool:
-    if isinstance(wanted, dict):
-        if any(k.startswith("$") for k in wanted):
-            return all(_operator(item_value, op, v) for op, v in wanted.items())
-        return isinstance(item_value, dict) and all(
-            _compare(item_value.get(k), v) for k, v in wanted.items())
-    if isinstance(wanted, (list, tuple)):
-        return (isinstance(item_value, (list, tuple)) and len(item_value) == len(wanted)
-                and all(_compare(a, b) for a, b in zip(item_value, wanted, strict=True)))
-    return bool(item_value == wanted)
-
-
-def _operator(value: Any, op: str, operand: Any) -> bool:
-    if op == "$eq":
-        return bool(value == operand)
-    if op == "$ne":
-        return bool(value != operand)
-    if op not in ("$gt", "$gte", "$lt", "$lte"):
-        raise ValueError(f"Unsupported operator: {op}")
-    if value is None:
-        return False
-    try:
-        a, b = float(value), float(operand)
-    except (TypeError, ValueError):
-        a, b = value, operand  # strings compare as strings, as the SQL stores do
-        if type(a) is not type(b):
-            return False
-    return bool({"$gt": a > b, "$gte": a >= b, "$lt": a < b, "$lte": a <= b}[op])
-
-
-def matches(value: dict[str, Any], filter: dict[str, Any] | None) -> bool:
-    """Whether an item's value passes a search filter ({field: value or {$op: value}})."""
-    return not filter or all(_compare(_at(value, k), v) for k, v in filter.items())
-
-
-def _namespace_matches(condition: MatchCondition, namespace: tuple[str, ...]) -> bool:
-    path = tuple(condition.path)
-    if len(namespace) < len(path):
-        return False
-    if condition.match_type == "prefix":
-        pairs = zip(namespace, path, strict=False)
-    elif condition.match_type == "suffix":
-        pairs = zip(reversed(namespace), reversed(path), strict=False)
-    else:
-        raise ValueError(f"Unsupported match type: {condition.match_type}")
-    return all(p in ("*", n) for n, p in pairs)
-
-
 # --- items as sessions ----------------------------------------------------------------
 
 
@@ -231,12 +134,6 @@ def _item(view: SessionState) -> Item:
 
 def _search_item(view: SessionState, score: float | None) -> SearchItem:
     return SearchItem(**_fields(view), score=score)
-
-
-def _cosine(a: list[float], b: array[float]) -> float:
-    dot = math.fsum(x * y for x, y in zip(a, b, strict=False))
-    norms = math.sqrt(math.fsum(x * x for x in a)) * math.sqrt(math.fsum(y * y for y in b))
-    return dot / norms if norms else 0.0
 
 
 class SessiondStore(BaseStore):
@@ -316,7 +213,7 @@ class SessiondStore(BaseStore):
         """As LangGraph's stores: reads see the store as it was before the batch; its puts
         apply after them, the last one per item winning."""
         for op in ops:
-            _check_labels(op)
+            check_labels(op)
         gate = asyncio.Semaphore(_CONCURRENT)
         results: list[Result] = [None] * len(ops)
         puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
@@ -343,7 +240,7 @@ class SessiondStore(BaseStore):
         # Every value encoded before any is written: one that is not JSON fails the batch
         # with nothing stored.
         contents = {item: json.dumps(dict(op.value), ensure_ascii=False,
-                                     default=_json_default)
+                                     default=json_default)
                     for item, op in puts.items() if op.value is not None}
         vectors = await self._embed(list(puts.values()))
 
@@ -505,7 +402,7 @@ class SessiondStore(BaseStore):
                       gate: asyncio.Semaphore) -> list[SearchItem]:
         prefix = tuple(op.namespace_prefix)
         wanted = max(op.offset, 0) + max(op.limit, 0)
-        words = _words(op.query) if op.query else []
+        words = query_words(op.query) if op.query else []
         if not wanted:
             return []
         found: list[tuple[SessionState, float | None]]
@@ -603,7 +500,7 @@ class SessiondStore(BaseStore):
                 if view.last_message is None or _expired(view, now):
                     continue
                 value = json.loads(view.last_message.content)
-                held = set(_words(view.last_message.content))
+                held = set(query_words(view.last_message.content))
                 score = sum(1 for w in words if w in held)
                 if score and matches(value, filter):
                     scored.append((view, float(score)))
@@ -634,7 +531,7 @@ class SessiondStore(BaseStore):
                 vectors = [array("d", base64.b64decode(v))
                            for v in (view.memory.get("vectors") or {}).values()]
                 if vectors:
-                    scored.append((view, max(_cosine(query, v) for v in vectors)))
+                    scored.append((view, max(cosine(query, v) for v in vectors)))
                 else:
                     scoreless.append((view, None))
             if page.next is None:
@@ -667,7 +564,7 @@ class SessiondStore(BaseStore):
             page = await self._pages(client, DIRECTORY + namespace_text(literal), True, cursor)
             for view in page.states:
                 namespace = tuple(_item_meta(view)["namespace"])
-                if all(_namespace_matches(c, namespace) for c in conditions):
+                if all(namespace_matches(c, namespace) for c in conditions):
                     kept.append(namespace)
             if page.next is None:
                 break
