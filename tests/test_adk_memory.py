@@ -4,11 +4,13 @@ user, adding again, and a real Runner whose model is handed what it remembered."
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncGenerator, AsyncIterator
+import os
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any, ClassVar
 
+import pg
 import pytest
-from conftest import Daemon
+from conftest import Daemon, daemon_config, running_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sdk_extras import require_sdk
@@ -194,3 +196,32 @@ async def test_a_runner_preloads_what_an_earlier_session_said(daemon: Daemon) ->
     finally:
         await sessions.close()
         await memory.close()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from pg.database()
+
+
+async def test_two_daemons_on_one_database_share_memories(pg_url: str, short_dir: str) -> None:
+    """Fleet mode: a session added to memory through one host is found through the other,
+    and added again there, only its new events are appended."""
+    configs = [daemon_config(os.path.join(short_dir, name), db=pg_url) for name in "ab"]
+    for config in configs:
+        os.makedirs(os.path.dirname(config.socket or ""), exist_ok=True)
+    async with running_daemon(configs[0]) as a, running_daemon(configs[1]) as b, \
+            AsyncClient(b.socket) as on_b:
+        on_a, on_b_memory = SessiondMemoryService(a.socket), SessiondMemoryService(b.socket)
+        try:
+            events = [event(0, "the meeting is on tuesday")]
+            await on_a.add_session_to_memory(session("app", "u", "s", events))
+            found = await on_b_memory.search_memory(app_name="app", user_id="u",
+                                                    query="when is the meeting")
+            assert [m.id for m in found.memories] == ["e0"]
+            events.append(event(1, "moved to the cafe"))
+            await on_b_memory.add_session_to_memory(session("app", "u", "s", events))
+            assert (await on_b.get_session(memory_session_id("app", "u", "s"))
+                    ).message_count == 2
+        finally:
+            await on_a.close()
+            await on_b_memory.close()

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypedDict
 
 import anyio
+import pg
 import pytest
 from conftest import Daemon, daemon_config, eventually, running_daemon
 from hypothesis import HealthCheck, given, settings
@@ -447,3 +449,39 @@ async def test_a_compiled_graph_keeps_memories_across_threads(store: SessiondSto
     later = await graph.ainvoke({"user": "u1", "said": "Tom", "recalled": []},
                                 {"configurable": {"thread_id": "t4"}})
     assert sorted(later["recalled"]) == ["my cat is called Tom"]
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from pg.database()
+
+
+async def test_two_daemons_on_one_database_share_the_store(pg_url: str, short_dir: str) -> None:
+    """Fleet mode: an item put through one host is read, found, listed and deleted
+    through the other, and a subscriber on the first host sees the other's writes."""
+    configs = [daemon_config(os.path.join(short_dir, name), db=pg_url) for name in "ab"]
+    for config in configs:
+        os.makedirs(os.path.dirname(config.socket or ""), exist_ok=True)
+    async with running_daemon(configs[0]) as a, running_daemon(configs[1]) as b, \
+            AsyncClient(a.socket) as on_a:
+        on_host = [SessiondStore(a.socket), SessiondStore(b.socket)]
+        try:
+            await on_host[0].aput(("fleet", "u1"), "k", {"text": "written on a"})
+            got = await on_host[1].aget(("fleet", "u1"), "k")
+            assert got is not None and got.value == {"text": "written on a"}
+            assert await on_host[1].alist_namespaces() == [("fleet", "u1")]
+            assert [i.key for i in await on_host[1].asearch(("fleet",), query="written")] == ["k"]
+            sid = item_session_id(("fleet", "u1"), "k")
+            top = (await on_a.get_session(sid)).version
+            async with on_a.subscribe(sid, from_version=top + 1) as events:
+                await on_host[1].aput(("fleet", "u1"), "k", {"text": "rewritten on b"})
+                async for event in events:
+                    if event.type == "message.appended":
+                        assert json.loads(event.data["content"]) == {"text": "rewritten on b"}
+                        break
+            await on_host[1].adelete(("fleet", "u1"), "k")
+            assert await on_host[0].aget(("fleet", "u1"), "k") is None
+            assert await on_host[0].alist_namespaces() == []
+        finally:
+            for store in on_host:
+                await anyio.to_thread.run_sync(store.close)
