@@ -249,6 +249,22 @@ async def test_a_value_over_the_cap_is_a_value_error_naming_it(short_dir: str) -
             await anyio.to_thread.run_sync(store.close)
 
 
+async def test_the_store_outlives_a_daemon_restart(short_dir: str) -> None:
+    """Items stay across a restart, and the same store object (sync and async) goes on."""
+    config = daemon_config(short_dir)
+    store = SessiondStore(config.socket)
+    try:
+        async with running_daemon(config):
+            await store.aput(("r",), "k", {"v": 1})
+            await anyio.to_thread.run_sync(lambda: store.put(("r",), "s", {"v": 2}))
+        async with running_daemon(config):
+            assert (await store.aget(("r",), "s")).value == {"v": 2}  # type: ignore[union-attr]
+            got = await anyio.to_thread.run_sync(lambda: store.get(("r",), "k"))
+            assert got is not None and got.value == {"v": 1}
+    finally:
+        await anyio.to_thread.run_sync(store.close)
+
+
 class TestTTL:
     async def test_expiry_refresh_on_read_and_the_sweep(
             self, store: SessiondStore, client: AsyncClient,
