@@ -311,7 +311,11 @@ class TestTTL:
             return False
 
         await eventually(swept, "the sweeper to delete the expired item")
-        assert await store.alist_namespaces() == []  # the sweep emptied it
+
+        async def unlisted() -> bool:  # the sweep's last step: the emptied namespace
+            return await store.alist_namespaces() == []
+
+        await eventually(unlisted, "the sweeper to take the emptied namespace out")
         assert store.stop_ttl_sweeper()
         assert sweeper.cancelled()
 
