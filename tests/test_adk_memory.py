@@ -151,6 +151,15 @@ class TestScopeAndAddingAgain:
         assert (await client.get_session(sid)).message_count == 5
         found = await memory.search_memory(app_name=app, user_id="u", query="teal")
         assert [m.id for m in found.memories] == ["e0", "e2", "e3", "e4", "e5"]
+        # Once deltas were added, a whole add looks at the kept ids: here the memory ends
+        # with e6 as the session does, yet the session's e8 before it is new.
+        await memory.add_events_to_memory(app_name=app, user_id="u", session_id="s",
+                                          events=[event(6, "sixth teal")])
+        grown = [events[0], *events[2:5], event(8, "eighth teal"), event(6, "sixth teal")]
+        await memory.add_session_to_memory(session(app, "u", "s", grown))
+        appended = [e.data["content"] for e in (await client.read_events(sid)).events
+                    if e.type == "message.appended"]
+        assert appended[-2:] == ["sixth teal", "eighth teal"]
         assert (await client.verify()).ok
 
 

@@ -148,7 +148,7 @@ class SessiondMemoryService(BaseMemoryService):
                             sid, namespace=memory_namespace(app_name, user_id),
                             source="adk-memory", metadata={"adk_memory": {
                                 "app_name": app_name, "user_id": user_id,
-                                "session_id": session_id,
+                                "session_id": session_id, "deltas": not whole,
                                 "from_session": session_id_for(app_name, user_id, session_id)}},
                             events=[{"type": "message.appended", "data": m} for m in fresh])
                     return
@@ -157,18 +157,25 @@ class SessiondMemoryService(BaseMemoryService):
             kept = [e for e in events if _text(e) is not None]
             last = view.last_message.metadata["adk_memory"]["id"] if view.last_message else None
             n = view.message_count
-            if whole and 0 < n <= len(kept) and kept[n - 1].id == last:
-                fresh = self._messages(kept[n:], set())  # the usual case: what follows
+            # Only whole-session adds wrote here: what is kept is a prefix of the session's
+            # events, and when its last one is where it should be, what follows is new.
+            deltas = bool(view.metadata.get("adk_memory", {}).get("deltas"))
+            if whole and not deltas and 0 < n <= len(kept) and kept[n - 1].id == last:
+                fresh = self._messages(kept[n:], set())  # the usual case: one read
             else:
                 fresh = self._messages(kept, await self._stored_ids(sid))
             if not fresh:
                 return
+            appended = [{"type": "message.appended", "data": m} for m in fresh]
+            if not whole and not deltas:
+                appended.insert(0, {"type": "metadata.updated", "data": {
+                    "patch": {"adk_memory": {"deltas": True}}}})
             version = view.version
             try:
                 with sized():
-                    for start in range(0, len(fresh), 10_000):
-                        written = await self.client.append_messages(
-                            sid, fresh[start:start + 10_000], expected_version=version)
+                    for start in range(0, len(appended), 10_000):
+                        written = await self.client.append_events(
+                            sid, appended[start:start + 10_000], expected_version=version)
                         version = written.version
                 return
             except VersionConflictError:
