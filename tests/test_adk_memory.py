@@ -19,6 +19,7 @@ require_sdk("google.adk", "adk")
 from google.adk.agents import LlmAgent  # noqa: E402
 from google.adk.events.event import Event  # noqa: E402
 from google.adk.memory import InMemoryMemoryService  # noqa: E402
+from google.adk.memory.memory_entry import MemoryEntry  # noqa: E402
 from google.adk.models.base_llm import BaseLlm  # noqa: E402
 from google.adk.models.llm_request import LlmRequest  # noqa: E402
 from google.adk.models.llm_response import LlmResponse  # noqa: E402
@@ -161,6 +162,61 @@ class TestScopeAndAddingAgain:
                     if e.type == "message.appended"]
         assert appended[-2:] == ["sixth teal", "eighth teal"]
         assert (await client.verify()).ok
+
+
+class TestExplicitMemoriesAndForgetting:
+    async def test_a_deleted_memory_stays_forgotten_as_in_memory_service(
+            self, memory: SessiondMemoryService) -> None:
+        """delete_memory: the memory is gone from searches and adding its session (or the
+        event) again does not bring it back, in both services; no id does nothing."""
+        app = f"app{next(apps)}"
+        reference = InMemoryMemoryService()
+        events = [event(0, "the blue door"), event(1, "the blue window")]
+        for service in (reference, memory):
+            await service.add_session_to_memory(session(app, "u", "s", events))
+            await service.delete_memory(app_name=app, user_id="u", memory_id="e0")
+            await service.delete_memory(app_name=app, user_id="u")
+            await service.add_session_to_memory(session(app, "u", "s", [*events,
+                                                                       event(2, "blue sky")]))
+            await service.add_events_to_memory(app_name=app, user_id="u", session_id="t",
+                                               events=[event(0, "the blue door")])
+        got = [[m.model_dump() for m in (await service.search_memory(
+            app_name=app, user_id="u", query="blue")).memories] for service in (reference, memory)]
+        assert got[1] == got[0]
+        assert [m["id"] for m in got[1]] == ["e1", "e2"]
+        assert (await memory.search_memory(app_name=app, user_id="other",
+                                           query="blue")).memories == []
+
+    async def test_explicit_memories_custom_metadata_and_max_results(self, daemon: Daemon) -> None:
+        """add_memory keeps entries as given (an id made for one without), custom metadata
+        of the call joins each entry's; max_results bounds a search."""
+        app = f"app{next(apps)}"
+        service = SessiondMemoryService(daemon.socket, max_results=2)
+        try:
+            await service.add_memory(app_name=app, user_id="u", custom_metadata={"by": "hr"},
+                                     memories=[
+                MemoryEntry(id="fact-1", author="system", timestamp="2026-01-01",
+                            content=types.Content(parts=[types.Part(text="office in Lyon")]),
+                            custom_metadata={"source": "wiki"}),
+                MemoryEntry(content=types.Content(parts=[types.Part(text="Lyon has rivers")]))])
+            await service.add_events_to_memory(app_name=app, user_id="u",
+                                               events=[event(0, "I visited Lyon office")],
+                                               custom_metadata={"ttl": "30d"})
+            found = (await service.search_memory(app_name=app, user_id="u",
+                                                 query="Lyon office")).memories
+            assert [m.id for m in found] == ["fact-1", "e0"]
+            assert found[0].custom_metadata == {"source": "wiki", "by": "hr"}
+            assert (found[0].author, found[0].timestamp) == ("system", "2026-01-01")
+            assert found[1].custom_metadata == {"ttl": "30d"}
+            unbounded = SessiondMemoryService(daemon.socket)
+            every = (await unbounded.search_memory(app_name=app, user_id="u",
+                                                   query="Lyon")).memories
+            await unbounded.close()
+            # ties in the order of adding: the two explicit ones, then the event
+            assert [every[0].id, every[2].id] == ["fact-1", "e0"]
+            assert every[1].id and len(every[1].id) == 36  # made for it (a UUID)
+        finally:
+            await service.close()
 
 
 class RememberingLlm(BaseLlm):

@@ -21,7 +21,9 @@ import asyncio
 import hashlib
 import re
 import unicodedata
+import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -50,6 +52,7 @@ CANDIDATE_SESSIONS = 20  # session.search's best sessions whose best hits are ra
 CANDIDATE_HITS = 10
 FALLBACK_SCAN = 10_000  # messages a search reads at most where there is no search index
 _UNKNOWN_SESSION = "__unknown_session_id__"  # InMemoryMemoryService's, for events alone
+_EXPLICIT = "__explicit_memories__"  # where add_memory's entries are kept
 _PAGE = 1000
 _Order = tuple[str, str, int]  # a memory's place in the order of adding: its memory
 # session's creation (the session's first add), the session, the message
@@ -66,18 +69,40 @@ def memory_session_id(app_name: str, user_id: str, session_id: str) -> str:
     return "adkm-" + hashlib.sha256(key).hexdigest()[:40]
 
 
+def _forgotten_id(app_name: str, user_id: str) -> str:
+    """The session that lists the memories one user of one app asked to forget."""
+    key = "\0".join((app_name, user_id)).encode()
+    return "adkmf-" + hashlib.sha256(key).hexdigest()[:40]
+
+
 def _query_words(text: str) -> set[str]:
     """The query's words, as InMemoryMemoryService takes them."""
     return {w.lower() for w in re.findall(r"\w+", unicodedata.normalize("NFC", text))}
 
 
-def _text(event: Event) -> tuple[str, list[list[Any]], dict[str, Any]] | None:
-    """(content, spans, the content as JSON without its texts) of an event worth keeping:
+@dataclass(frozen=True)
+class _Memory:
+    """What one memory keeps: an event's (or an explicit entry's) id, content, author,
+    time (an event's seconds, or an entry's own text) and custom metadata."""
+
+    id: str | None
+    content: types.Content | None
+    author: str | None
+    timestamp: float | str | None
+    custom: Mapping[str, object]
+
+    @classmethod
+    def of(cls, event: Event, custom: Mapping[str, object] | None = None) -> _Memory:
+        return cls(event.id, event.content, event.author, event.timestamp, custom or {})
+
+
+def _text(memory: _Memory) -> tuple[str, list[list[Any]], dict[str, Any]] | None:
+    """(content, spans, the content as JSON without its texts) of a memory worth keeping:
     one with text, the only kind a search can find."""
-    if not event.content or not event.content.parts:
+    if not memory.content or not memory.content.parts:
         return None
     pieces: list[Piece] = []
-    for i, part in enumerate(event.content.parts):
+    for i, part in enumerate(memory.content.parts):
         if part.text:
             if pieces:
                 pieces.append((" ", None))
@@ -85,26 +110,31 @@ def _text(event: Event) -> tuple[str, list[list[Any]], dict[str, Any]] | None:
     content, spans = compose(pieces)
     if not re.search(r"\w", content):
         return None
-    stored = event.content.model_dump(mode="json", exclude_none=True)
+    stored = memory.content.model_dump(mode="json", exclude_none=True)
     return content, spans, lift(stored, spans)
 
 
-def _message(event: Event) -> dict[str, Any] | None:
-    kept = _text(event)
+def _message(memory: _Memory) -> dict[str, Any] | None:
+    kept = _text(memory)
     if kept is None:
         return None
     content, spans, stored = kept
-    return {"role": "user" if event.author == "user" else "assistant", "content": content,
-            "metadata": {"adk_memory": {"id": event.id, "author": event.author,
-                                        "timestamp": event.timestamp, "content": stored},
-                         "spans": spans}}
+    about: dict[str, Any] = {"id": memory.id, "author": memory.author,
+                             "timestamp": memory.timestamp, "content": stored}
+    if memory.custom:
+        about["custom_metadata"] = dict(memory.custom)
+    return {"role": "user" if memory.author == "user" else "assistant", "content": content,
+            "metadata": {"adk_memory": about, "spans": spans}}
 
 
 def _entry(message: Message) -> MemoryEntry:
     kept = message.metadata["adk_memory"]
     content = restore(kept["content"], message.content, message.metadata.get("spans") or [])
+    when = kept["timestamp"]
     return MemoryEntry(id=kept["id"], content=types.Content.model_validate(content),
-                       author=kept["author"], timestamp=_utils.format_timestamp(kept["timestamp"]))
+                       author=kept["author"], custom_metadata=kept.get("custom_metadata") or {},
+                       timestamp=_utils.format_timestamp(when)
+                       if isinstance(when, (int, float)) else when)
 
 
 def _score(words: set[str], message: Message) -> int:
@@ -116,32 +146,46 @@ def _score(words: set[str], message: Message) -> int:
 
 
 class SessiondMemoryService(BaseMemoryService):
-    """ADK memory in sessiond (`socket`: the daemon's, by default)."""
+    """ADK memory in sessiond (`socket`: the daemon's, by default); a search returns at most
+    `max_results` memories (InMemoryMemoryService's 10 by default)."""
 
-    def __init__(self, socket: str | None = None, *, client: LoopClient | None = None) -> None:
+    def __init__(self, socket: str | None = None, *, client: LoopClient | None = None,
+                 max_results: int = MAX_RESULTS) -> None:
         self.client = client or LoopClient(socket)
+        self.max_results = max_results
 
     # --- adding -----------------------------------------------------------------------
 
     async def add_session_to_memory(self, session: Session) -> None:
         """Keep the session's events with text; again later, only those added since."""
-        await self._add(session.app_name, session.user_id, session.id, session.events,
-                        whole=True)
+        await self._add(session.app_name, session.user_id, session.id,
+                        [_Memory.of(e) for e in session.events], whole=True)
 
     async def add_events_to_memory(self, *, app_name: str, user_id: str,
                                    events: Sequence[Event], session_id: str | None = None,
                                    custom_metadata: Mapping[str, object] | None = None) -> None:
-        """Keep these events (a delta: those already kept are skipped)."""
-        await self._add(app_name, user_id, session_id or _UNKNOWN_SESSION, events, whole=False)
+        """Keep these events (a delta: those already kept are skipped), with the custom
+        metadata in each entry a search returns."""
+        await self._add(app_name, user_id, session_id or _UNKNOWN_SESSION,
+                        [_Memory.of(e, custom_metadata) for e in events], whole=False)
+
+    async def add_memory(self, *, app_name: str, user_id: str, memories: Sequence[MemoryEntry],
+                         custom_metadata: Mapping[str, object] | None = None) -> None:
+        """Explicit memories (one without an id gets one); their own time text is kept."""
+        await self._add(app_name, user_id, _EXPLICIT, [
+            _Memory(m.id or str(uuid.uuid4()), m.content, m.author, m.timestamp,
+                    {**m.custom_metadata, **(custom_metadata or {})}) for m in memories],
+            whole=False)
 
     async def _add(self, app_name: str, user_id: str, session_id: str,
-                   events: Sequence[Event], *, whole: bool) -> None:
+                   events: Sequence[_Memory], *, whole: bool) -> None:
         sid = memory_session_id(app_name, user_id, session_id)
+        forgotten = await self._forgotten(app_name, user_id)
         for _ in range(5):  # another writer added to the same memory meanwhile: again
             try:
                 view = await self.client.get_session(sid)
             except SessionNotFoundError:
-                fresh = self._messages(events, set())
+                fresh = self._messages(events, forgotten)
                 try:
                     with sized():
                         await self.client.create_session(
@@ -161,9 +205,9 @@ class SessiondMemoryService(BaseMemoryService):
             # events, and when its last one is where it should be, what follows is new.
             deltas = bool(view.metadata.get("adk_memory", {}).get("deltas"))
             if whole and not deltas and 0 < n <= len(kept) and kept[n - 1].id == last:
-                fresh = self._messages(kept[n:], set())  # the usual case: one read
+                fresh = self._messages(kept[n:], forgotten)  # the usual case: one read
             else:
-                fresh = self._messages(kept, await self._stored_ids(sid))
+                fresh = self._messages(kept, await self._stored_ids(sid) | forgotten)
             if not fresh:
                 return
             appended = [{"type": "message.appended", "data": m} for m in fresh]
@@ -183,7 +227,7 @@ class SessiondMemoryService(BaseMemoryService):
         raise RuntimeError(f"memory of session {session_id!r} kept changing while adding to it")
 
     @staticmethod
-    def _messages(events: Sequence[Event], stored: set[str | None]) -> list[dict[str, Any]]:
+    def _messages(events: Sequence[_Memory], stored: set[str | None]) -> list[dict[str, Any]]:
         messages, seen = [], set(stored)
         for event in events:
             message = _message(event)
@@ -214,15 +258,19 @@ class SessiondMemoryService(BaseMemoryService):
         if not words:
             return SearchMemoryResponse(memories=[])
         namespace = memory_namespace(app_name, user_id)
+        forgotten = await self._forgotten(app_name, user_id)
         try:
             candidates = await self._candidates(namespace, words)
         except StorageError as exc:
             if exc.data.get("detail") != "no search index":
                 raise
             candidates = await self._scan(namespace)
-        scored = [(s, order, m) for order, m in candidates if (s := _score(words, m))]
+        scored = [(s, order, m) for order, m in candidates
+                  if m.metadata["adk_memory"]["id"] not in forgotten
+                  and (s := _score(words, m))]
         scored.sort(key=lambda som: (-som[0], som[1]))
-        return SearchMemoryResponse(memories=[_entry(m) for _, _, m in scored[:MAX_RESULTS]])
+        return SearchMemoryResponse(
+            memories=[_entry(m) for _, _, m in scored[:self.max_results]])
 
     async def _candidates(self, namespace: str, words: set[str]) -> list[tuple[_Order, Message]]:
         """The best hits of the best sessions session.search finds in the namespace, each
@@ -277,6 +325,41 @@ class SessiondMemoryService(BaseMemoryService):
                 break
             cursor = page.next
         return messages
+
+    # --- forgetting -------------------------------------------------------------------
+
+    async def delete_memory(self, *, app_name: str, user_id: str,
+                            memory_id: str | None = None) -> None:
+        """Forget a memory (the id search_memory gave): searches no longer return it and
+        adding its event again does not bring it back, as InMemoryMemoryService. Its
+        message stays in its memory session's history (`sessionctl delete` erases)."""
+        if not memory_id:
+            return
+        fid = _forgotten_id(app_name, user_id)
+        forget = [{"type": "metadata.updated",
+                   "data": {"patch": {"forgotten": {memory_id: True}}}}]
+        for _ in range(3):
+            try:
+                await self.client.append_events(fid, forget)
+                return
+            except SessionNotFoundError:
+                pass
+            try:
+                await self.client.create_session(
+                    fid, namespace=memory_namespace(app_name, user_id), source="adk-memory",
+                    metadata={"adk_memory": {"app_name": app_name, "user_id": user_id},
+                              "forgotten": {memory_id: True}})
+                return
+            except SessionExistsError:
+                continue
+        raise RuntimeError(f"the forgotten memories of {user_id!r} kept changing")
+
+    async def _forgotten(self, app_name: str, user_id: str) -> set[str | None]:
+        try:
+            view = await self.client.get_session(_forgotten_id(app_name, user_id))
+        except SessionNotFoundError:
+            return set()
+        return set(view.metadata.get("forgotten") or {})
 
     async def close(self) -> None:
         await self.client.aclose()
