@@ -88,12 +88,15 @@ def daemon_config(directory: str, **overrides: Any) -> Config:
 
 @asynccontextmanager
 async def running_daemon(config: Config, store_factory: lifecycle.StoreFactory
-                         = lifecycle.default_store) -> AsyncIterator[Daemon]:
+                         = lifecycle.default_store,
+                         clock: Callable[[], str] | None = None) -> AsyncIterator[Daemon]:
     """Run a daemon on `config` for the block; it stops (and drains) when the block ends.
-    `store_factory` builds its store (tests pass one that fails on cue)."""
+    `store_factory` builds its store (tests pass one that fails on cue); `clock`, the time
+    its expiry sweep takes as now (tests drive it), by default the real one."""
     shutdown = anyio.Event()
+    extra: dict[str, Any] = {} if clock is None else {"clock": clock}
     async with anyio.create_task_group() as tg:
-        await tg.start(functools.partial(lifecycle.run, store_factory=store_factory),
+        await tg.start(functools.partial(lifecycle.run, store_factory=store_factory, **extra),
                        config, shutdown)
         yield Daemon(config, shutdown)
         shutdown.set()
@@ -149,11 +152,17 @@ def daemon_overrides() -> dict[str, Any]:
 
 
 @pytest.fixture
-async def daemon(short_dir: str, db_url: str,
-                 daemon_overrides: dict[str, Any]) -> AsyncIterator[Daemon]:
+def daemon_clock() -> Callable[[], str] | None:
+    """Override in a test module to drive the daemon's expiry sweep with its own clock."""
+    return None
+
+
+@pytest.fixture
+async def daemon(short_dir: str, db_url: str, daemon_overrides: dict[str, Any],
+                 daemon_clock: Callable[[], str] | None) -> AsyncIterator[Daemon]:
     """A real daemon in this process, ready when the fixture yields, on this run's store."""
     config = daemon_config(short_dir, **{"db": db_url, **daemon_overrides})
-    async with running_daemon(config) as d:
+    async with running_daemon(config, clock=daemon_clock) as d:
         yield d
 
 

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import anyio
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sdk_extras import require_sdk
@@ -319,8 +319,9 @@ class TestStaleAndRetries:
         service = SessiondSessionService(daemon.socket)
         session = await service.create_session(app_name="big", user_id="u", session_id="s")
         text = "é" * 300_000  # 600 KB of UTF-8
-        event = Event(author="user", content=types.Content(role="user", parts=[
-            types.Part(text="short"), types.Part(text=text)]))
+        event = Event(author="user", timestamp=1_699_999_999.0,  # before make_event's
+                      content=types.Content(role="user", parts=[
+                          types.Part(text="short"), types.Part(text=text)]))
         await service.append_event(session, event)
         got = await service.get_session(app_name="big", user_id="u", session_id="s")
         assert got is not None and got.events[0].content == event.content
@@ -378,3 +379,215 @@ class TestStaleAndRetries:
         assert [e.id for e in session.events] == [e.id for e in got.events]
         assert service._locks == {}
         await service.close()
+
+
+class TestAsDatabaseSessionService:
+    """Where ADK's own SQL store and its in-memory one differ, sessiond does as the SQL one."""
+
+    @pytest.fixture
+    async def stores(self, daemon: Daemon, tmp_path: Any) -> AsyncGenerator[
+            dict[str, Any], None]:
+        from google.adk.sessions.database_session_service import DatabaseSessionService
+
+        found = {"sessiond": SessiondSessionService(daemon.socket),
+                 "database": DatabaseSessionService(
+                     f"sqlite+aiosqlite:///{tmp_path / 'adk.db'}")}
+        yield found
+        for store in found.values():
+            await store.close()
+
+    async def test_state_values_that_are_not_json_are_stored_as_the_sdk_stores_them(
+            self, stores: dict[str, Any]) -> None:
+        """A datetime, a set, a pydantic model and an object in a state delta: the event is
+        stored, and the state and event read back are DatabaseSessionService's."""
+        import datetime
+
+        from google.adk.sessions.session import Session as AdkSession
+
+        class Opaque:
+            def __repr__(self) -> str:
+                return "<opaque>"
+
+        when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+        got = {}
+        for name, store in stores.items():
+            session = await store.create_session(
+                app_name="json", user_id="u", session_id="s", state={"at": when, "ids": {3}})
+            event = Event(id="e1", author="agent", invocation_id="i", timestamp=1_700_000_000.0,
+                          actions=EventActions(state_delta={
+                              "at": when, "tags": {"a"}, "app:model": AdkSession(
+                                  id="m", app_name="a", user_id="u", last_update_time=1.0),
+                              "user:thing": Opaque()}))
+            await store.append_event(session, event)
+            got[name] = await store.get_session(app_name="json", user_id="u", session_id="s")
+        assert got["sessiond"] is not None and got["database"] is not None
+        assert got["sessiond"].state == got["database"].state
+        assert got["sessiond"].state["at"] == "2026-01-02T03:04:05Z"
+        assert got["sessiond"].state["user:thing"] == "<opaque>"
+        assert [e.model_dump() for e in got["sessiond"].events] == [
+            e.model_dump() for e in got["database"].events]
+
+    async def test_append_after_delete_is_not_found(self, stores: dict[str, Any]) -> None:
+        """Deleted under a loaded session object: SessionNotFoundError, not StaleSessionError."""
+        from google.adk.errors.session_not_found_error import SessionNotFoundError as NotFound
+
+        for store in stores.values():
+            session = await store.create_session(app_name="gone", user_id="u", session_id="s")
+            await store.append_event(session, make_event(0, 1))
+            await store.delete_session(app_name="gone", user_id="u", session_id="s")
+            with pytest.raises(NotFound):
+                await store.append_event(session, make_event(0, 2))
+
+    async def test_two_events_with_one_id_are_refused(self, stores: dict[str, Any]) -> None:
+        """A second, different event under a stored id raises (the SQL store's primary key
+        does); nothing of it is stored. The same event again is a retry: stored once."""
+        ours = stores["sessiond"]
+        session = await ours.create_session(app_name="dup", user_id="u", session_id="s")
+        first = make_event(0, 1)
+        await ours.append_event(session, first)
+        other = make_event(1, 2)
+        other.id = first.id
+        with pytest.raises(AlreadyExistsError, match=first.id):
+            await ours.append_event(session, copy.deepcopy(other))  # this object has it
+        fresh = await ours.get_session(app_name="dup", user_id="u", session_id="s")
+        assert fresh is not None
+        stale = copy.deepcopy(fresh)
+        await ours.append_event(fresh, make_event(0, 3))
+        with pytest.raises(AlreadyExistsError):  # through a copy that never saw it: the store
+            await ours.append_event(stale, copy.deepcopy(other))
+        await ours.append_event(stale, copy.deepcopy(first))  # a retry: no error, no copy
+        got = await ours.get_session(app_name="dup", user_id="u", session_id="s")
+        assert got is not None and [e.id for e in got.events] == [
+            first.id, fresh.events[-1].id]
+        assert got.events[0].model_dump() == first.model_dump()
+        theirs = stores["database"]
+        session = await theirs.create_session(app_name="dup", user_id="u", session_id="s")
+        await theirs.append_event(session, copy.deepcopy(first))
+        from sqlalchemy.exc import IntegrityError
+
+        with pytest.raises(IntegrityError):
+            await theirs.append_event(session, copy.deepcopy(other))
+
+    async def test_equal_timestamps_read_back_in_id_order(self, stores: dict[str, Any]) -> None:
+        """Events appended out of time order, some at one timestamp: read back, and cut by
+        num_recent_events, in DatabaseSessionService's order (timestamp, then id)."""
+        got = {}
+        for name, store in stores.items():
+            session = await store.create_session(app_name="order", user_id="u",
+                                                 session_id="s")
+            for eid, ts in (("e-c", 5.0), ("e-a", 5.0), ("e-b", 5.0), ("e-z", 4.0),
+                            ("e-y", 6.0)):
+                await store.append_event(session, Event(
+                    id=eid, author="user", invocation_id="i", timestamp=1_700_000_000.0 + ts))
+            got[name] = [[e.id for e in (await store.get_session(
+                app_name="order", user_id="u", session_id="s", config=config)).events]
+                for config in (None, GetSessionConfig(num_recent_events=3),
+                               GetSessionConfig(after_timestamp=1_700_000_005.0))]
+        assert got["sessiond"] == got["database"]
+        assert got["sessiond"][0] == ["e-z", "e-a", "e-b", "e-c", "e-y"]
+
+
+
+class TestTtl:
+    async def test_ttl_as_vertex_ai_session_service(self, short_dir: str) -> None:
+        """create_session(ttl="7200s" or seconds), as VertexAiSessionService, or the
+        service's own ttl: the session's idle TTL. Once it passed the session is gone:
+        get_session answers None, list_sessions leaves it out, its id can be created
+        again, and retention removes it."""
+        from sessiond.integrations.adk import session_id_for, ttl_seconds
+
+        assert [ttl_seconds(t) for t in ("7200s", 30, "1.5s", None)] == [7200, 30, 2, None]
+        for bad in ("soon", 0, "0s"):
+            with pytest.raises(ValueError):
+                ttl_seconds(bad)
+        config = daemon_config(short_dir, expire_every_s=0.01)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            service = SessiondSessionService(d.socket, ttl="3600s")
+            with pytest.raises(ValueError, match="expire_time"):
+                await service.create_session(app_name="t", user_id="u",
+                                             expire_time="2030-01-01T00:00:00Z")
+            kept = await service.create_session(app_name="t", user_id="u", session_id="k")
+            short = await service.create_session(app_name="t", user_id="u", session_id="s",
+                                                 ttl="1s")
+            await service.append_event(short, make_event(0, 1))
+            sid = session_id_for("t", "u", "s")
+            assert (await c.get_session(sid)).ttl_s == 1
+            assert (await c.get_session(session_id_for("t", "u", "k"))).ttl_s == 3600
+
+            async def expired() -> bool:
+                return (await c.get_session(sid)).status == "expired"
+
+            await eventually(expired, "the session to expire")
+            assert await service.get_session(app_name="t", user_id="u", session_id="s") is None
+            listed = await service.list_sessions(app_name="t", user_id="u")
+            assert [s.id for s in listed.sessions] == [kept.id]
+            from google.adk.errors import StaleSessionError
+            with pytest.raises(StaleSessionError):  # an object loaded before: it moved on
+                await service.append_event(short, make_event(0, 2))
+            assert (await c.cleanup(older_than_days=0)).session_ids == [sid]
+            again = await service.create_session(app_name="t", user_id="u", session_id="s")
+            assert again.events == []
+            await service.close()
+
+    async def test_an_expired_id_is_free_before_retention(self, short_dir: str) -> None:
+        config = daemon_config(short_dir, expire_every_s=0.01)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            from sessiond.integrations.adk import session_id_for
+
+            service = SessiondSessionService(d.socket)
+            await service.create_session(app_name="t", user_id="u", session_id="s", ttl=1)
+            sid = session_id_for("t", "u", "s")
+
+            async def expired() -> bool:
+                return (await c.get_session(sid)).status == "expired"
+
+            await eventually(expired, "the session to expire")
+            fresh = await service.create_session(app_name="t", user_id="u", session_id="s",
+                                                 state={"k": 1})
+            assert fresh.state == {"k": 1} and fresh.events == []
+            assert (await c.get_session(sid)).status == "active"
+            with pytest.raises(AlreadyExistsError):
+                await service.create_session(app_name="t", user_id="u", session_id="s")
+            await service.close()
+
+
+class MeteredLlm(BaseLlm):
+    """An offline model that reports token usage as Gemini does (usage_metadata)."""
+
+    async def generate_content_async(self, llm_request: LlmRequest,
+                                     stream: bool = False) -> AsyncGenerator[LlmResponse, None]:
+        yield LlmResponse(
+            content=types.Content(role="model", parts=[types.Part(text="metered")]),
+            model_version="stub-1",
+            usage_metadata=types.GenerateContentResponseUsageMetadata(
+                prompt_token_count=100, candidates_token_count=20, thoughts_token_count=5,
+                total_token_count=125))
+
+
+async def test_runner_usage_is_recorded_with_its_event(daemon: Daemon,
+                                                       client: AsyncClient) -> None:
+    """Two Runner turns of a model that reports usage_metadata: the session's token_usage
+    holds both (prompt in; candidates and thinking out), each recorded in its event's own
+    write; the cost is 0 without prices and priced with them."""
+    from sessiond.integrations.adk import session_id_for
+
+    agent = LlmAgent(name="helper", model=MeteredLlm(model="stub"), instruction="Be brief.")
+    for app, prices in (("free", None), ("priced", {"stub-1": (1.0, 4.0)})):
+        service = SessiondSessionService(daemon.socket, prices=prices)
+        runner = Runner(agent=agent, app_name=app, session_service=service)
+        await service.create_session(app_name=app, user_id="u", session_id="s")
+        for text in ("one", "two"):
+            async for _ in runner.run_async(user_id="u", session_id="s", new_message=types.Content(
+                    role="user", parts=[types.Part(text=text)])):
+                pass
+        await service.close()
+        sid = session_id_for(app, "u", "s")
+        usage = (await client.get_session(sid)).token_usage
+        assert (usage.input_tokens, usage.output_tokens) == (200, 50)
+        assert usage.estimated_cost == (0.0 if prices is None else
+                                        pytest.approx(2 * (100 * 1.0 + 25 * 4.0) / 1e6))
+        recorded = (await client.read_events(sid, types=["tokens.recorded"])).events
+        assert [e.data["model"] for e in recorded] == ["stub-1", "stub-1"]
+        messages = (await client.read_events(sid, types=["message.appended"])).events
+        # Each in the same write as the model's message: the version right after it.
+        assert {e.version for e in recorded} <= {m.version + 1 for m in messages}

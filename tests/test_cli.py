@@ -94,6 +94,10 @@ class TestSessionctl:
         await ctl(daemon, "events-append", "cli-flow", stdin=events)
         state = await client.get_session("cli-flow")
         assert state.message_count == 3 and state.linked_plan_ids == ["p9"]
+        shown = await ctl(daemon, "ttl", "cli-flow", "3600")
+        assert "3600 s idle" in shown.stdout
+        assert (await client.get_session("cli-flow")).ttl_s == 3600
+        assert (await ctl_json(daemon, "ttl", "cli-flow", "none"))["ttl_s"] is None
         await ctl(daemon, "delete", "cli-flow")
         assert (await client.list_sessions()).sessions == []
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import Daemon
+from conftest import Daemon, eventually
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,16 +43,61 @@ commands = st.one_of(
     st.tuples(st.just("graph"), names),
     st.tuples(st.just("graph_prune")),
     st.tuples(st.just("clear")),
+    st.tuples(st.just("ttl"), st.one_of(st.none(), st.integers(1, 10**6))),
+    st.tuples(st.just("expire")),
     st.tuples(st.just("events"), st.lists(st.sampled_from(
         ["plan", "problem", "decision", "result", "metadata", "started", "output", "exited",
-         "detached", "state", "app_state"]),
+         "detached", "state", "app_state", "chunk", "chunk_bytes"]),
         min_size=1, max_size=3), names),
 )
 
 
+class SweepClock:
+    """The daemon's expiry clock here: never due, until `expire` says every TTL has passed."""
+
+    def __init__(self) -> None:
+        self.at = "0"  # before every time
+
+    def __call__(self) -> str:
+        return self.at
+
+
+CLOCK = SweepClock()
+
+
+@pytest.fixture
+def daemon_clock() -> SweepClock:
+    return CLOCK
+
+
+@pytest.fixture
+def daemon_overrides() -> dict[str, Any]:
+    return {"expire_every_s": 0.01}
+
+
+async def expire(c: AsyncClient, sid: str) -> None:
+    """session.expired through the daemon's own sweep: a TTL, then time past it."""
+    await c.set_ttl(sid, 1)
+    if (await c.get_session(sid)).status not in ("pending", "active", "paused"):
+        return
+    CLOCK.at = "9999-12-31T23:59:59.999999Z"
+    try:
+        await eventually(lambda: _status(c, sid, "expired"), f"{sid} to expire")
+    finally:
+        CLOCK.at = "0"
+
+
+async def _status(c: AsyncClient, sid: str, status: str) -> bool:
+    return (await c.get_session(sid)).status == status
+
+
 async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
     kind = cmd[0]
-    if kind == "message":
+    if kind == "ttl":
+        await c.set_ttl(sid, cmd[1])
+    elif kind == "expire":
+        await expire(c, sid)
+    elif kind == "message":
         await c.append_message(sid, cmd[1], cmd[2])
     elif kind == "messages":
         await c.append_messages(sid, [{"role": "user", "content": t} for t in cmd[1]])
@@ -95,7 +140,9 @@ async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
                                                    "reason": cmd[2]}),
                  "state": ("state.updated", {"scope": "session", "delta": {cmd[2]: None}}),
                  "app_state": ("state.updated", {"scope": "app", "app_name": "p",
-                                                 "delta": {cmd[2]: 1}})}
+                                                 "delta": {cmd[2]: 1}}),
+                 "chunk": ("stream.chunk", {"text": cmd[2], "seq": cmd[2]}),
+                 "chunk_bytes": ("stream.chunk", {"base64": "AAEC/w=="})}
         await c.append_events(sid, [{"type": datas[k][0], "data": datas[k][1]} for k in cmd[1]])
 
 

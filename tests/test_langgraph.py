@@ -4,18 +4,22 @@ restart."""
 from __future__ import annotations
 
 import json
-from typing import Any, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, TypedDict
 
 import anyio
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon
 from sdk_extras import require_sdk
 
 require_sdk("langgraph", "langgraph")
 require_sdk("langgraph.checkpoint.conformance", "sdk-tests")
+from langchain_core.messages import AnyMessage  # noqa: E402
 from langchain_core.runnables import RunnableConfig  # noqa: E402
+from langgraph.channels import DeltaChannel  # noqa: E402
 from langgraph.checkpoint.conformance import checkpointer_test, validate  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
+from langgraph.graph.message import add_messages  # noqa: E402
 from langgraph.types import Command, interrupt  # noqa: E402
 
 from sessiond.integrations.langgraph import SessiondSaver  # noqa: E402
@@ -176,3 +180,179 @@ async def test_four_processes_put_concurrently(daemon: Daemon) -> None:
             assert t.checkpoint["channel_values"] == {"by": f"{name} {int(n)}"}
             assert t.pending_writes is not None
             assert [w[1:] for w in t.pending_writes] == [("by", f"{name} write {int(n)}")]
+
+
+class TestTtl:
+    async def test_ttl_config_is_each_new_threads_idle_ttl(self, short_dir: str) -> None:
+        """TTLConfig(default_ttl=minutes): every thread the saver creates gets that idle TTL
+        (the namespace default otherwise); it expires, and retention removes it."""
+        from sessiond import AsyncClient
+        from sessiond.integrations.langgraph import session_id_for, ttl_seconds
+
+        assert ttl_seconds({"default_ttl": 0.5, "refresh_on_read": False}) == 30
+        assert ttl_seconds({"default_ttl": 0.001}) == 1
+        assert ttl_seconds(None) is None
+        with pytest.raises(ValueError, match="refresh_on_read"):
+            ttl_seconds({"default_ttl": 1, "refresh_on_read": True})
+        config = daemon_config(short_dir, expire_every_s=0.01,
+                               default_ttl_s={"langgraph": 3600})
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            short = SessiondSaver(d.socket, ttl={"default_ttl": 1 / 60})
+            plain = SessiondSaver(d.socket)
+            for saver, thread_id in ((short, "short-1"), (plain, "plain-1")):
+                graph = build().compile(checkpointer=saver)
+                await graph.ainvoke({"topic": "t"}, {"configurable": {"thread_id": thread_id}})
+            assert (await c.get_session(session_id_for("plain-1"))).ttl_s == 3600
+            sid = session_id_for("short-1")
+            assert (await c.get_session(sid)).ttl_s == 1
+
+            async def expired() -> bool:
+                return (await c.get_session(sid)).status == "expired"
+
+            await eventually(expired, "the thread to expire")
+            assert (await c.get_session(session_id_for("plain-1"))).status == "active"
+            assert (await c.cleanup(older_than_days=0)).session_ids == [sid]
+            for saver in (short, plain):
+                await saver.aclose()
+                saver.close()
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+async def test_messages_usage_metadata_is_recorded_once(daemon: Daemon) -> None:
+    """A graph whose node answers with an AIMessage carrying usage_metadata (as every
+    LangChain chat model does): the thread's token_usage holds each call once, though the
+    message is in the task's writes and in every later checkpoint; cost with prices."""
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from sessiond import AsyncClient
+    from sessiond.integrations.langgraph import session_id_for
+
+    def model(state: Chat) -> Chat:
+        return {"messages": [AIMessage(
+            content="hi", response_metadata={"model_name": "stub-chat"},
+            usage_metadata={"input_tokens": 30, "output_tokens": 4, "total_tokens": 34})]}
+
+    builder = StateGraph(Chat)
+    builder.add_node("model", model)
+    builder.add_edge(START, "model")
+    builder.add_edge("model", END)
+    saver = SessiondSaver(daemon.socket, prices={"stub-chat": (3.0, 15.0)})
+    graph = builder.compile(checkpointer=saver)
+    thread: RunnableConfig = {"configurable": {"thread_id": "usage-1"}}
+    for text in ("one", "two"):
+        await graph.ainvoke({"messages": [HumanMessage(content=text)]}, thread)
+    sync = SessiondSaver(daemon.socket)  # the blocking path too
+    await anyio.to_thread.run_sync(lambda: builder.compile(checkpointer=sync).invoke(
+        {"messages": [HumanMessage(content="three")]}, thread))
+    async with AsyncClient(daemon.socket) as c:
+        usage = (await c.get_session(session_id_for("usage-1"))).token_usage
+    assert (usage.input_tokens, usage.output_tokens) == (90, 12)
+    assert usage.estimated_cost == pytest.approx(2 * (30 * 3.0 + 4 * 15.0) / 1e6)
+    for s in (saver, sync):
+        await s.aclose()
+        s.close()
+
+
+def _concat(state: list[str], writes: Sequence[list[str]]) -> list[str]:
+    return [*state, *(x for w in writes for x in w)]
+
+
+class Deltas(TypedDict, total=False):
+    items: Annotated[list[str], DeltaChannel(_concat, snapshot_frequency=3)]
+    n: int
+
+
+def delta_graph() -> StateGraph[Deltas]:
+    """A loop that appends to a DeltaChannel, with two parallel writers each round."""
+    def left(state: Deltas) -> Deltas:
+        return {"items": [f"l{state.get('n', 0)}"]}
+
+    def right(state: Deltas) -> Deltas:
+        return {"items": [f"r{state.get('n', 0)}"]}
+
+    def count(state: Deltas) -> Deltas:
+        return {"n": state.get("n", 0) + 1}
+
+    builder = StateGraph(Deltas)
+    for name, node in (("left", left), ("right", right), ("count", count)):
+        builder.add_node(name, node)
+    builder.add_edge(START, "left")
+    builder.add_edge(START, "right")
+    builder.add_edge("left", "count")
+    builder.add_edge("right", "count")
+    builder.add_conditional_edges("count", lambda s: END if s["n"] >= 4 else ["left", "right"])
+    return builder
+
+
+def comparable(history: Mapping[str, Any]) -> dict[str, Any]:
+    """A delta history without task ids (they hash each run's own checkpoint ids)."""
+    return {ch: {"writes": [(c, v) for _, c, v in h["writes"]],
+                 **({"seed": h["seed"]} if "seed" in h else {})} for ch, h in history.items()}
+
+
+async def test_delta_channel_history_from_the_index(daemon: Daemon) -> None:
+    """get_delta_channel_history (sync and async) answers what LangGraph's default walk
+    over get_tuple answers, at every checkpoint of a thread with parallel writers and a
+    fork; a DeltaChannel graph on it reads back the state InMemorySaver's run holds."""
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    assert "aget_delta_channel_history" in SessiondSaver.__dict__  # the capability's test
+    states = {}
+    for name, saver in (("sessiond", SessiondSaver(daemon.socket)),
+                        ("memory", InMemorySaver())):
+        graph = delta_graph().compile(checkpointer=saver)
+        thread: RunnableConfig = {"configurable": {"thread_id": f"delta-{name}"}}
+        await graph.ainvoke({"items": ["start"], "n": 0}, thread)
+        history = [s async for s in graph.aget_state_history(thread)]
+        fork = await graph.aupdate_state(history[3].config, {"items": ["forked"]},
+                                         as_node="count")
+        await graph.ainvoke(None, fork)
+        states[name] = (await graph.aget_state(thread)).values
+        if isinstance(saver, SessiondSaver):
+            ours = saver
+            configs = [s.config async for s in graph.aget_state_history(thread)]
+    assert states["sessiond"] == states["memory"]
+    assert "forked" in states["sessiond"]["items"]
+    for config in configs:
+        for channels in (["items"], ["items", "n", "nothing"]):
+            expected = await BaseCheckpointSaver.aget_delta_channel_history(
+                ours, config=config, channels=channels)
+            got = await ours.aget_delta_channel_history(config=config, channels=channels)
+            assert comparable(got) == comparable(expected), config
+            blocking = await anyio.to_thread.run_sync(
+                lambda config=config, channels=channels: ours.get_delta_channel_history(
+                    config=config, channels=channels))
+            assert comparable(blocking) == comparable(expected)
+    assert await ours.aget_delta_channel_history(config=configs[0], channels=[]) == {}
+    await ours.aclose()
+    ours.close()
+
+
+async def test_list_filters_by_dotted_metadata_paths_as_sqlite_saver(daemon: Daemon) -> None:
+    """list(filter={"user.id": ...}): a path into nested metadata, as SqliteSaver reads it
+    (json_extract); a plain key, a missing one and a path through a non-object too."""
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    def run() -> None:  # the blocking saver, off the loop that serves the daemon
+        ours = SessiondSaver(daemon.socket)
+        with SqliteSaver.from_conn_string(":memory:") as theirs:
+            for saver in (ours, theirs):
+                for i, meta in enumerate([{"source": "input", "user": {"id": "u1", "tier": 2}},
+                                          {"source": "loop", "user": {"id": "u2"}},
+                                          {"source": "loop", "user": "flat"}]):
+                    saver.put({"configurable": {"thread_id": "dotted", "checkpoint_ns": ""}},
+                              empty_checkpoint(), {**meta, "step": i},  # type: ignore[typeddict-item]
+                              {})
+            for flt in ({"user.id": "u1"}, {"user.id": "u2"}, {"user.tier": 2},
+                        {"source": "loop"}, {"user.id": "nobody"}, {"user.id.deeper": "x"}):
+                got = [[t.metadata["step"]  # type: ignore[typeddict-item]
+                        for t in s.list(None, filter=flt)] for s in (ours, theirs)]
+                assert got[0] == got[1], flt
+        ours.close()
+
+    await anyio.to_thread.run_sync(run)

@@ -245,6 +245,25 @@ class TestSessionTransition:
             await client.transition(s.session_id, "active", expected_version=1)
         assert err.value.data == {"expected": 1, "actual": 2}
 
+    async def test_expected_version_of_a_missing_session_is_not_found(
+            self, client: AsyncClient) -> None:
+        """A version given for a session that is not there (never made, or deleted) is
+        -32001 before -32002, for every write; 0 still means "does not exist yet"."""
+        s = await client.create_session()
+        await client.append_message(s.session_id, role="user", content="hi")
+        await client.delete_session(s.session_id)
+        for sid in (s.session_id, "never-made"):
+            with pytest.raises(SessionNotFoundError) as err:
+                await client.append_message(sid, role="user", content="x", expected_version=2)
+            assert err.value.data == {"session_id": sid}
+            with pytest.raises(SessionNotFoundError):
+                await client.append_events(sid, [{"type": "state.updated", "data": {
+                    "scope": "session", "delta": {"k": 1}}}], expected_version=1)
+            with pytest.raises(SessionNotFoundError):
+                await client.transition(sid, "paused", expected_version=5)
+        again = await client.create_session(session_id=s.session_id, expected_version=0)
+        assert again.version == 1
+
 
 class TestSessionResume:
     async def test_resume_from_pause(self, client: AsyncClient) -> None:

@@ -3,6 +3,7 @@ against the load the test made; off by default; a missing client is a config err
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -18,7 +19,8 @@ from conftest import Daemon, daemon_config, eventually, running_daemon, wait_for
 
 from sessiond import AsyncClient, MethodNotFoundError, SessionNotFoundError
 from sessiond_daemon import __main__ as daemon_main
-from sessiond_daemon.metrics import NO_METRICS, OTHER, Hooks, parse_address, top_labels
+from sessiond_daemon.metrics import MAX_LABEL_CHARS, NO_METRICS, OTHER, Hooks, label, top_labels
+from sessiond_daemon.web.listen import parse as parse_address
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -316,6 +318,60 @@ class TestConfig:
         rows = [("a", 1, 5, 5, 0.1), ("b", 1, 50, 0, 0.0), (None, 2, 1, 1, 1.0)]
         assert top_labels(rows, 1) == [("b", 1, 50, 0, 0.0), (OTHER, 3, 6, 6, 1.1)]
         assert top_labels(rows, 5)[-1][0] == "(none)"
+
+    def test_label_values_are_capped(self) -> None:
+        """An actor name of any length is a label of at most MAX_LABEL_CHARS, and two long
+        names that share a prefix stay two labels."""
+        a, b = "x" * 5000 + "a", "x" * 5000 + "b"
+        kept = top_labels([(a, 1, 1, 0, 0.0), (b, 1, 2, 0, 0.0)], 5)
+        assert all(len(row[0]) <= MAX_LABEL_CHARS for row in kept)
+        assert len({row[0] for row in kept}) == 2
+        assert label("short") == "short"
+
+
+class TestSlowScrapers:
+    def test_clients_that_never_read(self, short_dir: str) -> None:
+        """8 clients send scrape after scrape and never read: the daemon neither hangs nor
+        grows (each is dropped once it has not read for http_send_timeout_s, and its unread
+        bytes stay bounded meanwhile); a real scrape and the socket keep answering."""
+        from sessiond import Client
+
+        sock, port = os.path.join(short_dir, "s.sock"), free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sessiond_daemon", "--socket", sock,
+             "--db", os.path.join(short_dir, "d.db"), "--log-level", "warning",
+             "--metrics-listen", f"127.0.0.1:{port}", "--http-send-timeout-s", "1"])
+
+        def rss_kib() -> int:
+            with open(f"/proc/{proc.pid}/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+
+        stalled: list[socket.socket] = []
+        try:
+            wait_for_daemon(sock, proc)
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read()
+            before = rss_kib()
+            request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+            for _ in range(8):
+                s = socket.create_connection(("127.0.0.1", port))
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.setblocking(False)
+                stalled.append(s)
+            for _ in range(2000):  # as many requests as the sockets take, never reading
+                for s in stalled:
+                    with contextlib.suppress(BlockingIOError, ConnectionError):
+                        s.send(request * 8)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+                assert b"sessiond_connections" in r.read()
+            with Client(sock) as c:
+                assert c.ping().pong
+            assert rss_kib() - before < 64 << 10, (before, rss_kib())
+            assert proc.poll() is None
+        finally:
+            for s in stalled:
+                s.close()
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 RULE_TESTS = """\

@@ -105,6 +105,26 @@ class TestDifferential:
         reference.close()
         ours.close()
 
+    async def test_session_settings_dict_is_coerced_as_the_sdk_stores(
+            self, daemon: Daemon, tmp_path: Path) -> None:
+        """A dict is coerced to SessionSettings (so Runner.run reads its limit); an unknown
+        key is the TypeError SQLiteSession raises."""
+        reference, ours = both(tmp_path, daemon.socket, session_settings={"limit": 1})
+        assert isinstance(ours.session_settings, SessionSettings)
+        assert ours.session_settings == reference.session_settings
+        await reference.add_items(ITEMS)
+        await ours.add_items(ITEMS)
+        assert await ours.get_items() == await reference.get_items() == ITEMS[-1:]
+        result = await Runner.run(Agent(name="a", model=StubModel()), "hi", session=ours)
+        assert result.final_output == "answer 1"
+        reference.close()
+        ours.close()
+        with pytest.raises(TypeError) as theirs:
+            SQLiteSession("x", str(tmp_path / "sdk.db"), session_settings={"limti": 1})
+        with pytest.raises(TypeError) as mine:
+            SessiondSession("x", socket=daemon.socket, session_settings={"limti": 1})
+        assert str(mine.value) == str(theirs.value)
+
 
 class TestStored:
     async def test_items_are_messages_and_pop_clear_are_events(self, daemon: Daemon,
@@ -281,3 +301,79 @@ async def test_four_processes_add_concurrently(daemon: Daemon) -> None:
     for i in range(4):
         assert [t for t in texts if t.startswith(f"p{i} ")] == [f"p{i} {n}" for n in range(40)]
     session.close()
+
+
+class TestTtl:
+    async def test_ttl_as_redis_session_ttl(self, short_dir: str) -> None:
+        """RedisSession's ttl: the session's idle TTL. Once it passed the items are gone
+        (get_items empty, pop None) and the next add_items starts the session again; the
+        old items stay in its events. A ttl given to an existing session is set on it."""
+        with pytest.raises(ValueError, match="ttl"):
+            SessiondSession("x", ttl=0)
+        config = daemon_config(short_dir, expire_every_s=0.01)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            session = SessiondSession("ttl-1", socket=d.socket, ttl=1)
+            await session.add_items(ITEMS[:2])
+            assert (await c.get_session("ttl-1")).ttl_s == 1
+
+            async def expired() -> bool:
+                return (await c.get_session("ttl-1")).status == "expired"
+
+            await eventually(expired, "the session to expire")
+            assert await session.get_items() == []
+            assert await session.pop_item() is None
+            await session.add_items(ITEMS[2:3])
+            assert await session.get_items() == ITEMS[2:3]
+            view = await c.get_session("ttl-1")
+            assert view.status == "active"
+            appended = (await c.read_events("ttl-1", types=["message.appended"])).events
+            assert len(appended) == 3  # the history keeps what expired
+            again = SessiondSession("ttl-1", socket=d.socket, ttl=600)
+            await again.add_items(ITEMS[3:4])
+            assert (await c.get_session("ttl-1")).ttl_s == 600
+            session.close()
+            again.close()
+
+
+class MeteredModel(StubModel):
+    """StubModel reporting token usage for each response; named as the SDK's models are
+    (`OpenAIResponsesModel.model`)."""
+
+    model = "metered"
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        response = await super().get_response(*args, **kwargs)
+        return ModelResponse(output=response.output, response_id=None, usage=Usage(
+            requests=1, input_tokens=50, output_tokens=7, total_tokens=57))
+
+
+class TestUsage:
+    async def test_store_run_usage_as_advanced_sqlite_session(
+            self, daemon: Daemon, client: AsyncClient, tmp_path: Path) -> None:
+        """store_run_usage after two Runner.run calls: get_session_usage answers as
+        AdvancedSQLiteSession's; the view's token_usage (what sessionctl show, top and the
+        metrics read) holds the tokens; cost 0 without prices, priced with them."""
+        from agents.extensions.memory import AdvancedSQLiteSession
+
+        theirs = AdvancedSQLiteSession(session_id="u1", db_path=str(tmp_path / "adv.db"),
+                                       create_tables=True)
+        ours = SessiondSession("usage-1", socket=daemon.socket)
+        priced = SessiondSession("usage-2", socket=daemon.socket,
+                                 prices={"metered": (2.0, 10.0)})
+        assert await ours.get_session_usage() is None
+        agent = Agent(name="a", model=MeteredModel())
+        for session in (theirs, ours, priced):
+            for text in ("one", "two"):
+                await session.store_run_usage(await Runner.run(agent, text, session=session))
+        assert await ours.get_session_usage() == await theirs.get_session_usage() == {
+            "requests": 2, "input_tokens": 100, "output_tokens": 14, "total_tokens": 114,
+            "total_turns": 2}
+        usage = (await client.get_session("usage-1")).token_usage
+        assert (usage.input_tokens, usage.output_tokens, usage.estimated_cost) == (100, 14, 0.0)
+        cost = (await client.get_session("usage-2")).token_usage.estimated_cost
+        assert cost == pytest.approx(2 * (50 * 2.0 + 7 * 10.0) / 1e6)
+        with pytest.raises(ValueError, match="branch"):
+            await ours.get_session_usage("main")
+        theirs.close()
+        ours.close()
+        priced.close()

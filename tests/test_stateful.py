@@ -1,12 +1,15 @@
-"""The acceptance test of issue 13: a stateful hypothesis run against a real daemon.
+"""The acceptance test of issues 13 and 24: a stateful hypothesis run against a real daemon.
 
 Every method of rpc.METHODS and events.append of every event type, with numbers
 at and past their bounds and hostile strings, over the real socket; imports of
 documents built from those values; restarts between steps, and rows no daemon
 would write put into the file while it is stopped. After every step the
 daemon answers ping, after every restart it has started, at the end
-daemon.verify is ok, and every refusal carries a contract code (never -32603)
-and names its field.
+daemon.verify is ok and SIGTERM ends a daemon process started on what is left,
+and every refusal carries a contract code (never -32603) and names its field.
+Issue 24 added fork documents with claimed counts and self or cyclic sources,
+fork chains past max_fork_depth, odd and NUL session ids in imports, and
+900-character search queries.
 
 SESSIOND_STATEFUL_EXAMPLES sets how many runs (default 15; CI may raise it).
 """
@@ -16,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -26,7 +31,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from conftest import daemon_config, running_daemon
+from conftest import PATIENCE_S, daemon_config, running_daemon, wait_for_daemon
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -45,6 +50,10 @@ LONE_SURROGATE = "\ud800"  # json.dumps writes it as the escape "\ud800"
 # one draw in many, so a run stays small and most requests reach the methods.
 STRINGS: list[str] = ["", "a\x00b", "\x00", "ok", "s1", "node"] * 3 + [LONE_SURROGATE, MIB]
 SESSIONS = ["s1", "s2", "s3"]
+# Session ids no daemon makes, for imports (issue 24): refused as -32602 naming the path.
+ODD_IDS = ["", "../../etc/passwd", "a\x00b", "x" * 300, "a b"]
+# The machine's daemon bounds fork chains low, so the deep-chain rule meets the bound.
+MAX_FORK_DEPTH = 24
 CONTRACT_CODES = {-32700, -32600, -32601, -32602, -32603, -32001, -32002, -32003, -32004,
                   -32005, -32006, -32007, -32008, -32009, -32010, -32011, -32012}
 
@@ -177,6 +186,27 @@ NUMERIC_FIELDS: list[tuple[str, str]] = sorted(
     if _numeric(f.type))
 
 
+def reseal(doc: dict[str, Any], sid: str, claimed: int | None = None) -> dict[str, Any]:
+    """An exported document moved to session `sid`, its first event's `state.message_count`
+    set to `claimed` (when given), sealed again: hash chain and checksum, as a forger would."""
+    events = [dict(e) for e in doc["events"]]
+    first = events[0]
+    if claimed is not None and first["type"] == "session.forked":
+        first["data"] = {**first["data"],
+                         "state": {**first["data"]["state"], "message_count": claimed}}
+    prev = first["data"]["from"]["hash"] if first["type"] == "session.forked" else ""
+    for i, e in enumerate(events):
+        e.update(session_id=sid, event_id=f"{sid[:64]}-forged-{i}", hash="")
+        try:
+            prev = chain_hash(prev, msgspec.convert(e, Event))
+        except (msgspec.ValidationError, UnicodeEncodeError):
+            prev = "unhashable"
+        e["hash"] = prev
+    out = {**doc, "events": events, "session": None}
+    out["checksum"] = checksum(out)
+    return out
+
+
 # --- a daemon in a thread of its own, restartable ---------------------------------------
 
 
@@ -185,7 +215,8 @@ class ThreadedDaemon:
     synchronous state machine can talk to it over the socket and restart it."""
 
     def __init__(self, directory: str, db: str | None = None) -> None:
-        self.config = daemon_config(directory, **({"db": db} if db else {}))
+        self.config = daemon_config(directory, max_fork_depth=MAX_FORK_DEPTH,
+                                    **({"db": db} if db else {}))
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
@@ -318,7 +349,57 @@ class DaemonMachine(RuleBasedStateMachine):
             params["idempotency_key"] = key
         self.send("events.append", params)
 
-    @rule(sid=st.sampled_from(SESSIONS), tokens=numbers, cost=numbers, value=json_values,
+    @rule(sid=st.sampled_from(SESSIONS), source=st.sampled_from(["self", "other", "cycle"]),
+          claimed=st.sampled_from([None, 0, 3 * 10**7, 2**63 - 1]),
+          conflict=st.sampled_from(["error", "replace"]))
+    def import_fork_document(self, sid: str, source: str, claimed: int | None,
+                             conflict: str) -> None:
+        """A fork document sealed correctly, claiming a message count (None: the true one)
+        and a source that is the session itself or that would close a cycle: refused or
+        imported, never a loop, an allocation sized by the claim, or -32603."""
+        reply = self.send("session.fork", {"session_id": sid})
+        if "result" not in reply:
+            return
+        fork_id = reply["result"]["session_id"]
+        if source == "cycle":  # a fork of the fork, imported as the source itself
+            reply = self.send("session.fork", {"session_id": fork_id})
+            if "result" not in reply:
+                return
+            doc = self.send("session.export", {"session_id": reply["result"]["session_id"]})
+            new_id = sid
+        else:
+            doc = self.send("session.export", {"session_id": fork_id})
+            if source == "self":  # the source alone again, then imported as a fork of itself
+                self.send("session.delete", {"session_id": fork_id})
+            new_id = sid if source == "self" else f"{fork_id}-copy"
+        if "result" not in doc:
+            return
+        forged = reseal(doc["result"], new_id, claimed)
+        self.send("session.import", {"document": forged, "on_conflict": conflict})
+
+    @rule(depth=st.sampled_from([3, MAX_FORK_DEPTH + 2]))
+    def deep_fork_chain(self, depth: int) -> None:
+        """Forks of forks, past max_fork_depth: the last ones are -32602 naming the limit;
+        time travel and a fork at the root's first version walk the chain."""
+        self.send("session.create", {"session_id": "s1"})
+        sid = "s1"
+        for _ in range(depth):
+            reply = self.send("session.fork", {"session_id": sid})
+            if "result" not in reply:
+                assert reply["error"]["code"] in (-32602, -32003), reply
+                break
+            sid = reply["result"]["session_id"]
+        self.send("session.get", {"session_id": sid, "at_version": 1})
+        self.send("session.fork", {"session_id": sid, "at_version": 1})
+
+    @rule(words=st.sampled_from([1, 300]))
+    def huge_search(self, words: int) -> None:
+        """A 900-character query of short prefixes (`a* a* ...`): answered, whatever it
+        costs (the cost budget is its own)."""
+        self.send("session.search", {"query": " ".join(["a*"] * words), "limit": 100})
+
+    @rule(sid=st.sampled_from(SESSIONS + ODD_IDS), tokens=numbers, cost=numbers,
+          value=json_values,
           at=st.sampled_from(["2026-01-01T00:00:00.000000Z", ""]) | strings,
           conflict=st.sampled_from(["error", "skip", "replace"]))
     def import_document(self, sid: str, tokens: Any, cost: Any, value: Any, at: str,
@@ -412,9 +493,33 @@ class DaemonMachine(RuleBasedStateMachine):
                 assert verify["result"]["ok"] is True, verify["result"]["problems"]
         finally:
             self.daemon.stop()
-            for name in os.listdir(self.directory):
-                os.unlink(os.path.join(self.directory, name))
-            os.rmdir(self.directory)
+        try:
+            self.sigterm_ends_it()
+        finally:
+            self.cleanup()
+
+    def sigterm_ends_it(self) -> None:
+        """The final step: a daemon process on what the run left starts, answers ping,
+        and SIGTERM ends it with exit 0 (the wait is a guard against a hang, not a timing)."""
+        sock = os.path.join(self.directory, "term.sock")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sessiond_daemon", "--socket", sock, "--db",
+             self.daemon.config.db or "", "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_for_daemon(sock, proc)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=PATIENCE_S)
+            assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def cleanup(self) -> None:
+        for name in os.listdir(self.directory):
+            os.unlink(os.path.join(self.directory, name))
+        os.rmdir(self.directory)
 
 
 DaemonMachine.TestCase.settings = settings(

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from conftest import daemon_config, running_daemon, wait_for_daemon
+from conftest import daemon_config, eventually, running_daemon, wait_for_daemon
 
 from sessiond import AsyncClient, Client, MethodNotFoundError
 from sessiond_daemon.migrations import LATEST, MIGRATIONS
@@ -154,6 +154,31 @@ async def test_upgrade_serves_what_the_release_served(old: tuple[Path, str],
     # And it starts again on what it migrated and wrote.
     async with running_daemon(config), AsyncClient(config.socket) as c:
         assert (await c.verify()).ok
+
+
+async def test_old_sessions_take_a_ttl_after_the_upgrade(old: tuple[Path, str],
+                                                         short_dir: str) -> None:
+    """Migration 7 (idle TTLs) keeps every session and gives none a TTL; an old session
+    given one expires through the expiry index, and verifies."""
+    folder, db = old
+    config = daemon_config(short_dir, db=db, expire_every_s=0.01)
+    async with running_daemon(config), AsyncClient(config.socket) as c:
+        sids = sorted(expected(folder)["sessions"])
+        before = {sid: await c.get_session(sid) for sid in sids}
+        assert all((s.ttl_s, s.expires_at) == (None, None) for s in before.values())
+        assert schema_of(db)[0] == LATEST
+        running = [sid for sid, s in before.items()
+                   if s.status in ("pending", "active", "paused")]
+        assert running, "the fixture has no running session"
+        await c.set_ttl(running[0], 1)
+        await eventually(lambda: _status(c, running[0], "expired"), "the old session to expire")
+        assert (await c.verify()).ok
+        for sid in running[1:]:
+            assert (await c.get_session(sid)).status == before[sid].status
+
+
+async def _status(c: AsyncClient, sid: str, status: str) -> bool:
+    return (await c.get_session(sid)).status == status
 
 
 async def test_old_exports_import(short_dir: str) -> None:

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import itertools
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, TextIO, TypeVar, overload
 
+from sessiond_schemas import rpc
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError
 from sessiond_schemas.paths import default_socket
 
 from ._connection import Connection, open_connection
-from ._methods import AsyncCaller, Call, Methods, decoded, encode_request, whole_state
+from ._methods import (
+    AsyncCaller,
+    Call,
+    ExportDocument,
+    Methods,
+    decoded,
+    encode_request,
+    export_page,
+    whole_state,
+)
 from ._subscription import Subscription
 from ._wire import ConnectionLostError, skew_error
 
@@ -45,6 +55,35 @@ class AsyncCalls(AsyncCaller, Methods):
         except SessiondError:
             daemon = None
         return skew_error(method, self.socket_path, exc, daemon)
+
+    async def trajectory(self, session_id: str, full: bool = False,
+                   max_output_len: int | None = None) -> list[rpc.Step]:
+        """The session's steps (user, message, reasoning, command, tool_call, ...), from
+        every page of session.trajectory. -> list[Step]."""
+        found: list[rpc.Step] = []
+        cursor: str | None = None
+        while True:
+            page = await self.trajectory_page(session_id, full=full,
+                                          max_output_len=max_output_len, cursor=cursor)
+            found += page.steps
+            if page.next_cursor is None:
+                return found
+            cursor = page.next_cursor
+
+    async def export_session(self, session_id: str) -> dict[str, Any]:
+        """The export document of a session (events, view, checkpoints, checksum), put
+        together from every page of session.export. -> dict."""
+        return (await self.export_session_to(session_id)).document
+
+    async def export_session_to(self, session_id: str,
+                          out: TextIO | None = None) -> ExportDocument:
+        """Read every page of session.export; with `out` (a text file) write the export
+        document there as the pages come, never holding it whole. -> ExportDocument."""
+        document, cursor = ExportDocument(out), None
+        while True:
+            cursor = document.add(await self._run(export_page(session_id, cursor)))
+            if cursor is None:
+                return document
 
     async def session_state_dict(self, session_id: str,
                                  at_version: int | None = None) -> dict[str, Any]:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import math
 import types
 from collections.abc import Callable, Coroutine
-from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, TextIO, TypeVar, overload
 
 import msgspec
 
@@ -81,6 +82,73 @@ def whole_state(state: SessionState, steps: list[ProgressStep]) -> dict[str, Any
 def decoded(method: str, result_type: Any, params: dict[str, Any]) -> Call[Any]:
     """The call behind the clients' generic `call(method, result_type, **params)`."""
     return Call(method, params, _decoder(result_type).decode)
+
+
+def export_page(session_id: str, cursor: str | None) -> Call[dict[str, Any]]:
+    """One page of session.export (the first without a cursor)."""
+    params: dict[str, Any] = {"session_id": session_id}
+    if cursor is not None:  # a daemon before paged exports knows no cursor
+        params["cursor"] = cursor
+    return Call.of("session.export", dict[str, Any], **params)
+
+
+class ExportDocument:
+    """session.export's pages put together into the contract's single export document.
+
+    `add` takes each page in turn and returns the cursor of the next (None when done). The
+    document is `document` in memory, or, with `out`, written to that text file as the
+    pages come (a page at a time in memory): the same JSON document either way."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out
+        self.document: dict[str, Any] = {}
+        self.events = self.checkpoints = 0
+        self._list = ""  # the list `out` is in: "events", then "checkpoints"
+
+    def add(self, page: dict[str, Any]) -> str | None:
+        if "next_cursor" not in page:  # the whole document in one answer
+            self.events, self.checkpoints = len(page["events"]), len(page["checkpoints"])
+            if self.out is None:
+                self.document = page
+            else:
+                self.out.write(json.dumps(page, ensure_ascii=False, indent=1) + "\n")
+            return None
+        if not self.document and not self._list:  # the first page
+            head = {k: page[k] for k in ("format", "format_version", "exported_at")}
+            self.document = {**head, "events": [], "checkpoints": []}
+            if self.out is not None:
+                self.out.write(json.dumps(head, ensure_ascii=False)[:-1] + ', "events": [')
+                self._list, self._first = "events", True
+        for key in ("events", "checkpoints"):
+            for item in page[key]:
+                self._item(key, item)
+        if page["next_cursor"] is not None:
+            return str(page["next_cursor"])
+        tail = {"session": page["session"], "checksum": page["checksum"]}
+        if self.out is None:
+            self.document |= tail
+        else:
+            self._enter("checkpoints")
+            self.out.write("], " + json.dumps(tail, ensure_ascii=False)[1:] + "\n")
+        return None
+
+    def _enter(self, key: str) -> None:
+        assert self.out is not None
+        if self._list != key:
+            self.out.write('], "checkpoints": [')
+            self._list, self._first = key, True
+
+    def _item(self, key: str, item: Any) -> None:
+        if key == "events":
+            self.events += 1
+        else:
+            self.checkpoints += 1
+        if self.out is None:
+            self.document[key].append(item)
+            return
+        self._enter(key)
+        self.out.write(("\n" if self._first else ",\n") + json.dumps(item, ensure_ascii=False))
+        self._first = False
 
 
 class SyncCaller:
@@ -190,13 +258,14 @@ class Methods:
         checkpoint_enabled: bool | None = None, input_data: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
         status: Literal["pending", "active"] | None = None,
-        events: list[dict[str, Any]] | None = None,
+        events: list[dict[str, Any]] | None = None, ttl_s: int | None = None,
         expected_version: int | None = None, idempotency_key: str | None = None,
     ) -> Call[SessionState]:
         """Create a session: its id (default: a new ULID) and the `session.created` fields
         (namespace "local", actor_name "owner/name", task, model, metadata, input_data,
         status "active" or "pending", ...); `events` [{type, data}] are appended with it,
-        all or nothing. -> SessionState."""
+        all or nothing; `ttl_s`, an idle TTL in seconds (the namespace's default_ttl_s
+        otherwise). -> SessionState."""
         return Call.of(
             "session.create", SessionState, session_id=session_id, namespace=namespace,
             actor_name=actor_name, goal_id=goal_id, agent_id=agent_id, stream_id=stream_id,
@@ -204,7 +273,7 @@ class Methods:
             working_dir=working_dir, model=model, adapter=adapter, source=source,
             automation_level=automation_level, isolation_level=isolation_level,
             checkpoint_enabled=checkpoint_enabled, input_data=input_data, metadata=metadata,
-            status=status, events=events, expected_version=expected_version,
+            status=status, events=events, ttl_s=ttl_s, expected_version=expected_version,
             idempotency_key=idempotency_key)
 
     @rpc_method
@@ -249,6 +318,15 @@ class Methods:
                        idempotency_key=idempotency_key)
 
     @rpc_method
+    def set_ttl(self, /, session_id: str, ttl_s: int | None, *,
+                expected_version: int | None = None,
+                idempotency_key: str | None = None) -> Call[SessionState]:
+        """Set the session's idle TTL in seconds (None: no TTL); it ends as `expired` when
+        no event comes for that long. -> SessionState."""
+        return Call.of("session.set_ttl", SessionState, session_id=session_id, ttl_s=ttl_s,
+                       expected_version=expected_version, idempotency_key=idempotency_key)
+
+    @rpc_method
     def resume(self, /, session_id: str, checkpoint_id: str | None = None, *,
                expected_version: int | None = None,
                idempotency_key: str | None = None) -> Call[rpc.SessionResumeResult]:
@@ -265,11 +343,6 @@ class Methods:
         return Call.picked("session.delete", rpc.DeleteResult, lambda r: r.deleted,
                            session_id=session_id, expected_version=expected_version,
                            idempotency_key=idempotency_key)
-
-    @rpc_method
-    def export_session(self, /, session_id: str) -> Call[dict[str, Any]]:
-        """The export document of a session (events, view, checkpoints, checksum). -> dict."""
-        return Call.of("session.export", dict[str, Any], session_id=session_id)
 
     @rpc_method
     def import_session(self, /, document: Any,
@@ -501,12 +574,14 @@ class Methods:
                        stream=stream, after_position=after_position)
 
     @rpc_method
-    def trajectory(self, /, session_id: str, full: bool = False,
-                   max_output_len: int | None = None) -> Call[list[rpc.Step]]:
-        """The session's steps (user, message, reasoning, command, tool_call, ...).
-        -> list[Step]."""
-        return Call.picked("session.trajectory", rpc.TrajectoryResult, lambda r: r.steps,
-                           session_id=session_id, full=full, max_output_len=max_output_len)
+    def trajectory_page(self, /, session_id: str, full: bool = False,
+                        max_output_len: int | None = None,
+                        cursor: str | None = None) -> Call[rpc.TrajectoryResult]:
+        """One page of the session's steps (`next_cursor` set when more follow).
+        -> TrajectoryResult."""
+        # A None cursor is left out, so a daemon before paged trajectories is asked as before.
+        return Call.of("session.trajectory", rpc.TrajectoryResult, session_id=session_id,
+                       full=full, max_output_len=max_output_len, cursor=cursor)
 
     # --- search and fork ----------------------------------------------------------------
 

@@ -95,6 +95,7 @@ def render_state(s: Any) -> None:
         ("created", t.created_at), ("updated", t.updated_at), ("started", t.started_at),
         ("completed", t.completed_at), ("duration_ms", s.duration_ms),
         ("messages", s.message_count),
+        ("ttl", f"{s.ttl_s} s idle (expires {s.expires_at or '-'})" if s.ttl_s else None),
         ("tokens", f"in {u.input_tokens}  out {u.output_tokens}  cost {u.estimated_cost:.4f}"),
         ("progress", f"node {p.current_node or '-'}  steps {p.steps_executed}  "
                      f"retries {p.total_retries}  quality {p.execution_quality}"),

@@ -7,7 +7,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, BinaryIO, TypeVar, overload
+from typing import Any, BinaryIO, TextIO, TypeVar, overload
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError
@@ -15,7 +15,16 @@ from sessiond_schemas.events import Event
 from sessiond_schemas.paths import default_socket
 
 from ._follow import follow
-from ._methods import Call, Methods, SyncCaller, decoded, encode_request, whole_state
+from ._methods import (
+    Call,
+    ExportDocument,
+    Methods,
+    SyncCaller,
+    decoded,
+    encode_request,
+    export_page,
+    whole_state,
+)
 from ._wire import ConnectionLostError, connect_blocking, decode_replies, skew_error
 
 T = TypeVar("T")
@@ -98,6 +107,35 @@ class Client(SyncCaller, Methods):
         """Follow events on a connection of their own: a generator (see AsyncClient.subscribe)."""
         return follow(self.socket_path, session_id=session_id, from_position=from_position,
                       from_version=from_version, types=types, retry_for=retry_for)
+
+    def trajectory(self, session_id: str, full: bool = False,
+                   max_output_len: int | None = None) -> list[rpc.Step]:
+        """The session's steps (user, message, reasoning, command, tool_call, ...), from
+        every page of session.trajectory. -> list[Step]."""
+        found: list[rpc.Step] = []
+        cursor: str | None = None
+        while True:
+            page = self.trajectory_page(session_id, full=full,
+                                          max_output_len=max_output_len, cursor=cursor)
+            found += page.steps
+            if page.next_cursor is None:
+                return found
+            cursor = page.next_cursor
+
+    def export_session(self, session_id: str) -> dict[str, Any]:
+        """The export document of a session (events, view, checkpoints, checksum), put
+        together from every page of session.export. -> dict."""
+        return (self.export_session_to(session_id)).document
+
+    def export_session_to(self, session_id: str,
+                          out: TextIO | None = None) -> ExportDocument:
+        """Read every page of session.export; with `out` (a text file) write the export
+        document there as the pages come, never holding it whole. -> ExportDocument."""
+        document, cursor = ExportDocument(out), None
+        while True:
+            cursor = document.add(self._run(export_page(session_id, cursor)))
+            if cursor is None:
+                return document
 
     def session_state_dict(self, session_id: str,
                            at_version: int | None = None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from . import host, lifecycle, logs, systemd
 from .config import Config, ConfigError, load
 from .metrics import check_config as check_metrics
 from .migrations import SchemaRefused
+from .web.face import check_config as check_http
 
 EX_CONFIG = 78
 EX_TEMPFAIL = 75
@@ -46,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in Config.__struct_fields__:
         if name.startswith("max_") or name in ("view_cache_size", "snapshot_every"):
             p.add_argument("--" + name.replace("_", "-"), type=int, dest=name)
+    for name in Config.__struct_fields__:
+        if name.startswith("http_") and name.endswith("_s"):
+            p.add_argument("--" + name.replace("_", "-"), type=float, dest=name)
     p.add_argument("--drain-timeout-s", type=float, dest="drain_timeout_s")
     p.add_argument("--cleanup-older-than-days", type=float, dest="cleanup_older_than_days",
                    help="delete ended sessions idle this long, every --cleanup-every-s (0: never)")
@@ -55,8 +59,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--allowed-uids", type=_int_list,
                    help="comma-separated uids let in besides ours")
     p.add_argument("--allowed-gids", type=_int_list, help="comma-separated gids let in")
-    p.add_argument("--metrics-listen", help="serve Prometheus metrics on host:port or a"
-                   " socket path (needs sessiond[metrics]; default: off)")
+    p.add_argument("--http-listen", action="append", dest="http_listen",
+                   help="serve the HTTP face (Durable Streams, /metrics; docs/http.md) on a"
+                        " loopback host:port or a socket path; repeatable (default: off)")
+    p.add_argument("--http-allow-remote", action="store_const", const=True,
+                   dest="http_allow_remote",
+                   help="let --http-listen bind addresses that are not loopback")
+    p.add_argument("--metrics-listen", help="serve Prometheus metrics alone, unauthenticated,"
+                   " on host:port or a socket path (needs sessiond[metrics]; default: off)")
     p.add_argument("--migrate-only", action="store_true",
                    help="bring the database up to this release's schema (backing it up"
                         " first), then exit without serving")
@@ -129,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = load(args.config, _overrides(args))
         check_metrics(config)
+        check_http(config)
         options = loop_options()
     except ConfigError as refused:
         print(f"sessiond: {refused}", file=sys.stderr)

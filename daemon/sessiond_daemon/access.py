@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import PermissionDeniedError
@@ -22,15 +23,23 @@ DEFAULT_PEER_METHODS: frozenset[str] = frozenset({
     "session.get", "session.resolve", "session.list", "session.states", "session.export",
     "message.list", "progress.list", "checkpoint.get", "checkpoint.list", "events.read",
     "session.output", "session.trajectory", "graph.get", "graph.list", "state.get",
+    "graph.delta_history",
     # search and fork (a fork adds a session; daemon.reindex stays the owner's)
     "session.search", "session.forks", "session.fork",
     # subscribe
     "events.subscribe", "events.unsubscribe",
 })
-# session.import with on_conflict=replace deletes a history: a grant of its own.
+# The forms of default methods that take something out of a view: a grant of their own
+# each, withheld by default as message.pop and message.clear are. session.import with
+# on_conflict=replace deletes a history; memory.update with a null value deletes a memory
+# key; graph.put of a checkpoint_id the thread holds replaces what graph.get serves.
 IMPORT_REPLACE = "session.import:replace"
+MEMORY_DELETE = "memory.update:delete"
+GRAPH_REPLACE = "graph.put:replace"
+REMOVING_FORMS = {IMPORT_REPLACE: "session.import", MEMORY_DELETE: "memory.update",
+                  GRAPH_REPLACE: "graph.put"}
 ALL = "*"
-GRANTABLE: tuple[str, ...] = (*sorted(rpc.METHODS), IMPORT_REPLACE, ALL)
+GRANTABLE: tuple[str, ...] = (*sorted(rpc.METHODS), *sorted(REMOVING_FORMS), ALL)
 Grant = Literal[GRANTABLE]  # type: ignore[valid-type]  # config: checked at load
 
 
@@ -45,9 +54,8 @@ class Grants:
         """The default set plus what the config's `peer_methods` grants."""
         extra = set(granted)
         if ALL in extra:
-            extra |= {*rpc.METHODS, IMPORT_REPLACE}
-        if IMPORT_REPLACE in extra:
-            extra.add("session.import")
+            extra |= {*rpc.METHODS, *REMOVING_FORMS}
+        extra |= {REMOVING_FORMS[g] for g in extra if g in REMOVING_FORMS}
         return cls(DEFAULT_PEER_METHODS | extra)
 
     def check(self, method: str, uid: int, grant: str | None = None) -> None:
@@ -57,13 +65,63 @@ class Grants:
             return
         grant = grant or method
         if grant not in self.methods:
-            how = " with on_conflict=replace" if grant == IMPORT_REPLACE else ""
+            how = _HOW.get(grant, "")
             raise PermissionDeniedError(
                 f"uid {uid} may not call {method}{how}: not granted to other users"
                 f" (grant it with peer_methods = [\"{grant}\"])",
                 {"uid": uid, "method": method, "grant": grant})
 
 
+_HOW = {IMPORT_REPLACE: " with on_conflict=replace",
+        MEMORY_DELETE: " with a null value (it deletes a memory key)",
+        GRAPH_REPLACE: " with a checkpoint_id the thread already holds (it replaces the"
+                       " checkpoint graph.get serves)"}
+
+
 def import_grant(p: rpc.SessionImportParams) -> str:
     """session.import with on_conflict=replace needs a grant of its own."""
     return IMPORT_REPLACE if p.on_conflict == "replace" else "session.import"
+
+
+def deletes_keys(patch: Any) -> bool:
+    """Whether a JSON merge patch (RFC 7386) deletes a key: a null value at any depth of
+    its objects (iterative: as deep as the decoder allows)."""
+    stack = [patch]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for value in item.values():
+                if value is None:
+                    return True
+                stack.append(value)
+    return False
+
+
+def memory_grant(p: rpc.MemoryUpdateParams) -> str:
+    """memory.update deleting a key (a null value) needs a grant of its own."""
+    return MEMORY_DELETE if deletes_keys(p.patch) else "memory.update"
+
+
+def append_grant(p: rpc.EventsAppendParams) -> str:
+    """events.append of a memory.updated that deletes a key: as memory.update's."""
+    return MEMORY_DELETE if any(e.type == "memory.updated" and isinstance(e.data, dict)
+                                and deletes_keys(e.data.get("patch"))
+                                for e in p.events) else "events.append"
+
+
+# The caller of the request being served, for a grant that depends on what is stored (the
+# server sets it before each handler runs).
+caller: ContextVar[tuple[Grants, int] | None] = ContextVar("caller", default=None)
+
+
+def is_peer() -> bool:
+    """Whether the request being served is another user's (not the daemon's uid or root)."""
+    found = caller.get()
+    return found is not None and found[1] not in (os.getuid(), 0)
+
+
+def require(method: str, grant: str) -> None:
+    """Inside a handler: refuse (-32006) the call if its caller is not granted `grant`."""
+    found = caller.get()
+    if found is not None:
+        found[0].check(method, found[1], grant)

@@ -8,7 +8,8 @@ read) instead of reaching into the Service.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, overload
 
 import msgspec
@@ -42,6 +43,24 @@ class Limits:
     max_message_bytes: int = 16 << 20
     max_event_bytes: int = 32 << 20
     max_checkpoint_bytes: int = 96 << 20
+    max_fork_depth: int = 1000  # forks.DEFAULT_MAX_DEPTH
+    # The config's default_ttl_s: namespace (or "prefix*") -> idle TTL of new sessions.
+    default_ttl_s: Mapping[str, int] = field(default_factory=dict)
+    # session.search's cost budget (search.Budget; docs/reliability.md "Budgets")
+    search_max_terms: int = 64
+    search_max_prefixes: int = 8
+    search_max_steps: int = 500_000_000
+    search_timeout_s: float = 10.0
+
+
+def default_ttl(defaults: Mapping[str, int], namespace: str) -> int | None:
+    """The idle TTL a new session of `namespace` gets: its own entry, else the longest
+    "prefix*" entry that matches it, else none."""
+    if namespace in defaults:
+        return defaults[namespace]
+    matches = [(len(pattern), ttl) for pattern, ttl in defaults.items()
+               if pattern.endswith("*") and namespace.startswith(pattern[:-1])]
+    return max(matches)[1] if matches else None
 
 
 @overload

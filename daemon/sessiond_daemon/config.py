@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from sessiond_schemas.paths import default_socket
+from sessiond_schemas.state import TtlSeconds
 
 from .access import Grant
 from .postgres import dsn
@@ -62,6 +63,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_message_bytes: Count = 16 << 20
     max_event_bytes: Count = 32 << 20
     max_checkpoint_bytes: Count = 96 << 20
+    # Forks of forks: how many links a chain may have (session.fork and session.import
+    # refuse one more, -32602); its bound is the walk limit every read of a chain stops at.
+    max_fork_depth: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1000
     allowed_uids: list[Id] = []
     allowed_gids: list[Id] = []
     # Methods those other users may call beyond the default session-data set
@@ -70,6 +74,11 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     drain_timeout_s: Seconds = 10.0
     cleanup_older_than_days: Seconds = 0  # 0: no periodic retention
     cleanup_every_s: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 3600
+    # Idle TTL of new sessions per namespace (a name, or a prefix ending in "*": the
+    # longest match wins), in seconds; a session.create's own ttl_s comes first.
+    default_ttl_s: dict[str, TtlSeconds] = {}
+    # How often the daemon looks for sessions whose idle TTL has passed (and ends them).
+    expire_every_s: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 30
     # Executors (session.spawn): processes at once, longest output line kept whole,
     # output lines per second per process before it is throttled, SIGTERM-to-SIGKILL wait.
     max_processes: CountOrZero = 16  # 0: session.spawn refused
@@ -82,7 +91,29 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch_requests: Count = 64
     max_reply_buffer: Count = 16 << 20
     max_page_bytes: Count = 4 << 20
-    # Prometheus endpoint (docs/metrics.md): host:port or a socket path; None: off.
+    # The HTTP face (docs/http.md): Durable Streams and /metrics on each host:port or
+    # socket path listed (loopback only unless http_allow_remote); none: off.
+    http_listen: list[str] = []
+    http_allow_remote: bool = False
+    http_cors_origins: list[str] = []  # origins a browser may call from; "*": any
+    http_long_poll_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    http_sse_close_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 60.0
+    http_send_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    http_idle_timeout_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 5.0
+    http_max_connections: Count = 256  # open at once; more are dropped as they connect
+    # The cost a session.search query may take (docs/reliability.md, "Budgets"): query
+    # terms, prefix terms (`deplo*`), SQLite VM steps, and its time; past one the query is
+    # refused (-32602) or stopped (-32012), naming the setting.
+    search_max_terms: Count = 64
+    search_max_prefixes: Count = 8
+    search_max_steps: Count = 500_000_000
+    search_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 10.0
+    # PostgreSQL (fleet mode): every statement of the writer and of the readers ends
+    # after this long (statement_timeout; a timed-out commit is a retryable -32012).
+    # 0: no timeout.
+    db_statement_timeout_s: Seconds = 30.0
+    # Prometheus alone, unauthenticated, on host:port or a socket path (docs/metrics.md);
+    # None: off (with http_listen, /metrics is also served there, to the owner's token).
     metrics_listen: str | None = None
     max_metrics_labels: Count = 20  # actors / namespaces labelled; the rest are "(other)"
 
@@ -92,8 +123,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 RELOADABLE = frozenset({
     "log_level", "log_format", "max_request_bytes", "max_connections", "max_inflight",
     "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
-    "max_checkpoint_bytes", "allowed_uids", "allowed_gids", "peer_methods", "drain_timeout_s",
-    "max_batch_requests", "max_reply_buffer", "max_page_bytes",
+    "max_checkpoint_bytes", "max_fork_depth", "allowed_uids", "allowed_gids", "peer_methods",
+    "drain_timeout_s", "max_batch_requests", "max_reply_buffer", "max_page_bytes",
+    "http_cors_origins", "http_send_timeout_s", "default_ttl_s",
+    "search_max_terms", "search_max_prefixes", "search_max_steps", "search_timeout_s",
 })
 
 

@@ -44,6 +44,10 @@ T = TypeVar("T")
 # The byte budget of one page of a paged read (message.list, events.read, ...). The
 # server sets it for each request: max_page_bytes, or a share of it for a batch item.
 page_budget: ContextVar[int] = ContextVar("page_budget", default=4 << 20)
+# Whether the client of the request being served has gone (its socket closed), set by
+# the server per connection: long reads (session.search) stop when nobody waits for them.
+client_gone: ContextVar[Callable[[], bool]] = ContextVar("client_gone",
+                                                         default=lambda: False)
 
 
 class Page(list[T]):
@@ -259,6 +263,11 @@ class SessionQueries(Protocol):
     async def session_ids(self, after: str, limit: int) -> list[str]: ...
     async def stale_sessions(self, statuses: Sequence[str], before: str,
                              limit: int) -> list[str]: ...
+    async def expiring_sessions(self, before: str, after: tuple[str, str] | None,
+                                limit: int) -> list[tuple[str, str]]:
+        """(expires_at, session_id) of sessions whose idle TTL passes at or before `before`,
+        in that order, after the key `after` (a page of the expiry index)."""
+        ...
     async def states(self, namespace: str, prefix: bool, after: str, limit: int,
                      max_bytes: int = 0) -> Page[bytes]: ...
     async def counts(self) -> tuple[int, int]:
@@ -329,6 +338,11 @@ class ForkReads(Protocol):
     async def hash_at(self, session_id: str, version: int) -> str | None:
         """The chain hash of a session's history at `version` (an ancestor's below its
         fork point)."""
+        ...
+
+    async def fork_ancestry(self, session_id: str, limit: int) -> list[str]:
+        """The session and the sources it was forked from, nearest first, at most `limit`
+        of them (a chain that goes round repeats itself up to the limit)."""
         ...
 
     async def fork_count(self, session_id: str) -> int: ...
@@ -445,15 +459,22 @@ def sessions_page(rows: Page[Any], limit: int) -> tuple[Page[SessionSummary], st
 
 def add_pending_writes(found: dict[str, list[dict[str, Any]]], rows: Sequence[Any]) -> None:
     """graph_pending's writes from rows of (checkpoint_id, item, position, the
-    graph.writes event's data), each event decoded once however many items it holds."""
+    graph.writes event's data), each event decoded once however many items it holds. The
+    rows come by (checkpoint, task_id, idx); each checkpoint's writes leave in LangGraph's
+    `writes_sort_key` order, (task_path, task_id, idx), the order a super-step applies
+    them in (the sort is stable, so idx order stays)."""
     decoded: dict[int, Any] = {}
+    touched: set[str] = set()
     for checkpoint_id, item, position, data in rows:
         if position not in decoded:
             decoded[position] = msgspec.json.decode(data)
         w = decoded[position]
+        touched.add(checkpoint_id)
         found.setdefault(checkpoint_id, []).append({
             "task_id": w["task_id"], "task_path": w.get("task_path", ""),
             "channel": w["writes"][item]["channel"], "value": w["writes"][item]["value"]})
+    for checkpoint_id in touched:
+        found[checkpoint_id].sort(key=lambda w: (w["task_path"], w["task_id"]))
 
 
 def encode_list_cursor(created_at: str, session_id: str) -> str:

@@ -36,11 +36,19 @@ from .commands import Commands, check_transition, created_view, require, sequenc
 from .eventstore import Store, page_budget
 from .processes import REFUSED_ENV_PREFIXES
 from .recovery import Recovery, latest_resume_id, owner_host, runner_rows
-from .trajectory import TRAJECTORY_TYPES, steps, truncate_step
+from .trajectory import (
+    TRAJECTORY_TYPES,
+    decode_cursor,
+    encode_cursor,
+    last_turn,
+    steps,
+    truncate_step,
+)
 from .turns import Settings, Turn, Turns, plan_of
 from .writer import Plan
 
 __all__ = ["Executors", "Settings"]
+TRAJECTORY_READ = 1000  # events read for one page of session.trajectory (and its bytes)
 
 
 class Executors:
@@ -217,12 +225,23 @@ class Executors:
 
     async def session_trajectory(self, p: rpc.SessionTrajectoryParams,
                                  meta: EventMeta) -> rpc.TrajectoryResult:
+        """A page of the session's steps: built from one read of its trajectory events of
+        at most max_page_bytes (one event at least), so a history of any size is read a
+        page at a time; `next_cursor` goes on after it."""
         state = await self.commands.state(p.session_id)
-        rows = await self.store.events_of_types(p.session_id, TRAJECTORY_TYPES)
-        found = steps(rows, ADAPTERS.get(state.adapter or ""))
+        version, turn = decode_cursor(p.cursor) if p.cursor is not None else (1, 0)
+        events = await self.store.read_events(
+            session_id=p.session_id, from_version=version, after_position=0,
+            limit=TRAJECTORY_READ, types=list(TRAJECTORY_TYPES), max_bytes=page_budget.get())
+        rows = [(e.type, e.data) for e in events]
+        found = steps(rows, ADAPTERS.get(state.adapter or ""), turn)
         if not p.full:
             found = [truncate_step(s, p.max_output_len) for s in found]
-        return rpc.TrajectoryResult(steps=found)
+        more = bool(events) and (events.cut or len(events) == TRAJECTORY_READ)
+        return rpc.TrajectoryResult(
+            steps=found, truncated_by_bytes=events.cut,
+            next_cursor=encode_cursor(events[-1].version + 1, last_turn(rows, turn))
+            if more else None)
 
     def _check_host(self, sid: str, started: dict[str, Any], action: str) -> None:
         """-32013 naming the host whose daemon started the session's executor, if that is

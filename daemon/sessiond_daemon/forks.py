@@ -27,6 +27,7 @@ from sessiond_schemas.errors import (
     InvalidTransitionError,
     SessionExistsError,
     SessionImportError,
+    StorageError,
 )
 from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
 from sessiond_schemas.export import chain_hash
@@ -57,22 +58,73 @@ def index(db: sqlite3.Connection, e: Event) -> None:
         return  # the source is gone: verify reports it
     count = int(e.data["state"].get("message_count", 0))
     # The source's conversation now, cut at the fork point. A message the source took out
-    # and appended again after the fork point is missing here and found below.
+    # and appended again after the fork point is missing here and found below. The claimed
+    # count only filters rows the store has: it never sizes anything (an imported or
+    # damaged view may claim 2^63 messages).
     db.execute("INSERT INTO messages (session_id, sequence, position) SELECT ?, sequence,"
                " position FROM messages WHERE session_id = ? AND sequence < ? AND position <= ?",
                (e.session_id, source, count, at))
     have = {r[0] for r in db.execute("SELECT sequence FROM messages WHERE session_id = ?"
                                      " AND sequence < ?", (e.session_id, count))}
     if len(have) < count:
-        missing = set(range(count)) - have
         db.executemany("INSERT INTO messages (session_id, sequence, position) VALUES (?, ?, ?)",
-                       [(e.session_id, seq, pos)
-                        for seq, pos in _find_messages(db, source, version, missing).items()])
+                       [(e.session_id, seq, pos) for seq, pos
+                        in _find_messages(db, source, version, count, have).items()])
+    # The payloads are shared, not copied: the fork's rows hold an empty payload (no stored
+    # payload is empty: JSON is at least one byte) and the position of the source's
+    # checkpoint.saved, by which the payload is found (SHARED_PAYLOAD_SQL).
     db.execute("INSERT OR REPLACE INTO checkpoints (session_id, checkpoint_id, position, version,"
                " node_id, resume_from, created_at, size, payload) SELECT ?, checkpoint_id,"
-               " position, version, node_id, resume_from, created_at, size, payload"
+               " position, version, node_id, resume_from, created_at, size, X''"
                " FROM checkpoints WHERE session_id = ? AND version <= ?",
                (e.session_id, source, version))
+
+
+# How far a fork chain is walked: the bound of max_fork_depth. A chain longer than this,
+# or one that goes round (only data written behind the daemon's back can), reads as
+# damaged: every walk stops here rather than loop or recurse.
+WALK_LIMIT = 100_000
+
+# The session holding `version` of a session's history: walk up while the version is at
+# or below the fork point. One statement, bounded (a cycle yields WALK_LIMIT rows, then
+# stops); the deepest row is the holder, or WALK_LIMIT when the walk did not end.
+HOLDER_SQL = (
+    "WITH RECURSIVE up(session_id, depth) AS (SELECT ?, 0 UNION ALL"
+    " SELECT f.source_id, up.depth + 1 FROM forks f JOIN up ON f.session_id = up.session_id"
+    " WHERE f.version >= ? AND up.depth < ?) SELECT session_id, depth FROM up"
+    " ORDER BY depth DESC LIMIT 1")
+# A session and its sources, nearest first, at most `limit` of them.
+ANCESTRY_SQL = (
+    "WITH RECURSIVE up(session_id, depth) AS (SELECT ?, 0 UNION ALL"
+    " SELECT f.source_id, up.depth + 1 FROM forks f JOIN up ON f.session_id = up.session_id"
+    " WHERE up.depth + 1 < ?) SELECT session_id FROM up ORDER BY depth")
+
+# The payload a row with an empty one shares: the row holding it at the same position.
+SHARED_PAYLOAD_SQL = ("SELECT payload FROM checkpoints WHERE position = ? AND length(payload) > 0"
+                      " LIMIT 1")
+
+
+def keep_shared_payload(db: sqlite3.Connection, session_id: str, checkpoint_id: str) -> None:
+    """Before a session's checkpoint row is replaced (the same checkpoint_id saved again),
+    give its payload to one fork row that shares it, so the forks still find it there."""
+    db.execute(
+        "UPDATE checkpoints SET payload = (SELECT payload FROM checkpoints WHERE session_id = ?1"
+        " AND checkpoint_id = ?2) WHERE (session_id, checkpoint_id) = (SELECT session_id,"
+        " checkpoint_id FROM checkpoints WHERE length(payload) = 0 AND position = (SELECT"
+        " position FROM checkpoints WHERE session_id = ?1 AND checkpoint_id = ?2"
+        " AND length(payload) > 0) LIMIT 1)", (session_id, checkpoint_id))
+
+
+def keep_shared_payloads(db: sqlite3.Connection, session_id: str) -> None:
+    """Before a session's rows are deleted: the rows of other sessions that share one of
+    its payloads get it (a source with forks is never deleted, but a fork holding a
+    payload handed on by keep_shared_payload may be)."""
+    db.execute(
+        "UPDATE checkpoints SET payload = (SELECT o.payload FROM checkpoints o"
+        " WHERE o.session_id = ?1 AND o.position = checkpoints.position"
+        " AND length(o.payload) > 0) WHERE session_id != ?1 AND length(payload) = 0"
+        " AND position IN (SELECT position FROM checkpoints WHERE session_id = ?1"
+        " AND length(payload) > 0)", (session_id,))
 
 
 def _link(db: sqlite3.Connection, session_id: str) -> tuple[str, int] | None:
@@ -81,34 +133,42 @@ def _link(db: sqlite3.Connection, session_id: str) -> tuple[str, int] | None:
     return (row[0], int(row[1])) if row else None
 
 
-def _holder(db: sqlite3.Connection, session_id: str, version: int) -> str:
+def _holder(db: sqlite3.Connection, session_id: str, version: int) -> str | None:
     """The session whose own events hold `version` of this one's history: itself, or the
-    ancestor it was forked from when that version is at or below the fork point."""
-    while (link := _link(db, session_id)) is not None and version <= link[1]:
-        session_id = link[0]
-    return session_id
+    ancestor it was forked from when that version is at or below the fork point. None for
+    a chain that does not end within WALK_LIMIT (a cycle)."""
+    holder, depth = db.execute(HOLDER_SQL, (session_id, version, WALK_LIMIT)).fetchone()
+    return None if depth >= WALK_LIMIT else str(holder)
 
 
 def _position_at(db: sqlite3.Connection, session_id: str, version: int) -> int | None:
     """Position of the event at `version` of a session's history."""
-    row = db.execute("SELECT position FROM events WHERE session_id = ? AND version = ?",
-                     (_holder(db, session_id, version), version)).fetchone()
+    holder = _holder(db, session_id, version)
+    row = None if holder is None else db.execute(
+        "SELECT position FROM events WHERE session_id = ? AND version = ?",
+        (holder, version)).fetchone()
     return int(row[0]) if row else None
 
 
-def _find_messages(db: sqlite3.Connection, session_id: str, version: int,
-                   missing: set[int]) -> dict[int, int]:
-    """sequence -> position of the message each sequence held at `version`: the last
-    message.appended with that sequence at or before it, walking up through sources."""
+def _find_messages(db: sqlite3.Connection, session_id: str, version: int, count: int,
+                   have: set[int]) -> dict[int, int]:
+    """sequence -> position of the message each sequence below `count` not in `have` held
+    at `version`: the last message.appended with that sequence at or before it, walking up
+    through sources (at most WALK_LIMIT of them, never one twice)."""
     found: dict[int, int] = {}
-    while missing:
+    seen: set[str] = set()
+    while len(have) + len(found) < count and session_id not in seen \
+            and len(seen) < WALK_LIMIT:
+        seen.add(session_id)
+        here: dict[int, int] = {}
         for data, position in db.execute(
                 "SELECT data, position FROM events WHERE session_id = ? AND version <= ?"
                 " AND type = 'message.appended' ORDER BY version", (session_id, version)):
             seq = msgspec.json.decode(data)["sequence"]
-            if seq in missing:
-                found[seq] = position  # later ones win
-        missing -= found.keys()
+            if isinstance(seq, int) and 0 <= seq < count and seq not in have \
+                    and seq not in found:
+                here[seq] = position  # later ones win
+        found.update(here)  # a nearer session's message wins over its source's
         link = _link(db, session_id)
         if link is None:
             break
@@ -118,9 +178,16 @@ def _find_messages(db: sqlite3.Connection, session_id: str, version: int,
 
 def hash_at_sql(con: sqlite3.Connection, session_id: str, version: int) -> str | None:
     """The chain hash of a session's history at `version` (an ancestor's, below its fork)."""
-    row = con.execute("SELECT hash FROM events WHERE session_id = ? AND version = ?",
-                      (_holder(con, session_id, version), version)).fetchone()
+    holder = _holder(con, session_id, version)
+    row = None if holder is None else con.execute(
+        "SELECT hash FROM events WHERE session_id = ? AND version = ?",
+        (holder, version)).fetchone()
     return str(row[0]) if row else None
+
+
+def ancestry_sql(con: sqlite3.Connection, session_id: str, limit: int) -> list[str]:
+    """The session and its sources, nearest first, at most `limit` of them."""
+    return [str(r[0]) for r in con.execute(ANCESTRY_SQL, (session_id, limit))]
 
 
 def count_sql(con: sqlite3.Connection, session_id: str) -> int:
@@ -168,6 +235,10 @@ async def link_problems(store: ForkReads, state: SessionState,
         return []
     if first is None or first.type != "session.forked":
         return ["forked_from is set but the history does not start with session.forked"]
+    chain = await store.fork_ancestry(state.session_id, 2)
+    if chain[1:] != [link.session_id]:
+        return [f"the fork index links it to {chain[1] if len(chain) > 1 else 'nothing'},"
+                f" its history to {link.session_id} (daemon.reindex rebuilds the index)"]
     source_hash = await hash_at(store, link.session_id, link.version)
     if source_hash is None:
         return [f"fork source {link.session_id} has no version {link.version}"]
@@ -229,6 +300,18 @@ async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
             f"session {p.session_id} has a running executor (pid {current.pid}): a fork is"
             " data, not a process; fork it when its turn has ended, or after session.kill",
             {"session_id": p.session_id, "pid": current.pid})
+    limit = commands.limits.max_fork_depth
+    chain = await store.fork_ancestry(p.session_id, limit + 1)
+    if len(set(chain)) < len(chain):  # only rows written behind the daemon's back
+        raise StorageError(
+            f"stored data of session {p.session_id} does not read back (its fork chain goes"
+            " round); daemon.verify reports it",
+            {"detail": "fork chain goes round", "session_id": p.session_id})
+    if len(chain) > limit:
+        raise InvalidParamsError(
+            f"session {p.session_id} is {limit} forks from its first session: a fork of it"
+            f" would pass max_fork_depth ({limit})",
+            {"detail": "fork chain too deep", "limit": limit, "path": "$.session_id"})
     state = await state_at(p.session_id, at)
     prev = await hash_at(store, p.session_id, at)
     if prev is None:
@@ -263,24 +346,50 @@ async def forks_of(store: ForkReads, p: rpc.SessionForksParams,
                            next_cursor=page[-1].session_id if len(rows) > p.limit else None)
 
 
-async def state_in_source(state_at: StateAt, current: SessionState,
-                          at_version: int) -> SessionState:
-    """A fork's view at a version at or below its fork point: the source's view then,
-    under the fork's identity (session_id and forked_from)."""
-    link = current.forked_from
-    assert link is not None
-    state = await state_at(link.session_id, at_version)
-    return msgspec.structs.replace(state, session_id=current.session_id, forked_from=link)
+async def link_problem(store: ForkReads, session_id: str, source_id: str,
+                       max_depth: int) -> str | None:
+    """What is wrong with making `session_id` a fork of `source_id`: the session itself, a
+    cycle, or a chain past `max_depth` links (max_fork_depth). None when it may be made.
+    One bounded walk of the source's chain."""
+    if source_id == session_id:
+        return f"session {session_id} cannot be a fork of itself"
+    chain = await store.fork_ancestry(source_id, max_depth + 1)
+    if session_id in chain:
+        return (f"session {session_id} cannot be a fork of {source_id}: {source_id} is"
+                f" itself forked from {session_id} (the chain would go round)")
+    if len(chain) > max_depth:
+        return (f"session {source_id} is {max_depth} forks from its first session: a fork"
+                f" of it would pass max_fork_depth ({max_depth})")
+    return None
 
 
-async def check_import(store: ForkReads, first: Event) -> None:
-    """An imported fork needs its source here, with the hash its chain starts from."""
+async def check_import(store: ForkReads, state_at: StateAt, first: Event,
+                       max_depth: int) -> None:
+    """An imported fork needs its source here, with the hash its chain starts from, and a
+    link that is neither to itself, nor round, nor past max_fork_depth; the counts its
+    first event claims are the source's there (-32007)."""
     if first.type != "session.forked":
         return
     source = first.data.get("from", {})
-    have = await hash_at(store, source.get("session_id", ""), int(source.get("version", 0)))
+    source_id = source.get("session_id")
+    if not isinstance(source_id, str):
+        raise SessionImportError("import failed: session.forked names no source session",
+                                 {"reason": "fork source missing"})
+    problem = await link_problem(store, first.session_id, source_id, max_depth)
+    if problem is not None:
+        raise SessionImportError(f"import failed: {problem}",
+                                 {"reason": problem, "limit": max_depth})
+    have = await hash_at(store, source_id, int(source.get("version", 0)))
     if have is None or have != source.get("hash"):
         raise SessionImportError(
-            f"import failed: this is a fork of {source.get('session_id')} at version"
+            f"import failed: this is a fork of {source_id} at version"
             f" {source.get('version')}, which this daemon does not hold with the same history;"
             " import the source first", {"reason": "fork source missing"})
+    version = int(source.get("version", 0))
+    claimed = first.data.get("state", {}).get("message_count") \
+        if isinstance(first.data.get("state"), dict) else None
+    held = (await state_at(source_id, version)).message_count
+    if claimed != held:
+        reason = (f"its session.forked claims {claimed!r} messages, but {source_id} held"
+                  f" {held} at version {version}")
+        raise SessionImportError(f"import failed: {reason}", {"reason": reason})

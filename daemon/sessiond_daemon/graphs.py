@@ -10,16 +10,18 @@ Prunes and run deletions are graph.pruned events: they leave the index, not the 
 from __future__ import annotations
 
 import base64
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError
-from sessiond_schemas.events import EventMeta, GraphPruned, SessionCreated
+from sessiond_schemas.events import EventMeta, GraphPruned, SessionCreated, Typed
 from sessiond_schemas.state import SessionState
 
-from .commands import Commands, require
+from . import access
+from .commands import Commands, default_ttl, require
 from .eventstore import GraphReads, page_budget
 from .writer import Delete, Plan
 
@@ -40,18 +42,28 @@ class Graphs:
     async def graph_put(self, p: rpc.GraphPutParams, meta: EventMeta) -> msgspec.Raw:
         data = _event_data(p)
         self.commands.check_checkpoint_size(data, "graph.checkpoint data")
-        return await self._append(p.session_id, p.thread_id, meta, [("graph.checkpoint", data)])
+        if access.is_peer() and await self.store.graph_checkpoints(
+                p.session_id, p.ns, p.checkpoint_id, None, 1, 0):
+            # Replacing a checkpoint takes what graph.get serves out of the view.
+            access.require("graph.put", access.GRAPH_REPLACE)
+        return await self._append(p.session_id, p.thread_id, p.ttl_s, meta,
+                                  [("graph.checkpoint", data)])
 
     async def graph_put_writes(self, p: rpc.GraphPutWritesParams, meta: EventMeta) -> msgspec.Raw:
         data = _event_data(p)
         self.commands.check_checkpoint_size(data, "graph.writes data")
-        return await self._append(p.session_id, p.thread_id, meta, [("graph.writes", data)])
+        return await self._append(p.session_id, p.thread_id, p.ttl_s, meta,
+                                  [("graph.writes", data)])
 
-    async def _append(self, sid: str, thread_id: str, meta: EventMeta,
+    async def _append(self, sid: str, thread_id: str, ttl_s: int | None, meta: EventMeta,
                       events: list[tuple[str, dict[str, Any]]]) -> msgspec.Raw:
-        """Append to the thread's session, creating it on its first checkpoint."""
+        """Append to the thread's session, creating it on its first checkpoint (with the
+        call's ttl_s, else the namespace's default, as session.create)."""
+        if ttl_s is None:
+            ttl_s = default_ttl(self.commands.limits.default_ttl_s, NAMESPACE)
         created = msgspec.to_builtins(SessionCreated(
-            namespace=NAMESPACE, source="langgraph", metadata={"thread_id": thread_id}))
+            namespace=NAMESPACE, source="langgraph", metadata={"thread_id": thread_id},
+            ttl_s=ttl_s))
 
         def plan(state: SessionState | None) -> Plan:
             first = [("session.created", created)] if state is None else []
@@ -106,7 +118,14 @@ class Graphs:
         await self.commands.submit(sid, meta, plan)
 
     async def graph_copy(self, p: rpc.GraphCopyParams, meta: EventMeta) -> rpc.GraphChangeResult:
-        """Copy the source thread's indexed checkpoints and writes, oldest first."""
+        """Copy the source thread's indexed checkpoints and writes, oldest first.
+
+        Values move as they are stored, not resolved per checkpoint: each copied checkpoint
+        carries the values its own event stored, plus those it refers to that no copied
+        checkpoint before it carries (their event was pruned), so every distinct value is
+        written once and the copy weighs what the source's values weigh, not that times
+        its checkpoints. No copied event passes max_checkpoint_bytes (-32005 otherwise,
+        before anything is written)."""
         rows, offset = [], 0
         while page := await self.store.graph_checkpoints(p.source_session_id, None, None, None,
                                                          PAGE, offset):
@@ -114,24 +133,44 @@ class Graphs:
             offset += len(page)
         if not rows:
             return rpc.GraphChangeResult(checkpoints=0, sessions=[])
+        sid = p.source_session_id
+        picked = [(ns, cid, msgspec.json.decode(raw)) for _, ns, cid, raw in reversed(rows)]
+        carried: set[tuple[str, str, str]] = set()  # (ns, channel, version) in the copy
+        needs: list[dict[str, str]] = []
+        for ns, _, d in picked:
+            own = d.get("blobs", {})
+            need = {c: v for c, v in d.get("channel_versions", {}).items()
+                    if c not in own and (ns, c, v) not in carried}
+            carried |= {(ns, c, d["channel_versions"][c]) for c in own
+                        if c in d.get("channel_versions", {})} | {(ns, c, v)
+                                                                  for c, v in need.items()}
+            needs.append(need)
+        values: dict[str, dict[tuple[str, str], Any]] = {}
+        for ns in {ns for ns, _, _ in picked}:
+            wanted = sorted({(c, v) for (n, _, _), need in zip(picked, needs, strict=True)
+                             if n == ns for c, v in need.items()})
+            values[ns] = await self.store.graph_values(sid, ns, wanted) if wanted else {}
+        pending: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        for ns in values:
+            pending[ns] = await self.store.graph_pending(
+                sid, ns, [cid for n, cid, _ in picked if n == ns])
         events: list[tuple[str, dict[str, Any]]] = []
-        for t in reversed(await self._tuples(rows, None)):
-            events.append(("graph.checkpoint", {
-                "thread_id": p.target_thread_id, "ns": t.ns, "checkpoint_id": t.checkpoint_id,
-                "parent_id": t.parent_id, "checkpoint": msgspec.to_builtins(t.checkpoint),
-                "metadata": t.metadata, "metadata_typed": msgspec.to_builtins(t.metadata_typed),
-                "channel_versions": t.channel_versions,
-                # Every value, resolved: the events that held some of them may be pruned.
-                "blobs": msgspec.to_builtins(t.channel_values)}))
+        for (ns, cid, d), need in zip(picked, needs, strict=True):
+            blobs = dict(d.get("blobs", {}))
+            blobs |= {c: values[ns][(c, v)] for c, v in need.items() if (c, v) in values[ns]}
+            data = {**d, "thread_id": p.target_thread_id, "ns": ns, "blobs": blobs}
+            self.commands.check_checkpoint_size(data, f"graph.copy of checkpoint {cid}")
+            events.append(("graph.checkpoint", data))
             by_task: dict[tuple[str, str], list[dict[str, Any]]] = {}
-            for i, w in enumerate(t.pending_writes):
-                by_task.setdefault((w.task_id, w.task_path), []).append(
-                    {"idx": i, "channel": w.channel, "value": msgspec.to_builtins(w.value)})
-            events += [("graph.writes", {"thread_id": p.target_thread_id, "ns": t.ns,
-                                         "checkpoint_id": t.checkpoint_id, "task_id": task_id,
-                                         "task_path": task_path, "writes": writes})
-                       for (task_id, task_path), writes in by_task.items()]
-        await self._append(p.target_session_id, p.target_thread_id, meta, events)
+            for i, w in enumerate(pending[ns].get(cid, [])):
+                by_task.setdefault((w["task_id"], w["task_path"]), []).append(
+                    {"idx": i, "channel": w["channel"], "value": w["value"]})
+            for (task_id, task_path), writes in by_task.items():
+                wdata = {"thread_id": p.target_thread_id, "ns": ns, "checkpoint_id": cid,
+                         "task_id": task_id, "task_path": task_path, "writes": writes}
+                self.commands.check_checkpoint_size(wdata, f"graph.copy of {cid}'s writes")
+                events.append(("graph.writes", wdata))
+        await self._append(p.target_session_id, p.target_thread_id, None, meta, events)
         return rpc.GraphChangeResult(checkpoints=len(rows), sessions=[p.target_session_id])
 
     # --- reads ----------------------------------------------------------------------
@@ -145,8 +184,10 @@ class Graphs:
         found: list[rpc.GraphTuple] = []
         offset, used, budget, cut = 0, 0, page_budget.get(), False
         after = _cursor_position(p.cursor) if p.cursor is not None else None
+        chunk = 4  # rows read (with their data) at a time: grown from the sizes seen, so
+        # a page never reads much past its byte budget however large each checkpoint is
         while not cut and (p.limit is None or len(found) < p.limit):
-            page = PAGE if p.limit is None or p.filter else min(PAGE, p.limit - len(found))
+            page = chunk if p.limit is None or p.filter else min(chunk, p.limit - len(found))
             rows = await self.store.graph_checkpoints(p.session_id, p.ns, p.checkpoint_id,
                                                       p.before, page, offset, after)
             offset += len(rows)
@@ -159,11 +200,76 @@ class Graphs:
                 used += size
             if len(rows) < page:
                 break
+            if found:
+                chunk = max(1, min(PAGE, (budget - used) // max(1, used // len(found)) + 1))
         found = found if p.limit is None else found[:p.limit]
         last = found[-1] if cut else None
         return rpc.GraphListResult(
             tuples=found, truncated_by_bytes=cut,
             next=_cursor_of(last.session_id, last.ns, last.checkpoint_id) if last else None)
+
+    async def graph_delta_history(self, p: rpc.GraphDeltaHistoryParams,
+                                  meta: EventMeta) -> rpc.GraphDeltaHistoryResult:
+        """LangGraph's get_delta_channel_history, from the index in one call: the parent
+        chain is followed over pages of the thread's checkpoints (a few reads per PAGE of
+        ancestors, never a round trip per ancestor). As LangGraph's default walk: from the
+        parent back, each checkpoint's writes to a channel are taken, until (and with) the
+        nearest one that holds a value of it, which is the seed."""
+        found = {ch: rpc.ChannelHistory(writes=[]) for ch in p.channels}
+        target = await self.store.graph_checkpoints(p.session_id, p.ns, p.checkpoint_id,
+                                                    None, 1, 0)
+        if not target or not p.channels:
+            return rpc.GraphDeltaHistoryResult(channels=found)
+        remaining = set(p.channels)
+        picked: list[tuple[str, set[str]]] = []  # (checkpoint, the channels it gives writes)
+        async for page in self._ancestors(p.session_id, p.ns, target[0]):
+            # The values these ancestors hold for the channels still open: their own
+            # blobs, or (one read for the page) the events that stored those versions.
+            wanted = sorted({(ch, d["channel_versions"][ch]) for _, d in page
+                             for ch in remaining if ch in d.get("channel_versions", {})
+                             and ch not in d.get("blobs", {})})
+            elsewhere = (await self.store.graph_values(p.session_id, p.ns, wanted)
+                         if wanted else {})
+            for checkpoint_id, d in page:
+                if not remaining:
+                    break
+                picked.append((checkpoint_id, set(remaining)))
+                own, versions = d.get("blobs", {}), d.get("channel_versions", {})
+                for ch in [c for c in remaining if c in versions]:
+                    value = own[ch] if ch in own else elsewhere.get((ch, versions[ch]))
+                    if value is not None and value.get("type") != "empty":
+                        found[ch].seed = msgspec.convert(value, Typed)
+                        remaining.discard(ch)
+            if not remaining:
+                break
+        pending = await self.store.graph_pending(p.session_id, p.ns, [c for c, _ in picked])
+        for checkpoint_id, channels in reversed(picked):  # oldest first
+            for w in pending.get(checkpoint_id, []):  # in writes_sort_key order
+                if w["channel"] in channels:
+                    found[w["channel"]].writes.append(msgspec.convert(w, rpc.PendingWrite))
+        return rpc.GraphDeltaHistoryResult(channels=found)
+
+    async def _ancestors(self, sid: str, ns: str, target: tuple[str, str, str, bytes]
+                         ) -> AsyncIterator[list[tuple[str, dict[str, Any]]]]:
+        """The target's parent, its parent, and so on to the root (or to a checkpoint
+        pruned away), with each one's event data, a page at a time: the thread's older
+        checkpoints are read newest first, PAGE at a time (parents are older)."""
+        parent = msgspec.json.decode(target[3]).get("parent_id")
+        seen: dict[str, dict[str, Any]] = {}
+        offset, exhausted = 0, False
+        while parent is not None:
+            chain: list[tuple[str, dict[str, Any]]] = []
+            while parent is not None and parent in seen:
+                chain.append((parent, seen.pop(parent)))
+                parent = chain[-1][1].get("parent_id")
+            if chain:
+                yield chain
+            if parent is None or exhausted:
+                return
+            rows = await self.store.graph_checkpoints(sid, ns, None, target[2], PAGE, offset)
+            offset += len(rows)
+            exhausted = len(rows) < PAGE
+            seen.update((r[2], msgspec.json.decode(r[3])) for r in rows)
 
     async def _tuples(self, rows: list[tuple[str, str, str, bytes]],
                       filter: dict[str, Any] | None) -> list[rpc.GraphTuple]:
@@ -173,7 +279,7 @@ class Graphs:
         for sid, ns, checkpoint_id, raw in rows:
             d = msgspec.json.decode(raw)
             metadata = d.get("metadata", {})
-            if not filter or all(metadata.get(k) == v for k, v in filter.items()):
+            if not filter or all(_matches(metadata, k, v) for k, v in filter.items()):
                 picked.append((sid, ns, checkpoint_id, d))
         groups: dict[tuple[str, str], list[Any]] = {}
         for item in picked:
@@ -201,6 +307,22 @@ class Graphs:
         return out
 
 
+_ABSENT = object()
+
+
+def _matches(metadata: dict[str, Any], key: str, value: Any) -> bool:
+    """A metadata filter entry: the key itself, else (a key with dots) the path into nested
+    objects, as LangGraph's SQL savers read it (`json_extract(metadata, '$.a.b')`)."""
+    found = metadata.get(key, _ABSENT)
+    if found is _ABSENT and "." in key:
+        found = metadata
+        for part in key.split("."):
+            found = found.get(part, _ABSENT) if isinstance(found, dict) else _ABSENT
+            if found is _ABSENT:
+                break
+    return bool((None if found is _ABSENT else found) == value)
+
+
 def _cursor_of(session_id: str, ns: str, checkpoint_id: str) -> str:
     return base64.urlsafe_b64encode(_json.encode([session_id, ns, checkpoint_id])).decode()
 
@@ -219,4 +341,5 @@ def _event_data(p: msgspec.Struct) -> dict[str, Any]:
     extend) without `session_id`, as JSON builtins."""
     data: dict[str, Any] = msgspec.to_builtins(p)
     data.pop("session_id", None)
+    data.pop("ttl_s", None)
     return data

@@ -9,7 +9,7 @@ import socket
 import stat
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -17,7 +17,7 @@ import structlog
 from anyio.abc import SocketListener, TaskGroup, TaskStatus
 
 from sessiond_schemas.errors import SessiondError
-from sessiond_schemas.events import EventMeta
+from sessiond_schemas.events import EventMeta, now
 from sessiond_schemas.rpc import SessionCleanupParams
 
 from . import host, logs, methods
@@ -27,9 +27,11 @@ from .config import RELOADABLE, Config, differences
 from .eventstore import Store
 from .executors import Executors
 from .executors import Settings as ExecutorSettings
+from .expiry import Expiry
 from .graphs import Graphs
 from .maintenance import Maintenance
-from .metrics import start_metrics
+from .metrics import MetricsUnavailable, require_client
+from .metrics import install as install_metrics
 from .postgres import dsn
 from .search_fork import SearchAndFork
 from .server import Server, ServerLimits
@@ -37,6 +39,9 @@ from .service import LiveFigures, Service
 from .sqlite import SqliteStore
 from .systemd import Notifier, Watchdog
 from .writer import Writer
+
+if TYPE_CHECKING:
+    from .web.face import Face
 
 log = structlog.get_logger("sessiond.lifecycle")
 
@@ -56,7 +61,8 @@ def default_store(config: Config) -> Store:
         from .postgres.store import PostgresStore  # asyncpg: the `fleet` extra
 
         return PostgresStore(config.db, password=dsn.password(config.db_password_file),
-                             host_name=config.host_name or socket.gethostname())
+                             host_name=config.host_name or socket.gethostname(),
+                             statement_timeout_s=config.db_statement_timeout_s)
     return SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
 
 
@@ -116,9 +122,11 @@ class Daemon:
 
     def __init__(self, config: Config, *, notifier: Notifier | None = None,
                  inherited: socket.socket | None = None,
-                 store_factory: StoreFactory = default_store) -> None:
+                 store_factory: StoreFactory = default_store,
+                 clock: Callable[[], str] = now) -> None:
         assert config.socket and config.db
         self.config = config
+        self.clock = clock  # what the expiry sweep takes as now (tests drive it)
         self.store_factory = store_factory
         self.notifier = notifier or Notifier(None)
         self.inherited = inherited  # a listening socket from systemd, if activated
@@ -127,13 +135,16 @@ class Daemon:
         self.commands: Commands | None = None
         self.methods: methods.MethodTable | None = None  # what the server serves
         self.writer: Writer | None = None
+        self.http: Face | None = None  # the HTTP face, with http_listen or metrics_listen
+        self.expiry: Expiry | None = None
 
     async def run(self, shutdown: anyio.Event, *,
                   task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until `shutdown` is set; `task_status.started` gets the socket path."""
         config = self.config
         assert config.db
-        _raise_fd_limit(config.max_connections)
+        _raise_fd_limit(config.max_connections
+                        + (config.http_max_connections if config.http_listen else 0))
         # 0. The host: directories only we can write, and the database to ourselves.
         lock = _database_lock(config.db)
         if self.inherited is None:
@@ -234,7 +245,8 @@ class Daemon:
         # The features, each given what it reads and writes through.
         self.commands = commands = Commands(store, writer, _service_limits(config))
         self.service = service = Service(commands, store, writer)
-        maintenance = Maintenance(store, writer, commands)
+        maintenance = Maintenance(store, writer, commands, service.state_at)
+        self.expiry = Expiry(store, commands, clock=self.clock)
         executors = Executors(commands, store, ExecutorSettings(
             max_processes=config.max_processes, max_line_bytes=config.max_line_bytes,
             max_output_lines_per_s=config.max_output_lines_per_s,
@@ -266,11 +278,11 @@ class Daemon:
                 # Executors a previous daemon left are marked before anyone is served.
                 await serving.start(executors.run)
                 await serving.start(server.serve, listener)
-                if config.metrics_listen is not None:
-                    await start_metrics(serving, config, store, writer, server, executors,
-                                        lambda path: bind_socket(path, config.socket_mode))
+                if config.http_listen or config.metrics_listen is not None:
+                    await self._start_http(serving, config, writer, server, executors, store)
                 if config.cleanup_older_than_days > 0:
                     serving.start_soon(_retention, maintenance, config)
+                serving.start_soon(self.expiry.run, config.expire_every_s)  # ends idle TTLs
                 log.info("daemon.ready", socket=socket_path, db=config.db,
                          durability=config.durability, pid=os.getpid(),
                          activated=self.inherited is not None)
@@ -284,6 +296,8 @@ class Daemon:
                 log.info("daemon.stopping", inflight=server.inflight)
                 self.notifier.notify("STOPPING=1", f"STATUS=draining {server.inflight} requests")
                 server.draining = True
+                if self.http is not None:
+                    self.http.stop()
                 with anyio.move_on_after(self.config.drain_timeout_s):
                     await server.wait_idle()
                 # Executors end with the daemon; their turns are recorded as failed.
@@ -294,6 +308,25 @@ class Daemon:
                 await listener.aclose()
                 if bound is not None:
                     _unlink_socket(socket_path, bound)
+                if self.http is not None:
+                    self.http.close()
+
+    async def _start_http(self, tg: TaskGroup, config: Config, writer: Writer, server: Server,
+                          executors: Executors, store: Store) -> None:
+        """The HTTP face (web/): Durable Streams and /metrics, on http_listen; /metrics
+        alone on metrics_listen. Prometheus' hooks are installed when its client is."""
+        from .web.face import Face
+
+        exposition = None
+        try:
+            require_client()
+        except MetricsUnavailable:
+            pass
+        else:
+            exposition = install_metrics(config, store, writer, server, executors).exposition
+        assert self.methods is not None
+        self.http = Face(config, self.methods, server, writer, exposition)
+        await self.http.start(tg, lambda path: bind_socket(path, config.socket_mode))
 
     async def _heartbeat(self, writer: Writer, server: Server) -> None:
         """Tell systemd how we are: STATUS= lines, and WATCHDOG=1 only while healthy.
@@ -337,6 +370,8 @@ class Daemon:
             self.server.allowed_uids = frozenset(new.allowed_uids)
             self.server.allowed_gids = frozenset(new.allowed_gids)
             self.server.grants = Grants.of(new.peer_methods)
+        if self.http is not None:
+            self.http.reload(new)
         if self.commands is not None:
             self.commands.limits = _service_limits(new)
         # Keep the settings that need a restart as they are running.
@@ -364,10 +399,12 @@ async def migrate_only(config: Config) -> list[int]:
 
 
 async def run(config: Config, shutdown: anyio.Event, *,
-              store_factory: StoreFactory = default_store,
+              store_factory: StoreFactory = default_store, clock: Callable[[], str] = now,
               task_status: TaskStatus[str] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Run a daemon on `config` until `shutdown` is set (no systemd, no reloads)."""
-    await Daemon(config, store_factory=store_factory).run(shutdown, task_status=task_status)
+    """Run a daemon on `config` until `shutdown` is set (no systemd, no reloads); `clock`
+    is what its expiry sweep takes as the time now."""
+    await Daemon(config, store_factory=store_factory, clock=clock).run(
+        shutdown, task_status=task_status)
 
 
 def _server_limits(config: Config) -> ServerLimits:
@@ -384,7 +421,13 @@ def _server_limits(config: Config) -> ServerLimits:
 def _service_limits(config: Config) -> Limits:
     return Limits(max_message_bytes=config.max_message_bytes,
                   max_event_bytes=config.max_event_bytes,
-                  max_checkpoint_bytes=config.max_checkpoint_bytes)
+                  max_checkpoint_bytes=config.max_checkpoint_bytes,
+                  max_fork_depth=config.max_fork_depth,
+                  default_ttl_s=dict(config.default_ttl_s),
+                  search_max_terms=config.search_max_terms,
+                  search_max_prefixes=config.search_max_prefixes,
+                  search_max_steps=config.search_max_steps,
+                  search_timeout_s=config.search_timeout_s)
 
 
 def _raise_fd_limit(max_connections: int) -> None:

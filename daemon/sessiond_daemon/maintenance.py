@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,11 +20,18 @@ from sessiond_schemas.errors import (
     SessionImportError,
     StorageError,
 )
-from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
+from sessiond_schemas.events import (
+    CURRENT_SCHEMA_VERSION,
+    Event,
+    EventMeta,
+    SessionId,
+    new_id,
+    parse_time,
+)
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
-from . import forks, projection, search
+from . import exports, forks, projection, search, text
 from .commands import Commands
 from .eventstore import Store
 from .histories import unreadable_error
@@ -41,10 +49,12 @@ class _NoLongerStale(SessiondError):
 class Maintenance:
     """The contract's data-lifecycle methods, beside the Service they write through."""
 
-    def __init__(self, store: Store, writer: Writer, commands: Commands) -> None:
+    def __init__(self, store: Store, writer: Writer, commands: Commands,
+                 state_at: forks.StateAt) -> None:
         self.store = store
         self.writer = writer
         self.commands = commands
+        self.state_at = state_at  # a session's view at a version: an imported fork's claim
 
     async def daemon_verify(self, p: rpc.NoParams, meta: EventMeta) -> rpc.VerifyResult:
         caps = self.store.capabilities
@@ -153,33 +163,29 @@ class Maintenance:
                 return
             version = page[-1].version + 1
 
-    async def session_export(self, p: rpc.SessionRef, meta: EventMeta) -> dict[str, Any]:
-        await self.commands.state(p.session_id)
+    async def session_export(self, p: rpc.SessionExportParams,
+                             meta: EventMeta) -> dict[str, Any]:
+        """A page of the session's export document (exports.py), or the whole document
+        when it fits in one page."""
+        state = await self.commands.state(p.session_id)
+        damage = self.writer.damaged.get(p.session_id)
+        if damage is not None:  # its view is the last good one; the history goes past it
+            raise StorageError(
+                f"session {p.session_id} cannot be exported: its stored history {damage}."
+                " Delete it, or import a good copy with on_conflict=replace.",
+                {"detail": damage, "session_id": p.session_id})
         try:
-            events = [e async for page in self._pages(p.session_id) for e in page]
-            # The view is folded from exactly these events, so the document is consistent
-            # even if the session moves on while it is read.
-            state = projection.fold(None, events)
+            return await exports.page(self.store, state, p.cursor)
         except (msgspec.DecodeError, msgspec.ValidationError, projection.FoldError) as exc:
             raise unreadable_error(p.session_id, exc) from exc
-        saved = {e.data["checkpoint_id"] for e in events if e.type == "checkpoint.saved"}
-        payloads = await self.store.checkpoint_payloads(p.session_id)
-        document: dict[str, Any] = {
-            "format": export.FORMAT, "format_version": export.FORMAT_VERSION,
-            "exported_at": now(), "session": msgspec.to_builtins(state),
-            "events": msgspec.to_builtins(events),
-            "checkpoints": [{"checkpoint_id": cid, "payload": msgspec.json.decode(payloads[cid])}
-                            for cid in sorted(saved) if cid in payloads],
-        }
-        document["checksum"] = export.checksum(document)
-        return document
 
     async def session_import(self, p: rpc.SessionImportParams, meta: EventMeta) -> msgspec.Raw:
         doc = _read_document(p.document)
         events = doc.events
         sid = events[0].session_id
         mark = _history_mark(events, meta)
-        await forks.check_import(self.store, events[0])
+        await forks.check_import(self.store, self.state_at, events[0],
+                                 self.commands.limits.max_fork_depth)
         clash = await self.store.foreign_event_ids(sid, [e.event_id for e in events])
         if clash:
             raise _import_failed(f"event {clash[0]} is already stored in another session")
@@ -232,6 +238,37 @@ def _history_mark(events: list[Event], meta: EventMeta) -> list[Event]:
     return [msgspec.structs.replace(mark, hash=chain_hash(events[-1].hash, mark))]
 
 
+_SESSION_ID = msgspec.json.Decoder(SessionId)
+_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+
+
+def _check_ids_and_times(events: list[Event]) -> None:
+    """An imported history's session id and times are those the daemon makes: an id
+    session.create would take, and times in the contract's form (cleanup and the time
+    filters compare them as text). -32602 naming the path."""
+    sid = events[0].session_id
+    try:
+        _SESSION_ID.decode(_json.encode(sid))
+    except msgspec.ValidationError as exc:
+        shown = sid if len(sid) <= 40 else f"{sid[:40]}… ({len(sid)} characters)"
+        raise InvalidParamsError(
+            f"document.events[0].session_id {shown!r} is not a session id (1 to 128 of"
+            " A-Z a-z 0-9 _ . : -, starting with a letter or digit)",
+            {"detail": str(exc), "path": "$.document.events[0].session_id"}) from exc
+    for i, e in enumerate(events):
+        problem = None if _TIME.match(e.recorded_at) else "not in the form"
+        if problem is None:
+            try:
+                parse_time(e.recorded_at)
+            except ValueError as exc:
+                problem = str(exc)
+        if problem is not None:
+            raise InvalidParamsError(
+                f"document.events[{i}].recorded_at {e.recorded_at[:40]!r} is not a time in"
+                " the contract's form (YYYY-MM-DDTHH:MM:SS.ffffffZ, UTC)",
+                {"detail": problem, "path": f"$.document.events[{i}].recorded_at"})
+
+
 def _import_failed(reason: str) -> SessionImportError:
     return SessionImportError(f"import failed: {reason}", {"reason": reason})
 
@@ -243,6 +280,7 @@ def _read_document(raw: Any) -> export.ExportDocument:
             raw = msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
             raise _import_failed(f"invalid JSON: {exc}") from exc
+        text.refuse_nul(raw, "$.document")  # given as an object, the request's check did
     if not isinstance(raw, dict):
         raise _import_failed("not an export document (expected a JSON object)")
     if raw.get("format") != export.FORMAT:
@@ -257,6 +295,7 @@ def _read_document(raw: Any) -> export.ExportDocument:
         raise _import_failed(f"corrupt document: {exc}") from exc
     if not doc.events:
         raise _import_failed("the document holds no events")
+    _check_ids_and_times(doc.events)
     sid, prev, start = doc.events[0].session_id, "", 1
     if doc.events[0].type == "session.forked":  # a fork's chain goes on from its source's
         source = doc.events[0].data.get("from")

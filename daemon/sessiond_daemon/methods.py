@@ -23,7 +23,7 @@ from sessiond_schemas import rpc
 from sessiond_schemas.events import EventMeta
 from sessiond_schemas.state import SessionState
 
-from .access import import_grant
+from .access import append_grant, import_grant, memory_grant
 from .executors import Executors
 from .graphs import Graphs
 from .maintenance import Maintenance
@@ -115,6 +115,8 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
                                     ).served_by(s.session_states),
         "session.transition": Signature(rpc.SessionTransitionParams, SessionState
                                         ).served_by(s.session_transition),
+        "session.set_ttl": Signature(rpc.SessionSetTtlParams, SessionState).served_by(
+            s.session_set_ttl),
         "session.resume": Signature(rpc.SessionResumeParams, rpc.SessionResumeResult
                                     ).served_by(s.session_resume),
         "session.delete": Signature(rpc.SessionDeleteParams, rpc.DeleteResult).served_by(
@@ -123,7 +125,7 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
         # data lifecycle
         "session.cleanup": Signature(rpc.SessionCleanupParams, rpc.CleanupResult).served_by(
             m.session_cleanup),
-        "session.export": Signature(rpc.SessionRef, dict).served_by(m.session_export),
+        "session.export": Signature(rpc.SessionExportParams, dict).served_by(m.session_export),
         "session.import": Signature(rpc.SessionImportParams, SessionState).served_by(
             m.session_import, grant=import_grant),
         # messages, tokens, progress, memory, checkpoints
@@ -143,7 +145,7 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
         "progress.record": Signature(rpc.ProgressRecordParams, rpc.ProgressRecordResult
                                      ).served_by(s.progress_record),
         "memory.update": Signature(rpc.MemoryUpdateParams, rpc.MemoryUpdateResult).served_by(
-            s.memory_update),
+            s.memory_update, grant=memory_grant),
         "checkpoint.save": Signature(rpc.CheckpointSaveParams, rpc.CheckpointSaveResult
                                      ).served_by(s.checkpoint_save),
         "checkpoint.get": Signature(rpc.CheckpointGetParams, rpc.CheckpointGetResult
@@ -154,7 +156,7 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
             s.progress_list),
         # raw events, and the connection's subscriptions
         "events.append": Signature(rpc.EventsAppendParams, rpc.WriteResult).served_by(
-            s.events_append),
+            s.events_append, grant=append_grant),
         "events.read": Signature(rpc.EventsReadParams, rpc.EventsReadResult).served_by(
             s.events_read),
         "events.subscribe": Signature(rpc.EventsSubscribeParams, rpc.SubscribeResult
@@ -184,6 +186,9 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
             g.graph_copy),
         "graph.prune": Signature(rpc.GraphPruneParams, rpc.GraphChangeResult).served_by(
             g.graph_prune),
+        "graph.delta_history": Signature(rpc.GraphDeltaHistoryParams,
+                                         rpc.GraphDeltaHistoryResult).served_by(
+            g.graph_delta_history),
         # search and fork
         "session.search": Signature(rpc.SessionSearchParams, rpc.SearchResult).served_by(
             search.session_search),

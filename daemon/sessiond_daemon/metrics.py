@@ -1,4 +1,6 @@
-"""Prometheus metrics: the daemon's hooks (no-ops unless --metrics-listen is set) and its endpoint.
+"""Prometheus metrics: the daemon's hooks (no-ops unless metrics are served) and their text.
+
+The HTTP face (web/) serves the text at /metrics, with --metrics-listen or http_listen.
 
 The hot path only counts: the writer reports each commit, the server each
 request. Everything that needs the database (sessions by status, token totals)
@@ -9,23 +11,21 @@ from a registry of this daemon's own, never the process-wide default one.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import weakref
 from collections import Counter as Tally
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from functools import partial
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
-from anyio.abc import Listener, SocketListener, SocketStream, TaskGroup, TaskStatus
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EVENT_TYPES, Event
 
-from . import host
 from .config import Config, ConfigError
 
 if TYPE_CHECKING:
@@ -60,14 +60,13 @@ def require_client() -> None:
 
 
 def check_config(config: Config) -> None:
-    """Refuse (ConfigError) a metrics_listen that cannot be served: a bad address, or no
-    prometheus-client."""
+    """Refuse (ConfigError) a metrics_listen without prometheus-client (the address is the
+    HTTP face's to check: web/face.py)."""
     if config.metrics_listen is None:
         return
     try:
-        parse_address(config.metrics_listen)
         require_client()
-    except (ValueError, MetricsUnavailable) as exc:
+    except MetricsUnavailable as exc:
         raise ConfigError(str(exc)) from exc
 
 
@@ -124,11 +123,23 @@ class Hooks:
 NO_METRICS = Hooks()
 
 
+MAX_LABEL_CHARS = 64  # a label value past this is cut, with a hash to keep it distinct
+
+
+def label(value: str) -> str:
+    """A label value of at most MAX_LABEL_CHARS: long actor names or namespaces (anyone
+    may create sessions) cannot make every scrape large."""
+    if len(value) <= MAX_LABEL_CHARS:
+        return value
+    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
+    return f"{value[:MAX_LABEL_CHARS - 10]}…{digest}"
+
+
 def top_labels(rows: Iterable[tuple[Any, int, int, int, float]], limit: int,
                ) -> list[tuple[str, int, int, int, float]]:
     """Keep the `limit` values with the most tokens (then cost); sum the rest as OTHER."""
     ranked = sorted(rows, key=lambda r: (r[2] + r[3], r[4], str(r[0])), reverse=True)
-    kept = [(NONE if r[0] is None else str(r[0]), *r[1:]) for r in ranked[:limit]]
+    kept = [(NONE if r[0] is None else label(str(r[0])), *r[1:]) for r in ranked[:limit]]
     rest = ranked[limit:]
     if rest:
         kept.append((OTHER, sum(r[1] for r in rest), sum(r[2] for r in rest),
@@ -313,99 +324,14 @@ class _ScrapeCollector:
             yield cost
 
 
-# --- the endpoint --------------------------------------------------------------------
+# --- hooking it in ------------------------------------------------------------------
 
 
-def parse_address(address: str) -> tuple[str, int] | str:
-    """`host:port` (IPv6 as `[::1]:9464`) -> (host, port); a path with a slash -> the path."""
-    if "/" in address:
-        return address
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"metrics_listen must be host:port or a socket path: {address!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-async def listen(address: str, bind_unix: Callable[[str], Awaitable[SocketListener]],
-                 ) -> Listener[SocketStream]:
-    """Open the listener the endpoint serves on."""
-    where = parse_address(address)
-    if isinstance(where, str):
-        return await bind_unix(where)
-    return await anyio.create_tcp_listener(local_host=where[0], local_port=where[1])
-
-
-MAX_SCRAPES = 8  # connections served at once; more wait, costing no descriptor
-HEAD_TIMEOUT_S = 5.0  # a scraper that sends no request in this long is dropped
-
-
-async def serve(metrics: Prometheus, listener: Listener[SocketStream], *,
-                task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Answer GET /metrics on `listener` until cancelled: at most MAX_SCRAPES at once, and
-    out of descriptors is waited out, never fatal (the endpoint has no peer check)."""
-
-    async def handle(stream: SocketStream) -> None:
-        try:
-            async with stream:
-                await _answer(metrics, stream)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
-                OSError):
-            pass  # the scraper went away
-        except Exception:  # a bug: log it, keep serving
-            log.exception("metrics.request_failed")
-
-    slots = anyio.Semaphore(MAX_SCRAPES)
-    # A TCP host name may bind several addresses (a MultiListener): accept on each.
-    listeners: list[SocketListener] = list(getattr(listener, "listeners", [listener]))
-    async with listener, anyio.create_task_group() as tg:
-        for one in listeners:
-            tg.start_soon(partial(host.accept_forever, one, handle, what="metrics",
-                                  slots=slots))
-        task_status.started()
-
-
-async def _answer(metrics: Prometheus, stream: SocketStream) -> None:
-    head = b""
-    with anyio.move_on_after(HEAD_TIMEOUT_S):
-        while b"\r\n\r\n" not in head and len(head) < _MAX_HEAD_BYTES:
-            head += await stream.receive(_MAX_HEAD_BYTES)
-    lines = head.split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
-    request = lines[0].split()
-    if len(request) != 3 or b"\r\n\r\n" not in head:
-        await _reply(stream, 400, b"bad request\n")
-        return
-    method, target = request[0], request[1].split("?")[0]
-    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
-    if target not in ("/metrics", "/"):
-        await _reply(stream, 404, b"not found: the metrics are at /metrics\n")
-    elif method not in ("GET", "HEAD"):
-        await _reply(stream, 405, b"method not allowed\n")
-    else:
-        body, content_type = await metrics.exposition(headers.get("accept"))
-        await _reply(stream, 200, body, content_type, head_only=method == "HEAD")
-
-
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
-
-
-async def _reply(stream: SocketStream, status: int, body: bytes,
-                 content_type: str = "text/plain; charset=utf-8", *,
-                 head_only: bool = False) -> None:
-    head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-    await stream.send(head if head_only else head + body)
-
-
-async def start_metrics(tg: TaskGroup, config: Config, store: Store, writer: Writer,
-                        server: Server, executors: Executors,
-                        bind_unix: Callable[[str], Awaitable[SocketListener]]) -> Prometheus:
-    """Hook Prometheus into the writer and server, and serve it in `tg` (--metrics-listen)."""
-    assert config.metrics_listen is not None
+def install(config: Config, store: Store, writer: Writer, server: Server,
+            executors: Executors) -> Prometheus:
+    """Hook Prometheus into the writer and the server; the HTTP face serves its text."""
     metrics = Prometheus(writer=writer, store=store, max_queue=config.max_queue,
                          max_labels=config.max_metrics_labels)
     metrics.server, metrics.executors = server, executors
-    listener = await listen(config.metrics_listen, bind_unix)
     writer.metrics = server.metrics = metrics
-    await tg.start(serve, metrics, listener)
-    log.info("metrics.serving", listen=config.metrics_listen)
     return metrics

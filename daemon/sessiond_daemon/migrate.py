@@ -33,14 +33,16 @@ from dataclasses import dataclass, field
 
 import anyio
 import msgspec
+import structlog
 
 from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import Event
 
-from . import host, logs, projection
+from . import host, logs, projection, text
 from .eventstore import Batch, Entry, Store
 from .postgres import dsn
 
+log = structlog.get_logger("sessiond.migrate")
 PAGE = 500  # source events per target transaction
 SNAPSHOT_EVERY = 1000  # the daemon's default snapshot_every
 
@@ -55,6 +57,10 @@ class Report:
     copied: int = 0  # events written to the target
     skipped: int = 0  # events the target already held
     diverged: list[str] = field(default_factory=list)  # sessions not copied: they differ
+    # Sessions not copied (or copied only up to a version) and why: text the rule of
+    # docs/protocol.md (Text) refuses, a history that does not fold, or one the target
+    # refused. The others are copied all the same.
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 def open_store(url: str, password_file: str | None) -> Store:
@@ -115,17 +121,57 @@ class Copier:
             after = page[-1].position
 
     async def _copy(self, events: list[Event]) -> None:
-        batch = Batch()
-        head = await self.target.last_position()
+        """One page of the source's log into the target: one transaction; if the target
+        refuses it, one transaction per session of the page, so that one session the
+        target cannot hold is named and the others are copied."""
+        wanted = await self._wanted(events)
+        if not wanted:
+            return
+        try:
+            await self._commit(wanted)
+        except (SessiondError, ValueError, KeyError, TypeError) as exc:  # incl. FoldError
+            sessions = list(dict.fromkeys(e.session_id for e in wanted))
+            if len(sessions) == 1:
+                self._refuse(sessions[0], f"the target refused it: {_reason(exc)}")
+                return
+            for sid in sessions:
+                try:
+                    await self._commit([e for e in wanted if e.session_id == sid])
+                except (SessiondError, ValueError, KeyError, TypeError) as one:
+                    self._refuse(sid, f"the target refused it: {_reason(one)}")
+
+    async def _wanted(self, events: list[Event]) -> list[Event]:
+        """The page's events the target lacks, of sessions that are copied."""
+        wanted: list[Event] = []
+        last: dict[str, int] = {}
         for e in events:
             if e.session_id not in self.entries:
                 await self._meet(e.session_id)
-            if e.session_id in self.report.diverged:
+            if e.session_id in self.report.diverged or e.session_id in self.report.refused:
                 continue
-            entry = batch.views.get(e.session_id) or self.entries[e.session_id]
-            if entry is not None and e.version <= entry.state.version:
+            entry = self.entries[e.session_id]
+            if entry is not None and e.version <= last.get(e.session_id, entry.state.version):
                 self.report.skipped += 1
                 continue
+            where = text.nul_path(msgspec.to_builtins(e), "$")
+            if where is not None:
+                self._refuse(e.session_id, f"event at version {e.version} holds a NUL"
+                             f" character at {where} (docs/protocol.md, Text)")
+                wanted = [w for w in wanted if w.session_id != e.session_id]
+                continue
+            wanted.append(e)
+            last[e.session_id] = e.version
+        return wanted
+
+    def _refuse(self, sid: str, reason: str) -> None:
+        self.report.refused[sid] = reason
+        log.error("migrate.session_refused", session_id=sid, reason=reason)
+
+    async def _commit(self, events: list[Event]) -> None:
+        batch = Batch()
+        head = await self.target.last_position()
+        for e in events:
+            entry = batch.views.get(e.session_id) or self.entries[e.session_id]
             head += 1
             moved = msgspec.structs.replace(e, position=head)
             state = projection.fold(entry.state if entry else None, [moved])
@@ -136,8 +182,6 @@ class Copier:
                 batch.snapshots.append(state)
             if e.type == "checkpoint.saved":
                 batch.payloads[e.event_id] = await self._payload(e)
-        if not batch.events:
-            return
         if await self.target.commit(batch) is not None:
             raise MigrateError("another writer committed to the target during the copy;"
                                " stop the daemons that use it and run migrate again (it"
@@ -202,12 +246,20 @@ def main(argv: list[str]) -> int:
         print(f"sessiond migrate: {getattr(exc, 'message', None) or exc}", file=sys.stderr)
         return 1
     print(msgspec.json.encode(report).decode())
+    if report.refused:
+        print(f"sessiond migrate: {len(report.refused)} session(s) could not be copied (the"
+              " rest were):", file=sys.stderr)
+        for sid, reason in list(report.refused.items())[:100]:
+            print(f"  {sid}: {reason}", file=sys.stderr)
     if report.diverged:
         print(f"sessiond migrate: {len(report.diverged)} session(s) differ between the two"
               f" databases and were not copied: {', '.join(report.diverged[:10])}",
               file=sys.stderr)
-        return 2
-    return 0
+    return 2 if report.diverged or report.refused else 0
+
+
+def _reason(exc: Exception) -> str:
+    return str(getattr(exc, "message", None) or exc)
 
 
 __all__ = ["MigrateError", "Report", "main", "migrate"]

@@ -200,6 +200,20 @@ MIGRATIONS: Final[list[list[str]]] = [
     [
         "DROP INDEX IF EXISTS events_by_session",
     ],
+    # 7: session idle TTLs (protocol 1.3): the view's expires_at as a column, and the
+    # index the expiry sweep pages (only sessions with a TTL are in it). No session had
+    # a TTL before, so NULL is every stored session's value.
+    [
+        "ALTER TABLE sessions ADD COLUMN expires_at TEXT",
+        """CREATE INDEX sessions_by_expiry ON sessions (expires_at, session_id)
+            WHERE expires_at IS NOT NULL""",
+    ],
+    # 8: forks share their source's checkpoint payloads by reference (forks.py): a fork's
+    # row holds an empty payload and the position of the source's checkpoint.saved, and
+    # the payload is found by that position. Idempotent.
+    [
+        "CREATE INDEX IF NOT EXISTS checkpoints_by_position ON checkpoints (position)",
+    ],
 ]
 
 

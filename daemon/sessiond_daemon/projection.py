@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, timedelta
 from itertools import repeat
 from typing import Any, TypeVar
 
@@ -12,6 +13,7 @@ from msgspec.structs import replace
 
 from sessiond_schemas.bounds import INT64_MAX
 from sessiond_schemas.events import (
+    EXPIRABLE,
     TERMINAL_STATUSES,
     CheckpointSaved,
     Event,
@@ -26,10 +28,12 @@ from sessiond_schemas.events import (
     ProgressRecorded,
     ResultRecorded,
     SessionCreated,
+    SessionExpired,
     SessionForked,
     StateUpdated,
     StatusChanged,
     TokensRecorded,
+    TtlSet,
     decode_data,
     parse_time,
 )
@@ -229,6 +233,16 @@ def _status_changed(s: SessionState, event: Event, d: StatusChanged) -> None:
         s.result.error = d.error
 
 
+def _ttl_set(s: SessionState, event: Event, d: TtlSet) -> None:
+    s.ttl_s = d.ttl_s
+
+
+def _session_expired(s: SessionState, event: Event, d: SessionExpired) -> None:
+    """The daemon ended the session for its idle TTL (expiry.py decides when)."""
+    s.status = "expired"
+    s.timestamps.completed_at = event.recorded_at
+
+
 def _message_appended(s: SessionState, event: Event, d: MessageAppended) -> None:
     s.message_count += 1
     s.last_message = Message(
@@ -342,9 +356,20 @@ def _state_updated(s: SessionState, event: Event, d: StateUpdated) -> None:
         s.memory = {**s.memory, **d.delta}
 
 
+def _stream_chunk(s: SessionState, event: Event, d: None) -> None:
+    """A generic stream's bytes are history only (read back over HTTP, searched as text);
+    the view records that the stream moved (updated_at)."""
+
+
 def _graph_event(s: SessionState, event: Event, d: None) -> None:
     """LangGraph checkpoints, writes and prunes live in their own index (graph.get,
     graph.list); the session view records only that the thread moved (updated_at)."""
+
+
+def expiry_time(last_event_at: str, ttl_s: int) -> str:
+    """`last_event_at` + `ttl_s`, in the events' own time format (so times compare as text)."""
+    at = parse_time(last_event_at) + timedelta(seconds=ttl_s)
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _derive(s: SessionState) -> None:
@@ -360,6 +385,8 @@ def _derive(s: SessionState) -> None:
         p.resume_from is not None or p.paused_at is not None
     )
     s.is_resumable_from_checkpoint = s.checkpoint_enabled and s.latest_checkpoint_id is not None
+    s.expires_at = (expiry_time(t.updated_at, s.ttl_s)
+                    if s.ttl_s is not None and s.status in EXPIRABLE else None)
     if s.status == "failed" or s.result.success is False:
         p.execution_quality = "failed"
     elif p.total_retries > 0 or p.had_partial_failures:
@@ -375,12 +402,15 @@ _UNREAD = frozenset({
     "session.created", "session.forked",  # a second creation is refused, unread
     "problem.recorded", "decision.recorded",  # kept whole
     "process.output", "graph.checkpoint", "graph.writes", "graph.pruned",  # history only
+    "stream.chunk",
 })
 
 _BRANCHES: dict[str, Callable[[SessionState, Event, Any], None]] = {
     "session.created": _session_created,
     "session.forked": _session_created,
     "session.status_changed": _status_changed,
+    "session.ttl_set": _ttl_set,
+    "session.expired": _session_expired,
     "message.appended": _message_appended,
     "messages.truncated": _messages_truncated,
     "graph.checkpoint": _graph_event,
@@ -400,4 +430,5 @@ _BRANCHES: dict[str, Callable[[SessionState, Event, Any], None]] = {
     "process.output": _process_output,
     "process.exited": _process_exited,
     "process.detached": _process_detached,
+    "stream.chunk": _stream_chunk,
 }

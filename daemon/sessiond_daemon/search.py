@@ -14,12 +14,17 @@ history: their hits say `current: false`.
 from __future__ import annotations
 
 import base64
+import re
 import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
 
-from sessiond_schemas.errors import InvalidParamsError, StorageError
+from sessiond_schemas.errors import InvalidParamsError, SessiondError, StorageError
 from sessiond_schemas.events import Event
 from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession
 
@@ -217,12 +222,84 @@ def _bad_query(exc: sqlite3.OperationalError) -> InvalidParamsError | None:
 
 
 WINDOW: Final = 5_000  # matching events ranked per query, newest first
+SNIPPET_CHARS: Final = 1_000  # a snippet is ~12 tokens; a token may be long: cut there
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one query may cost (docs/reliability.md, "Budgets"): its terms and prefix
+    terms, checked before it runs (-32602), and SQLite VM steps and seconds, counted by
+    the progress handler while it runs (-32012); it also stops when its client goes."""
+
+    max_terms: int = 64
+    max_prefixes: int = 8
+    max_steps: int = 500_000_000
+    timeout_s: float = 10.0
+    gone: Callable[[], bool] = lambda: False
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+_OPERATORS: Final = frozenset({"AND", "OR", "NOT", "NEAR"})
+_TERM = re.compile(r"\w+\*?")
+
+
+def check_terms(text: str, budget: Budget) -> None:
+    """Refuse (-32602, naming the setting) a query with more terms or prefixes than the
+    budget allows: a prefix merges the index lists of every word it starts, so `a* a* ...`
+    costs as much as the store is large."""
+    terms = [t for t in _TERM.findall(text) if t not in _OPERATORS]
+    prefixes = sum(t.endswith("*") for t in terms)
+    for count, limit, setting, what in ((len(terms), budget.max_terms, "search_max_terms",
+                                         "terms"),
+                                        (prefixes, budget.max_prefixes,
+                                         "search_max_prefixes", "prefix terms (word*)")):
+        if count > limit:
+            raise InvalidParamsError(
+                f"query has {count} {what}, more than {setting} ({limit}) allows: use"
+                " fewer, or longer words", {"detail": "over the search budget",
+                                            "path": "$.query", "setting": setting,
+                                            "limit": limit, "found": count})
+
+
+_STEPS: Final = 1000  # VM instructions between two calls of the progress handler
+
+
+def _watch(con: sqlite3.Connection, budget: Budget) -> Callable[[], str | None]:
+    """Install the budget's progress handler on `con` (on its own thread, where the query
+    runs); return what stopped the query, if anything did."""
+    deadline = time.monotonic() + budget.timeout_s
+    state = {"steps": 0, "why": None}  # type: dict[str, Any]
+
+    def progress() -> int:
+        state["steps"] += _STEPS
+        if state["steps"] > budget.max_steps:
+            state["why"] = "search_max_steps"
+        elif time.monotonic() > deadline:
+            state["why"] = "search_timeout_s"
+        elif budget.stop.is_set() or (state["steps"] % (_STEPS * 16) == 0 and budget.gone()):
+            state["why"] = "client gone"
+        return 1 if state["why"] else 0
+
+    con.set_progress_handler(progress, _STEPS)
+    return lambda: state["why"]
+
+
+def _stopped(why: str, budget: Budget) -> SessiondError:
+    if why == "client gone":
+        return StorageError("search stopped: its client went away", {"detail": why})
+    limit = budget.max_steps if why == "search_max_steps" else budget.timeout_s
+    what = "SQLite steps" if why == "search_max_steps" else "seconds"
+    return StorageError(
+        f"search stopped: it passed {why} ({limit} {what}); narrow the query (fewer or"
+        " longer prefixes, more words, filters)",
+        {"detail": "over the search budget", "setting": why, "limit": limit})
 
 
 def query(con: sqlite3.Connection, *, text: str, statuses: tuple[str, ...],
           namespace: str | None, actor_name: str | None, since: str | None,
           until: str | None, limit: int, hits: int, mark: tuple[str, str],
-          cursor: str | None, window: int = WINDOW) -> SearchResult:
+          cursor: str | None, window: int = WINDOW,
+          budget: Budget | None = None) -> SearchResult:
     """Sessions whose events match `text`, best first, each with its best hits.
 
     The cost is bounded: only the newest `window` matching events (after the filters)
@@ -248,49 +325,67 @@ def query(con: sqlite3.Connection, *, text: str, statuses: tuple[str, ...],
             where.append(f"e.recorded_at {op} ?")
             args.append(value)
     after = _decode_cursor(cursor) if cursor is not None else None
+    budget = budget or Budget()
+    check_terms(text, budget)
+    stopped = _watch(con, budget)
     con.execute("BEGIN")  # one snapshot for the ranking and the snippets
     try:
-        try:
-            rows, complete = _newest(con, joins + " WHERE " + " AND ".join(where), args,
-                                     window)
-        except sqlite3.OperationalError as exc:
-            bad = _bad_query(exc)
-            if bad is not None:
-                raise bad from exc
-            raise
-        by_session: dict[str, list[tuple[float, int]]] = {}
-        for position, sid, rank in rows:
-            by_session.setdefault(sid, []).append((rank, position))
-        ranked = sorted((min(found)[0], sid) for sid, found in by_session.items())
-        if after is not None:
-            ranked = [r for r in ranked if r > after]
-        page = ranked[:limit]
-        best = {sid: [p for _, p in sorted(by_session[sid])[:hits]] for _, sid in page}
-        chosen = {p for ps in best.values() for p in ps}
-        cut: dict[int, tuple[Any, ...]] = {}
-        if chosen:
-            # One walk over the hits' range (a prefix's doclists are merged once, not once
-            # per hit); `+rowid` keeps the IN out of FTS5, so that snippets are cut only
-            # for the chosen rows.
-            ids = sorted(chosen)
-            for row in con.execute(
-                    "SELECT f.rowid, e.version, e.type, e.recorded_at, e.data,"
-                    " snippet(search, -1, ?, ?, '\u2026', 12) FROM search f JOIN events e"
-                    " ON e.position = f.rowid WHERE search MATCH ? AND f.rowid >= ?"
-                    " AND f.rowid <= ? AND +f.rowid IN (SELECT value FROM json_each(?))",
-                    (*mark, text, ids[0], ids[-1], _json.encode(ids))):
-                cut[row[0]] = row
-        views = {r[0]: r[1:] for r in con.execute(
-            "SELECT session_id, status, namespace, actor_name, task, updated_at FROM sessions"
-            f" WHERE session_id IN ({', '.join('?' * len(page))})", tuple(best))} if page else {}
-        found = [SearchSession(
-            session_id=sid, status=views[sid][0], namespace=views[sid][1],
-            actor_name=views[sid][2], task=views[sid][3], updated_at=views[sid][4],
-            score=score, matches=len(by_session[sid]),
-            hits=[_hit(con, sid, *cut[p]) for p in best[sid] if p in cut])
-            for score, sid in page if sid in views]
+        return _ranked(con, joins + " WHERE " + " AND ".join(where), args, window, after,
+                       text, limit, hits, mark)
+    except sqlite3.OperationalError as exc:
+        why = stopped()
+        if why is not None:
+            raise _stopped(why, budget) from exc
+        bad = _bad_query(exc)
+        if bad is not None:
+            raise bad from exc
+        raise
     finally:
+        con.set_progress_handler(None, 0)
         con.execute("COMMIT")
+
+
+def _ranked(con: sqlite3.Connection, matched: str, args: list[Any], window: int,
+            after: tuple[float, str] | None, text: str, limit: int, hits: int,
+            mark: tuple[str, str]) -> SearchResult:
+    """The query's page: ranked on (position, session_id, score) only; the events, their
+    snippets and views are read for the page's hits alone."""
+    rows, complete = _newest(con, matched, args, window)
+    by_session: dict[str, list[tuple[float, int]]] = {}
+    for position, sid, rank in rows:
+        by_session.setdefault(sid, []).append((rank, position))
+    ranked = sorted((min(found)[0], sid) for sid, found in by_session.items())
+    if after is not None:
+        ranked = [r for r in ranked if r > after]
+    page = ranked[:limit]
+    best = {sid: [p for _, p in sorted(by_session[sid])[:hits]] for _, sid in page}
+    chosen = {p for ps in best.values() for p in ps}
+    cut: dict[int, tuple[Any, ...]] = {}
+    if chosen:
+        # One walk over the hits' range (a prefix's doclists are merged once, not once
+        # per hit); `+rowid` keeps the IN out of FTS5, so that snippets are cut only
+        # for the chosen rows.
+        ids = sorted(chosen)
+        # The message fields of the hits, never their whole event (a message may
+        # be 16 MiB, and a page may show 2,000 hits).
+        for row in con.execute(
+                "SELECT f.rowid, e.version, e.type, e.recorded_at,"
+                " json_extract(e.data, '$.sequence'), json_extract(e.data, '$.role'),"
+                f" substr(snippet(search, -1, ?, ?, '\u2026', 12), 1, {SNIPPET_CHARS})"
+                " FROM search f JOIN events e"
+                " ON e.position = f.rowid WHERE search MATCH ? AND f.rowid >= ?"
+                " AND f.rowid <= ? AND +f.rowid IN (SELECT value FROM json_each(?))",
+                (*mark, text, ids[0], ids[-1], _json.encode(ids))):
+            cut[row[0]] = row
+    views = {r[0]: r[1:] for r in con.execute(
+        "SELECT session_id, status, namespace, actor_name, task, updated_at FROM sessions"
+        f" WHERE session_id IN ({', '.join('?' * len(page))})", tuple(best))} if page else {}
+    found = [SearchSession(
+        session_id=sid, status=views[sid][0], namespace=views[sid][1],
+        actor_name=views[sid][2], task=views[sid][3], updated_at=views[sid][4],
+        score=score, matches=len(by_session[sid]),
+        hits=[_hit(con, sid, *cut[p]) for p in best[sid] if p in cut])
+        for score, sid in page if sid in views]
     more = len(ranked) > limit
     return SearchResult(sessions=found, complete=complete,
                         next_cursor=_encode_cursor(page[-1][0], page[-1][1]) if more else None)
@@ -339,11 +434,11 @@ def _newest(con: sqlite3.Connection, matched: str, args: list[Any],
 
 
 def _hit(con: sqlite3.Connection, sid: str, position: int, version: int, event_type: str,
-         recorded_at: str, data: bytes, snippet: str) -> SearchHit:
-    sequence = role = current = None
-    if event_type == "message.appended":
-        d = _decode.decode(data)
-        sequence, role = d.get("sequence"), d.get("role")
+         recorded_at: str, sequence: int | None, role: str | None, snippet: str) -> SearchHit:
+    current = None
+    if event_type != "message.appended":
+        sequence = role = None
+    else:
         row = con.execute("SELECT position FROM messages WHERE session_id = ? AND sequence = ?",
                           (sid, sequence)).fetchone()
         current = row is not None and row[0] == position

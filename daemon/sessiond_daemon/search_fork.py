@@ -13,7 +13,7 @@ from sessiond_schemas.events import EventMeta
 
 from . import forks, search
 from .commands import Commands
-from .eventstore import SqlAccess, Store
+from .eventstore import SqlAccess, Store, client_gone
 from .forks import StateAt
 from .service import normalise_time
 
@@ -39,12 +39,25 @@ class SearchAndFork:
         since = normalise_time(p.since, "$.since")
         until = normalise_time(p.until, "$.until")
 
+        limits = self.commands.limits
+        budget = search.Budget(max_terms=limits.search_max_terms,
+                               max_prefixes=limits.search_max_prefixes,
+                               max_steps=limits.search_max_steps,
+                               timeout_s=limits.search_timeout_s, gone=client_gone.get())
+        search.check_terms(p.query, budget)  # refused before a read connection is taken
+        sql = self.sql
+
         def run(con: sqlite3.Connection) -> rpc.SearchResult:
             return search.query(con, text=p.query, statuses=tuple(p.status or ()),
                                 namespace=p.namespace, actor_name=p.actor_name, since=since,
                                 until=until, limit=p.limit, hits=p.hits, mark=p.mark,
-                                cursor=p.cursor)
-        return await self.sql.on_reader(run)
+                                cursor=p.cursor, budget=budget)
+        try:
+            return await sql.on_reader(run)
+        finally:
+            # Cancelled (the client went, the daemon stops): the query on the reader's
+            # thread stops at its next progress call instead of running on.
+            budget.stop.set()
 
     async def session_fork(self, p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
         return await forks.fork(self.commands, self.store, self.state_at, p, meta)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import re
+import select
 import socket
 import struct
 from collections.abc import Callable, Coroutine
@@ -34,9 +35,9 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.events import EventMeta, new_id
 
-from . import host
+from . import access, host, text
 from .access import Grants
-from .eventstore import Store, page_budget
+from .eventstore import Store, client_gone, page_budget
 from .methods import ConnectionHandler, Handler, MethodTable
 from .metrics import NO_METRICS, Hooks
 from .service import VERSION, invalid_params
@@ -200,7 +201,8 @@ class Server:
             with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    def _count_subscriptions(self, delta: int) -> None:
+    def count_subscriptions(self, delta: int) -> None:
+        """Count live subscriptions: the socket's, and the HTTP face's live tails."""
         self.subscriptions += delta
 
     async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -262,12 +264,13 @@ class Server:
                 log.error("rpc.request_task_failed", error_id=new_id(),
                           exc_info=task.exception())
 
+        client_gone.set(_gone(writer))  # copied into each request task's context
         async with anyio.create_task_group() as tg:
             conn = Connection(peer, Subscriptions(
                 self.store, self.writer, writer, tg,
                 max_buffer=self.limits.max_subscription_buffer,
                 max_subscriptions=self.limits.max_subscriptions,
-                on_count=self._count_subscriptions))
+                on_count=self.count_subscriptions))
             self.metrics.connection(conn.subscriptions)
             try:
                 await self._read_lines(reader, writer, gate, requests, loop, finished, run)
@@ -461,8 +464,10 @@ class Server:
         except msgspec.DecodeError as exc:  # not UTF-8 inside params: the line is not JSON
             raise ParseError(f"parse error in params of {req.method}: {exc}",
                              {"detail": str(exc)}) from exc
+        text.refuse_nul_in_params(params_raw, req.method)  # the rule for text on both stores
         grant = self._grants.get(req.method)
         self.grants.check(req.method, peer.uid, grant(params) if grant else None)  # or -32006
+        access.caller.set((self.grants, peer.uid))  # for grants that depend on stored data
         meta = EventMeta(peer_uid=peer.uid, peer_pid=peer.pid)
         self.inflight += 1
         try:
@@ -488,3 +493,21 @@ class Server:
 async def _on_connection(handler: ConnectionHandler, conn: Connection, params: Any,
                          meta: EventMeta) -> object:
     return await handler(conn.subscriptions, params)
+
+
+def _gone(writer: asyncio.StreamWriter) -> Callable[[], bool]:
+    """Whether the client closed its socket (POLLHUP: both directions shut, not a client
+    that only stopped sending). Safe to call from a read connection's thread."""
+    sock = writer.get_extra_info("socket")
+
+    def gone() -> bool:
+        if writer.is_closing() or sock is None:
+            return writer.is_closing()
+        try:
+            poller = select.poll()
+            poller.register(sock.fileno(), select.POLLIN)
+            return any(events & (select.POLLHUP | select.POLLERR)
+                       for _, events in poller.poll(0))
+        except (OSError, ValueError):
+            return True
+    return gone

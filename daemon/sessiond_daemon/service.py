@@ -32,13 +32,21 @@ from sessiond_schemas.events import (
     SessionCreated,
     Status,
     StatusChanged,
+    TtlSet,
     new_id,
     parse_time,
 )
-from sessiond_schemas.state import Message, SessionState
+from sessiond_schemas.state import ForkLink, Message, SessionState
 
 from . import forks, projection
-from .commands import Commands, check_transition, created_view, require, sequenced
+from .commands import (
+    Commands,
+    check_transition,
+    created_view,
+    default_ttl,
+    require,
+    sequenced,
+)
 from .eventstore import Page, SessionFilters, Store, page_budget, repage
 from .histories import unreadable_error
 from .writer import Delete, Plan, Writer
@@ -79,11 +87,15 @@ APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
     "graph.writes": None,
     "graph.pruned": None,
     "session.forked": None,
+    "session.ttl_set": None,
+    "session.expired": None,
 }
 _INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint.save",
             "messages.truncated": "message.pop or message.clear",
             "graph.checkpoint": "graph.put", "graph.writes": "graph.put_writes",
-            "graph.pruned": "graph.prune or graph.delete_runs", "session.forked": "session.fork"}
+            "graph.pruned": "graph.prune or graph.delete_runs", "session.forked": "session.fork",
+            "session.ttl_set": "session.set_ttl",
+            "session.expired": "session.set_ttl (the daemon ends a session whose TTL passed)"}
 # Written only by the daemon's executor runner: their pids are what it signals, so a
 # client never writes them (docs/security.md). Imported copies are history only.
 RUNNER_ONLY = frozenset({"process.started", "process.output", "process.exited",
@@ -190,6 +202,8 @@ class Service:
     async def session_create(self, p: rpc.SessionCreateParams, meta: EventMeta) -> msgspec.Raw:
         sid = p.session_id or new_id()
         fields = {f: getattr(p, f) for f in SessionCreated.__struct_fields__}
+        if fields["ttl_s"] is None:
+            fields["ttl_s"] = default_ttl(self.commands.limits.default_ttl_s, p.namespace)
         data = msgspec.to_builtins(SessionCreated(**fields))
         self.commands.check_event_size(data, "session.created data")
         inputs = self._appendable(p.events)
@@ -231,23 +245,49 @@ class Service:
         return await self.state_at(p.session_id, p.at_version)
 
     async def state_at(self, session_id: str, version: int) -> SessionState:
-        """The session's view as it was at `version` (session.get's time travel)."""
+        """The session's view as it was at `version` (session.get's time travel). A fork's
+        view at or below its fork point is its source's then (walked up iteratively, each
+        session once, at most forks.WALK_LIMIT of them), under the fork's identity. A
+        history that does not read back or fold is -32012, never -32603."""
         current = await self.state(session_id)
         if version > current.version:
             raise InvalidParamsError(
                 f"at_version {version} is past session {session_id}'s version {current.version}",
                 {"detail": "at_version too large", "path": "$.at_version"},
             )
-        link = current.forked_from
-        if link is not None and version <= link.version:  # a fork's shared history
-            return await forks.state_in_source(self.state_at, current, version)
-        # Fold forward from the nearest snapshot: at most snapshot_every events to read.
-        base = await self.store.snapshot(session_id, version)
-        start = base.version + 1 if base is not None else (link.version + 1 if link else 1)
-        events = await self.store.read_events(
-            session_id=session_id, from_version=start, after_position=0,
-            limit=version - start + 1, types=None)
-        state = projection.fold(base, events) if events else base
+        holder, view, seen = session_id, current, {session_id}
+        while (link := view.forked_from) is not None and version <= link.version:
+            if link.session_id in seen or len(seen) >= forks.WALK_LIMIT:
+                raise unreadable_error(session_id, LookupError(
+                    f"its fork chain goes round or past {forks.WALK_LIMIT} links at"
+                    f" {link.session_id}"))
+            holder = link.session_id
+            seen.add(holder)
+            try:
+                view = await self.state(holder)
+            except SessionNotFoundError as exc:
+                raise unreadable_error(session_id, LookupError(
+                    f"its fork source {holder} is gone")) from exc
+        state = await self._fold_at(holder, view.forked_from, version)
+        if holder == session_id:
+            return state
+        return msgspec.structs.replace(state, session_id=current.session_id,
+                                       forked_from=current.forked_from)
+
+    async def _fold_at(self, session_id: str, link: ForkLink | None,
+                       version: int) -> SessionState:
+        """Fold a session's own events forward from the nearest snapshot to `version`: at
+        most snapshot_every events to read."""
+        try:
+            base = await self.store.snapshot(session_id, version)
+            start = base.version + 1 if base is not None else (link.version + 1 if link else 1)
+            events = await self.store.read_events(
+                session_id=session_id, from_version=start, after_position=0,
+                limit=version - start + 1, types=None)
+            state = projection.fold(base, events) if events else base
+        except (msgspec.DecodeError, msgspec.ValidationError, projection.FoldError,
+                KeyError, TypeError, ValueError) as exc:
+            raise unreadable_error(session_id, exc) from exc
         if state is None:  # neither a snapshot nor events: the stored history is gone
             raise unreadable_error(session_id, LookupError(f"no events up to version {version}"))
         return state
@@ -290,6 +330,14 @@ class Service:
 
         return await self.commands.submit_params(p, meta, plan)
 
+    async def session_set_ttl(self, p: rpc.SessionSetTtlParams,
+                              meta: EventMeta) -> msgspec.Raw:
+        def plan(state: SessionState | None) -> Plan:
+            require(state, p.session_id)
+            return Plan([("session.ttl_set", TtlSet(ttl_s=p.ttl_s))], lambda s, ev: s)
+
+        return await self.commands.submit_params(p, meta, plan)
+
     async def session_resume(self, p: rpc.SessionResumeParams, meta: EventMeta) -> msgspec.Raw:
         checkpoint = None
         if p.checkpoint_id is not None:
@@ -321,7 +369,8 @@ class Service:
 
     async def session_delete(self, p: rpc.SessionDeleteParams, meta: EventMeta) -> msgspec.Raw:
         def plan(state: SessionState | None) -> Delete:
-            require(state, p.session_id)
+            if p.session_id not in self.writer.damaged:  # a damaged one may have no view
+                require(state, p.session_id)
             return Delete(rpc.DeleteResult(deleted=True))
 
         async with forks.guard(p.session_id):  # its forks share its history

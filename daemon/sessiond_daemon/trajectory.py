@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
+import msgspec
+
 from sessiond_schemas import rpc
+from sessiond_schemas.errors import InvalidParamsError
 
 from .adapters import Adapter
 
@@ -12,11 +16,12 @@ from .adapters import Adapter
 TRAJECTORY_TYPES = ("message.appended", "process.started", "process.output", "process.exited")
 
 
-def steps(rows: list[tuple[str, Any]], adapter: Adapter | None) -> list[rpc.Step]:
+def steps(rows: list[tuple[str, Any]], adapter: Adapter | None,
+          turn: int = 0) -> list[rpc.Step]:
     """The steps of a session, from its TRAJECTORY_TYPES events in order: user messages,
-    the adapter's steps from stdout lines, and an `exit` step for a non-zero exit."""
+    the adapter's steps from stdout lines, and an `exit` step for a non-zero exit. `turn`:
+    the turn the rows start in (a page after the first goes on from its cursor's)."""
     out: list[rpc.Step] = []
-    turn = 0
     for kind, d in rows:
         if kind == "process.started":
             turn = d.get("turn", turn)
@@ -44,3 +49,24 @@ def truncate_step(step: rpc.Step, limit: int) -> rpc.Step:
 
     return rpc.Step(type=step.type, summary=cut(step.summary), turn=step.turn,
                     details={k: cut(v) for k, v in step.details.items()})
+
+
+def last_turn(rows: list[tuple[str, Any]], turn: int) -> int:
+    """The turn the events after `rows` are in (what `steps` tracks as it goes)."""
+    for kind, d in rows:
+        if kind == "process.started":
+            turn = d.get("turn", turn)
+    return int(turn)
+
+
+def encode_cursor(version: int, turn: int) -> str:
+    return base64.urlsafe_b64encode(msgspec.json.encode([version, turn])).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[int, int]:
+    try:
+        return msgspec.json.decode(base64.urlsafe_b64decode(cursor.encode()),
+                                   type=tuple[int, int])
+    except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InvalidParamsError("`cursor` is not a cursor session.trajectory returned",
+                                 {"detail": str(exc), "path": "$.cursor"}) from exc

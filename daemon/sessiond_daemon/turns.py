@@ -25,6 +25,7 @@ from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EventMeta
 from sessiond_schemas.state import SessionState
 
+from . import text
 from .adapters import JSONL_TYPES, Adapter, Parsed
 from .commands import Commands, require, sequenced
 from .processes import Handle, boot_id, feed_stdin, inherited_env, spawn, terminate
@@ -257,7 +258,7 @@ class Turns:
         await emit(splitter.finish())
 
     def _take_line(self, turn: Turn, name: str, raw: bytes, dropped: int) -> None:
-        line = raw.decode("utf-8", "replace").rstrip("\r")
+        line = text.scrub_line(raw.decode("utf-8", "replace").rstrip("\r"))
         turn.lines += 1
         if dropped:
             turn.truncated += 1

@@ -24,6 +24,7 @@ from sessiond_schemas.errors import (
     InvalidParamsError,
     OverloadedError,
     SessiondError,
+    SessionNotFoundError,
     ShuttingDownError,
     StorageError,
     VersionConflictError,
@@ -451,6 +452,10 @@ class Writer:
                 built.append(_Built(cmd, (sid, key)))
                 return
         actual = entry.state.version if entry else 0
+        if entry is None and cmd.expected_version:
+            # A version of a session that is not there: not found first, as for a write
+            # without the condition (the caller's copy is not stale, it is gone).
+            raise SessionNotFoundError(f"session {sid} not found", {"session_id": sid})
         if cmd.expected_version is not None and cmd.expected_version != actual:
             raise VersionConflictError(
                 f"wrong expected version: {cmd.expected_version}"

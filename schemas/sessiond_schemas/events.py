@@ -11,18 +11,23 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 import msgspec
 
 from .bounds import Int64, NonNegFloat, NonNegInt, Pid, PosInt
-from .state import SessionFields
+from .state import SessionFields, TtlSeconds
 
-Status = Literal["pending", "active", "paused", "completed", "failed", "cancelled", "killed"]
+Status = Literal["pending", "active", "paused", "completed", "failed", "cancelled", "killed",
+                 "expired"]
 Role = Literal["user", "assistant", "system", "tool"]
 SessionId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
 ActorName = Annotated[str, msgspec.Meta(pattern=r"^[^/\s]+/[^/\s]+$")]
 Ulid = Annotated[str, msgspec.Meta(pattern=r"^[0-7][0-9A-HJKMNP-TV-Z]{25}$")]
 
 STATUSES: Final[tuple[str, ...]] = (
-    "pending", "active", "paused", "completed", "failed", "cancelled", "killed",
+    "pending", "active", "paused", "completed", "failed", "cancelled", "killed", "expired",
 )
-TERMINAL_STATUSES: Final = frozenset({"completed", "failed", "cancelled", "killed"})
+TERMINAL_STATUSES: Final = frozenset({"completed", "failed", "cancelled", "killed", "expired"})
+# Where session.transition (and a session.status_changed) may go. `expired` is in no
+# list: only the daemon enters it, with session.expired, from a status in EXPIRABLE once
+# the session's idle TTL has passed; it is left, like completed, only to active.
+EXPIRABLE: Final = frozenset({"pending", "active", "paused"})
 ALLOWED_TRANSITIONS: Final[dict[str, tuple[str, ...]]] = {
     "pending": ("active", "cancelled", "failed", "killed"),
     "active": ("paused", "completed", "failed", "cancelled", "killed"),
@@ -31,6 +36,7 @@ ALLOWED_TRANSITIONS: Final[dict[str, tuple[str, ...]]] = {
     "failed": ("active",),
     "cancelled": (),
     "killed": (),
+    "expired": ("active",),
 }
 
 CURRENT_SCHEMA_VERSION: Final = 1
@@ -100,6 +106,20 @@ class SessionCreated(SessionFields, kw_only=True):
     input_data: dict[str, Any] = msgspec.field(default_factory=dict)
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     status: Literal["pending", "active"] = "active"
+
+
+class TtlSet(msgspec.Struct, kw_only=True):
+    """The session's idle TTL changes (session.set_ttl; null: none)."""
+
+    ttl_s: TtlSeconds | None
+
+
+class SessionExpired(msgspec.Struct, kw_only=True):
+    """The daemon ended a session idle for its TTL: `ttl_s` and the time of the last event
+    before this one (`idle_since`), so the history says why."""
+
+    ttl_s: TtlSeconds
+    idle_since: str
 
 
 class StatusChanged(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -175,6 +195,21 @@ class Record(msgspec.Struct, kw_only=True):
 
 class PlanLinked(msgspec.Struct, kw_only=True):
     plan_id: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class StreamChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Bytes appended to a generic stream (the HTTP face, docs/http.md): `text` when the
+    stream's content type is textual (text/*, JSON, XML, ...), else `base64`; one of the
+    two, never both. A JSON stream's chunk is one JSON message. `seq` is the writer's
+    Stream-Seq header, when it gave one (later ones must sort after it)."""
+
+    text: str | None = None
+    base64: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9+/]*={0,2}$")] | None = None
+    seq: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.base64 is None):
+            raise ValueError("`text` or `base64`: a chunk carries exactly one of the two")
 
 
 class MessagesTruncated(msgspec.Struct, kw_only=True):
@@ -331,6 +366,9 @@ DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
     "graph.pruned": GraphPruned,
     "state.updated": StateUpdated,
     "session.forked": SessionForked,
+    "stream.chunk": StreamChunk,
+    "session.ttl_set": TtlSet,
+    "session.expired": SessionExpired,
 }
 EVENT_TYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
 if TYPE_CHECKING:  # a Literal cannot be derived for mypy; at run time it is the table's keys

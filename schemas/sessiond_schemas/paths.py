@@ -15,3 +15,15 @@ def default_socket(env: Mapping[str, str] = os.environ) -> str:
     if env.get("XDG_RUNTIME_DIR"):
         return os.path.join(env["XDG_RUNTIME_DIR"], "sessiond", "sessiond.sock")
     return f"/tmp/sessiond-{os.getuid()}/sessiond.sock"
+
+
+def http_token_path(socket_path: str, *, peer: bool = False) -> str:
+    """The HTTP face's bearer token file (the peer token's with `peer`): beside the socket."""
+    name = "sessiond.http-peer-token" if peer else "sessiond.http-token"
+    return os.path.join(os.path.dirname(os.path.abspath(socket_path)), name)
+
+
+def http_listen_path(socket_path: str) -> str:
+    """Where the daemon writes the HTTP face's bound addresses (a JSON list): beside the
+    socket, so `sessionctl web` can build the page's URL."""
+    return os.path.join(os.path.dirname(os.path.abspath(socket_path)), "sessiond.http-listen")

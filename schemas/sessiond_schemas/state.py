@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Final
 
 import msgspec
 
 from .bounds import Float64, Int64, NonNegInt, PosInt
+
+MAX_TTL_S: Final = 10 * 365 * 86_400  # ten years
+# A session's idle TTL: seconds after its last event at which the daemon ends it.
+TtlSeconds = Annotated[int, msgspec.Meta(ge=1, le=MAX_TTL_S)]
 
 
 class Timestamps(msgspec.Struct, kw_only=True):
@@ -108,6 +112,9 @@ class SessionFields(msgspec.Struct, kw_only=True):
     source: str = "user"
     automation_level: str | None = None
     isolation_level: str = "shared"
+    # Idle TTL (seconds): the daemon ends the session (status expired) this long after its
+    # last event. None at session.create: the namespace's default_ttl_s, if any.
+    ttl_s: TtlSeconds | None = None
 
 
 class SessionState(SessionFields, kw_only=True):
@@ -146,6 +153,9 @@ class SessionState(SessionFields, kw_only=True):
     is_resumable_from_checkpoint: bool = False
     # Set only on a fork (session.fork): where its history up to `version` comes from.
     forked_from: ForkLink | None = None
+    # When the idle TTL ends the session: the last event's time + ttl_s, while the status
+    # is pending, active or paused; else None.
+    expires_at: str | None = None
 
     def to_session_state_dict(self) -> dict[str, Any]:
         """Return the seed's executor resume dict (paused_at, resume_from, memory, next_node)."""

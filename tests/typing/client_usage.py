@@ -22,6 +22,7 @@ def blocking(c: Client, sid: str) -> None:
     assert_type(c.resolve(sid[:8]), str)
     assert_type(c.list_sessions(limit=10), rpc.SessionListResult)
     assert_type(c.transition(sid, "paused", reason="r"), SessionState)
+    assert_type(c.set_ttl(sid, 3600), SessionState)
     assert_type(c.resume(sid), rpc.SessionResumeResult)
     assert_type(c.delete_session(sid), bool)
     document: dict[str, Any] = c.export_session(sid)
@@ -63,6 +64,7 @@ def blocking(c: Client, sid: str) -> None:
 async def awaited(c: AsyncClient, sid: str) -> None:
     assert_type(await c.ping(), rpc.PingResult)
     assert_type(await c.create_session(sid, task="t"), SessionState)
+    assert_type(await c.set_ttl(sid, None), SessionState)
     appended: rpc.MessageAppendResult = await c.append_message(sid, "user", "hi")
     assert_type(appended.message_id, str)
     assert_type(await c.resolve(sid[:8]), str)

@@ -16,7 +16,7 @@ from sessiond_schemas.events import STATUSES
 
 from .._render import print_kv
 from .._sync import Client
-from .inputs import days, read_file, write_file
+from .inputs import days, file_problem, read_file
 from .registry import STREAMED, CliError, arg, command, full_id
 
 
@@ -45,12 +45,16 @@ def _verify(c: Client, a: argparse.Namespace) -> Any:
 @command("export", "write a session's export document (JSON with a checksum)",
          args=[arg("-o", "--output", help="file to write (default: stdout)")])
 def _export(c: Client, a: argparse.Namespace) -> Any:
-    document = c.export_session(full_id(c, a.id))
-    text = json.dumps(document, ensure_ascii=False, indent=1) + "\n"
-    if a.output:
-        write_file(a.output, text)
-    else:
-        sys.stdout.write(text)
+    # Written as session.export's pages come: a session of any size, never whole in memory.
+    sid = full_id(c, a.id)
+    if not a.output:
+        c.export_session_to(sid, sys.stdout)
+        return STREAMED
+    try:
+        with open(a.output, "w", encoding="utf-8") as f:
+            c.export_session_to(sid, f)
+    except OSError as exc:
+        raise file_problem(a.output, exc) from exc
     return STREAMED
 
 

@@ -135,6 +135,22 @@ def _transition(c: Client, a: argparse.Namespace) -> Any:
                         paused_at=a.paused_at, resume_from=a.resume_from, **write_opts(a))
 
 
+def _ttl_seconds(text: str) -> int | None:
+    if text in ("none", "off"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seconds, or none: {text!r}") from None
+
+
+@command("ttl", "set a session's idle TTL (the daemon ends it that long after its last"
+         " event; status expired)", write=True, render=render_state, args=[
+             arg("seconds", type=_ttl_seconds, help="1 … 315360000 seconds, or none")])
+def _ttl(c: Client, a: argparse.Namespace) -> Any:
+    return c.set_ttl(full_id(c, a.id), a.seconds, **write_opts(a))
+
+
 @command("resume", "move a session back to active and print what to resume with",
          write=True, render=print_kv,
          args=[arg("--checkpoint", help="resume from this checkpoint")])

@@ -19,10 +19,11 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 from google.adk.errors import StaleSessionError
@@ -37,13 +38,15 @@ from google.adk.sessions.base_session_service import (
 )
 from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
+from pydantic_core import to_jsonable_python
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError, VersionConflictError
-from sessiond_schemas.state import SessionState
+from sessiond_schemas.state import MAX_TTL_S, SessionState
 
 from ._loop import LoopClient, sized
 from ._text import Piece, compose, lift, restore
+from ._usage import Prices, tokens
 
 _PAGE = 1000
 # DatabaseSessionService's words for the same refusal.
@@ -119,8 +122,34 @@ def _version(marker: str | None) -> int | None:
     return None  # none, or another store's: ADK's fallback by time and last event
 
 
+def _json_safe_deltas(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The state's deltas per scope, made JSON-safe as DatabaseSessionService makes them
+    (pydantic's JSON form: a datetime is its ISO text, a set a list; what pydantic cannot
+    serialize, its repr), so a state value never costs the event."""
+    safe = getattr(_session_util, "extract_json_safe_state_delta", None)
+    if safe is not None:
+        return cast(dict[str, dict[str, Any]], safe(state))
+    deltas = _session_util.extract_state_delta(state)  # ADK before it had the helper
+    return cast(dict[str, dict[str, Any]], to_jsonable_python(deltas, serialize_unknown=True))
+
+
+def ttl_seconds(ttl: str | float | None) -> int | None:
+    """An idle TTL in whole seconds from VertexAiSessionService's `ttl` ("7200s", a
+    protobuf Duration string) or a number of seconds; at least 1, at most ten years."""
+    if ttl is None:
+        return None
+    text = ttl[:-1] if isinstance(ttl, str) and ttl.endswith("s") else ttl
+    try:
+        seconds = math.ceil(float(text))
+    except (TypeError, ValueError):
+        raise ValueError(f"ttl must be seconds, or a duration like '7200s': {ttl!r}") from None
+    if not 1 <= seconds <= MAX_TTL_S:
+        raise ValueError(f"ttl must be 1 … {MAX_TTL_S} seconds, not {ttl!r}")
+    return seconds
+
+
 def _state_events(state: dict[str, Any], app_name: str, user_id: str) -> list[dict[str, Any]]:
-    deltas = _session_util.extract_state_delta(state)
+    deltas = _json_safe_deltas(state)
     events = []
     for scope in ("session", "app", "user"):
         if deltas[scope]:
@@ -133,29 +162,53 @@ def _state_events(state: dict[str, Any], app_name: str, user_id: str) -> list[di
     return events
 
 
+def _duplicate(session: Session, event: Event) -> AlreadyExistsError:
+    return AlreadyExistsError(
+        f"Event {event.id} already exists in session {session.id} with other content;"
+        " nothing was stored (an event id is unique within its session).")
+
+
 class SessiondSessionService(BaseSessionService):
     """ADK sessions, events and app/user/session state in sessiond (`socket`: the default)."""
 
-    def __init__(self, socket: str | None = None, *, client: LoopClient | None = None) -> None:
+    def __init__(self, socket: str | None = None, *, client: LoopClient | None = None,
+                 ttl: str | float | None = None, prices: Prices | None = None) -> None:
         self.client = client or LoopClient(socket)
+        self.prices = prices  # model -> (USD per 1M input, per 1M output tokens); else cost 0
         self._locks: dict[tuple[Any, ...], list[Any]] = {}
+        self.ttl_s = ttl_seconds(ttl)  # every new session's, unless create_session says
 
     # --- sessions ---------------------------------------------------------------------
 
     async def create_session(self, *, app_name: str, user_id: str,
                              state: dict[str, Any] | None = None,
-                             session_id: str | None = None) -> Session:
+                             session_id: str | None = None,
+                             ttl: str | float | None = None,
+                             expire_time: str | None = None) -> Session:
+        """As ADK's stores; `ttl` as VertexAiSessionService's (`"7200s"`, or seconds):
+        the session's idle TTL, after which it is gone (get_session answers None)."""
+        if expire_time is not None:
+            raise ValueError("expire_time is not supported: sessiond's TTL is idle time,"
+                             " counted from the session's last event; pass ttl")
         session_id = (session_id.strip() if session_id else None) or str(uuid.uuid4())
-        created = time.time()
-        try:
-            await self.client.create_session(
-                session_id_for(app_name, user_id, session_id),
-                namespace=namespace_for(app_name, user_id), source="adk",
-                metadata={"adk": {"app_name": app_name, "user_id": user_id, "id": session_id,
-                                  "created_time": created}},
-                events=_state_events(state or {}, app_name, user_id))
-        except SessionExistsError:
-            raise AlreadyExistsError(f"Session with id {session_id} already exists.") from None
+        sid = session_id_for(app_name, user_id, session_id)
+        ttl_s = ttl_seconds(ttl) if ttl is not None else self.ttl_s
+        for attempt in (1, 2):
+            created = time.time()
+            try:
+                await self.client.create_session(
+                    sid, namespace=namespace_for(app_name, user_id), source="adk",
+                    metadata={"adk": {"app_name": app_name, "user_id": user_id,
+                                      "id": session_id, "created_time": created}},
+                    events=_state_events(state or {}, app_name, user_id), ttl_s=ttl_s)
+                break
+            except SessionExistsError:
+                # An expired session is gone, as in ADK's stores with a TTL: its id is free.
+                if attempt == 2 or not await self._expired(sid):
+                    raise AlreadyExistsError(
+                        f"Session with id {session_id} already exists.") from None
+                with contextlib.suppress(SessionNotFoundError):
+                    await self.client.delete_session(sid)
         found = await self.get_session(app_name=app_name, user_id=user_id, session_id=session_id)
         assert found is not None
         return found
@@ -166,6 +219,8 @@ class SessiondSessionService(BaseSessionService):
         try:
             view = await self.client.get_session(sid)
         except SessionNotFoundError:
+            return None
+        if view.status == "expired":  # its TTL passed: gone for ADK until retention takes it
             return None
         events = await self._events(sid, view.message_count, config)
         scoped = await self._scoped(app_name, [user_id])
@@ -179,7 +234,7 @@ class SessiondSessionService(BaseSessionService):
             page = await self.client.call(
                 "session.states", rpc.SessionStatesResult, limit=_PAGE, cursor=cursor,
                 namespace=namespace_for(app_name, user_id), prefix=user_id is None)
-            views += page.states
+            views += [v for v in page.states if v.status != "expired"]
             if page.next is None:
                 break
             cursor = page.next
@@ -188,6 +243,12 @@ class SessiondSessionService(BaseSessionService):
         sessions = [self._session(v, [], scoped) for v in views]
         sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
         return ListSessionsResponse(sessions=sessions)
+
+    async def _expired(self, sid: str) -> bool:
+        try:
+            return (await self.client.get_session(sid)).status == "expired"
+        except SessionNotFoundError:
+            return False
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         with contextlib.suppress(SessionNotFoundError):
@@ -230,13 +291,16 @@ class SessiondSessionService(BaseSessionService):
         # A retry of an append this object already took: stored once, kept once. Retries
         # come right after their first try, so the newest few events are enough to look
         # at; scanning them all made every append cost O(history).
-        if event.id and any(e.id == event.id for e in session.events[-_RETRY_WINDOW:]):
-            return event
+        stored = event.model_dump(mode="json", exclude_none=True)
+        for e in session.events[-_RETRY_WINDOW:]:
+            if event.id and e.id == event.id:
+                if e.model_dump(mode="json", exclude_none=True) != stored:
+                    raise _duplicate(session, event)
+                return event
         sid = session_id_for(session.app_name, session.user_id, session.id)
         version = _version(session._storage_update_marker)
         if version is None:
             version = await self._check_unmarked(sid, session)
-        stored = event.model_dump(mode="json", exclude_none=True)
         role, content, tool_call_id, spans = _render(event, stored)
         message: dict[str, Any] = {"role": role, "content": content,
                                    "metadata": {"adk_event": lift(stored, spans)}}
@@ -246,7 +310,8 @@ class SessiondSessionService(BaseSessionService):
             message["tool_call_id"] = tool_call_id
         delta = event.actions.state_delta if event.actions and event.actions.state_delta else {}
         events = [{"type": "message.appended", "data": message},
-                  *_state_events(delta, session.app_name, session.user_id)]
+                  *_state_events(delta, session.app_name, session.user_id),
+                  *self._usage_events(event)]
         # The same event delivered again (a retry whose answer was lost) is stored once;
         # its key is its id (or, without one, its content).
         key = "adk-event:" + (event.id or hashlib.sha256(
@@ -259,9 +324,34 @@ class SessiondSessionService(BaseSessionService):
             raise AdkSessionNotFound(f"Session {session.id} not found.") from None
         except VersionConflictError:
             raise StaleSessionError(STALE_SESSION_MESSAGE) from None
+        if written.version <= version:  # the key was taken before: a retry, or another event
+            await self._check_repeat(sid, written.version - len(events) + 1, stored, session,
+                                     event)
         session.last_update_time = event.timestamp
         session._storage_update_marker = _marker(written.version)
         return self._commit_event_to_session(session, event)
+
+    def _usage_events(self, event: Event) -> list[dict[str, Any]]:
+        """The model's token usage the event carries (`usage_metadata`), recorded with it in
+        the same write: prompt tokens in, candidate and thinking tokens out."""
+        u = event.usage_metadata
+        if u is None:
+            return []
+        data = tokens(u.prompt_token_count or 0,
+                      (u.candidates_token_count or 0) + (u.thoughts_token_count or 0),
+                      event.model_version, self.prices)
+        return [{"type": "tokens.recorded", "data": data}] if data else []
+
+    async def _check_repeat(self, sid: str, at: int, stored: dict[str, Any], session: Session,
+                            event: Event) -> None:
+        """A repeated key is a retry only if the stored event is this one; a different
+        event under a taken id is refused, as DatabaseSessionService's primary key does."""
+        read = await self.client.read_events(sid, from_version=at, limit=1)
+        first = read.events[0].data if read.events else {}
+        metadata = first.get("metadata", {}) if isinstance(first, dict) else {}
+        if "adk_event" not in metadata or restore(
+                metadata["adk_event"], first["content"], metadata.get("spans") or []) != stored:
+            raise _duplicate(session, event)
 
     async def _check_unmarked(self, sid: str, session: Session) -> int:
         """For a session object this service did not load (no marker), ADK's fallback:
@@ -283,29 +373,28 @@ class SessiondSessionService(BaseSessionService):
     # --- reading back -----------------------------------------------------------------
 
     async def _events(self, sid: str, count: int, config: GetSessionConfig | None) -> list[Event]:
-        """The session's events, newest last, as GetSessionConfig narrows them."""
+        """The session's events in DatabaseSessionService's order (by timestamp, ties by
+        event id; the log keeps append order), as GetSessionConfig narrows them. That
+        order is not append order when timestamps go back, so the newest N are the last
+        N of the whole session in it: a narrowed read reads the whole session too."""
         limit = config.num_recent_events if config else None
         after = config.after_timestamp if config else None
-        wanted = count if limit is None else min(limit, count)
+        if limit is not None and limit <= 0:
+            return []
         found: list[Event] = []
-        while len(found) < wanted:
-            page = await self.client.list_messages(sid, order="desc", offset=len(found),
-                                                   limit=min(_PAGE, wanted - len(found)))
+        cursor: int | None = None
+        while len(found) < count:
+            page = await self.client.list_messages(sid, limit=_PAGE, after_sequence=cursor)
             if not page.messages:
                 break
-            batch = [Event.model_validate(restore(m.metadata["adk_event"], m.content,
-                                                  m.metadata.get("spans") or []))
-                     for m in page.messages if "adk_event" in m.metadata]
-            found += batch
-            if after is not None and batch and batch[-1].timestamp < after:
-                break
-        found.reverse()
-        if after is not None:  # as InMemorySessionService: what follows the last older event
-            i = len(found) - 1
-            while i >= 0 and found[i].timestamp >= after:
-                i -= 1
-            found = found[i + 1:]
-        return found
+            found += [Event.model_validate(restore(m.metadata["adk_event"], m.content,
+                                                   m.metadata.get("spans") or []))
+                      for m in page.messages if "adk_event" in m.metadata]
+            cursor = page.messages[-1].sequence
+        found.sort(key=lambda e: (e.timestamp, e.id))
+        if after is not None:
+            found = [e for e in found if e.timestamp >= after]
+        return found if limit is None else found[-limit:]
 
     async def _scoped(self, app_name: str, user_ids: list[str]) -> rpc.StateGetResult:
         result: rpc.StateGetResult = await self.client.call(

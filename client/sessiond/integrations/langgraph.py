@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import random
 import re
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import msgspec
+from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -34,12 +36,14 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.store.base import TTLConfig
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessionNotFoundError
 
 from .._sync import Client
 from ._loop import LoopClient, sized
+from ._usage import Prices, tokens
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
@@ -51,27 +55,50 @@ def session_id_for(thread_id: str) -> str:
         "lg-" + hashlib.sha256(thread_id.encode()).hexdigest()[:40]
 
 
+def ttl_seconds(ttl: TTLConfig | None) -> int | None:
+    """sessiond's idle TTL (whole seconds, at least 1) for LangGraph's TTLConfig: its
+    `default_ttl` is in minutes. Reads never refresh it (sessiond counts idle time from a
+    thread's last write), so `refresh_on_read=True` is refused rather than ignored."""
+    if not ttl:
+        return None
+    unknown = set(ttl) - {"default_ttl", "refresh_on_read", "sweep_interval_minutes"}
+    if unknown:
+        raise TypeError(f"TTLConfig keys sessiond does not know: {sorted(unknown)}")
+    if ttl.get("refresh_on_read"):
+        raise ValueError("refresh_on_read=True: sessiond's TTL counts from a thread's last"
+                         " write; reads do not refresh it (pass refresh_on_read=False)")
+    minutes = ttl.get("default_ttl")
+    if minutes is None:
+        return None
+    return max(1, math.ceil(minutes * 60))
+
+
 class SessiondSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer stored in sessiond (`socket`: the daemon's, by default)."""
 
     def __init__(self, socket: str | None = None, *,
-                 serde: SerializerProtocol | None = None) -> None:
+                 serde: SerializerProtocol | None = None,
+                 ttl: TTLConfig | None = None, prices: Prices | None = None) -> None:
         super().__init__(serde=serde)
+        self.prices = prices  # model -> (USD per 1M input, per 1M output tokens); else cost 0
         self.client = Client(socket)
         self.aclient = LoopClient(socket)
+        # LangGraph's TTLConfig: default_ttl (minutes) becomes each new thread's idle TTL.
+        self.ttl_s = ttl_seconds(ttl)
 
     # --- opening and closing, as LangGraph's savers ------------------------------------
 
     @classmethod
     def from_socket(cls, socket: str | None = None, *,
-                    serde: SerializerProtocol | None = None) -> _Opened:
+                    serde: SerializerProtocol | None = None,
+                    ttl: TTLConfig | None = None, prices: Prices | None = None) -> _Opened:
         """A saver for `with` or `async with`, closed at the block's end, as
         `SqliteSaver.from_conn_string` and `AsyncSqliteSaver.from_conn_string` give:
 
             with SessiondSaver.from_socket() as saver: ...
             async with SessiondSaver.from_socket("/run/sessiond.sock") as saver: ...
         """
-        return _Opened(cls(socket, serde=serde))
+        return _Opened(cls(socket, serde=serde, ttl=ttl, prices=prices))
 
     # LangGraph users reach for this name; here the "connection string" is a socket path.
     from_conn_string = from_socket
@@ -103,7 +130,7 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         values: dict[str, Any] = c.pop("channel_values", {})
         metadata = get_checkpoint_metadata(config, metadata)
         return {
-            "session_id": session_id_for(thread_id), "thread_id": thread_id,
+            "session_id": session_id_for(thread_id), "thread_id": thread_id, "ttl_s": self.ttl_s,
             "ns": conf.get("checkpoint_ns", ""), "checkpoint_id": checkpoint["id"],
             "parent_id": conf.get("checkpoint_id"), "checkpoint": self._typed(c),
             "metadata": msgspec.to_builtins(metadata, enc_hook=str, str_keys=True),
@@ -118,11 +145,57 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         conf = config["configurable"]
         return {
             "session_id": session_id_for(conf["thread_id"]), "thread_id": conf["thread_id"],
+            "ttl_s": self.ttl_s,
             "ns": conf.get("checkpoint_ns", ""), "checkpoint_id": conf["checkpoint_id"],
             "task_id": task_id, "task_path": task_path,
             "writes": [{"idx": WRITES_IDX_MAP.get(channel, i), "channel": channel,
                         "value": self._typed(value)} for i, (channel, value) in enumerate(writes)],
         }
+
+    def _usage(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+               task_id: str) -> list[dict[str, Any]]:
+        """tokens.record calls for the `usage_metadata` of the messages a task wrote (its
+        model calls), one per model. Each is keyed by the checkpoint, task and model, so a
+        task's writes stored again never count twice."""
+        by_model: dict[str, list[int]] = {}
+        for _, value in writes:
+            for m in value if isinstance(value, (list, tuple)) else [value]:
+                usage = getattr(m, "usage_metadata", None) if isinstance(m, BaseMessage) else None
+                if usage:
+                    model = str((m.response_metadata or {}).get("model_name") or "")
+                    totals = by_model.setdefault(model, [0, 0])
+                    totals[0] += int(usage.get("input_tokens") or 0)
+                    totals[1] += int(usage.get("output_tokens") or 0)
+        conf = config["configurable"]
+        calls = []
+        for model, (inp, out) in sorted(by_model.items()):
+            data = tokens(inp, out, model or None, self.prices)
+            if data is None:
+                continue
+            key = "\0".join((conf.get("checkpoint_ns", ""), conf["checkpoint_id"], task_id,
+                             model)).encode()
+            calls.append({"session_id": session_id_for(conf["thread_id"]), **data,
+                          "idempotency_key": "lg-usage:" + hashlib.sha256(key).hexdigest()})
+        return calls
+
+    @staticmethod
+    def _delta_params(config: RunnableConfig, channels: Sequence[str]) -> dict[str, Any]:
+        conf = config["configurable"]
+        return {"session_id": session_id_for(conf["thread_id"]),
+                "ns": conf.get("checkpoint_ns", ""), "checkpoint_id": get_checkpoint_id(config),
+                "channels": list(dict.fromkeys(channels))}
+
+    def _delta(self, found: rpc.GraphDeltaHistoryResult) -> dict[str, Any]:
+        """DeltaChannelHistory entries: `writes` as PendingWrite tuples, `seed` when found."""
+        out: dict[str, Any] = {}
+        for ch, h in found.channels.items():
+            entry: dict[str, Any] = {"writes": [
+                (w.task_id, w.channel, self.serde.loads_typed((w.value.type, w.value.data)))
+                for w in h.writes]}
+            if h.seed is not None:
+                entry["seed"] = self.serde.loads_typed((h.seed.type, h.seed.data))
+            out[ch] = entry
+        return out
 
     @staticmethod
     def _get_params(config: RunnableConfig) -> dict[str, Any]:
@@ -188,6 +261,8 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         with sized():
             self.client.call("graph.put_writes", rpc.WriteResult,
                              **self._writes_params(config, writes, task_id, task_path))
+        for usage in self._usage(config, writes, task_id):
+            self.client.record_tokens(**usage)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         found = self.client.call("graph.get", rpc.GraphGetResult, **self._get_params(config))
@@ -204,6 +279,17 @@ class SessiondSaver(BaseCheckpointSaver[str]):
             if found.next is None:  # else the page ended at the daemon's byte budget
                 return
             params = self._next_page(params, found)
+
+    def get_delta_channel_history(self, *, config: RunnableConfig,
+                                  channels: Sequence[str]) -> Mapping[str, Any]:
+        """LangGraph's DeltaChannel history (per channel: the writes across the
+        checkpoint's ancestors, oldest first, and the nearest stored value as `seed`),
+        answered by the daemon from its index in one call."""
+        if not channels:
+            return {}
+        found = self.client.call("graph.delta_history", rpc.GraphDeltaHistoryResult,
+                                 **self._delta_params(config, channels))
+        return self._delta(found)
 
     def delete_thread(self, thread_id: str) -> None:
         with contextlib.suppress(SessionNotFoundError):
@@ -236,6 +322,8 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         with sized():
             await self.aclient.call("graph.put_writes", rpc.WriteResult,
                                     **self._writes_params(config, writes, task_id, task_path))
+        for usage in self._usage(config, writes, task_id):
+            await self.aclient.record_tokens(**usage)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         found = await self.aclient.call("graph.get", rpc.GraphGetResult,
@@ -253,6 +341,14 @@ class SessiondSaver(BaseCheckpointSaver[str]):
             if found.next is None:  # else the page ended at the daemon's byte budget
                 return
             params = self._next_page(params, found)
+
+    async def aget_delta_channel_history(self, *, config: RunnableConfig,
+                                         channels: Sequence[str]) -> Mapping[str, Any]:
+        if not channels:
+            return {}
+        found = await self.aclient.call("graph.delta_history", rpc.GraphDeltaHistoryResult,
+                                        **self._delta_params(config, channels))
+        return self._delta(found)
 
     async def adelete_thread(self, thread_id: str) -> None:
         with contextlib.suppress(SessionNotFoundError):

@@ -17,18 +17,27 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import re
 from typing import Any
 
 import msgspec
 from agents.memory.session import SessionABC
-from agents.memory.session_settings import SessionSettings, resolve_session_limit
+from agents.memory.session_settings import (
+    SessionSettings,
+    coerce_session_settings,
+    resolve_session_limit,
+)
 
 from sessiond_schemas.bounds import json_out_of_bounds
-from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError
+from sessiond_schemas.errors import SessiondError, SessionExistsError, SessionNotFoundError
+from sessiond_schemas.state import MAX_TTL_S
 
 from ._loop import LoopClient, sized
 from ._text import Piece, compose, lift, restore
+from ._usage import Prices, tokens
+
+log = logging.getLogger("sessiond.integrations.openai_agents")
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _PAGE = 1000  # message.list's largest page
@@ -163,10 +172,20 @@ class SessiondSession(SessionABC):
 
     def __init__(self, session_id: str, *, client: LoopClient | None = None,
                  socket: str | None = None, namespace: str = "openai-agents",
-                 session_settings: SessionSettings | None = None) -> None:
+                 session_settings: SessionSettings | dict[str, Any] | None = None,
+                 ttl: int | None = None, prices: Prices | None = None) -> None:
         self.session_id = session_id
-        self.session_settings = session_settings or SessionSettings()
+        # As every store of the SDK: a dict becomes SessionSettings, an unknown key is a
+        # TypeError here rather than an AttributeError inside Runner.run.
+        self.session_settings = (coerce_session_settings(session_settings)
+                                 if session_settings is not None else SessionSettings())
         self.namespace = namespace
+        # RedisSession's `ttl` (seconds): here the session's idle TTL, after which the
+        # daemon ends it and retention removes it; each write starts it again, as there.
+        if ttl is not None and not 1 <= ttl <= MAX_TTL_S:
+            raise ValueError(f"ttl must be 1 … {MAX_TTL_S} seconds, not {ttl}")
+        self.ttl = ttl
+        self.prices = prices  # model -> (USD per 1M input, per 1M output tokens); else cost 0
         self.client = client or LoopClient(socket)
         self._sid = session_id_for(session_id)
         self._exists = False
@@ -175,17 +194,42 @@ class SessiondSession(SessionABC):
     async def _ensure(self) -> None:
         if self._exists:
             return
-        with contextlib.suppress(SessionExistsError):
+        try:
             await self.client.create_session(
                 self._sid, namespace=self.namespace, source="openai-agents",
-                metadata={"sdk_session_id": self.session_id})
+                metadata={"sdk_session_id": self.session_id}, ttl_s=self.ttl)
+        except SessionExistsError:
+            view = await self._revive_if_expired()
+            if self.ttl is not None and view.ttl_s != self.ttl:
+                await self.client.set_ttl(self._sid, self.ttl)
         self._exists = True
+
+    async def _revive_if_expired(self) -> Any:
+        """A session whose TTL passed has no items, as a Redis key that expired: the next
+        write clears its conversation and makes it active again (its history stays in the
+        events until retention removes the session)."""
+        view = await self.client.get_session(self._sid)
+        if view.status == "expired":
+            await self.client.clear_messages(self._sid)
+            view = await self.client.transition(self._sid, "active", reason="used after expiry")
+        return view
+
+    async def _is_expired(self) -> bool:
+        """Only sessions given a ttl pay the look-up (one session.get per call)."""
+        if self.ttl is None:
+            return False
+        try:
+            return (await self.client.get_session(self._sid)).status == "expired"
+        except SessionNotFoundError:
+            return False
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
         self._check_not_closed()
         limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None and limit < 0:
             limit = None  # as SQLiteSession's SQL LIMIT: a negative limit is no limit
+        if await self._is_expired():
+            return []
         try:
             messages = await (self._all() if limit is None else self._latest(limit))
         except SessionNotFoundError:
@@ -218,6 +262,8 @@ class SessiondSession(SessionABC):
         if not items:
             return
         await self._ensure()
+        if await self._is_expired():
+            await self._revive_if_expired()
         messages = [as_message(item) for item in items]
         for batch in _batches(messages):
             try:
@@ -231,6 +277,8 @@ class SessiondSession(SessionABC):
 
     async def pop_item(self) -> Any | None:
         self._check_not_closed()
+        if await self._is_expired():
+            return None
         try:
             popped = await self.client.pop_message(self._sid)
         except SessionNotFoundError:
@@ -243,6 +291,56 @@ class SessiondSession(SessionABC):
         self._check_not_closed()
         with contextlib.suppress(SessionNotFoundError):
             await self.client.clear_messages(self._sid)
+
+    # --- usage, as AdvancedSQLiteSession's -------------------------------------------
+
+    async def store_run_usage(self, result: Any) -> None:
+        """Record a run's token usage (`result.context_wrapper.usage`, after Runner.run) in
+        the session's token_usage, as one tokens.recorded event. As the SDK's, a failure is
+        logged, never raised into the caller's run."""
+        usage = getattr(getattr(result, "context_wrapper", None), "usage", None)
+        if usage is None:
+            return
+        model = getattr(getattr(result, "last_agent", None), "model", None)
+        name = model if isinstance(model, str) else getattr(model, "model", None)
+        data = tokens(usage.input_tokens, usage.output_tokens,
+                      name if isinstance(name, str) else None, self.prices)
+        if data is None and not usage.requests:
+            return
+        data = {**(data or {"input_tokens": 0, "output_tokens": 0}),
+                "requests": usage.requests, "total_tokens": usage.total_tokens}
+        try:
+            await self._ensure()
+            await self.client.append_events(self._sid, [{"type": "tokens.recorded",
+                                                         "data": data}])
+        except (SessiondError, ValueError):
+            log.exception("Failed to store session usage", extra={"session_id": self.session_id})
+
+    async def get_session_usage(self, branch_id: str | None = None) -> dict[str, int] | None:
+        """The session's usage over every stored run, as AdvancedSQLiteSession's:
+        {requests, input_tokens, output_tokens, total_tokens, total_turns}, or None if no
+        run was stored. Branches are sessiond forks (see the docs): `branch_id` names no
+        branch here, so only None is taken."""
+        if branch_id is not None:
+            raise ValueError("SessiondSession has no branches: a branch is a fork, its own"
+                             " SessiondSession (docs/integrations/openai-agents.md)")
+        totals = {"requests": 0, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                  "total_turns": 0}
+        version: int | None = 1
+        try:
+            while version is not None:
+                page = await self.client.read_events(self._sid, from_version=version,
+                                                     types=["tokens.recorded"])
+                for e in page.events:
+                    if "requests" not in e.data:  # recorded otherwise, not by a run
+                        continue
+                    totals["total_turns"] += 1
+                    for key in ("requests", "input_tokens", "output_tokens", "total_tokens"):
+                        totals[key] += int(e.data.get(key, 0))
+                version = page.next
+        except SessionNotFoundError:
+            return None
+        return totals if totals["total_turns"] else None
 
     def close(self) -> None:
         """Close the connection (shared with every session given the same client); as

@@ -146,6 +146,13 @@ class ModelReads(Reads):
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
             raise storage_error(exc) from exc
 
+    async def fork_ancestry(self, session_id: str, limit: int) -> list[str]:
+        try:
+            async with self._pool.acquire() as con:
+                return await forks.ancestry(con, session_id, limit)
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
+            raise storage_error(exc) from exc
+
     async def fork_count(self, session_id: str) -> int:
         row = await self._one("SELECT COUNT(*) FROM forks WHERE source_id = $1", session_id)
         return int(row[0])

@@ -84,6 +84,7 @@ async def _conversation(con: Any, batch: Batch) -> None:
         for e in batch.events if e.type == "checkpoint.saved"
     ]
     if checkpoints:
+        await forks.keep_shared_payloads(con, [(c[0], c[1]) for c in checkpoints])
         await con.executemany(
             "INSERT INTO checkpoints (session_id, checkpoint_id, position, version, node_id,"
             " resume_from, created_at, size, payload) VALUES ($1, $2, $3, $4, $5, $6, $7,"

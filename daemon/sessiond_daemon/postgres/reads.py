@@ -31,6 +31,7 @@ from ..eventstore import (
 )
 from ..sqlite.progress import PAGE_SQL, steps_of
 from ..sqlite.sessions import list_sessions_sql
+from . import forks
 from .errors import RETRYABLE, storage_error
 
 _state_decoder = msgspec.json.Decoder(SessionState)
@@ -77,7 +78,7 @@ class Reads:
         try:
             async with self._pool.acquire() as con, con.transaction(readonly=True):
                 cursor = await con.cursor(sql, *args)
-                used, chunk = 0, 1
+                used, chunk, largest = 0, 1, 1
                 while rows := await cursor.fetch(chunk):
                     for row in rows:
                         size = _row_bytes(row)
@@ -86,7 +87,9 @@ class Reads:
                             return page
                         page.append(row)
                         used += size
-                    chunk = max(1, min(1024, (max_bytes - used) // (used // len(page)) + 1))
+                        largest = max(largest, size)
+                    # As SQLite's (sqlite/base.py): from the largest row, at most doubling.
+                    chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
             raise storage_error(exc) from exc
         return page
@@ -210,6 +213,15 @@ class Reads:
                                list(statuses), before, limit)
         return [r[0] for r in rows]
 
+    async def expiring_sessions(self, before: str, after: tuple[str, str] | None,
+                                limit: int) -> list[tuple[str, str]]:
+        start = after or ("", "")
+        rows = await self._all(
+            "SELECT expires_at, session_id FROM sessions WHERE expires_at IS NOT NULL"
+            " AND expires_at <= $1 AND (expires_at, session_id) > ($2, $3)"
+            " ORDER BY expires_at, session_id LIMIT $4", before, *start, limit)
+        return [(r[0], r[1]) for r in rows]
+
     async def counts(self) -> tuple[int, int]:
         """Return (sessions, events), counted from the views."""
         row = await self._one("SELECT COUNT(*), COALESCE(SUM(version), 0) FROM sessions")
@@ -241,7 +253,7 @@ class Reads:
     async def checkpoint(self, session_id: str,
                          checkpoint_id: str | None) -> StoredCheckpoint | None:
         columns = ("c.checkpoint_id, c.node_id, c.resume_from, c.created_at, c.version,"
-                   " c.payload, e.data")
+                   " c.payload, e.data, c.position")
         source = "checkpoints c LEFT JOIN events e ON e.position = c.position"
         if checkpoint_id is None:
             row = await self._one(f"SELECT {columns} FROM {source} WHERE c.session_id = $1"
@@ -254,8 +266,15 @@ class Reads:
         memory = _dict_decoder.decode(row[6]).get("memory", {}) if row[6] is not None else {}
         return StoredCheckpoint(
             checkpoint_id=row[0], node_id=row[1], resume_from=row[2], created_at=row[3],
-            version=row[4], payload=bytes(row[5]), memory=memory,
+            version=row[4], payload=await self._payload(bytes(row[5]), row[7]), memory=memory,
         )
+
+    async def _payload(self, payload: bytes, position: int) -> bytes:
+        """A row's payload, or the one it shares with its source (a fork's rows)."""
+        if payload:
+            return payload
+        shared = await self._one(forks.SHARED_PAYLOAD_SQL, position)
+        return bytes(shared[0]) if shared else b"null"
 
     async def checkpoints(self, session_id: str, after_version: int = 0,
                           max_bytes: int = 0) -> Page[CheckpointRow]:
@@ -270,9 +289,9 @@ class Reads:
         ])
 
     async def checkpoint_payloads(self, session_id: str) -> dict[str, bytes]:
-        rows = await self._all("SELECT checkpoint_id, payload FROM checkpoints"
+        rows = await self._all("SELECT checkpoint_id, payload, position FROM checkpoints"
                                " WHERE session_id = $1", session_id)
-        return {r[0]: bytes(r[1]) for r in rows}
+        return {r[0]: await self._payload(bytes(r[1]), r[2]) for r in rows}
 
     async def snapshot(self, session_id: str, at_most: int) -> SessionState | None:
         row = await self._one("SELECT state FROM snapshots WHERE session_id = $1"

@@ -193,6 +193,18 @@ MIGRATIONS: Final[list[list[str]]] = [
             OR (type = 'process.output' AND (position('thread_id'::bytea IN data) > 0
                 OR position('session_id'::bytea IN data) > 0))""",
     ],
+    # 3: session idle TTLs (protocol 1.3), as SQLite's migration 7: expires_at and the
+    # partial index the expiry sweep pages.
+    [
+        'ALTER TABLE sessions ADD COLUMN expires_at TEXT COLLATE "C"',
+        """CREATE INDEX sessions_by_expiry ON sessions (expires_at, session_id)
+            WHERE expires_at IS NOT NULL""",
+    ],
+    # 4: forks share their source's checkpoint payloads by reference (forks.py), as
+    # SQLite's migration 8: a fork's row holds an empty payload, found by its position.
+    [
+        "CREATE INDEX IF NOT EXISTS checkpoints_by_position ON checkpoints (position)",
+    ],
 ]
 
 LATEST: Final = len(MIGRATIONS)

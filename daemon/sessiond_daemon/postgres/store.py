@@ -35,7 +35,7 @@ import structlog
 from sessiond_schemas.errors import StorageError
 
 from ..eventstore import Batch, Capabilities, Entry, Moved, Store
-from . import projections, schema
+from . import forks, projections, schema
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -77,21 +77,22 @@ _LOCK: Final = ("SELECT session_id, version FROM sessions WHERE session_id = ANY
 _VIEWS: Final = """
     INSERT INTO sessions (session_id, version, status, namespace, actor_name, source, task,
         created_at, updated_at, message_count, input_tokens, output_tokens, estimated_cost,
-        last_hash, host, state)
+        last_hash, host, state, expires_at)
     SELECT v.sid, v.ver, v.st, v.ns, v.actor, v.src, v.task, v.created, v.updated, v.mc,
-        v.inp, v.outp, v.cost, v.hash, $15, v.state
+        v.inp, v.outp, v.cost, v.hash, $15, v.state, v.exp
     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[],
         $7::text[], $8::text[], $9::text[], $10::bigint[], $11::bigint[], $12::bigint[],
-        $13::float8[], $14::text[], $16::bytea[])
+        $13::float8[], $14::text[], $16::bytea[], $17::text[])
         AS v(sid, ver, st, ns, actor, src, task, created, updated, mc, inp, outp, cost, hash,
-             state)
+             state, exp)
     ON CONFLICT (session_id) DO UPDATE SET version = excluded.version,
         status = excluded.status, namespace = excluded.namespace,
         actor_name = excluded.actor_name, source = excluded.source, task = excluded.task,
         created_at = excluded.created_at, updated_at = excluded.updated_at,
         message_count = excluded.message_count, input_tokens = excluded.input_tokens,
         output_tokens = excluded.output_tokens, estimated_cost = excluded.estimated_cost,
-        last_hash = excluded.last_hash, state = excluded.state
+        last_hash = excluded.last_hash, state = excluded.state,
+        expires_at = excluded.expires_at
     RETURNING session_id, xmax = 0 AS inserted"""
 _KEYS: Final = ("SELECT i.session_id FROM idempotency i JOIN unnest($1::text[], $2::text[])"
                 " AS k(session_id, key) USING (session_id, key)")
@@ -119,13 +120,18 @@ class PostgresStore(ModelReads):
     """The writer's connection (only the writer task uses it) and a pool for reads."""
 
     def __init__(self, url: str, *, password: str | None = None, readers: int = 2,
-                 host_name: str | None = None, connect_timeout_s: float = 5.0) -> None:
+                 host_name: str | None = None, connect_timeout_s: float = 5.0,
+                 statement_timeout_s: float = 30.0) -> None:
         self.url = url
         self.password = password
         # A server that is down fails a commit after this long, retryable, instead of
         # holding the writer (asyncpg's own default is 60 s).
         self.connect_timeout_s = connect_timeout_s
         self.host_name = host_name
+        # Every statement, the writer's and the readers', ends after this long (a lock
+        # held from psql, say): the commit fails retryable instead of stopping every write
+        # (and the watchdog with them). 0: none.
+        self.server_settings = {"statement_timeout": str(int(statement_timeout_s * 1000))}
         self._reader_count = readers
         self._con: Any = None  # asyncpg.Connection of the writer
         self._pool: Any = None  # asyncpg.Pool of the readers
@@ -145,17 +151,22 @@ class PostgresStore(ModelReads):
     async def connect(self) -> Any:
         """A new connection to the database (the listener opens its own with this)."""
         return await asyncpg.connect(self.url, password=self.password,
-                                     timeout=self.connect_timeout_s)
+                                     timeout=self.connect_timeout_s,
+                                     server_settings=self.server_settings)
 
     async def open(self) -> None:
         """Connect, run pending migrations under the advisory lock, open the read pool."""
         try:
             self._con = await self.connect()
+            # A migration may rebuild an index of every event: no statement timeout for it.
+            await self._con.execute("SET statement_timeout = 0")
             self.migrated = await schema.migrate(self._con, redact(self.url))
+            await self._con.execute("RESET statement_timeout")
             self.schema_version = await schema.schema_version(self._con)
             self._pool = await asyncpg.create_pool(
                 self.url, password=self.password, min_size=1, max_size=self._reader_count,
-                timeout=self.connect_timeout_s, command_timeout=READ_TIMEOUT_S)
+                timeout=self.connect_timeout_s, command_timeout=READ_TIMEOUT_S,
+                server_settings=self.server_settings)
         except schema.SchemaTooNew:
             await self.close()
             raise
@@ -277,13 +288,14 @@ class PostgresStore(ModelReads):
         if stale:
             raise _Abort(sorted(stale))
         if batch.deletes:
+            await forks.keep_payloads_of_deleted(con, batch.deletes)
             for table in schema.SESSION_TABLES:
                 await con.execute(f"DELETE FROM {table} WHERE session_id = ANY($1::text[])",
                                   batch.deletes)
         if batch.views:
             new = {sid for sid in batch.views if sid not in stored or sid in batch.deletes}
             columns = _view_columns(batch.views)
-            rows = await con.fetch(_VIEWS, *columns[:14], self.host_name, columns[14])
+            rows = await con.fetch(_VIEWS, *columns[:14], self.host_name, *columns[14:])
             raced = [r[0] for r in rows if r[0] in new and not r[1]]
             if raced:
                 raise _Abort(raced)
@@ -309,7 +321,7 @@ class PostgresStore(ModelReads):
 
 
 def _view_columns(views: Mapping[str, Entry]) -> list[list[Any]]:
-    """The views as the columns of _VIEWS ($1..$14, then $16: the state), in
+    """The views as the columns of _VIEWS ($1..$14, then $16 and $17: state, expires_at), in
     session_id order (two daemons inserting the same new sessions wait, never deadlock)."""
     rows = []
     for sid in sorted(views):
@@ -318,7 +330,7 @@ def _view_columns(views: Mapping[str, Entry]) -> list[list[Any]]:
         rows.append((s.session_id, s.version, s.status, s.namespace, s.actor_name, s.source,
                      s.task, s.timestamps.created_at, s.timestamps.updated_at, s.message_count,
                      u.input_tokens, u.output_tokens, u.estimated_cost, entry.last_hash,
-                     _json.encode(s)))
+                     _json.encode(s), s.expires_at))
     return [list(column) for column in zip(*rows, strict=True)]
 
 

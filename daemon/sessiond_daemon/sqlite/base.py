@@ -86,7 +86,7 @@ class SqliteReads:
             if not max_bytes:
                 page.extend(await cur.fetchall())
                 return page
-            used, chunk = 0, 1
+            used, chunk, largest = 0, 1, 1
             while rows := await cur.fetchmany(chunk):
                 for row in rows:
                     size = _row_bytes(row)
@@ -95,7 +95,11 @@ class SqliteReads:
                         return page
                     page.append(row)
                     used += size
-                chunk = max(1, min(1024, (max_bytes - used) // (used // len(page)) + 1))
+                    largest = max(largest, size)
+                # Guessed from the largest row seen, and at most doubling what came: a
+                # small first row (a session.created) followed by large ones never pulls
+                # `limit` large rows into memory at once.
+                chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
         return page
 
     async def on_reader(self, fn: Callable[[sqlite3.Connection], T]) -> T:

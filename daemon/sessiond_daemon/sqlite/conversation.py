@@ -42,6 +42,8 @@ def project(db: sqlite3.Connection, batch: Batch) -> None:
         if e.type == "checkpoint.saved"
     ]
     if checkpoints:
+        for row in checkpoints:
+            forks.keep_shared_payload(db, row[0], row[1])
         db.executemany(
             "INSERT OR REPLACE INTO checkpoints (session_id, checkpoint_id, position,"
             " version, node_id, resume_from, created_at, size, payload)"
@@ -97,8 +99,15 @@ class ConversationReads(SqliteReads):
         memory = _dict_decoder.decode(saved[0]).get("memory", {}) if saved else {}
         return StoredCheckpoint(
             checkpoint_id=row[0], node_id=row[1], resume_from=row[2], created_at=row[3],
-            version=row[4], payload=bytes(row[5]), memory=memory,
+            version=row[4], payload=await self._payload(bytes(row[5]), row[6]), memory=memory,
         )
+
+    async def _payload(self, payload: bytes, position: int) -> bytes:
+        """A row's payload, or the one it shares with its source (a fork's rows)."""
+        if payload:
+            return payload
+        shared = await self._one(forks.SHARED_PAYLOAD_SQL, (position,))
+        return bytes(shared[0]) if shared else b"null"
 
     async def checkpoints(self, session_id: str, after_version: int = 0,
                           max_bytes: int = 0) -> Page[CheckpointRow]:
@@ -115,6 +124,6 @@ class ConversationReads(SqliteReads):
         ])
 
     async def checkpoint_payloads(self, session_id: str) -> dict[str, bytes]:
-        rows = await self._all("SELECT checkpoint_id, payload FROM checkpoints"
+        rows = await self._all("SELECT checkpoint_id, payload, position FROM checkpoints"
                                " WHERE session_id = ?", (session_id,))
-        return {r[0]: bytes(r[1]) for r in rows}
+        return {r[0]: await self._payload(bytes(r[1]), r[2]) for r in rows}

@@ -23,6 +23,10 @@ from ..eventstore import (
 from .base import SqliteReads, encode, marks, storage_error
 
 state_decoder = msgspec.json.Decoder(SessionState)
+# A page of the expiry sweep (expiry.py): a range of the partial index sessions_by_expiry.
+EXPIRING_SQL = ("SELECT expires_at, session_id FROM sessions WHERE expires_at IS NOT NULL"
+                " AND expires_at <= ? AND (expires_at, session_id) > (?, ?)"
+                " ORDER BY expires_at, session_id LIMIT ?")
 
 
 def write_views(db: sqlite3.Connection, batch: Batch) -> None:
@@ -31,8 +35,8 @@ def write_views(db: sqlite3.Connection, batch: Batch) -> None:
         db.executemany(
             "INSERT OR REPLACE INTO sessions (session_id, version, status, namespace,"
             " actor_name, source, task, created_at, updated_at, message_count, input_tokens,"
-            " output_tokens, estimated_cost, last_position, last_hash, state)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " output_tokens, estimated_cost, last_position, last_hash, state, expires_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [_view_row(entry) for entry in batch.views.values()],
         )
     if batch.snapshots:
@@ -49,6 +53,7 @@ def _view_row(entry: Entry) -> tuple[Any, ...]:
         s.session_id, s.version, s.status, s.namespace, s.actor_name, s.source, s.task,
         s.timestamps.created_at, s.timestamps.updated_at, s.message_count, u.input_tokens,
         u.output_tokens, u.estimated_cost, entry.last_position, entry.last_hash, encode(s),
+        s.expires_at,
     )
 
 
@@ -132,6 +137,13 @@ class SessionViews(SqliteReads):
             " AND updated_at < ? ORDER BY updated_at LIMIT ?",
             (*statuses, before, limit))
         return [r[0] for r in rows]
+
+    async def expiring_sessions(self, before: str, after: tuple[str, str] | None,
+                                limit: int) -> list[tuple[str, str]]:
+        """A page of the expiry index (sessions_by_expiry): no scan of other sessions."""
+        start = after or ("", "")
+        rows = await self._all(EXPIRING_SQL, (before, *start, limit))
+        return [(r[0], r[1]) for r in rows]
 
     async def states(self, namespace: str, prefix: bool, after: str,
                      limit: int, max_bytes: int = 0) -> Page[bytes]:

@@ -362,6 +362,7 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
         for sid in batch.deletes:
             # The read models first: the pages they free make room for the search index's
             # delete markers (FTS5 writes them) in a database at max_db_bytes.
+            forks.keep_shared_payloads(db, sid)
             for table in SESSION_TABLES:
                 if table not in ("events", "sessions"):
                     db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
@@ -457,6 +458,9 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
 
     async def hash_at(self, session_id: str, version: int) -> str | None:
         return await self.on_reader(lambda con: forks.hash_at_sql(con, session_id, version))
+
+    async def fork_ancestry(self, session_id: str, limit: int) -> list[str]:
+        return await self.on_reader(lambda con: forks.ancestry_sql(con, session_id, limit))
 
     async def fork_count(self, session_id: str) -> int:
         return await self.on_reader(lambda con: forks.count_sql(con, session_id))

@@ -105,7 +105,7 @@ def with_write_options(data: type[S], name: str, module: str,
     return cast("type[S]", built)
 
 
-PROTOCOL_VERSION: Final = "1.2"
+PROTOCOL_VERSION: Final = "1.3"
 """major.minor of this API: a minor release adds methods and optional fields; a major one
 may remove or change them. 1.0 was sessiond 0.1.0, whose ping had neither field below."""
 

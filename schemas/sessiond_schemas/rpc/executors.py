@@ -52,6 +52,7 @@ class SessionTrajectoryParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
     full: bool = False
     max_output_len: PosInt = 200
+    cursor: str | None = None  # the `next_cursor` of the previous page
 
 
 class Step(msgspec.Struct, kw_only=True):
@@ -63,3 +64,6 @@ class Step(msgspec.Struct, kw_only=True):
 
 class TrajectoryResult(msgspec.Struct, kw_only=True):
     steps: list[Step]
+    # Set when more steps follow: pass it back as `cursor` (protocol: session.trajectory).
+    next_cursor: str | None = None
+    truncated_by_bytes: bool = False

@@ -8,15 +8,18 @@ import msgspec
 
 from ..bounds import NonNegInt
 from ..events import GraphCheckpoint, GraphWrites, SessionId, Typed
+from ..state import TtlSeconds
 from .base import Params
 
 
 class GraphPutParams(GraphCheckpoint, kw_only=True, forbid_unknown_fields=True):
     session_id: SessionId
+    ttl_s: TtlSeconds | None = None  # the thread's session's idle TTL, if this creates it
 
 
 class GraphPutWritesParams(GraphWrites, kw_only=True, forbid_unknown_fields=True):
     session_id: SessionId
+    ttl_s: TtlSeconds | None = None
 
 
 class GraphGetParams(Params, kw_only=True, forbid_unknown_fields=True):
@@ -79,6 +82,25 @@ class GraphCopyParams(Params, kw_only=True, forbid_unknown_fields=True):
 class GraphPruneParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_ids: list[str]
     strategy: Literal["keep_latest", "delete"] = "keep_latest"
+
+
+class GraphDeltaHistoryParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    ns: str = ""
+    checkpoint_id: str | None = None  # default: the latest in `ns`
+    channels: list[str]
+
+
+class ChannelHistory(msgspec.Struct, kw_only=True):
+    """What one channel got across a checkpoint's ancestors (LangGraph's
+    DeltaChannelHistory): the writes oldest first, and the nearest stored value."""
+
+    writes: list[PendingWrite]
+    seed: Typed | None = None  # None: no ancestor stored a value (start empty)
+
+
+class GraphDeltaHistoryResult(msgspec.Struct, kw_only=True):
+    channels: dict[str, ChannelHistory]
 
 
 class GraphChangeResult(msgspec.Struct, kw_only=True):

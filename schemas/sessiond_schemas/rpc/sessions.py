@@ -1,4 +1,4 @@
-"""Session methods: create, get, resolve, list, transition, resume, delete, cleanup,
+"""Session methods: create, get, resolve, list, transition, set_ttl, resume, delete, cleanup,
 import, and the bulk views (state.get, session.states)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import msgspec
 
 from ..bounds import PosInt
 from ..events import SessionCreated, SessionId, Status
-from ..state import SessionState, SessionSummary
+from ..state import SessionState, SessionSummary, TtlSeconds
 from .base import Limit1000, Params, WriteOptions, WriteParams, with_write_options
 from .events import EventInput
 
@@ -57,6 +57,11 @@ class SessionTransitionParams(WriteParams, kw_only=True, forbid_unknown_fields=T
     resume_from: str | None = None
 
 
+class SessionSetTtlParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
+    # The session's new idle TTL in seconds; null (or left out): none.
+    ttl_s: TtlSeconds | None = None
+
+
 class SessionResumeParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
     checkpoint_id: str | None = None
 
@@ -69,8 +74,13 @@ class SessionCleanupParams(Params, kw_only=True, forbid_unknown_fields=True):
     # At most 100,000 days (274 years): older cut-offs fall outside the calendar.
     older_than_days: Annotated[float, msgspec.Meta(ge=0, le=100_000)] = 7
     statuses: list[Status] = msgspec.field(
-        default_factory=lambda: ["completed", "failed", "cancelled", "killed"])
+        default_factory=lambda: ["completed", "failed", "cancelled", "killed", "expired"])
     dry_run: bool = False
+
+
+class SessionExportParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    cursor: str | None = None  # the `next_cursor` of the previous page
 
 
 class SessionImportParams(Params, kw_only=True, forbid_unknown_fields=True):

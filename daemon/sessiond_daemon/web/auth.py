@@ -1,0 +1,85 @@
+"""Who an HTTP request comes from: a Unix peer's uid, or the holder of a bearer token.
+
+The tokens are files in the runtime directory (0600, next to the socket), made at start
+and read again whenever they change, so `sessionctl http-token --rotate` (which replaces
+the file) takes effect at the next request. The owner's token is checked in constant time
+(hmac.compare_digest) and grants what the daemon's own uid may call; the peer token
+grants what any other allowed user may call (access.py).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+
+from sessiond_schemas.paths import http_token_path
+
+TOKEN_BYTES = 32  # 256 bits, as URL-safe base64: 43 characters
+PEER_UID = -1  # the uid a peer token's requests are checked (and recorded) as
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def write_token(path: str) -> str:
+    """Write a new token to `path` (0600, replaced atomically); return it."""
+    token = new_token()
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, token.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return token
+
+
+@dataclass(slots=True)
+class _TokenFile:
+    path: str
+    stamp: tuple[int, int, int] = (0, 0, 0)
+    token: bytes = b""
+
+    def current(self) -> bytes:
+        """The token in the file now (re-read only when the file changed)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self.token, self.stamp = b"", (0, 0, 0)
+            return b""
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp != self.stamp:
+            with open(self.path, "rb") as f:
+                self.token = f.read(4096).strip()
+            self.stamp = stamp
+        return self.token
+
+
+class Tokens:
+    """The owner's token and the peer token of one daemon."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.owner = _TokenFile(http_token_path(socket_path))
+        self.peer = _TokenFile(http_token_path(socket_path, peer=True))
+
+    def create(self) -> None:
+        """Make both tokens at start (a new daemon, new tokens)."""
+        write_token(self.owner.path)
+        write_token(self.peer.path)
+
+    def uid_of(self, presented: str) -> int | None:
+        """The uid a request with this token acts as: ours, PEER_UID, or None (refused)."""
+        given = presented.encode()
+        owner_ok = _same(given, self.owner.current())
+        peer_ok = _same(given, self.peer.current())  # both compared: no early answer
+        if owner_ok:
+            return os.getuid()
+        return PEER_UID if peer_ok else None
+
+
+def _same(given: bytes, expected: bytes) -> bool:
+    return bool(expected) and hmac.compare_digest(given, expected)
