@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
 from typing import Final
 
 import structlog
@@ -19,7 +20,9 @@ from . import search
 
 log = structlog.get_logger("sessiond.store")
 
-MIGRATIONS: Final[list[list[str]]] = [
+# A step is a statement, or a function of the connection for what SQL cannot say alone.
+Step = str | Callable[[sqlite3.Connection], None]
+MIGRATIONS: Final[list[list[Step]]] = [
     [
         """CREATE TABLE events (
             position INTEGER PRIMARY KEY,
@@ -204,8 +207,8 @@ MIGRATIONS: Final[list[list[str]]] = [
     # index the expiry sweep pages (only sessions with a TTL are in it). No session had
     # a TTL before, so NULL is every stored session's value.
     [
-        "ALTER TABLE sessions ADD COLUMN expires_at TEXT",
-        """CREATE INDEX sessions_by_expiry ON sessions (expires_at, session_id)
+        lambda con: _add_column(con, "sessions", "expires_at", "TEXT"),
+        """CREATE INDEX IF NOT EXISTS sessions_by_expiry ON sessions (expires_at, session_id)
             WHERE expires_at IS NOT NULL""",
     ],
     # 8: forks share their source's checkpoint payloads by reference (forks.py): a fork's
@@ -283,7 +286,10 @@ def migrate(con: sqlite3.Connection, path: str) -> list[int]:
         for number in pending:
             for sql in MIGRATIONS[number - 1]:
                 try:
-                    con.execute(sql)
+                    if callable(sql):
+                        sql(con)
+                    else:
+                        con.execute(sql)
                 except sqlite3.Error as exc:
                     raise MigrationFailed(
                         f"migration {number} of database {path} failed: {exc}. Nothing was"
@@ -299,6 +305,13 @@ def migrate(con: sqlite3.Connection, path: str) -> list[int]:
     log.info("store.migrated", schema_version=LATEST, from_version=current, applied=pending,
              new_database=current == 0)
     return pending
+
+
+def _add_column(con: sqlite3.Connection, table: str, column: str, kind: str) -> None:
+    """ALTER TABLE ADD COLUMN, unless the column is there (SQLite has no IF NOT EXISTS for
+    it): so that the migration, like the others, can run again."""
+    if column not in {row[1] for row in con.execute(f"PRAGMA table_info({table})")}:
+        con.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 def _backup(con: sqlite3.Connection, target: str) -> None:
