@@ -82,6 +82,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch_requests: Count = 64
     max_reply_buffer: Count = 16 << 20
     max_page_bytes: Count = 4 << 20
+    # Reply bytes held (built and unsent) across every connection; past three quarters
+    # of it the connections holding the most are not read, past it the one holding the
+    # most is closed (docs/reliability.md). Unset: an eighth of MemTotal, at most 512 MiB.
+    max_reply_buffer_total: Count | None = None
     # Prometheus endpoint (docs/metrics.md): host:port or a socket path; None: off.
     metrics_listen: str | None = None
     max_metrics_labels: Count = 20  # actors / namespaces labelled; the rest are "(other)"
@@ -93,7 +97,7 @@ RELOADABLE = frozenset({
     "log_level", "log_format", "max_request_bytes", "max_connections", "max_inflight",
     "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
     "max_checkpoint_bytes", "allowed_uids", "allowed_gids", "peer_methods", "drain_timeout_s",
-    "max_batch_requests", "max_reply_buffer", "max_page_bytes",
+    "max_batch_requests", "max_reply_buffer", "max_page_bytes", "max_reply_buffer_total",
 })
 
 

@@ -36,6 +36,7 @@ from sessiond_schemas.events import EventMeta, new_id
 
 from . import host
 from .access import Grants
+from .budget import Holding, ReplyBudget
 from .eventstore import Store, page_budget
 from .methods import ConnectionHandler, Handler, MethodTable
 from .metrics import NO_METRICS, Hooks
@@ -63,6 +64,7 @@ class ServerLimits:
     max_subscription_buffer: int = 1 << 20  # unread bytes before a live subscriber is dropped
     max_batch_requests: int = 64  # requests in one batch line
     max_reply_buffer: int = 16 << 20  # unsent reply bytes before we stop reading a client
+    max_reply_buffer_total: int = 512 << 20  # reply bytes held across connections (budget.py)
     max_page_bytes: int = 4 << 20  # a paged read's byte budget (shared by a batch's items)
 
 
@@ -88,12 +90,13 @@ class Slot:
             self.gate.release()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Connection:
-    """What a request may need of the connection it came on."""
+    """What a request may need of the connection it came on, and how to end it."""
 
     peer: Peer
     subscriptions: Subscriptions
+    holding: Holding  # its reply bytes held, in the daemon's budget
 
 
 def _failure(request_id: Any, code: int, message: str,
@@ -126,6 +129,7 @@ class Server:
         self.subscriptions = 0
         self.draining = False
         self.inflight = 0
+        self.budget = ReplyBudget(limits.max_reply_buffer_total)
         self.metrics: Hooks = NO_METRICS  # lifecycle sets Prometheus with --metrics-listen
         self._idle: anyio.Event | None = None  # made only while someone waits for it
         # From the method table (methods.py): each method's params decoder, and its
@@ -208,11 +212,25 @@ class Server:
         gate_size = self.limits.max_inflight
         gate = anyio.Semaphore(gate_size)
         conn: Connection
-        waiting = 0  # bytes of answers built and not yet handed to the transport
+        budget = self.budget
 
-        async def run(line: bytes) -> None:
-            nonlocal waiting
-            slot = Slot(gate, gate_size)
+        def shut(reason: str) -> None:
+            """End the connection at once: its answers are dropped, its requests cancelled.
+            Called from its own tasks, or by the budget from another connection's."""
+            log.debug("rpc.connection_closed", reason=reason)
+            writer.transport.abort()
+            tg.cancel_scope.cancel()
+            for other in requests:
+                if other is not asyncio.current_task():
+                    other.cancel()
+
+        # The answers this connection built and has not handed to its transport, and its
+        # transport's unsent bytes: what it holds of the daemon's reply budget.
+        holding = Holding((peer.pid, peer.uid), shut)
+
+        async def run(line: bytes, slot: Slot, share: int) -> None:
+            """Answer a line on its slot; `share`: what its answer may weigh, reserved in
+            the daemon's budget (by the read loop) while it is built."""
             try:
                 try:
                     reply = await self.handle_line(line, conn, slot)
@@ -221,29 +239,40 @@ class Server:
                     log.exception("rpc.line_failed", error_id=error_id)
                     reply = _encoder.encode(_failure(None, INTERNAL_ERROR, "internal error",
                                                      {"error_id": error_id}))
+                finally:
+                    budget.reserve(holding, -share)
                 if reply is not None:
-                    waiting += len(reply)
+                    size = len(reply)
+                    # Past the daemon's budget the connection holding the most is closed
+                    # first, this one if it is that one (then its answer is dropped).
+                    if not budget.make_room(holding, size):
+                        return
+                    budget.wait(holding, size)
                     try:
-                        if waiting > max(len(reply), 2 * self.limits.max_reply_buffer):
+                        if holding.waiting > max(size, 2 * self.limits.max_reply_buffer):
                             # Answers pile up for a client that reads none of them (pages
                             # can pass their budget: one item always comes whole). Its
                             # requests are dropped and it is closed.
-                            log.warning("rpc.client_not_reading", waiting_bytes=waiting,
+                            log.warning("rpc.client_not_reading",
+                                        waiting_bytes=holding.waiting,
                                         limit=self.limits.max_reply_buffer)
-                            writer.transport.abort()
-                            tg.cancel_scope.cancel()
-                            for other in requests:
-                                if other is not asyncio.current_task():
-                                    other.cancel()
+                            shut("not reading")
                             return
                         # Past max_reply_buffer unsent bytes this answer waits (holding
                         # its max_inflight slot) until the client reads.
                         await self._room_to_reply(writer)
+                        if holding.closed or writer.transport.is_closing():
+                            return  # closed meanwhile (by the budget, or by the client)
                         # One write() call per line keeps lines whole.
                         writer.write(reply + b"\n")
                     finally:
-                        waiting -= len(reply)
+                        budget.wait(holding, -size)
+                        budget.sample(holding, writer.transport)
+                    # The transport has the line now (a copy): held twice while the
+                    # client does not read, otherwise.
+                    del reply
                     await writer.drain()
+                    budget.sample(holding, writer.transport)
             except ConnectionError:
                 pass  # the client went away; its answer has nowhere to go
             finally:
@@ -267,10 +296,12 @@ class Server:
                 self.store, self.writer, writer, tg,
                 max_buffer=self.limits.max_subscription_buffer,
                 max_subscriptions=self.limits.max_subscriptions,
-                on_count=self._count_subscriptions))
+                on_count=self._count_subscriptions), holding)
             self.metrics.connection(conn.subscriptions)
+            budget.join(holding)
             try:
-                await self._read_lines(reader, writer, gate, requests, loop, finished, run)
+                await self._read_lines(reader, writer, gate, gate_size, requests, loop,
+                                       finished, run, holding)
                 # The client stopped sending: its subscriptions end; requests in flight
                 # still get their answers before the connection closes.
                 conn.subscriptions.close()
@@ -282,13 +313,16 @@ class Server:
                 if requests:
                     with anyio.CancelScope(shield=True):
                         await asyncio.wait(set(requests))
+                budget.leave(holding)
 
     async def _read_lines(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                          gate: anyio.Semaphore, requests: set[asyncio.Task[None]],
+                          gate: anyio.Semaphore, gate_size: int, requests: set[asyncio.Task[None]],
                           loop: asyncio.AbstractEventLoop,
                           finished: Callable[[asyncio.Task[None]], None],
-                          run: Callable[[bytes], Coroutine[Any, Any, None]]) -> None:
+                          run: Callable[[bytes, Slot, int], Coroutine[Any, Any, None]],
+                          holding: Holding) -> None:
         """Read the client's lines until it stops, each answered in a task of its own."""
+        budget = self.budget
         while True:
             try:
                 line = await reader.readuntil(b"\n")  # the reader's limit is max_request_bytes
@@ -320,16 +354,27 @@ class Server:
             except (asyncio.IncompleteReadError, ConnectionError):
                 break
             # Back-pressure: past max_reply_buffer unsent bytes, or max_inflight
-            # requests, we stop reading, never buffer.
+            # requests, or while the daemon's reply budget is nearly spent and this
+            # connection holds more than its share, we stop reading, never buffer.
             try:
                 await self._room_to_reply(writer)
+                await budget.room_to_read(
+                    holding, partial(budget.sample, holding, writer.transport))
             except ConnectionError:
                 break
             try:
                 gate.acquire_nowait()  # no checkpoint (a loop iteration) when free
             except anyio.WouldBlock:
                 await gate.acquire()
-            task = loop.create_task(run(line))
+            # The answer's share of max_page_bytes (as handle_line will give it at most) is
+            # reserved now, so that the lines read next see it in the budget.
+            slot = Slot(gate, gate_size)
+            share = max(1, self.limits.max_page_bytes // max(1, slot.in_use))
+            if not budget.make_room(holding, share):
+                slot.release()
+                break  # this connection held the most: it was closed
+            budget.reserve(holding, share)
+            task = loop.create_task(run(line, slot, share))
             requests.add(task)
             task.add_done_callback(finished)
 
