@@ -337,6 +337,7 @@ class Daemon:
             self.server.allowed_uids = frozenset(new.allowed_uids)
             self.server.allowed_gids = frozenset(new.allowed_gids)
             self.server.grants = Grants.of(new.peer_methods)
+            self.server.recheck()  # connections of peers no longer let in are ended
         if self.commands is not None:
             self.commands.limits = _service_limits(new)
         # Keep the settings that need a restart as they are running.

@@ -130,6 +130,7 @@ class Server:
         self.draining = False
         self.inflight = 0
         self.budget = ReplyBudget(limits.max_reply_buffer_total)
+        self._open: set[Connection] = set()  # every connection being served
         self.metrics: Hooks = NO_METRICS  # lifecycle sets Prometheus with --metrics-listen
         self._idle: anyio.Event | None = None  # made only while someone waits for it
         # From the method table (methods.py): each method's params decoder, and its
@@ -159,6 +160,26 @@ class Server:
     def _allowed(self, peer: Peer) -> bool:
         return (peer.uid in (os.getuid(), 0) or peer.uid in self.allowed_uids
                 or peer.gid in self.allowed_gids)
+
+    def recheck(self) -> int:
+        """After a reload: end every connection whose peer the new settings no longer let
+        in. Its subscriptions are dropped saying why, it gets the -32006 a new connection
+        would, and it is closed (its requests in flight are not answered). Returns how
+        many were ended."""
+        revoked = [conn for conn in self._open if not self._allowed(conn.peer)]
+        for conn in revoked:
+            peer = conn.peer
+            reason = (f"access revoked: uid {peer.uid} may no longer use this daemon"
+                      " (allowed_uids / allowed_gids changed by a reload)")
+            log.warning("rpc.access_revoked", peer_uid=peer.uid, peer_pid=peer.pid,
+                        subscriptions=len(conn.subscriptions.cursors()))
+            conn.subscriptions.revoke(reason)
+            refused = PermissionDeniedError(
+                f"uid {peer.uid} may not use this daemon: access revoked by a reload",
+                {"uid": peer.uid, "reason": "access revoked"})
+            conn.subscriptions.out.write(_encoder.encode(self._error(None, refused)) + b"\n")
+            conn.holding.close(reason)
+        return len(revoked)
 
     async def _guarded_connection(self, stream: SocketStream) -> None:
         try:
@@ -215,10 +236,17 @@ class Server:
         budget = self.budget
 
         def shut(reason: str) -> None:
-            """End the connection at once: its answers are dropped, its requests cancelled.
-            Called from its own tasks, or by the budget from another connection's."""
+            """End the connection at once: its requests are cancelled, answers not yet
+            handed to the transport dropped. Called from its own tasks, or from another
+            connection's (the budget) or a reload's (revoked access)."""
             log.debug("rpc.connection_closed", reason=reason)
-            writer.transport.abort()
+            if reason.startswith("access revoked"):
+                # What was written last (the reason) is sent if the client reads; the
+                # connection is cut a moment later in any case.
+                writer.transport.close()
+                loop.call_later(1.0, writer.transport.abort)
+            else:
+                writer.transport.abort()
             tg.cancel_scope.cancel()
             for other in requests:
                 if other is not asyncio.current_task():
@@ -299,6 +327,7 @@ class Server:
                 on_count=self._count_subscriptions), holding)
             self.metrics.connection(conn.subscriptions)
             budget.join(holding)
+            self._open.add(conn)
             try:
                 await self._read_lines(reader, writer, gate, gate_size, requests, loop,
                                        finished, run, holding)
@@ -314,6 +343,7 @@ class Server:
                     with anyio.CancelScope(shield=True):
                         await asyncio.wait(set(requests))
                 budget.leave(holding)
+                self._open.discard(conn)
 
     async def _read_lines(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                           gate: anyio.Semaphore, gate_size: int, requests: set[asyncio.Task[None]],
