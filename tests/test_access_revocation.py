@@ -7,17 +7,21 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import msgspec
+import pg
 import pytest
-from conftest import as_user, daemon_config
+from conftest import as_user, daemon_config, running_daemon
 from test_security import peer_user, req
 
 from sessiond import AsyncClient
-from sessiond_daemon import lifecycle
+from sessiond_daemon import lifecycle, migrations
+from sessiond_daemon.postgres import schema as pg_schema
+from sessiond_schemas.errors import SessiondError
 
 pytestmark = pytest.mark.anyio
 
@@ -119,3 +123,113 @@ class TestRevokedOnReload:
                 stats = await owner.stats()
                 assert stats.connections == 1 and stats.subscriptions == 0
             shutdown.set()
+
+
+def as_peer_lines(user: Any, path: str, requests: list[dict[str, Any]]) -> dict[Any, Any]:
+    """Send `requests` as `user` on one connection; their answers by id."""
+    with connect_as(user, path) as s:
+        s.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+        answers: dict[Any, Any] = {}
+        for line in lines(s):
+            answers[line.get("id")] = line
+            if len(answers) == len(requests):
+                return answers
+    raise AssertionError(f"the daemon closed the connection: {answers}")
+
+
+def owners_fork_id(source: str, key: str) -> str:
+    """What the owner's keyed fork of `source` is called (docs/protocol.md): a peer can
+    work it out too."""
+    import base64
+    import hashlib
+
+    digest = hashlib.sha256(f"{source}\0{key}".encode()).digest()
+    return "fork-" + base64.b32encode(digest).decode()[:26].lower()
+
+
+class TestKeysScopedToTheCaller:
+    async def test_one_uids_key_never_answers_anothers(self, shared_dir: str,
+                                                       db_url: str) -> None:
+        """A peer and the owner use the same key on the same session: each write is
+        made, and each retry gets its own first result. The predictable id of the
+        owner's keyed fork, created first by the peer with the same key, makes the
+        owner's fork -32004, never the peer's session; the peer's keyed fork of the
+        same source and key is a session of its own."""
+        user = peer_user()
+        config = daemon_config(shared_dir, db=db_url, socket_mode=0o666,
+                               allowed_uids=[user.pw_uid])
+        daemon = lifecycle.Daemon(config)
+        shutdown = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            sock = await tg.start(daemon.run, shutdown)
+            async with AsyncClient(sock) as owner:
+                await owner.create_session("s")
+                theirs = await anyio.to_thread.run_sync(as_peer_lines, user, sock, [
+                    req(1, "message.append", session_id="s", role="user", content="peer's",
+                        idempotency_key="k")])
+                assert theirs[1]["result"]["version"] == 2
+                mine = await owner.append_message("s", role="user", content="owner's",
+                                                  idempotency_key="k")
+                assert mine.version == 3  # made, not answered with the peer's result
+                assert (await owner.append_message("s", role="user", content="again",
+                                                   idempotency_key="k")).version == 3
+                again = await anyio.to_thread.run_sync(as_peer_lines, user, sock, [
+                    req(1, "message.append", session_id="s", role="user", content="again",
+                        idempotency_key="k")])
+                assert again[1]["result"]["version"] == 2
+                assert (await owner.get_session("s")).message_count == 2
+
+                # The fork: the peer takes the owner's fork id first, with the same key.
+                squatted = owners_fork_id("s", "f")
+                taken = await anyio.to_thread.run_sync(as_peer_lines, user, sock, [
+                    req(1, "session.create", session_id=squatted, idempotency_key="f")])
+                assert "result" in taken[1]
+                with pytest.raises(SessiondError) as refused:
+                    await owner.fork("s", idempotency_key="f")
+                assert refused.value.code == -32004
+                assert refused.value.data == {"session_id": squatted}
+                peer_fork = await anyio.to_thread.run_sync(as_peer_lines, user, sock, [
+                    req(1, "session.fork", session_id="s", idempotency_key="f"),
+                    req(2, "session.fork", session_id="s", idempotency_key="f")])
+                first, retry = peer_fork[1]["result"], peer_fork[2]["result"]
+                assert first["session_id"] == retry["session_id"] != squatted
+                assert first["forked_from"]["session_id"] == "s"
+                # The owner, with a key nobody took, forks as before; a retry finds it.
+                made = await owner.fork("s", idempotency_key="g")
+                assert made.session_id == owners_fork_id("s", "g")
+                assert (await owner.fork("s", idempotency_key="g")).version \
+                    == made.version
+            shutdown.set()
+
+
+class TestKeysStoredBeforeTheScope:
+    async def test_old_keys_belong_to_the_daemon_owner(self, short_dir: str,
+                                                      db_url: str) -> None:
+        """A database whose keys were stored unscoped (the schema before the migration
+        that scoped them): after the upgrade, the owner's retry under an old key gets
+        the stored result and writes nothing."""
+        config = daemon_config(short_dir, db=db_url)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as client:
+            await client.create_session("s")
+            first = await client.append_message("s", role="user", content="once",
+                                                idempotency_key="old")
+        # Back to the schema before: keys without their uid.
+        unscope = "UPDATE idempotency SET key = substr(key, length(?) + 1)"
+        prefix = f"{os.getuid()}:"
+        if db_url.startswith("postgresql"):
+            pg.query(db_url, unscope, prefix)
+            pg.query(db_url, "UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                     str(pg_schema.LATEST - 1))
+        else:
+            con = sqlite3.connect(db_url)
+            with con:
+                con.execute(unscope, (prefix,))
+                con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                            (str(migrations.LATEST - 1),))
+            con.close()
+        async with running_daemon(config) as d, AsyncClient(d.socket) as client:
+            assert d.sql("SELECT key FROM idempotency") == [(f"{os.getuid()}:old",)]
+            retry = await client.append_message("s", role="user", content="once",
+                                                idempotency_key="old")
+            assert retry == first
+            assert (await client.get_session("s")).message_count == 1

@@ -19,6 +19,14 @@ from . import search
 
 log = structlog.get_logger("sessiond.store")
 
+OWNER_UID: Final = "{owner_uid}"  # in a migration's SQL: the migrating daemon's uid
+
+
+def owner_sql(sql: str) -> str:
+    """A migration's statement with OWNER_UID filled in (a number: nothing to quote)."""
+    return sql.replace(OWNER_UID, str(os.getuid()))
+
+
 MIGRATIONS: Final[list[list[str]]] = [
     [
         """CREATE TABLE events (
@@ -200,6 +208,12 @@ MIGRATIONS: Final[list[list[str]]] = [
     [
         "DROP INDEX IF EXISTS events_by_session",
     ],
+    # 7: idempotency keys scoped to the caller's uid (writer.scoped_key: "uid:key"), so
+    # one peer's key never answers another's request. The keys stored before had no
+    # owner: they are given the uid of the daemon that migrates (OWNER_UID, filled in).
+    [
+        f"UPDATE idempotency SET key = '{OWNER_UID}:' || key",
+    ],
 ]
 
 
@@ -269,7 +283,7 @@ def migrate(con: sqlite3.Connection, path: str) -> list[int]:
         for number in pending:
             for sql in MIGRATIONS[number - 1]:
                 try:
-                    con.execute(sql)
+                    con.execute(owner_sql(sql))
                 except sqlite3.Error as exc:
                     raise MigrationFailed(
                         f"migration {number} of database {path} failed: {exc}. Nothing was"
