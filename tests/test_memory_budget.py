@@ -20,9 +20,10 @@ __all__ = ["process_client", "process_daemon"]  # fixtures used here
 BUDGET = 256 << 20
 # What the daemon holds besides the replies counted against the budget: the interpreter
 # and its libraries (about 60 MiB), SQLite's caches, answers being built past the share
-# they reserved (one item always comes whole), allocator slack. Measured: a peak of
-# 530-680 MiB with this budget, 2.3-3 GB without one (docs/reliability.md).
-MARGIN = 512 << 20
+# they reserved (one item always comes whole), copies in flight, allocator slack.
+# Measured: a peak of 550-830 MiB with this budget, 2.3-3 GB without one
+# (docs/reliability.md, "Budgets").
+MARGIN = 768 << 20
 PAGE = 4 << 20  # max_page_bytes: what the stats request itself reserves while it runs
 NEAR_BASELINE = 64 << 20
 CONNECTIONS = 64

@@ -6,10 +6,12 @@ clients that send and never read cannot take the host's memory. Each connection'
 `max_page_bytes` before it runs), the answers built and not handed to its transport yet,
 and its transport's unsent bytes (sampled after each write and drain). Past three
 quarters of the budget, the connections holding more than their share are not read any
-more; a reservation or an answer that would take the total past the budget closes the
-connection holding the most first. Memory given back by closed connections and drained
-buffers is returned to the operating system (glibc keeps freed blocks in its arenas, so
-RSS would stay up).
+more; a reservation or an answer that would take the total past the budget first closes
+the connection holding the most bytes built and unsent (never one holding none: a
+reservation is an estimate, a ping reserves a page, so honest clients that read are not
+closed for asking at once; they wait, unread, meanwhile). Memory given back by closed
+connections and drained buffers is returned to the operating system (glibc keeps freed
+blocks in its arenas, so RSS would stay up).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ MAX_DEFAULT = 512 << 20  # the default budget's ceiling
 MEMORY_SHARE = 8  # the default budget: an eighth of the machine's memory, at most 512 MiB
 TRIM_STEP = 32 << 20  # bytes given back since the last trim that call for one
 TRIM_EVERY_S = 1.0  # trims at most this often
+CONNECTION_SHARE = 8  # a connection holding more than this part of the budget is not read
 PAUSED_POLL_S = 0.05  # a paused connection looks again at its own buffer this often
 
 
@@ -81,13 +84,19 @@ class Holding:
     def held(self) -> int:
         return self.building + self.waiting + self.buffered
 
+    @property
+    def unsent(self) -> int:
+        """Built, and not taken by the client yet: what a client that does not read holds."""
+        return self.waiting + self.buffered
+
 
 class ReplyBudget:
     """Every connection's Holding, their total, and what is done past the budget."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.total = 0
+        self.total = 0  # every holding's `held`
+        self.unsent = 0  # every holding's `unsent`
         self.closed = 0  # connections closed by the budget since start
         self._holdings: set[Holding] = set()
         self._room: anyio.Event | None = None  # set when the total falls under the mark
@@ -114,6 +123,7 @@ class ReplyBudget:
         if holding in self._holdings:
             self._holdings.discard(holding)
             self._released += holding.held
+            self.unsent -= holding.unsent
             self._change(-holding.held)
         holding.building = holding.waiting = holding.buffered = 0
         holding.closed = True
@@ -128,6 +138,7 @@ class ReplyBudget:
         """Count `delta` more (or fewer) built answers not yet handed to the transport."""
         if not holding.closed:
             holding.waiting += delta
+            self.unsent += delta
             self._change(delta)
 
     def sample(self, holding: Holding, transport: asyncio.WriteTransport) -> None:
@@ -135,22 +146,25 @@ class ReplyBudget:
         if not holding.closed:
             size = transport.get_write_buffer_size()
             delta, holding.buffered = size - holding.buffered, size
+            self.unsent += delta
             self._change(delta)
 
-    def make_room(self, holding: Holding, size: int) -> bool:
-        """Before `size` more bytes are counted for `holding`: while they would take the
-        total past the budget, close the connection holding the most. False if that was
-        `holding` itself (its answer is dropped)."""
+    def make_room(self, holding: Holding, size: int, *, built: bool) -> bool:
+        """Before `size` bytes are counted for `holding` (`built`: an answer, else a
+        reservation): while they would take the total past the budget, close the
+        connection holding the most bytes built and unsent, if any holds some. False if
+        that was `holding` itself (its answer is dropped)."""
         while self.total + size > self.limit and self._holdings:
-            worst = max(self._holdings, key=lambda h: h.held + (size if h is holding else 0))
-            if worst is not holding and worst.held == 0:
+            worst = max(self._holdings,
+                        key=lambda h: h.unsent + (size if built and h is holding else 0))
+            if worst.unsent + (size if built and worst is holding else 0) == 0:
                 break
             self.closed += 1
             pid, uid = worst.peer
             log.warning("server.memory_budget_closed", peer_pid=pid, peer_uid=uid,
-                        held_bytes=worst.held, total_bytes=self.total, limit=self.limit,
+                        held_bytes=worst.unsent, total_bytes=self.unsent, limit=self.limit,
                         setting="max_reply_buffer_total")
-            reason = (f"the daemon holds {self.total + size} reply bytes built and unsent,"
+            reason = (f"the daemon holds {self.unsent + size} reply bytes built and unsent,"
                       f" past its budget of {self.limit} (max_reply_buffer_total), and this"
                       " connection held the most")
             self.leave(worst)
@@ -187,7 +201,11 @@ class ReplyBudget:
                      held_bytes=holding.held)
 
     def _over(self, holding: Holding) -> bool:
-        if self.total <= self.mark or holding.closed:
+        if holding.closed:
+            return False
+        if holding.held > self.limit // CONNECTION_SHARE:
+            return True  # no one connection takes more than an eighth, however quiet the rest
+        if self.total <= self.mark:
             return False
         holders = sum(1 for h in self._holdings if h.held) or 1
         return holding.held > self.limit // holders

@@ -273,7 +273,7 @@ class Server:
                     size = len(reply)
                     # Past the daemon's budget the connection holding the most is closed
                     # first, this one if it is that one (then its answer is dropped).
-                    if not budget.make_room(holding, size):
+                    if not budget.make_room(holding, size, built=True):
                         return
                     budget.wait(holding, size)
                     try:
@@ -400,7 +400,7 @@ class Server:
             # reserved now, so that the lines read next see it in the budget.
             slot = Slot(gate, gate_size)
             share = max(1, self.limits.max_page_bytes // max(1, slot.in_use))
-            if not budget.make_room(holding, share):
+            if not budget.make_room(holding, share, built=False):
                 slot.release()
                 break  # this connection held the most: it was closed
             budget.reserve(holding, share)
