@@ -100,3 +100,4 @@ class TestDaemonWideBudget:
         await eventually(lambda: vm(proc.pid, "VmRSS") < baseline + NEAR_BASELINE,
                          "RSS to come back near its baseline")
         assert proc.poll() is None
+

@@ -122,7 +122,7 @@ class ReplyBudget:
         """The connection is gone: what it held is given back."""
         if holding in self._holdings:
             self._holdings.discard(holding)
-            self._released += holding.held
+            self._released += holding.unsent
             self.unsent -= holding.unsent
             self._change(-holding.held)
         holding.building = holding.waiting = holding.buffered = 0
@@ -213,14 +213,15 @@ class ReplyBudget:
     def _change(self, delta: int) -> None:
         self.total += delta
         if delta > 0:
-            self._high = max(self._high, self.total)
+            self._high = max(self._high, self.unsent)
             return
         if self.total <= self.mark:
             self._reached = False
             if self._room is not None:
                 self._room.set()
                 self._room = None
-        if self._high - self.total >= TRIM_STEP or self._released >= TRIM_STEP:
+        # Trims follow real bytes (answers built), not reservations (estimates).
+        if self._high - self.unsent >= TRIM_STEP or self._released >= TRIM_STEP:
             self._schedule_trim()
 
     def _schedule_trim(self) -> None:
@@ -239,7 +240,7 @@ class ReplyBudget:
     def _trim(self) -> None:
         self._trim_pending = False
         self._last_trim = time.monotonic()
-        self._high, self._released = self.total, 0
+        self._high, self._released = self.unsent, 0
         trim = _malloc_trim()
         if trim is not None:
             started = time.perf_counter()
