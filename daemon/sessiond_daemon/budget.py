@@ -34,6 +34,7 @@ MAX_DEFAULT = 512 << 20  # the default budget's ceiling
 MEMORY_SHARE = 8  # the default budget: an eighth of the machine's memory, at most 512 MiB
 TRIM_STEP = 32 << 20  # bytes given back since the last trim that call for one
 TRIM_EVERY_S = 1.0  # trims at most this often
+TRIM_FOLLOW_UPS = 5  # trims after one that gave memory back, a second apart
 CONNECTION_SHARE = 8  # a connection holding more than this part of the budget is not read
 PAUSED_POLL_S = 0.05  # a paused connection looks again at its own buffer this often
 
@@ -221,7 +222,8 @@ class ReplyBudget:
                 self._room.set()
                 self._room = None
         # Trims follow real bytes (answers built), not reservations (estimates).
-        if self._high - self.unsent >= TRIM_STEP or self._released >= TRIM_STEP:
+        if (self._high - self.unsent >= TRIM_STEP or self._released >= TRIM_STEP
+                or (self._released and not self.unsent)):
             self._schedule_trim()
 
     def _schedule_trim(self) -> None:
@@ -237,13 +239,19 @@ class ReplyBudget:
         delay = max(0.1, self._last_trim + TRIM_EVERY_S - time.monotonic())
         loop.call_later(delay, self._trim)
 
-    def _trim(self) -> None:
+    def _trim(self, again: int = TRIM_FOLLOW_UPS) -> None:
         self._trim_pending = False
         self._last_trim = time.monotonic()
         self._high, self._released = self.unsent, 0
         trim = _malloc_trim()
-        if trim is not None:
-            started = time.perf_counter()
-            released = trim(0)
-            log.debug("server.memory_trimmed", released=bool(released), pid=os.getpid(),
-                      took_ms=round((time.perf_counter() - started) * 1000, 1))
+        if trim is None:
+            return
+        started = time.perf_counter()
+        released = trim(0)
+        log.debug("server.memory_trimmed", released=bool(released), pid=os.getpid(),
+                  took_ms=round((time.perf_counter() - started) * 1000, 1))
+        # What the closed connections held is freed as their tasks and transports end,
+        # some of it after this trim: look again while trims still give memory back.
+        if released and again and not self._trim_pending:
+            self._trim_pending = True
+            asyncio.get_running_loop().call_later(TRIM_EVERY_S, self._trim, again - 1)
