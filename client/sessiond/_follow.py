@@ -72,7 +72,7 @@ class Follower:
         if msg.method == "subscription.dropped":
             dropped = _dropped_decoder.decode(params)
             self.cursor = max(self.cursor or 0, dropped.last_position)
-            if dropped.reason.startswith("session deleted"):
+            if dropped.reason.startswith(("session deleted", "access revoked")):
                 self.ended = dropped.reason
             return False
         # The answer to events.subscribe: errors (say, no such session) are raised,

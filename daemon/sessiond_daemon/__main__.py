@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import anyio
@@ -18,6 +18,7 @@ from sessiond_schemas.errors import StorageError
 
 from . import host, lifecycle, logs, systemd
 from .config import Config, ConfigError, load
+from .deadline import MARGIN_S, StopDeadline
 from .metrics import check_config as check_metrics
 from .migrations import SchemaRefused
 from .web.face import check_config as check_http
@@ -93,23 +94,28 @@ def _int_list(text: str) -> list[int]:
 async def _serve(daemon: lifecycle.Daemon, args: argparse.Namespace) -> None:
     shutdown = anyio.Event()
     log = structlog.get_logger("sessiond")
+    # Whatever the loop is doing when SIGTERM comes, the process ends in time (deadline.py).
+    stop_deadline = StopDeadline(lambda: daemon.config.drain_timeout_s
+                                 + daemon.config.kill_grace_s + MARGIN_S)
     async with anyio.create_task_group() as tg:
-        async def on_signals() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT,
-                                            signal.SIGHUP) as signals:
-                async for signum in signals:
-                    if signum == signal.SIGHUP:
-                        _reload(daemon, args)
-                        continue
-                    if shutdown.is_set():
-                        log.warning("daemon.forced_exit")
-                        os._exit(1)  # a second signal: stop waiting for the drain
-                    log.info("daemon.signal", signal=signum.name)
-                    shutdown.set()
+        async def on_signals(signals: AsyncIterator[signal.Signals]) -> None:
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    _reload(daemon, args)
+                    continue
+                if shutdown.is_set():
+                    log.warning("daemon.forced_exit")
+                    os._exit(1)  # a second signal: stop waiting for the drain
+                log.info("daemon.signal", signal=signum.name)
+                stop_deadline.arm()
+                shutdown.set()
 
-        tg.start_soon(on_signals)
-        await daemon.run(shutdown)
-        tg.cancel_scope.cancel()
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT,
+                                        signal.SIGHUP) as signals:
+            stop_deadline.chain(signal.SIGTERM, signal.SIGINT)
+            tg.start_soon(on_signals, signals)
+            await daemon.run(shutdown)
+            tg.cancel_scope.cancel()
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:

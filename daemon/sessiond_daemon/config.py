@@ -112,6 +112,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # after this long (statement_timeout; a timed-out commit is a retryable -32012).
     # 0: no timeout.
     db_statement_timeout_s: Seconds = 30.0
+    # Reply bytes held (built and unsent) across every connection; past three quarters
+    # of it the connections holding the most are not read, past it the one holding the
+    # most is closed (docs/reliability.md). Unset: an eighth of MemTotal, at most 512 MiB.
+    max_reply_buffer_total: Count | None = None
     # Prometheus alone, unauthenticated, on host:port or a socket path (docs/metrics.md);
     # None: off (with http_listen, /metrics is also served there, to the owner's token).
     metrics_listen: str | None = None
@@ -127,6 +131,7 @@ RELOADABLE = frozenset({
     "drain_timeout_s", "max_batch_requests", "max_reply_buffer", "max_page_bytes",
     "http_cors_origins", "http_send_timeout_s", "default_ttl_s",
     "search_max_terms", "search_max_prefixes", "search_max_steps", "search_timeout_s",
+    "max_reply_buffer_total",
 })
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -272,9 +273,14 @@ async def guard(session_id: str) -> AsyncIterator[None]:
 
 
 
-def _fork_id(source: str, key: str) -> str:
-    """The id a keyed fork gets when none is given: a retry finds the same session."""
-    digest = base64.b32encode(hashlib.sha256(f"{source}\0{key}".encode()).digest()).decode()
+def _fork_id(source: str, key: str, uid: int | None) -> str:
+    """The id a keyed fork gets when none is given: the caller's retry finds the same
+    session. It is the caller's: another uid with the same key gets another id (the
+    daemon owner's is derived as before keys were scoped, so that its retries across
+    the upgrade find their fork). An id someone else took first is -32004 to the caller,
+    never that session: its key is scoped to its own uid (writer.scoped_key)."""
+    seed = f"{source}\0{key}" if uid in (None, os.getuid()) else f"{source}\0{key}\0{uid}"
+    digest = base64.b32encode(hashlib.sha256(seed.encode()).digest()).decode()
     return f"fork-{digest[:26].lower()}"
 
 
@@ -318,7 +324,7 @@ async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
         raise InvalidParamsError(f"session {p.session_id} has no event at version {at}",
                                  {"detail": "no such version", "path": "$.at_version"})
     key = p.idempotency_key
-    sid = p.new_session_id or (_fork_id(p.session_id, key) if key else new_id())
+    sid = p.new_session_id or (_fork_id(p.session_id, key, meta.peer_uid) if key else new_id())
     event_meta = msgspec.structs.replace(meta, idempotency_key=key)
     event = Event(position=0, session_id=sid, version=at + 1, event_id=new_id(),
                   type="session.forked", schema_version=CURRENT_SCHEMA_VERSION,

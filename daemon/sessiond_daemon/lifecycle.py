@@ -22,6 +22,7 @@ from sessiond_schemas.rpc import SessionCleanupParams
 
 from . import host, logs, methods
 from .access import Grants
+from .budget import default_budget
 from .commands import Commands, Limits
 from .config import RELOADABLE, Config, differences
 from .eventstore import Store
@@ -260,9 +261,12 @@ class Daemon:
             table, _server_limits(config), store=store, writer=writer,
             allowed_uids=frozenset(config.allowed_uids),
             allowed_gids=frozenset(config.allowed_gids), grants=Grants.of(config.peer_methods))
-        service.on_stats(lambda: LiveFigures(connections=server.connections,
-                                             subscriptions=server.subscriptions,
-                                             executors_running=len(executors.running)))
+        service.on_stats(lambda: LiveFigures(
+            connections=server.connections, subscriptions=server.subscriptions,
+            executors_running=len(executors.running),
+            reply_bytes_held=server.budget.total, reply_bytes_budget=server.budget.limit,
+            connections_paused=server.budget.paused,
+            connections_closed_by_budget=server.budget.closed))
         # 3. Serve: on systemd's socket if it passed one, else on our own.
         if self.inherited is not None:
             listener = await SocketListener.from_socket(self.inherited)
@@ -367,9 +371,11 @@ class Daemon:
             logs.configure(new.log_level, new.log_format)
         if self.server is not None:
             self.server.limits = _server_limits(new)
+            self.server.budget.limit = self.server.limits.max_reply_buffer_total
             self.server.allowed_uids = frozenset(new.allowed_uids)
             self.server.allowed_gids = frozenset(new.allowed_gids)
             self.server.grants = Grants.of(new.peer_methods)
+            self.server.recheck()  # connections of peers no longer let in are ended
         if self.http is not None:
             self.http.reload(new)
         if self.commands is not None:
@@ -415,7 +421,9 @@ def _server_limits(config: Config) -> ServerLimits:
                         max_subscription_buffer=config.max_subscription_buffer,
                         max_batch_requests=config.max_batch_requests,
                         max_reply_buffer=config.max_reply_buffer,
-                        max_page_bytes=config.max_page_bytes)
+                        max_page_bytes=config.max_page_bytes,
+                        max_reply_buffer_total=config.max_reply_buffer_total
+                        or default_budget())
 
 
 def _service_limits(config: Config) -> Limits:

@@ -20,6 +20,14 @@ from . import search
 
 log = structlog.get_logger("sessiond.store")
 
+OWNER_UID: Final = "{owner_uid}"  # in a migration's SQL: the migrating daemon's uid
+
+
+def owner_sql(sql: str) -> str:
+    """A migration's statement with OWNER_UID filled in (a number: nothing to quote)."""
+    return sql.replace(OWNER_UID, str(os.getuid()))
+
+
 # A step is a statement, or a function of the connection for what SQL cannot say alone.
 Step = str | Callable[[sqlite3.Connection], None]
 MIGRATIONS: Final[list[list[Step]]] = [
@@ -217,6 +225,12 @@ MIGRATIONS: Final[list[list[Step]]] = [
     [
         "CREATE INDEX IF NOT EXISTS checkpoints_by_position ON checkpoints (position)",
     ],
+    # 9: idempotency keys scoped to the caller's uid (writer.scoped_key: "uid:key"), so
+    # one peer's key never answers another's request. The keys stored before had no
+    # owner: they are given the uid of the daemon that migrates (OWNER_UID, filled in).
+    [
+        f"UPDATE idempotency SET key = '{OWNER_UID}:' || key",
+    ],
 ]
 
 
@@ -289,7 +303,7 @@ def migrate(con: sqlite3.Connection, path: str) -> list[int]:
                     if callable(sql):
                         sql(con)
                     else:
-                        con.execute(sql)
+                        con.execute(owner_sql(sql))
                 except sqlite3.Error as exc:
                     raise MigrationFailed(
                         f"migration {number} of database {path} failed: {exc}. Nothing was"

@@ -37,6 +37,7 @@ from sessiond_schemas.events import EventMeta, new_id
 
 from . import access, host, text
 from .access import Grants
+from .budget import Holding, ReplyBudget
 from .eventstore import Store, client_gone, page_budget
 from .methods import ConnectionHandler, Handler, MethodTable
 from .metrics import NO_METRICS, Hooks
@@ -64,6 +65,7 @@ class ServerLimits:
     max_subscription_buffer: int = 1 << 20  # unread bytes before a live subscriber is dropped
     max_batch_requests: int = 64  # requests in one batch line
     max_reply_buffer: int = 16 << 20  # unsent reply bytes before we stop reading a client
+    max_reply_buffer_total: int = 512 << 20  # reply bytes held across connections (budget.py)
     max_page_bytes: int = 4 << 20  # a paged read's byte budget (shared by a batch's items)
 
 
@@ -89,12 +91,13 @@ class Slot:
             self.gate.release()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Connection:
-    """What a request may need of the connection it came on."""
+    """What a request may need of the connection it came on, and how to end it."""
 
     peer: Peer
     subscriptions: Subscriptions
+    holding: Holding  # its reply bytes held, in the daemon's budget
 
 
 def _failure(request_id: Any, code: int, message: str,
@@ -127,6 +130,8 @@ class Server:
         self.subscriptions = 0
         self.draining = False
         self.inflight = 0
+        self.budget = ReplyBudget(limits.max_reply_buffer_total)
+        self._open: set[Connection] = set()  # every connection being served
         self.metrics: Hooks = NO_METRICS  # lifecycle sets Prometheus with --metrics-listen
         self._idle: anyio.Event | None = None  # made only while someone waits for it
         # From the method table (methods.py): each method's params decoder, and its
@@ -156,6 +161,26 @@ class Server:
     def _allowed(self, peer: Peer) -> bool:
         return (peer.uid in (os.getuid(), 0) or peer.uid in self.allowed_uids
                 or peer.gid in self.allowed_gids)
+
+    def recheck(self) -> int:
+        """After a reload: end every connection whose peer the new settings no longer let
+        in. Its subscriptions are dropped saying why, it gets the -32006 a new connection
+        would, and it is closed (its requests in flight are not answered). Returns how
+        many were ended."""
+        revoked = [conn for conn in self._open if not self._allowed(conn.peer)]
+        for conn in revoked:
+            peer = conn.peer
+            reason = (f"access revoked: uid {peer.uid} may no longer use this daemon"
+                      " (allowed_uids / allowed_gids changed by a reload)")
+            log.warning("rpc.access_revoked", peer_uid=peer.uid, peer_pid=peer.pid,
+                        subscriptions=len(conn.subscriptions.cursors()))
+            conn.subscriptions.revoke(reason)
+            refused = PermissionDeniedError(
+                f"uid {peer.uid} may not use this daemon: access revoked by a reload",
+                {"uid": peer.uid, "reason": "access revoked"})
+            conn.subscriptions.out.write(_encoder.encode(self._error(None, refused)) + b"\n")
+            conn.holding.close(reason)
+        return len(revoked)
 
     async def _guarded_connection(self, stream: SocketStream) -> None:
         try:
@@ -210,11 +235,32 @@ class Server:
         gate_size = self.limits.max_inflight
         gate = anyio.Semaphore(gate_size)
         conn: Connection
-        waiting = 0  # bytes of answers built and not yet handed to the transport
+        budget = self.budget
 
-        async def run(line: bytes) -> None:
-            nonlocal waiting
-            slot = Slot(gate, gate_size)
+        def shut(reason: str) -> None:
+            """End the connection at once: its requests are cancelled, answers not yet
+            handed to the transport dropped. Called from its own tasks, or from another
+            connection's (the budget) or a reload's (revoked access)."""
+            log.debug("rpc.connection_closed", reason=reason)
+            if reason.startswith("access revoked"):
+                # What was written last (the reason) is sent if the client reads; the
+                # connection is cut a moment later in any case.
+                writer.transport.close()
+                loop.call_later(1.0, writer.transport.abort)
+            else:
+                writer.transport.abort()
+            tg.cancel_scope.cancel()
+            for other in requests:
+                if other is not asyncio.current_task():
+                    other.cancel()
+
+        # The answers this connection built and has not handed to its transport, and its
+        # transport's unsent bytes: what it holds of the daemon's reply budget.
+        holding = Holding((peer.pid, peer.uid), shut)
+
+        async def run(line: bytes, slot: Slot, share: int) -> None:
+            """Answer a line on its slot; `share`: what its answer may weigh, reserved in
+            the daemon's budget (by the read loop) while it is built."""
             try:
                 try:
                     reply = await self.handle_line(line, conn, slot)
@@ -223,29 +269,40 @@ class Server:
                     log.exception("rpc.line_failed", error_id=error_id)
                     reply = _encoder.encode(_failure(None, INTERNAL_ERROR, "internal error",
                                                      {"error_id": error_id}))
+                finally:
+                    budget.reserve(holding, -share)
                 if reply is not None:
-                    waiting += len(reply)
+                    size = len(reply)
+                    # Past the daemon's budget the connection holding the most is closed
+                    # first, this one if it is that one (then its answer is dropped).
+                    if not budget.make_room(holding, size, built=True):
+                        return
+                    budget.wait(holding, size)
                     try:
-                        if waiting > max(len(reply), 2 * self.limits.max_reply_buffer):
+                        if holding.waiting > max(size, 2 * self.limits.max_reply_buffer):
                             # Answers pile up for a client that reads none of them (pages
                             # can pass their budget: one item always comes whole). Its
                             # requests are dropped and it is closed.
-                            log.warning("rpc.client_not_reading", waiting_bytes=waiting,
+                            log.warning("rpc.client_not_reading",
+                                        waiting_bytes=holding.waiting,
                                         limit=self.limits.max_reply_buffer)
-                            writer.transport.abort()
-                            tg.cancel_scope.cancel()
-                            for other in requests:
-                                if other is not asyncio.current_task():
-                                    other.cancel()
+                            shut("not reading")
                             return
                         # Past max_reply_buffer unsent bytes this answer waits (holding
                         # its max_inflight slot) until the client reads.
                         await self._room_to_reply(writer)
+                        if holding.closed or writer.transport.is_closing():
+                            return  # closed meanwhile (by the budget, or by the client)
                         # One write() call per line keeps lines whole.
                         writer.write(reply + b"\n")
                     finally:
-                        waiting -= len(reply)
+                        budget.wait(holding, -size)
+                        budget.sample(holding, writer.transport)
+                    # The transport has the line now (a copy): held twice while the
+                    # client does not read, otherwise.
+                    del reply
                     await writer.drain()
+                    budget.sample(holding, writer.transport)
             except ConnectionError:
                 pass  # the client went away; its answer has nowhere to go
             finally:
@@ -270,10 +327,13 @@ class Server:
                 self.store, self.writer, writer, tg,
                 max_buffer=self.limits.max_subscription_buffer,
                 max_subscriptions=self.limits.max_subscriptions,
-                on_count=self.count_subscriptions))
+                on_count=self.count_subscriptions), holding)
             self.metrics.connection(conn.subscriptions)
+            budget.join(holding)
+            self._open.add(conn)
             try:
-                await self._read_lines(reader, writer, gate, requests, loop, finished, run)
+                await self._read_lines(reader, writer, gate, gate_size, requests, loop,
+                                       finished, run, holding)
                 # The client stopped sending: its subscriptions end; requests in flight
                 # still get their answers before the connection closes.
                 conn.subscriptions.close()
@@ -285,13 +345,17 @@ class Server:
                 if requests:
                     with anyio.CancelScope(shield=True):
                         await asyncio.wait(set(requests))
+                budget.leave(holding)
+                self._open.discard(conn)
 
     async def _read_lines(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                          gate: anyio.Semaphore, requests: set[asyncio.Task[None]],
+                          gate: anyio.Semaphore, gate_size: int, requests: set[asyncio.Task[None]],
                           loop: asyncio.AbstractEventLoop,
                           finished: Callable[[asyncio.Task[None]], None],
-                          run: Callable[[bytes], Coroutine[Any, Any, None]]) -> None:
+                          run: Callable[[bytes, Slot, int], Coroutine[Any, Any, None]],
+                          holding: Holding) -> None:
         """Read the client's lines until it stops, each answered in a task of its own."""
+        budget = self.budget
         while True:
             try:
                 line = await reader.readuntil(b"\n")  # the reader's limit is max_request_bytes
@@ -323,16 +387,27 @@ class Server:
             except (asyncio.IncompleteReadError, ConnectionError):
                 break
             # Back-pressure: past max_reply_buffer unsent bytes, or max_inflight
-            # requests, we stop reading, never buffer.
+            # requests, or while the daemon's reply budget is nearly spent and this
+            # connection holds more than its share, we stop reading, never buffer.
             try:
                 await self._room_to_reply(writer)
+                await budget.room_to_read(
+                    holding, partial(budget.sample, holding, writer.transport))
             except ConnectionError:
                 break
             try:
                 gate.acquire_nowait()  # no checkpoint (a loop iteration) when free
             except anyio.WouldBlock:
                 await gate.acquire()
-            task = loop.create_task(run(line))
+            # The answer's share of max_page_bytes (as handle_line will give it at most) is
+            # reserved now, so that the lines read next see it in the budget.
+            slot = Slot(gate, gate_size)
+            share = max(1, self.limits.max_page_bytes // max(1, slot.in_use))
+            if not budget.make_room(holding, share, built=False):
+                slot.release()
+                break  # this connection held the most: it was closed
+            budget.reserve(holding, share)
+            task = loop.create_task(run(line, slot, share))
             requests.add(task)
             task.add_done_callback(finished)
 

@@ -146,6 +146,10 @@ class LiveFigures:
     connections: int = 0
     subscriptions: int = 0
     executors_running: int = 0
+    reply_bytes_held: int = 0
+    reply_bytes_budget: int = 0
+    connections_paused: int = 0
+    connections_closed_by_budget: int = 0
 
 
 class Service:
@@ -195,6 +199,10 @@ class Service:
             commit_latency_max_ms=window["commit_latency_max_ms"],
             executors_running=live.executors_running,
             sessions_by_status=by_status,
+            reply_bytes_held=live.reply_bytes_held,
+            reply_bytes_budget=live.reply_bytes_budget,
+            connections_paused=live.connections_paused,
+            connections_closed_by_budget=live.connections_closed_by_budget,
         )
 
     # --- sessions -------------------------------------------------------------------

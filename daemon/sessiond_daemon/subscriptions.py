@@ -90,6 +90,14 @@ class Subscriptions:
         for sub in list(self._active.values()):
             sub.scope.cancel()
 
+    def revoke(self, reason: str) -> None:
+        """End every subscription at once, each with subscription.dropped giving `reason`
+        (the peer lost its access): no event is sent after this."""
+        for sub in list(self._active.values()):
+            sub.scope.cancel()
+            self._drop(sub, reason)
+            self._forget(sub)
+
     async def _start(self, p: rpc.EventsSubscribeParams) -> int:
         """The position after which events are sent."""
         if p.session_id is None:

@@ -7,6 +7,7 @@ views in its cache. One transaction per batch means one fsync per batch.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -104,6 +105,16 @@ class Command:
 
 
 _DELETED = object()
+
+
+def scoped_key(cmd: Command) -> str | None:
+    """The command's idempotency key as stored: scoped to the caller's uid ("uid:key"),
+    so that one peer's key never answers another's request. (Keys stored before keys were
+    scoped were given the daemon owner's uid by the migration that scoped them.)"""
+    if cmd.idempotency_key is None:
+        return None
+    uid = cmd.meta.peer_uid if cmd.meta.peer_uid is not None else os.getuid()
+    return f"{uid}:{cmd.idempotency_key}"
 
 
 @dataclass(slots=True)
@@ -314,8 +325,7 @@ class Writer:
         overlay: dict[str, Entry | object] = {}
         # First results of idempotency keys: those stored before this batch (read in one
         # hop for the whole batch), then those decided in it.
-        keyed = [(c.session_id, c.idempotency_key) for c in commands
-                 if c.idempotency_key is not None]
+        keyed = [(c.session_id, key) for c in commands if (key := scoped_key(c)) is not None]
         try:
             repeats = await self.store.idempotent_results(keyed) if keyed else {}
         except SessiondError as exc:
@@ -444,7 +454,7 @@ class Writer:
             entry = await self._load(sid)
             damage = self.damaged.get(sid)
             batch.bases.setdefault(sid, entry.state.version if entry else 0)
-        key = cmd.idempotency_key
+        key = scoped_key(cmd)
         if key is not None:
             prior = repeats.get((sid, key))
             if prior is not None:

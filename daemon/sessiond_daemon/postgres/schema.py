@@ -26,6 +26,8 @@ from typing import Any, Final
 
 import structlog
 
+from ..migrations import OWNER_UID, owner_sql
+
 log = structlog.get_logger("sessiond.store")
 
 # Every sessiond daemon migrating this database takes this lock first (an arbitrary
@@ -205,6 +207,12 @@ MIGRATIONS: Final[list[list[str]]] = [
     [
         "CREATE INDEX IF NOT EXISTS checkpoints_by_position ON checkpoints (position)",
     ],
+    # 5: idempotency keys scoped to the caller's uid, as SQLite's migration 9: the keys
+    # stored before get the uid of the daemon that migrates (in fleet mode: the first
+    # host to start the new release; uids are taken to mean the same user on every host).
+    [
+        f"UPDATE idempotency SET key = '{OWNER_UID}:' || key",
+    ],
 ]
 
 LATEST: Final = len(MIGRATIONS)
@@ -245,7 +253,7 @@ async def migrate(con: Any, where: str) -> list[int]:
                 await con.execute(
                     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
                 for sql in MIGRATIONS[number - 1]:
-                    await con.execute(sql)
+                    await con.execute(owner_sql(sql))
                 await con.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', $1)"
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value", str(number))

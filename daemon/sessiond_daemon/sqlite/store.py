@@ -310,8 +310,13 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
             " WHERE s.version IS NULL OR s.version < e.v")])
 
     async def idempotent_results(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
-        """The stored first results of these (session_id, idempotency_key) pairs, in one hop."""
+        """The stored first results of these (session_id, idempotency_key) pairs, in one hop.
+
+        A stored result is an acknowledgement: none is given from a file that is no longer
+        at our path (the retry of a write that landed in a deleted file would be answered
+        with that write's result, and the write lost at the next start)."""
         def read() -> dict[tuple[str, str], bytes]:
+            self._check_identity()
             found = {}
             for start in range(0, len(keys), 400):
                 chunk = keys[start:start + 400]

@@ -43,6 +43,13 @@ class StatsResult(msgspec.Struct, kw_only=True):
     commit_latency_max_ms: float | None = None
     executors_running: int | None = None
     sessions_by_status: dict[str, int] | None = None
+    # The daemon's reply budget (max_reply_buffer_total; None from an older daemon): reply
+    # bytes built and unsent across connections now, the budget, the connections not read
+    # now because of it, and those it closed since the start.
+    reply_bytes_held: int | None = None
+    reply_bytes_budget: int | None = None
+    connections_paused: int | None = None
+    connections_closed_by_budget: int | None = None
 
 
 class VerifyProblem(msgspec.Struct, kw_only=True):
