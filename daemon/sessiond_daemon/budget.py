@@ -156,9 +156,10 @@ class ReplyBudget:
         connection holding the most bytes built and unsent, if any holds some. False if
         that was `holding` itself (its answer is dropped)."""
         while self.total + size > self.limit and self._holdings:
-            worst = max(self._holdings,
-                        key=lambda h: h.unsent + (size if built and h is holding else 0))
-            if worst.unsent + (size if built and worst is holding else 0) == 0:
+            # By what each already holds unsent: the answer being counted is not held yet,
+            # so a client that reads (none unsent) is never closed for its own answer.
+            worst = max(self._holdings, key=lambda h: h.unsent)
+            if worst.unsent == 0:
                 break
             self.closed += 1
             pid, uid = worst.peer
