@@ -462,3 +462,40 @@ class TestCompaction:
         assert await ours.get_items() == [*ITEMS[:2], summary]
         assert (await client.get_session("compact-2")).message_count == 3
         ours.close()
+
+
+class TestEncrypted:
+    async def test_pop_with_a_wrong_key_as_the_sdks_other_stores(
+            self, daemon: Daemon, client: AsyncClient, tmp_path: Path) -> None:
+        """EncryptedSession.pop_item with a wrong key: over SQLiteSession the SDK
+        authenticates inside SQLite's transaction and raises InvalidToken, nothing removed
+        (a path it offers SQLiteSession alone); over any other store, its own SQLAlchemy
+        store included, it pops every unreadable item and returns None. SessiondSession
+        behaves as those, and the popped ciphertexts stay in the session's events."""
+        from agents.extensions.memory import EncryptedSession, SQLAlchemySession
+        from cryptography.fernet import InvalidToken
+
+        stores: dict[str, Any] = {
+            "sqlite": SQLiteSession("e1", str(tmp_path / "e.db")),
+            "sqlalchemy": SQLAlchemySession.from_url(
+                "e1", url=f"sqlite+aiosqlite:///{tmp_path / 'a.db'}", create_tables=True),
+            "sessiond": SessiondSession("enc-1", socket=daemon.socket)}
+        outcome: dict[str, Any] = {}
+        for name, store in stores.items():
+            right = EncryptedSession("e1", store, encryption_key="right key " * 4)
+            wrong = EncryptedSession("e1", store, encryption_key="wrong key " * 4)
+            await right.add_items(ITEMS[:3])
+            try:
+                outcome[name] = await wrong.pop_item()
+            except InvalidToken:
+                outcome[name] = "InvalidToken"
+            outcome[name] = (outcome[name], len(await right.get_items()))
+        assert outcome == {"sqlite": ("InvalidToken", 3), "sqlalchemy": (None, 0),
+                           "sessiond": (None, 0)}
+        events = (await client.read_events("enc-1")).events
+        assert [e.type for e in events].count("message.appended") == 3
+        assert [e.data["reason"] for e in events if e.type == "messages.truncated"] == \
+            ["popped"] * 3
+        stores["sqlite"].close()
+        await stores["sqlalchemy"].engine.dispose()
+        stores["sessiond"].close()
