@@ -455,6 +455,43 @@ class TestPopAndClear:
         assert (await client.get_session("race")).message_count == 12
 
 
+    async def test_append_many_replace_from_swaps_the_suffix_in_one_write(
+            self, client: AsyncClient, daemon: Daemon) -> None:
+        """append_many with replace_from: the messages from that sequence on leave the
+        conversation and the new ones take their place, in one write (one version step per
+        event, nothing between); refused past the end, on a stale version, or when gone."""
+        await client.create_session("rp")
+        await client.append_messages("rp", [{"role": "user", "content": t} for t in "abcd"])
+        with pytest.raises(InvalidParamsError, match="replace_from 5 is past"):
+            await client.append_messages("rp", [{"role": "user", "content": "x"}],
+                                         replace_from=5)
+        with pytest.raises(VersionConflictError):
+            await client.append_messages("rp", [{"role": "user", "content": "x"}],
+                                         replace_from=1, expected_version=4)
+        r = await client.append_messages("rp", [{"role": "user", "content": t} for t in "xy"],
+                                         replace_from=1, expected_version=5)
+        assert (r.first_sequence, r.version, len(r.message_ids)) == (1, 8, 2)
+        state = await client.get_session("rp")
+        assert (state.message_count, state.last_message.content) == (3, "y")
+        assert [m.content for m in (await client.list_messages("rp")).messages] == \
+            ["a", "x", "y"]
+        rows = daemon.sql("SELECT type, data FROM events WHERE session_id = 'rp'"
+                          " AND version > 5 ORDER BY version")
+        assert [t for t, _ in rows] == ["messages.truncated", "message.appended",
+                                        "message.appended"]
+        assert json.loads(rows[0][1])["reason"] == "replaced"
+        # At the end (replace_from = the count) it is a plain append; from 0, a whole swap.
+        await client.append_messages("rp", [{"role": "user", "content": "z"}], replace_from=3)
+        await client.append_messages("rp", [{"role": "user", "content": "only"}],
+                                     replace_from=0)
+        assert [m.content for m in (await client.list_messages("rp")).messages] == ["only"]
+        assert (await client.get_session("rp")).last_message.content == "only"
+        await client.delete_session("rp")
+        with pytest.raises(SessionNotFoundError):
+            await client.append_messages("rp", [{"role": "user", "content": "x"}],
+                                         replace_from=0, expected_version=9)
+
+
 class TestTokensProgressMemory:
     async def test_tokens(self, client: AsyncClient, daemon: Daemon) -> None:
         """tokens.record adds up and returns the running usage; negatives are refused."""

@@ -377,3 +377,125 @@ class TestUsage:
         theirs.close()
         ours.close()
         priced.close()
+
+
+class IdModel(StubModel):
+    """StubModel with a response id per turn (the Runner compacts only after a response)."""
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        response = await super().get_response(*args, **kwargs)
+        response.response_id = f"resp_{len(self.inputs)}"
+        return response
+
+
+class CompactingClient:
+    """The OpenAI client's `responses.compact`, offline: the input it is given becomes one
+    summary message (what the model would send back, shaped as the API's output)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.responses = self
+
+    async def compact(self, **kwargs: Any) -> Any:
+        from types import SimpleNamespace
+
+        self.calls.append(kwargs)
+        texts = [str(i.get("content")) for i in kwargs.get("input", [])]
+        summary = {"type": "message", "role": "user",
+                   "content": [{"type": "input_text", "text": "summary: " + " | ".join(texts)}]}
+        return SimpleNamespace(output=[summary], usage=None)
+
+
+class TestCompaction:
+    async def test_automatic_compaction_replaces_the_suffix_as_sqlite_session(
+            self, daemon: Daemon, client: AsyncClient, tmp_path: Path) -> None:
+        """OpenAIResponsesCompactionSession over SessiondSession with a history limit, so the
+        model sees only the latest items: automatic compaction replaces that suffix in one
+        write (the SDK's snapshot protocol), as over SQLiteSession. Without the snapshot the
+        SDK cannot match the whole history to the exchange, and skips compaction."""
+        from agents.memory import OpenAIResponsesCompactionSession
+
+        settings = SessionSettings(limit=2)
+        theirs = SQLiteSession("c1", str(tmp_path / "c.db"), session_settings=settings)
+        ours = SessiondSession("compact-1", socket=daemon.socket, session_settings=settings)
+        apis = []
+        for store in (theirs, ours):
+            api, model = CompactingClient(), IdModel()
+            session = OpenAIResponsesCompactionSession(
+                "c1", store, client=api, compaction_mode="input",  # type: ignore[arg-type]
+                should_trigger_compaction=lambda ctx: ctx["response_id"] == "resp_3")
+            for text in ("one", "two", "three"):
+                await Runner.run(Agent(name="a", model=model), text, session=session)
+            apis.append(api)
+        assert apis[0].calls == apis[1].calls and len(apis[1].calls) == 1
+        assert [i.get("content") for i in apis[1].calls[0]["input"]][::2] == ["two", "three"]
+        items = await ours.get_items(limit=100)
+        assert items == await theirs.get_items(limit=100)
+        assert [i.get("content") for i in items[:1]] == ["one"] and len(items) == 3
+        assert items[2]["content"][0]["text"].startswith("summary: two | ")
+        # The replacement was one write: a messages.truncated and the summary, together.
+        events = (await client.read_events("compact-1")).events
+        cuts = [e for e in events if e.type == "messages.truncated"]
+        assert [(e.data["reason"], e.data["from_sequence"]) for e in cuts] == [("replaced", 2)]
+        after = [e for e in events if e.version == cuts[0].version + 1]
+        assert [e.type for e in after] == ["message.appended"]
+        assert (await client.get_session("compact-1")).message_count == 3
+        theirs.close()
+        ours.close()
+
+    async def test_a_stale_snapshot_replaces_nothing(self, daemon: Daemon,
+                                                     client: AsyncClient) -> None:
+        """replace_suffix after another write: False, and the history is as it was (the
+        write is conditional on the version the snapshot read)."""
+        ours = SessiondSession("compact-2", socket=daemon.socket)
+        await ours.add_items(ITEMS[:4])
+        snapshot = await ours._get_compaction_snapshot(3)
+        assert snapshot is not None and not snapshot.complete
+        assert snapshot.items == ITEMS[1:4]
+        await ours.add_items(ITEMS[4:5])
+        summary = {"role": "user", "content": "summary"}
+        assert await snapshot.replace_suffix(1, [summary]) is False
+        assert await ours.get_items() == ITEMS[:5]
+        fresh = await ours._get_compaction_snapshot(10)
+        assert fresh is not None and fresh.complete and fresh.items == ITEMS[:5]
+        assert await fresh.replace_suffix(2, [summary]) is True
+        assert await ours.get_items() == [*ITEMS[:2], summary]
+        assert (await client.get_session("compact-2")).message_count == 3
+        ours.close()
+
+
+class TestEncrypted:
+    async def test_pop_with_a_wrong_key_as_the_sdks_other_stores(
+            self, daemon: Daemon, client: AsyncClient, tmp_path: Path) -> None:
+        """EncryptedSession.pop_item with a wrong key: over SQLiteSession the SDK
+        authenticates inside SQLite's transaction and raises InvalidToken, nothing removed
+        (a path it offers SQLiteSession alone); over any other store, its own SQLAlchemy
+        store included, it pops every unreadable item and returns None. SessiondSession
+        behaves as those, and the popped ciphertexts stay in the session's events."""
+        from agents.extensions.memory import EncryptedSession, SQLAlchemySession
+        from cryptography.fernet import InvalidToken
+
+        stores: dict[str, Any] = {
+            "sqlite": SQLiteSession("e1", str(tmp_path / "e.db")),
+            "sqlalchemy": SQLAlchemySession.from_url(
+                "e1", url=f"sqlite+aiosqlite:///{tmp_path / 'a.db'}", create_tables=True),
+            "sessiond": SessiondSession("enc-1", socket=daemon.socket)}
+        outcome: dict[str, Any] = {}
+        for name, store in stores.items():
+            right = EncryptedSession("e1", store, encryption_key="right key " * 4)
+            wrong = EncryptedSession("e1", store, encryption_key="wrong key " * 4)
+            await right.add_items(ITEMS[:3])
+            try:
+                outcome[name] = await wrong.pop_item()
+            except InvalidToken:
+                outcome[name] = "InvalidToken"
+            outcome[name] = (outcome[name], len(await right.get_items()))
+        assert outcome == {"sqlite": ("InvalidToken", 3), "sqlalchemy": (None, 0),
+                           "sessiond": (None, 0)}
+        events = (await client.read_events("enc-1")).events
+        assert [e.type for e in events].count("message.appended") == 3
+        assert [e.data["reason"] for e in events if e.type == "messages.truncated"] == \
+            ["popped"] * 3
+        stores["sqlite"].close()
+        await stores["sqlalchemy"].engine.dispose()
+        stores["sessiond"].close()

@@ -380,12 +380,14 @@ class Methods:
     @rpc_method
     def append_messages(
         self, /, session_id: str, messages: list[dict[str, Any]], *,
+        replace_from: int | None = None,
         expected_version: int | None = None, idempotency_key: str | None = None,
     ) -> Call[rpc.MessageAppendManyResult]:
-        """Append several messages [{role, content, tool_call_id, metadata}] atomically.
-        -> MessageAppendManyResult."""
+        """Append several messages [{role, content, tool_call_id, metadata}] atomically;
+        with `replace_from`, they replace the messages from that sequence on, in the same
+        write. -> MessageAppendManyResult."""
         return Call.of("message.append_many", rpc.MessageAppendManyResult,
-                       session_id=session_id, messages=messages,
+                       session_id=session_id, messages=messages, replace_from=replace_from,
                        expected_version=expected_version, idempotency_key=idempotency_key)
 
     @rpc_method

@@ -49,7 +49,7 @@ from .commands import (
 )
 from .eventstore import Page, SessionFilters, Store, page_budget, repage
 from .histories import unreadable_error
-from .writer import Delete, Plan, Writer
+from .writer import Delete, EventData, Plan, Writer
 
 __all__ = [
     "APPEND_INPUTS", "RUNNER_ONLY", "VERSION", "LiveFigures", "Service", "StatusChangeInput",
@@ -401,6 +401,8 @@ class Service:
                                   meta: EventMeta) -> msgspec.Raw:
         for m in p.messages:
             self.commands.check_message(m)
+        if p.replace_from is not None:
+            return await self._replace_messages(p, meta, p.replace_from)
 
         def plan(state: SessionState | None) -> Plan:
             first = require(state, p.session_id).message_count
@@ -410,6 +412,42 @@ class Service:
                 paths=[f"$.messages[{i}]" for i in range(len(datas))])
 
         return await self.commands.submit_params(p, meta, plan)
+
+    async def _replace_messages(self, p: rpc.MessageAppendManyParams, meta: EventMeta,
+                                start: int) -> msgspec.Raw:
+        """append_many with `replace_from`: one messages.truncated (reason "replaced") and
+        the new messages from `start` on, in one write at the version the cut was read at
+        (the caller's `expected_version` if given; else retried, as message.pop)."""
+        while True:
+            state = await self.state(p.session_id)
+            if start > state.message_count:
+                raise InvalidParamsError(
+                    f"replace_from {start} is past session {p.session_id}'s "
+                    f"{state.message_count} messages",
+                    {"detail": "replace_from too large", "path": "$.replace_from"})
+            edge = await self.store.list_messages(p.session_id, first=start - 1, limit=1,
+                                                  descending=False) if start else []
+            new_last = edge[0] if edge else None
+
+            def plan(s: SessionState | None, new_last: Message | None = new_last) -> Plan:
+                s = require(s, p.session_id)
+                cut = MessagesTruncated(
+                    from_sequence=start, reason="replaced",
+                    last_message=msgspec.to_builtins(new_last) if new_last else None)
+                datas = [_message_data(m, start + i) for i, m in enumerate(p.messages)]
+                events: list[tuple[str, EventData]] = [("messages.truncated", cut)]
+                events += [("message.appended", d) for d in datas]
+                return Plan(events, lambda st, ev: _write_result(
+                    st, ev, message_ids=[d.message_id for d in datas], first_sequence=start),
+                    paths=["$.replace_from", *(f"$.messages[{i}]" for i in range(len(datas)))])
+
+            try:
+                return await self.commands.submit(
+                    p.session_id, meta, plan, idempotency_key=p.idempotency_key,
+                    expected_version=p.expected_version or state.version)
+            except VersionConflictError:
+                if p.expected_version is not None:
+                    raise  # the caller's own condition: theirs to handle
 
     async def message_list(self, p: rpc.MessageListParams,
                            meta: EventMeta) -> rpc.MessageListResult:

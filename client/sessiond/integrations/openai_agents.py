@@ -19,10 +19,11 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from agents.memory.session import SessionABC
+from agents.memory.session import SessionABC, _await_mutation, _CompactionSnapshot
 from agents.memory.session_settings import (
     SessionSettings,
     coerce_session_settings,
@@ -30,7 +31,12 @@ from agents.memory.session_settings import (
 )
 
 from sessiond_schemas.bounds import json_out_of_bounds
-from sessiond_schemas.errors import SessiondError, SessionExistsError, SessionNotFoundError
+from sessiond_schemas.errors import (
+    SessiondError,
+    SessionExistsError,
+    SessionNotFoundError,
+    VersionConflictError,
+)
 from sessiond_schemas.state import MAX_TTL_S
 
 from ._loop import LoopClient, sized
@@ -286,6 +292,55 @@ class SessiondSession(SessionABC):
         if popped.message is None:
             return None
         return item_of(popped.message)
+
+    async def _get_compaction_snapshot(
+            self, limit: int, *,
+            prune_prefix: Callable[[Any], bool] | None = None) -> _CompactionSnapshot | None:
+        """The SDK's compaction snapshot (what OpenAIResponsesCompactionSession's automatic
+        compaction asks its store for, as SQLiteSession answers it): the latest `limit`
+        items, whether they are the whole history, and `replace_suffix(start, output)`,
+        which swaps the items from `start` on for `output` in one write (message.append_many
+        with `replace_from`), only if the session is still at the version read here; False,
+        and nothing written, if anything was written since.
+
+        `prune_prefix` (EncryptedSession's expired items) is taken and not used: the
+        conversation can only be cut at its end, so the expired prefix stays, unread by
+        EncryptedSession as before (as every item, it stays in the events anyway)."""
+        del prune_prefix
+        if type(self) is not SessiondSession:  # as the SDK's: a subclass owns its own
+            return None
+        self._check_not_closed()
+        try:
+            view = await self.client.get_session(self._sid)
+        except SessionNotFoundError:
+            return None
+        if view.status == "expired":
+            return None
+        version, count = view.version, view.message_count
+        messages = await self._latest(min(limit, count))
+        if [m.sequence for m in messages] != list(range(count - len(messages), count)):
+            return None  # written since the version above: no snapshot, no compaction
+        items = [item_of(m) for m in messages]
+        if any(item is None for item in items):
+            return None  # a message that carries no item: not an SDK history
+        first = count - len(messages)
+
+        async def replace_suffix(start: int, output: list[Any]) -> bool:
+            if not 0 <= start < len(messages):
+                return False
+            batch = [as_message(item) for item in output]
+            if not batch or len(_batches(batch)) > 1:
+                return False  # nothing to put there, or past one write: history kept
+            try:
+                with sized():
+                    await _await_mutation(self.client.append_messages(
+                        self._sid, batch, replace_from=first + start,
+                        expected_version=version))
+            except (VersionConflictError, SessionNotFoundError):
+                return False
+            return True
+
+        return _CompactionSnapshot(items, first == 0, replace_suffix)
 
     async def clear_session(self) -> None:
         self._check_not_closed()

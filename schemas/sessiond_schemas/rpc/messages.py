@@ -19,6 +19,9 @@ else:
 
 class MessageAppendManyParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
     messages: Annotated[list[MessageFields], msgspec.Meta(min_length=1, max_length=10_000)]
+    # The messages from this sequence on leave the conversation and these take their
+    # place, in the same write (a compaction's atomic suffix replacement).
+    replace_from: NonNegInt | None = None
 
 
 class MessageListParams(Params, kw_only=True, forbid_unknown_fields=True):
