@@ -237,6 +237,37 @@ class TestTimeTravelAndStreams:
             await page.locator("#timeline >> text=world").wait_for(timeout=WAIT_MS)
 
 
+class TestSmallPages:
+    """A daemon whose pages are small (max_page_bytes): the timeline and the export read
+    every page, not the first."""
+
+    @pytest.fixture
+    def daemon_overrides(self) -> dict[str, Any]:
+        return {"http_listen": [f"127.0.0.1:{free_port()}"], "max_page_bytes": 4096}
+
+    async def test_timeline_and_export_read_every_page(
+            self, daemon: Daemon, client: AsyncClient, browser: Any, tmp_path: Path) -> None:
+        await client.create_session("big-1", task="pages")
+        for i in range(12):
+            await client.append_message("big-1", "user", f"message {i} " + "x" * 1500)
+        page, calls = await new_page(browser)
+        await page.goto(page_url(daemon) + "#/s/big-1")
+        await page.locator("#timeline >> text=message 11").wait_for(timeout=WAIT_MS)
+        assert await page.locator("#timeline > li").count() == 13  # created + 12
+        assert calls.count("events.read") > 1  # the byte budget cut it into pages
+        async with page.expect_download() as download:
+            await page.click("#export")
+        saved = tmp_path / "export.json"
+        await (await download.value).save_as(saved)
+        got = json.loads(saved.read_text())
+        want = await client.export_session("big-1")
+        same = ("format", "format_version", "events", "checkpoints", "session")
+        assert {k: got[k] for k in same} == {k: want[k] for k in same}
+        assert len(got["events"]) == 13  # ~20 KB of events: pages of 4 KiB, put together
+        # The document is whole: its checksum verifies, and it imports.
+        assert (await client.import_session(got, on_conflict="replace")).version == 13
+
+
 class TestWrites:
     async def test_delete_asks_and_a_no_deletes_nothing(
             self, daemon: Daemon, client: AsyncClient, browser: Any) -> None:

@@ -36,8 +36,11 @@ DEFAULT_PEER_METHODS: frozenset[str] = frozenset({
 IMPORT_REPLACE = "session.import:replace"
 MEMORY_DELETE = "memory.update:delete"
 GRAPH_REPLACE = "graph.put:replace"
+# events.append of a metadata.updated of `stream`: the HTTP face's settings of a stream
+# (its content type, TTL, expiry, soft delete), which only the face writes for a peer.
+STREAM_SETTINGS = "events.append:stream"
 REMOVING_FORMS = {IMPORT_REPLACE: "session.import", MEMORY_DELETE: "memory.update",
-                  GRAPH_REPLACE: "graph.put"}
+                  GRAPH_REPLACE: "graph.put", STREAM_SETTINGS: "events.append"}
 ALL = "*"
 GRANTABLE: tuple[str, ...] = (*sorted(rpc.METHODS), *sorted(REMOVING_FORMS), ALL)
 Grant = Literal[GRANTABLE]  # type: ignore[valid-type]  # config: checked at load
@@ -75,7 +78,9 @@ class Grants:
 _HOW = {IMPORT_REPLACE: " with on_conflict=replace",
         MEMORY_DELETE: " with a null value (it deletes a memory key)",
         GRAPH_REPLACE: " with a checkpoint_id the thread already holds (it replaces the"
-                       " checkpoint graph.get serves)"}
+                       " checkpoint graph.get serves)",
+        STREAM_SETTINGS: " with a metadata.updated of `stream` (an HTTP stream's settings:"
+                         " its TTL and expiry)"}
 
 
 def import_grant(p: rpc.SessionImportParams) -> str:
@@ -103,7 +108,13 @@ def memory_grant(p: rpc.MemoryUpdateParams) -> str:
 
 
 def append_grant(p: rpc.EventsAppendParams) -> str:
-    """events.append of a memory.updated that deletes a key: as memory.update's."""
+    """events.append of a memory.updated that deletes a key: as memory.update's; of a
+    metadata.updated of `stream` (a stream's settings, which decide when it expires): a
+    grant of its own."""
+    if any(e.type == "metadata.updated" and isinstance(e.data, dict)
+           and isinstance(e.data.get("patch"), dict) and "stream" in e.data["patch"]
+           for e in p.events):
+        return STREAM_SETTINGS
     return MEMORY_DELETE if any(e.type == "memory.updated" and isinstance(e.data, dict)
                                 and deletes_keys(e.data.get("patch"))
                                 for e in p.events) else "events.append"

@@ -204,7 +204,10 @@ class StreamChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
     Stream-Seq header, when it gave one (later ones must sort after it)."""
 
     text: str | None = None
-    base64: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9+/]*={0,2}$")] | None = None
+    # Whole quads, padded: what every decoder reads back (a chunk that does not decode
+    # would leave its stream unreadable).
+    base64: Annotated[str, msgspec.Meta(
+        pattern=r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$")] | None = None
     seq: str | None = None
 
     def __post_init__(self) -> None:

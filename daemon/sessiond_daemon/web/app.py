@@ -25,7 +25,7 @@ from .calls import Caller
 from .codec import HttpError, from_rpc, parse_offset, session_id, sse_base64
 from .listen import ABORT, PEER
 from .streams import Reply, Request, Streams
-from .view import WebView
+from .view import EXPORT_PREFIX, WebView
 
 log = structlog.get_logger("sessiond.http")
 
@@ -108,17 +108,34 @@ class App:
                 raise HttpError(404, "the metrics are at /metrics")
             await self._metrics(scope, method, reply)
             return
-        caller, mount, path = self._authenticate(scope, path, settings)
         if method == "OPTIONS":  # a preflight; without an allowed origin it grants nothing
+            # It carries no credentials (a browser never sends Authorization on one), so it
+            # is answered before the caller is known; what it says is the same to anyone.
             await reply(Reply(204, {
                 "access-control-allow-methods": "GET, HEAD, POST, PUT, DELETE, OPTIONS",
                 "access-control-allow-headers": _ALLOWED_HEADERS,
                 "access-control-max-age": "600"}))
             return
+        caller, mount, path = self._authenticate(scope, path, settings)
         if path == "/metrics":
             if caller.uid != os.getuid():
                 raise HttpError(403, "the metrics are the owner's (use the owner's token)")
             await self._metrics(scope, method, reply)
+            return
+        if self.view is not None and path.startswith(EXPORT_PREFIX) and method == "GET":
+            # A session's export document, streamed a page at a time (its bytes as the
+            # daemon encodes them: a browser re-encoding JSON would change 1.0 to 1).
+            parts = self.view.export(session_id(unquote(path[len(EXPORT_PREFIX):])), caller)
+            first = await anext(parts)  # a refusal (404, 403) before the response starts
+            await _timed(scope, settings, send, _start(200, {
+                "content-type": "application/json", "cache-control": "no-store",
+                "content-disposition": "attachment"}, cors))
+            await _timed(scope, settings, send, {"type": "http.response.body", "body": first,
+                                                 "more_body": True})
+            async for part in parts:
+                await _timed(scope, settings, send, {"type": "http.response.body",
+                                                     "body": part, "more_body": True})
+            await _timed(scope, settings, send, {"type": "http.response.body", "body": b""})
             return
         if self.view is not None and self.view.serves(path):
             body = await _body(receive, settings.max_body_bytes) if method == "POST" else b""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sessiond_schemas.paths import http_token_path
@@ -41,6 +42,7 @@ def write_token(path: str) -> str:
 @dataclass(slots=True)
 class _TokenFile:
     path: str
+    on_change: Callable[[], None]
     stamp: tuple[int, int, int] = (0, 0, 0)
     token: bytes = b""
 
@@ -49,22 +51,32 @@ class _TokenFile:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            self.token, self.stamp = b"", (0, 0, 0)
-            return b""
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            st = None
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size) if st else (0, 0, 0)
         if stamp != self.stamp:
-            with open(self.path, "rb") as f:
-                self.token = f.read(4096).strip()
+            old = self.token
+            if st is None:
+                self.token = b""
+            else:
+                with open(self.path, "rb") as f:
+                    self.token = f.read(4096).strip()
             self.stamp = stamp
+            if old and self.token != old:
+                self.on_change()  # rotated: what the old token opened ends
         return self.token
 
 
 class Tokens:
     """The owner's token and the peer token of one daemon."""
 
-    def __init__(self, socket_path: str) -> None:
-        self.owner = _TokenFile(http_token_path(socket_path))
-        self.peer = _TokenFile(http_token_path(socket_path, peer=True))
+    def __init__(self, socket_path: str, on_change: Callable[[], None] = lambda: None) -> None:
+        self.owner = _TokenFile(http_token_path(socket_path), on_change)
+        self.peer = _TokenFile(http_token_path(socket_path, peer=True), on_change)
+
+    def refresh(self) -> None:
+        """Read the files again if they changed (a rotation calls on_change)."""
+        self.owner.current()
+        self.peer.current()
 
     def create(self) -> None:
         """Make both tokens at start (a new daemon, new tokens)."""

@@ -7,6 +7,7 @@ caller's uid, exactly as a socket request is.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from sessiond_schemas.events import EventMeta, new_id
 
 from .. import access, text
 from ..access import Grants
+from ..eventstore import page_budget
 from ..methods import MethodTable
 from ..service import invalid_params
 
@@ -38,12 +40,20 @@ class Caller:
     pid: int | None = None
 
 
+# The face's own bookkeeping of a stream (its settings, a soft delete's mark, a TTL's
+# renewal), written as the daemon once the caller's request was granted: a peer may not
+# write them itself (access.STREAM_SETTINGS), and a read of a peer must not fail on them.
+DAEMON = Caller(os.getuid())
+
+
 class Calls:
     def __init__(self, table: MethodTable, grants: Callable[[], Grants],
-                 draining: Callable[[], bool] = lambda: False) -> None:
+                 draining: Callable[[], bool] = lambda: False,
+                 page_bytes: Callable[[], int] = lambda: 4 << 20) -> None:
         self.table = table
         self.grants = grants  # read at each call: a reload changes them
         self.draining = draining  # the daemon is stopping: refuse, as the socket does
+        self.page_bytes = page_bytes  # max_page_bytes, read at each call
 
     async def call(self, method: str, params: dict[str, Any], caller: Caller) -> Any:
         """Run `method` as `caller` would over the socket; return its result as builtins."""
@@ -61,6 +71,7 @@ class Calls:
         grants = self.grants()
         grants.check(method, caller.uid, m.grant(p) if m.grant else None)
         access.caller.set((grants, caller.uid))  # for grants that depend on stored data
+        page_budget.set(self.page_bytes())  # the socket's max_page_bytes, as reloaded
         assert m.handler is not None, f"{method} is served by a connection"
         try:
             result = await m.handler(p, EventMeta(peer_uid=caller.uid, peer_pid=caller.pid))

@@ -11,11 +11,13 @@ import base64
 import random
 import re
 import time
+from datetime import datetime
 from typing import Any
 
 import msgspec
 
 from sessiond_schemas.errors import SessiondError
+from sessiond_schemas.state import MAX_TTL_S
 
 JSON = "application/json"
 OCTETS = "application/octet-stream"
@@ -26,6 +28,7 @@ _WIDTH = 20
 # first part is read as the version (the suite forks at a constructed zero offset).
 _OFFSET = re.compile(r"^([0-9]{1,20})(?:_[0-9]{1,20})?$")
 _TTL = re.compile(r"^(0|[1-9][0-9]{0,17})$")
+MAX_ITEMS = 10_000  # items of one append, as events.append takes
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -139,10 +142,11 @@ def chunk_events(content_type: str, body: bytes, *, seq: str | None,
         messages = value if isinstance(value, list) else [value]
         if not messages and not creating:
             raise HttpError(400, "an empty JSON array appends nothing (section 9.1.3)")
+        _at_most(len(messages))
         chunks = [{"text": _encoder.encode(m).decode()} for m in messages]
     elif not body:
         chunks = []
-    elif textual(content_type):
+    elif textual(content_type) and b"\0" not in body:  # NUL is kept as bytes (base64)
         try:
             chunks = [{"text": body.decode()}]
         except UnicodeDecodeError:
@@ -155,10 +159,22 @@ def chunk_events(content_type: str, body: bytes, *, seq: str | None,
 
 
 def chunk_bytes(data: dict[str, Any]) -> bytes:
+    """A stored chunk's bytes. Never raises on what is stored: a base64 text an older
+    release let through unpadded is read as if padded."""
     text = data.get("text")
     if isinstance(text, str):
         return text.encode()
-    return base64.b64decode(data.get("base64") or "")
+    coded = data.get("base64") or ""
+    try:
+        return base64.b64decode(coded + "=" * (-len(coded) % 4))
+    except (ValueError, TypeError):
+        return b""
+
+
+def _at_most(count: int) -> None:
+    """An append of more items than events.append takes is 413, before any is built."""
+    if count > MAX_ITEMS:
+        raise HttpError(413, f"one append takes at most {MAX_ITEMS} messages, not {count}")
 
 
 def typed_events(body: bytes) -> list[dict[str, Any]]:
@@ -170,6 +186,7 @@ def typed_events(body: bytes) -> list[dict[str, Any]]:
     items = value if isinstance(value, list) else [value]
     if not items:
         raise HttpError(400, "an empty JSON array appends nothing (section 9.1.3)")
+    _at_most(len(items))
     return items
 
 
@@ -179,8 +196,19 @@ def check_ttl(ttl: str | None, expires_at: str | None) -> tuple[int | None, str 
         raise HttpError(400, "give Stream-TTL or Stream-Expires-At, not both")
     if ttl is not None and not _TTL.match(ttl):
         raise HttpError(400, f"Stream-TTL must be a whole number of seconds: {ttl[:40]!r}")
-    if expires_at is not None and not _RFC3339.match(expires_at):
-        raise HttpError(400, f"Stream-Expires-At must be an RFC 3339 time: {expires_at[:60]!r}")
+    if expires_at is not None:
+        try:
+            if not _RFC3339.match(expires_at):
+                raise ValueError("not of the form")
+            when = datetime.fromisoformat(expires_at.upper().replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise HttpError(400, f"Stream-Expires-At must be an RFC 3339 time:"
+                            f" {expires_at[:60]!r} ({exc})") from exc
+        if when.timestamp() - time.time() > MAX_TTL_S:
+            raise HttpError(400, f"Stream-Expires-At is more than {MAX_TTL_S} s (ten years)"
+                            " away")
+    if ttl is not None and int(ttl) > MAX_TTL_S:
+        raise HttpError(400, f"Stream-TTL is more than {MAX_TTL_S} s (ten years)")
     return (int(ttl) if ttl is not None else None), expires_at
 
 

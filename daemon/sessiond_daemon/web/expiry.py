@@ -7,8 +7,10 @@ each as the session's idle TTL (`ttl_s`, so its expiry sweep ends the session an
 retention removes it, on every host), and the HTTP face answers 404 from the moment a
 stream is past its time, whatever the sweep has done yet. A read does not write an event;
 the face remembers when it last read each TTL'd stream (in this process, bounded), and
-gives the session its TTL again, as `session.set_ttl`, only once less than half of it is
-left, so the sweep never ends a stream that is being read.
+when a read's window would outlast the session's expiry, gives the session one and a
+half times the TTL (`session.set_ttl`, as the daemon: a peer may read a stream without
+the grant to set a TTL), so the sweep never ends a stream that is being read, and a
+read writes at most once per half window.
 """
 
 from __future__ import annotations
@@ -20,16 +22,17 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .calls import Caller, Calls
+from .calls import DAEMON, Calls
 
 if TYPE_CHECKING:
     from .streams import View
 
 MAX_TRACKED = 100_000  # streams whose last read is remembered; the oldest is forgotten
+RENEW_BY = 1.5  # a read renews the session's idle TTL by this many of the stream's TTLs
 
 
 def _epoch(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return datetime.fromisoformat(text.upper().replace("Z", "+00:00")).timestamp()
 
 
 def idle_ttl(ttl_s: int | None, expires_at: str | None, now: float | None = None
@@ -65,7 +68,7 @@ class Expiry:
                    self._read.get(view.session_id, 0.0))
         return now >= last + view.ttl_s
 
-    async def touch(self, state: dict[str, Any], view: View, caller: Caller) -> bool:
+    async def touch(self, state: dict[str, Any], view: View) -> bool:
         """A read or a write of the stream: its TTL starts again. Returns whether the
         session got its TTL again (a new version)."""
         if view.ttl_s is None or not view.generic:
@@ -76,10 +79,13 @@ class Expiry:
         while len(self._read) > MAX_TRACKED:
             self._read.popitem(last=False)
         due = state.get("expires_at")
-        if due is not None and _epoch(due) - now >= view.ttl_s / 2:
-            return False
-        await self.calls.call("session.set_ttl", {"session_id": view.session_id,
-                                                  "ttl_s": view.ttl_s}, caller)
+        if due is not None and _epoch(due) >= now + view.ttl_s:
+            return False  # the session outlives this read's window already
+        # Renewed for half a window more than asked, so that the renewal (a version) is
+        # written at most once per half window while the stream is read: the daemon's
+        # sweep then never ends it before the face would (the face is exact).
+        await self.calls.call("session.set_ttl", {
+            "session_id": view.session_id, "ttl_s": math.ceil(view.ttl_s * RENEW_BY)}, DAEMON)
         return True
 
     def forget(self, session_id: str) -> None:

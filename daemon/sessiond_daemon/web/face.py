@@ -56,18 +56,25 @@ class Face:
                  metrics: Metrics | None) -> None:
         assert config.socket
         self.config = config
-        self.tokens = Tokens(config.socket)
-        calls = Calls(table, lambda: server.grants, lambda: server.draining)
+        calls = Calls(table, lambda: server.grants, lambda: server.draining,
+                      lambda: server.limits.max_page_bytes)
         self.view = WebView(calls)
         self.streams = Streams(calls, writer, long_poll_s=config.http_long_poll_s,
                                sse_close_s=config.http_sse_close_s,
                                on_tail=server.count_subscriptions)
+        # A rotated token, or a reload that lets a peer in no more, ends every live tail:
+        # the clients reconnect, and who may is decided again (docs/security.md).
+        self.tokens = Tokens(config.socket, on_change=self.streams.stop)
+        self.streams.on_idle = self.tokens.refresh
         self.metrics = metrics
         self._settings = settings_of(config)
         self._bound: list[tuple[str, os.stat_result]] = []
 
     def reload(self, config: Config) -> None:
-        self._settings = settings_of(config)
+        old, self._settings = self._settings, settings_of(config)
+        if (old.allowed_uids, old.allowed_gids) != (self._settings.allowed_uids,
+                                                    self._settings.allowed_gids):
+            self.streams.stop()
 
     async def start(self, tg: TaskGroup, bind_unix: BindUnix) -> None:
         """Open every listener and serve it in `tg` (the tokens are made first)."""

@@ -23,7 +23,7 @@ from sessiond_schemas.events import TERMINAL_STATUSES
 
 from ..writer import Writer
 from . import codec, tails
-from .calls import Caller, Calls
+from .calls import DAEMON, Caller, Calls
 from .codec import HttpError
 from .expiry import Expiry, idle_ttl
 
@@ -147,6 +147,7 @@ class Streams:
         self._locks: dict[str, tuple[anyio.Lock, int]] = {}
         self._writers: OrderedDict[str, WriterState] = OrderedDict()
         self.expiry = Expiry(calls)
+        self.on_idle: Callable[[], None] = lambda: None  # an SSE tail's keep-alive
 
     # --- reading views and events -------------------------------------------------------
 
@@ -165,7 +166,7 @@ class Streams:
                             " history")
         if not gone_ok and self.expiry.expired(state, view):
             raise StreamExpired(404, f"no stream {sid}: it expired")
-        if touch and await self.expiry.touch(state, view, caller):
+        if touch and await self.expiry.touch(state, view):
             view = View.of(await self.calls.call("session.get", {"session_id": sid}, caller))
         return view
 
@@ -368,11 +369,16 @@ class Streams:
                     events.append(_closing())
                 stream = {"content_type": content_type, "ttl_s": ttl_s,
                           "expires_at": expires_at}
+                ttl = idle_ttl(ttl_s, expires_at)
                 state = await self.calls.call("session.create", {
                     "session_id": r.name, "source": codec.SOURCE, "events": events,
-                    "ttl_s": idle_ttl(ttl_s, expires_at),
-                    "metadata": {codec.META: {k: v for k, v in stream.items()
-                                              if v is not None}}}, r.caller)
+                    "ttl_s": ttl, "metadata": {codec.META: {k: v for k, v in stream.items()
+                                                            if v is not None}}}, r.caller)
+                if ttl is None and state.get("ttl_s") is not None:
+                    # A namespace's default_ttl_s would end a stream that has no TTL of
+                    # its own, and that reads would never renew: a stream has none.
+                    state = await self.calls.call("session.set_ttl", {
+                        "session_id": r.name, "ttl_s": None}, DAEMON)
                 view = View.of(state)
         return Reply(201, {**view.headers(), "location": f"{r.mount}/v1/stream/{r.name}"})
 
@@ -400,12 +406,13 @@ class Streams:
         view = View.of(state)
         events = prefix + codec.chunk_events(view.content_type, r.body, seq=None,
                                              creating=True)
-        # The fork's own expiry (section 4.2), and where it branched (a PUT compares it).
+        # The fork's own expiry (section 4.2), and where it branched (a PUT compares it):
+        # the face's bookkeeping, written as the daemon (calls.DAEMON).
         stream: dict[str, Any] = {"fork": {"offset": at, "sub": sub}}
         if ttl_s is not None or expires_at is not None:
             stream |= {"ttl_s": ttl_s, "expires_at": expires_at}
-        events.insert(0, {"type": "metadata.updated",
-                          "data": {"patch": {codec.META: stream}}})
+        await self.calls.call("events.append", {"session_id": r.name, "events": [
+            {"type": "metadata.updated", "data": {"patch": {codec.META: stream}}}]}, DAEMON)
         if view.closed or r.flag("stream-closed"):
             # A fork starts open (section 4.2): an ended source's status is reopened.
             events = ([{"type": "session.status_changed", "data": {"to": "active"}}]
@@ -419,7 +426,7 @@ class Streams:
         ttl = idle_ttl(ttl_s, expires_at)
         if ttl is not None:  # the fork's own, in place of the one its view inherited
             await self.calls.call("session.set_ttl", {"session_id": r.name, "ttl_s": ttl},
-                                  r.caller)
+                                  DAEMON)
             view = await self.view(r.name, r.caller)
         return view
 
@@ -519,7 +526,7 @@ class Streams:
             except InvalidTransitionError:  # -32003: it has forks
                 await self.calls.call("events.append", {"session_id": r.name, "events": [
                     {"type": "metadata.updated",
-                     "data": {"patch": {codec.META: {"deleted": True}}}}]}, r.caller)
+                     "data": {"patch": {codec.META: {"deleted": True}}}}]}, DAEMON)
                 return Reply(204)
             self._writers.pop(r.name, None)
         while view.forked_from is not None:  # collect soft-deleted sources left forkless
@@ -563,6 +570,7 @@ class Streams:
                 if page.at_tail:
                     while not await tails.wait_for(bell, r.name, 15.0):
                         await send(b": keep-alive\n\n")  # finds a client that went away
+                        self.on_idle()  # a rotated token ends this tail (face.py)
                         bell = tails.mark(self.writer)
                     view = await self.view(r.name, r.caller)
 

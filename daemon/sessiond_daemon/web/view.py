@@ -9,6 +9,7 @@ and those calls pass the same grants as any other.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
@@ -27,6 +28,7 @@ from .streams import Reply
 
 UI_PREFIX = "/ui"
 RPC_PATH = "/rpc"
+EXPORT_PREFIX = "/ui/export/"  # + a session id: its export document, as a download
 _TYPES = {"html": "text/html; charset=utf-8", "css": "text/css; charset=utf-8",
           "js": "text/javascript; charset=utf-8"}
 # The page may load only itself and talk only to its own origin; nothing may frame it.
@@ -83,6 +85,36 @@ class WebView:
         return Reply(200, {"content-type": _TYPES[name.rpartition(".")[2]],
                            "content-security-policy": _POLICY, "cache-control": "no-cache",
                            "x-frame-options": "DENY", "referrer-policy": "no-referrer"}, data)
+
+    async def export(self, session_id: str, caller: Caller) -> AsyncIterator[bytes]:
+        """The session's export document, one part per page of session.export, put
+        together as sessionctl export puts it (the clients' ExportDocument): the same JSON.
+        """
+        page = await self.calls.call("session.export", {"session_id": session_id}, caller)
+        if "next_cursor" not in page:  # the whole document in one answer
+            yield _encode(page)
+            return
+        head = {k: page[k] for k in ("format", "format_version", "exported_at")}
+        into, first = "events", True
+        part = [_encode(head)[:-1] + b',"events":[']
+        while True:
+            for key in ("events", "checkpoints"):
+                if page[key] and into != key:
+                    part.append(b'],"checkpoints":[')
+                    into, first = key, True
+                for item in page[key]:
+                    part.append((b"" if first else b",") + _encode(item))
+                    first = False
+            if page["next_cursor"] is None:
+                part.append((b"" if into == "checkpoints" else b'],"checkpoints":[') + b"],"
+                            + _encode({"session": page["session"],
+                                       "checksum": page["checksum"]})[1:])
+                yield b"".join(part)
+                return
+            yield b"".join(part)
+            part = []
+            page = await self.calls.call("session.export", {
+                "session_id": session_id, "cursor": page["next_cursor"]}, caller)
 
     async def rpc(self, body: bytes, caller: Caller) -> bytes:
         """One JSON-RPC 2.0 request (no batches) run as `caller`; the response's bytes."""

@@ -309,13 +309,11 @@ async function sessionView(id) {
   const timeline = new Timeline(list);
   const last = state.version;
   let first = Math.max(1, last - EVENTS_PAGE + 1);
-  const page = await rpc("events.read", { session_id: id, from_version: first, limit: EVENTS_PAGE });
-  for (const e of page.events) if (e.version <= last) timeline.add(e);
+  for (const e of await eventsBetween(id, first, last)) timeline.add(e);
   const loadEarlier = async () => {
     if (first <= 1) return;
     const from = Math.max(1, first - EVENTS_PAGE);
-    const older = await rpc("events.read", { session_id: id, from_version: from, limit: first - from });
-    for (const e of older.events.reverse()) timeline.add(e, "start");
+    for (const e of (await eventsBetween(id, from, first - 1)).reverse()) timeline.add(e, "start");
     first = from;
     earlier.hidden = first <= 1;
   };
@@ -331,6 +329,20 @@ async function sessionView(id) {
     if (stream && typeof stream.content_type === "string") poll(id, timeline, current);
     else follow(id, timeline, current);
   }
+}
+
+async function eventsBetween(id, from, to) {
+  // A session's events from version `from` to `to`: as many pages as the daemon's byte
+  // budget (max_page_bytes) cuts them into.
+  const out = [];
+  let at = from;
+  while (at <= to) {
+    const page = await rpc("events.read", { session_id: id, from_version: at, limit: Math.min(EVENTS_PAGE, to - at + 1) });
+    for (const e of page.events) if (e.version <= to) out.push(e);
+    if (page.next === null || page.next === undefined || !page.events.length) break;
+    at = page.next;
+  }
+  return out;
 }
 
 function follow(id, timeline, current) {
@@ -495,15 +507,13 @@ async function remove(id) {
   } catch (err) { fail(err); }
 }
 
-async function exportSession(id) {
-  try {
-    const doc = await rpc("session.export", { session_id: id });
-    const blob = new Blob([JSON.stringify(doc)], { type: "application/json" });
-    const a = h("a", { href: URL.createObjectURL(blob), download: `${id}.json` });
-    document.body.append(a);
-    a.click();
-    a.remove();
-  } catch (err) { fail(err); }
+function exportSession(id) {
+  // The daemon streams the document a page at a time (../ui/export/<id>), in its own
+  // bytes: re-encoded here, JSON would lose what it keeps (1.0 would become 1).
+  const a = h("a", { href: `export/${encodeURIComponent(id)}`, download: `${id}.json` });
+  document.body.append(a);
+  a.click();
+  a.remove();
 }
 
 // --- the host ----------------------------------------------------------------------------
