@@ -168,3 +168,19 @@ class TestBrowsersAndAccess:
         stale = await owner.get("/v1/stream/tail?offset=-1")
         assert stale.status_code == 403
         assert json.loads(stale.text)["error"]
+
+
+class TestDeepForks:
+    @pytest.mark.slow_on_postgresql
+    async def test_a_fork_deep_in_its_chain_reads_over_http(
+            self, owner: httpx.AsyncClient, client: AsyncClient) -> None:
+        """A read walks the chain once per page, not by recursion: a fork 990 deep (within
+        max_fork_depth; a stack of awaits per link passed Python's recursion limit: 500)
+        reads whole."""
+        await owner.put("/v1/stream/root", headers=TEXT, content=b"root ")
+        sid = "root"
+        for i in range(990):
+            sid = (await client.fork(sid, new_session_id=f"deep-{i}")).session_id
+        await owner.post(f"/v1/stream/{sid}", headers=TEXT, content=b"leaf")
+        read = await owner.get(f"/v1/stream/{sid}?offset=-1")
+        assert read.status_code == 200 and read.content == b"root leaf"

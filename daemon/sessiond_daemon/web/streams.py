@@ -21,6 +21,7 @@ import anyio
 from sessiond_schemas.errors import InvalidTransitionError, SessiondError, SessionNotFoundError
 from sessiond_schemas.events import TERMINAL_STATUSES
 
+from ..forks import WALK_LIMIT
 from ..writer import Writer
 from . import codec, tails
 from .calls import DAEMON, Caller, Calls
@@ -170,25 +171,32 @@ class Streams:
             view = View.of(await self.calls.call("session.get", {"session_id": sid}, caller))
         return view
 
-    async def _events(self, view: View, after: int, caller: Caller,
-                      upto: int | None = None) -> tuple[list[dict[str, Any]], bool]:
-        """Events after version `after` (up to `upto`), walking up fork links; and
-        whether more follow."""
-        if view.forked_from is not None and after < view.forked_from[1]:
-            source_id, at = view.forked_from
-            source = await self.view(source_id, caller, gone_ok=True)
-            events, _ = await self._events(source, after, caller, at)
+    async def _events(self, view: View, after: int, caller: Caller
+                      ) -> tuple[list[dict[str, Any]], bool]:
+        """Events after version `after`, from the session of the fork chain that holds
+        them; and whether more follow. Iterative: a read walks the chain once per page,
+        whatever its depth (at most forks.WALK_LIMIT links: a chain written behind the
+        daemon's back that goes round ends there)."""
+        while True:
+            holder, cut, hops = view, None, 0
+            while holder.forked_from is not None and after < holder.forked_from[1]:
+                source_id, at = holder.forked_from
+                cut = at if cut is None else min(cut, at)  # the nearest fork point above
+                holder = await self.view(source_id, caller, gone_ok=True)
+                hops += 1
+                if hops > WALK_LIMIT:
+                    raise HttpError(500, f"the fork chain of {view.session_id} goes round"
+                                    " (damaged: sessionctl verify names it)")
+            page = await self.calls.call("events.read", {
+                "session_id": holder.session_id, "from_version": after + 1, "limit": PAGE},
+                caller)
+            events = page["events"]
+            if cut is None:  # the session's own part
+                return events, page["next"] is not None
+            events = [e for e in events if e["version"] <= cut]
             if events:
-                return events, True
-            after = at
-        params: dict[str, Any] = {"session_id": view.session_id, "from_version": after + 1,
-                                  "limit": PAGE}
-        page = await self.calls.call("events.read", params, caller)
-        events = page["events"]
-        if upto is not None:
-            events = [e for e in events if e["version"] <= upto]
-            return events, bool(events) and events[-1]["version"] < upto
-        return events, page["next"] is not None
+                return events, True  # the fork's own part follows, at least
+            after = cut  # nothing of the source's up to the fork point: on past it
 
     async def read(self, view: View, after: int, caller: Caller) -> Page:
         """The data after version `after`, up to about MAX_READ_BYTES."""
