@@ -184,3 +184,31 @@ class TestDeepForks:
         await owner.post(f"/v1/stream/{sid}", headers=TEXT, content=b"leaf")
         read = await owner.get(f"/v1/stream/{sid}?offset=-1")
         assert read.status_code == 200 and read.content == b"root leaf"
+
+
+class TestSlowClients:
+    @pytest.fixture
+    def daemon_overrides(self) -> dict[str, object]:
+        return {"http_listen": [f"127.0.0.1:{free_port()}"], "http_max_connections": 20,
+                "http_idle_timeout_s": 1.0}
+
+    async def test_a_request_head_that_trickles_is_cut(self, daemon: Daemon) -> None:
+        """Connections that send a byte every second, with no token, never finish a head:
+        each is closed (twice the idle deadline), and the owner gets in."""
+        host, port = daemon.config.http_listen[0].rsplit(":", 1)
+        streams = [await anyio.connect_tcp(host, int(port)) for _ in range(20)]
+        closed = 0
+        with anyio.fail_after(PATIENCE_S):
+            for s in streams:
+                await s.send(b"G")
+            while closed < len(streams):  # a byte a second, until each is cut
+                await anyio.sleep(0.9)  # the pace of the trickle, not a bound under test
+                for s in list(streams):
+                    try:
+                        await s.send(b"E")
+                    except (anyio.BrokenResourceError, OSError):
+                        streams.remove(s)
+                        closed += 1
+        async with httpx.AsyncClient(base_url=base(daemon), timeout=30, headers={
+                "authorization": f"Bearer {token(daemon)}"}) as owner:
+            assert (await owner.get("/v1/stream/none")).status_code == 404

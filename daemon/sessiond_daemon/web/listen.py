@@ -106,6 +106,22 @@ class _PeerProtocol(H11Protocol):
         self.app = app
         self.timeout_keep_alive_task = self.loop.call_later(
             self.timeout_keep_alive, self.timeout_keep_alive_handler)
+        self._idle_since = self.loop.time()
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's idle timer starts again at every byte, so a client that sends a byte
+        # now and then would hold its connection for ever: between requests, the head of
+        # the next must come whole within twice the idle deadline, however it trickles.
+        waiting = self.cycle is None or self.cycle.response_complete
+        if waiting and self.loop.time() - self._idle_since > 2 * self.timeout_keep_alive:
+            assert self.transport is not None
+            self.transport.abort()
+            return
+        super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        self._idle_since = self.loop.time()
+        super().on_response_complete()
 
 
 class _Embedded(uvicorn.Server):
