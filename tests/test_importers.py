@@ -771,3 +771,71 @@ async def test_follow_is_live_and_waits_for_a_restarted_daemon(short_dir: str) -
     said = err.decode()
     assert "Traceback" not in said
     assert said.count("waiting for the daemon") == 1 and "the daemon is back" in said
+
+
+def _rollout_line(text: str, ts: str) -> str:
+    return json.dumps({"timestamp": ts, "type": "response_item", "payload": {
+        "type": "message", "role": "user",
+        "content": [{"type": "input_text", "text": text}]}}) + "\n"
+
+
+class TestFollowKeepsItsFootprint:
+    """--follow over many transcripts, and over one rewritten in place (review findings)."""
+
+    async def test_many_files_hold_few_descriptors_and_all_are_read(
+            self, daemon: Daemon, short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        from sessiond import Client
+        from sessiond.importers import transcripts
+
+        monkeypatch.setattr(transcripts, "OPEN_FILES", 4)  # a small cap, so 12 files pass it
+        paths = []
+        for i in range(12):
+            path = os.path.join(short_dir, f"rollout-2026-12-01T10-00-00-0199a1b2-c3d4-7e5f-"
+                                f"8a9b-0c1d2e3f4a{i:02d}.jsonl")
+            with open(path, "w") as f:
+                f.write(_rollout_line(f"hello {i}", "2026-12-01T10:00:00Z"))
+            paths.append(path)
+
+        def follow() -> list[str]:
+            with Client(daemon.socket) as c:
+                imp = transcripts.TranscriptImporter(c, "codex")
+                for path in paths:  # pass 1
+                    assert imp.sync(path, final=False).error is None
+                    assert sum(t.handle is not None for t in imp.tails.values()) <= 4
+                for path in paths:
+                    with open(path, "a") as f:
+                        f.write(_rollout_line("again", "2026-12-01T10:00:01Z"))
+                sids = [imp.sync(path, final=False).session_id for path in paths]  # pass 2
+                imp.close()
+                return [m.content for sid in sids
+                        for m in c.list_messages(str(sid), limit=10).messages]
+
+        texts = await anyio.to_thread.run_sync(follow)
+        assert sorted(texts) == sorted([f"hello {i}" for i in range(12)] + ["again"] * 12)
+
+    async def test_a_rollout_rewritten_in_place_is_read_once(
+            self, daemon: Daemon, short_dir: str) -> None:
+        from sessiond import Client
+        from sessiond.importers.transcripts import TranscriptImporter
+
+        path = os.path.join(short_dir, "rollout-2026-12-01T10-00-00-0199a1b2-c3d4-7e5f-8a9b-"
+                            "0c1d2e3f4a5b.jsonl")
+        a = _rollout_line("first", "2026-12-01T10:00:00Z")
+        b = _rollout_line("second", "2026-12-01T10:00:01Z")
+        with open(path, "w") as f:
+            f.write(a + b)
+
+        def follow() -> list[str]:
+            with Client(daemon.socket) as c:
+                imp = TranscriptImporter(c, "codex")
+                imp.sync(path, final=False)
+                with open(path, "w") as f:  # rewritten: cut to nothing, written again
+                    f.write(a)
+                imp.sync(path, final=False)
+                with open(path, "a") as f:
+                    f.write(b + _rollout_line("third", "2026-12-01T10:00:02Z"))
+                sid = imp.sync(path, final=False).session_id
+                imp.close()
+                return [m.content for m in c.list_messages(str(sid), limit=10).messages]
+
+        assert await anyio.to_thread.run_sync(follow) == ["first", "second", "third"]

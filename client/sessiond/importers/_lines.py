@@ -74,6 +74,11 @@ class Parser:
         self.facts = Facts()
         self._occurrences: dict[str, int] = {}
 
+    def from_start(self) -> None:
+        """The file is read from its first line again (rewritten, cut shorter): a line's
+        repeats are counted afresh, so a line read again gets the key it had."""
+        self._occurrences.clear()
+
     def content_key(self, prefix: str, text: str) -> str:
         """For lines without an id: their content's hash (and which repeat it is)."""
         digest = hashlib.sha256(text.encode()).hexdigest()[:24]

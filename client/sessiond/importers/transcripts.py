@@ -58,7 +58,11 @@ class _Tail:
     inode: int = -1
     partial: bytes = b""
     number: int = 0
+    offset: int = 0  # where a tail closed between passes goes on from
     pending: list[Line] = field(default_factory=list)  # parsed, not yet in the daemon
+
+
+OPEN_FILES = 64  # transcripts kept open between passes of --follow (a descriptor each)
 
 
 class TranscriptImporter:
@@ -68,6 +72,7 @@ class TranscriptImporter:
         self.client, self.fmt = client, fmt
         self.parser_type = PARSERS[fmt]
         self.tails: dict[str, _Tail] = {}
+        self._recent: dict[str, None] = {}  # the open tails' paths, least recent first
         self.known: dict[str, set[str]] = {}  # session -> line keys the daemon holds
 
     def files(self, root: str) -> list[tuple[str, int]]:
@@ -86,6 +91,7 @@ class TranscriptImporter:
             if tail.handle is not None:
                 tail.handle.close()
         self.tails.clear()
+        self._recent.clear()
 
     # -- reading -------------------------------------------------------------------
 
@@ -94,14 +100,48 @@ class TranscriptImporter:
             tail.handle.close()
         tail.handle = open(path, "rb")  # noqa: SIM115 - kept open across passes
         tail.inode = os.fstat(tail.handle.fileno()).st_ino
-        tail.partial, tail.number = b"", 0
+        tail.partial, tail.number, tail.offset = b"", 0, 0
+        tail.parser.from_start()
+        self._opened(path)
+
+    def _opened(self, path: str) -> None:
+        """Keep at most OPEN_FILES transcripts open: the one least recently read is
+        closed (its place kept: the next pass opens it again there, or, if the path is
+        another file by then, reads that from its start)."""
+        self._recent.pop(path, None)
+        self._recent[path] = None
+        while len(self._recent) > OPEN_FILES:
+            oldest = next(iter(self._recent))
+            del self._recent[oldest]
+            tail = self.tails.get(oldest)
+            if tail is not None and tail.handle is not None:
+                tail.offset = tail.handle.tell()
+                tail.handle.close()
+                tail.handle = None
+
+    def _reopen(self, path: str, tail: _Tail) -> None:
+        """A tail closed by `_opened`: the same file again at its place, or the new one."""
+        try:
+            handle = open(path, "rb")  # noqa: SIM115 - kept open across passes
+        except FileNotFoundError:
+            return  # rotated away: its rotated copy is listed, and keys count lines once
+        if os.fstat(handle.fileno()).st_ino == tail.inode:
+            handle.seek(tail.offset)
+            tail.handle = handle
+            self._opened(path)
+        else:
+            handle.close()
+            self._open(path, tail)
 
     def _read(self, path: str, tail: _Tail, final: bool, result: Result) -> None:
         """Read what is new; on a replaced file (new inode: rotated or rewritten) the old
         one is read to its end first, then the new one from its start; on a file cut
         shorter, from its start again. Keys make a line read twice count once."""
         if tail.handle is None:
-            self._open(path, tail)
+            self._reopen(path, tail)
+            if tail.handle is None:
+                return
+        self._opened(path)
         while True:
             self._lines(tail, tail.handle.read(), result)
             try:
@@ -115,6 +155,7 @@ class TranscriptImporter:
             if st.st_size < tail.handle.tell():
                 tail.handle.seek(0)
                 tail.partial, tail.number = b"", 0
+                tail.parser.from_start()
                 continue
             break
         if final:
