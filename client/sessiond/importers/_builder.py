@@ -3,6 +3,7 @@ reading a source's JSON so that what is wrong is named by its JSON path."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -180,6 +181,16 @@ def problem_of(exc: BaseException) -> Problem:
         return Problem("nested too deeply")
     detail = str(exc) or type(exc).__name__
     return Problem(f"unexpected value near here ({detail})", Tracker.last)
+
+
+def load_json(file: str) -> Any:
+    """A JSON file's value; a Problem naming what is wrong with it (OSError as it is)."""
+    with open(file, "rb") as f:
+        raw = f.read()
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise json_problem(exc) from None
 
 
 def json_problem(exc: ValueError) -> Problem:

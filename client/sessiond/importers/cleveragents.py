@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._builder import DocumentBuilder, Found, Problem, TDict, json_problem, problem_of, root_object
+from ._builder import DocumentBuilder, Found, Problem, TDict, load_json, problem_of, root_object
 
 UNVERIFIED = ("checksum could not be verified: the seed does not say what it covers, and it is"
               " not the SHA-256 of the document's sorted JSON")
@@ -41,12 +41,7 @@ def documents(path: str, strict: bool = False) -> Iterator[Found]:
         return
     for file in _files(path):
         try:
-            with open(file, "rb") as f:
-                raw = f.read()
-            try:
-                loaded = json.loads(raw.decode("utf-8"))
-            except ValueError as exc:
-                raise json_problem(exc) from None
+            loaded = load_json(file)
             doc = root_object(loaded, "an as_export_dict() document")
             notes = _checksum_note(doc)
             if strict and notes:

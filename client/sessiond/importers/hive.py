@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +11,7 @@ from ._builder import (
     Found,
     Problem,
     TDict,
-    json_problem,
+    load_json,
     problem_of,
     root_object,
 )
@@ -48,12 +47,7 @@ def documents(path: str, strict: bool = False) -> Iterator[Found]:
         return
     for file in files:
         try:
-            with open(file, "rb") as f:
-                raw = f.read()
-            try:
-                state = json.loads(raw.decode("utf-8"))
-            except ValueError as exc:
-                raise json_problem(exc) from None
+            state = load_json(file)
             yield Found(file, *_convert(root_object(state, "a Hive state")))
         except Exception as exc:  # every failure is this file's result
             yield Found(file, problem=problem_of(exc))

@@ -7,7 +7,6 @@ the task first. zwarm keeps no time per output line: a turn's lines carry its st
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +18,7 @@ from ._builder import (
     Found,
     Problem,
     TDict,
-    json_problem,
+    load_json,
     problem_of,
     root_object,
 )
@@ -57,12 +56,7 @@ def documents(path: str, strict: bool = False) -> Iterator[Found]:
     for folder in folders:
         file = os.path.join(folder, "meta.json")
         try:
-            with open(file, "rb") as f:
-                raw = f.read()
-            try:
-                meta = json.loads(raw.decode("utf-8"))
-            except ValueError as exc:
-                raise json_problem(exc) from None
+            meta = load_json(file)
             yield Found(file, *_convert(folder, root_object(meta, "a zwarm meta.json")))
         except _TurnProblem as exc:
             yield Found(exc.file, problem=exc.problem)
