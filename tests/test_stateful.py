@@ -17,6 +17,7 @@ SESSIOND_STATEFUL_EXAMPLES sets how many runs (default 15; CI may raise it).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import signal
@@ -31,11 +32,12 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from conftest import PATIENCE_S, daemon_config, running_daemon, wait_for_daemon
+from conftest import PATIENCE_S, daemon_config, wait_for_daemon
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from sessiond_daemon import lifecycle
 from sessiond_schemas import rpc
 from sessiond_schemas.events import DATA_TYPES, EVENT_TYPES, Event
 from sessiond_schemas.export import FORMAT, FORMAT_VERSION, chain_hash, checksum
@@ -233,9 +235,13 @@ class ThreadedDaemon:
             self.loop = asyncio.get_running_loop()
             self.stop_event = asyncio.Event()
             try:
-                async with running_daemon(self.config):
+                self.lifecycle = lifecycle.Daemon(self.config)
+                async with anyio.create_task_group() as tg:
+                    shutdown = anyio.Event()
+                    await tg.start(self.lifecycle.run, shutdown)
                     ready.set()
                     await self.stop_event.wait()
+                    shutdown.set()
             except BaseException as exc:  # reported by start() or the ping invariant
                 self.error = exc
             finally:
@@ -246,6 +252,22 @@ class ThreadedDaemon:
         self.thread.start()
         assert ready.wait(60), "the daemon did not start within a minute"
         assert self.error is None, f"the daemon did not start: {self.error!r}"
+
+    def reload(self, **changes: Any) -> None:
+        """What SIGHUP does: the daemon takes a new config's reloadable settings (run in
+        its own loop; the changes are this config's with `changes`)."""
+        new = msgspec.structs.replace(self.config, **changes)
+        done = concurrent.futures.Future[None]()
+
+        def apply() -> None:
+            try:
+                self.lifecycle.reload(new)
+                done.set_result(None)
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(apply)
+        done.result(PATIENCE_S)
 
     def stop(self) -> None:
         if self.thread is None:
@@ -472,6 +494,14 @@ class DaemonMachine(RuleBasedStateMachine):
             for fork in forks:
                 self.delete_with_forks(fork["session_id"])
         assert self.send("session.delete", {"session_id": sid})["result"]["deleted"] is True
+
+    @rule(uids=st.sampled_from([[], [65534], [65534, 4242]]),
+          grants=st.sampled_from([[], ["session.delete"], ["*"]]))
+    def revoke_or_grant(self, uids: list[int], grants: list[str]) -> None:
+        """A reload between steps that lets peers in, or no more, and changes their
+        grants (access revoked on open connections): the daemon goes on serving its
+        owner, and the steps after it are checked as before."""
+        self.daemon.reload(allowed_uids=uids, peer_methods=grants)
 
     @rule()
     def restart(self) -> None:
