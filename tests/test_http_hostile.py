@@ -186,6 +186,7 @@ class TestDeepForks:
         assert read.status_code == 200 and read.content == b"root leaf"
 
 
+@pytest.mark.slow_on_postgresql
 class TestSlowClients:
     @pytest.fixture
     def daemon_overrides(self) -> dict[str, object]:

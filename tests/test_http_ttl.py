@@ -15,7 +15,8 @@ from test_http import base, free_port, token
 
 from sessiond import AsyncClient
 
-pytestmark = pytest.mark.anyio
+# Waits on real TTLs of seconds: the PostgreSQL variants run in the fleet run.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
 TEXT = {"content-type": "text/plain"}
 
 

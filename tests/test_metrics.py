@@ -159,7 +159,8 @@ class TestEndpoint:
             def ask(line: bytes) -> bytes:
                 with socket.socket(socket.AF_UNIX) as s:
                     s.connect(path)
-                    s.sendall(line + b"\r\nHost: x\r\n\r\n")
+                    # Connection: close, or the answer ends only at the idle deadline
+                    s.sendall(line + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
                     chunks = []
                     while chunk := s.recv(65536):
                         chunks.append(chunk)
