@@ -171,25 +171,27 @@ class Streams:
             view = View.of(await self.calls.call("session.get", {"session_id": sid}, caller))
         return view
 
-    async def _events(self, view: View, after: int, caller: Caller
-                      ) -> tuple[list[dict[str, Any]], bool]:
+    async def _events(self, view: View, after: int, caller: Caller,
+                      chain: list[View] | None = None) -> tuple[list[dict[str, Any]], bool]:
         """Events after version `after`, from the session of the fork chain that holds
-        them; and whether more follow. Iterative: a read walks the chain once per page,
-        whatever its depth (at most forks.WALK_LIMIT links: a chain written behind the
+        them; and whether more follow. `chain` is the view and its sources as far as they
+        were looked up (a read's pages share it, so each source is looked up once a read,
+        whatever the depth; at most forks.WALK_LIMIT of them: a chain written behind the
         daemon's back that goes round ends there)."""
+        chain = chain if chain is not None else [view]
         while True:
-            holder, cut, hops = view, None, 0
-            while holder.forked_from is not None and after < holder.forked_from[1]:
-                source_id, at = holder.forked_from
-                cut = at if cut is None else min(cut, at)  # the nearest fork point above
-                holder = await self.view(source_id, caller, gone_ok=True)
-                hops += 1
-                if hops > WALK_LIMIT:
-                    raise HttpError(500, f"the fork chain of {view.session_id} goes round"
-                                    " (damaged: sessionctl verify names it)")
+            i, cut = 0, None
+            while (link := chain[i].forked_from) is not None and after < link[1]:
+                cut = link[1] if cut is None else min(cut, link[1])  # the nearest above
+                if i + 1 == len(chain):
+                    if len(chain) > WALK_LIMIT:
+                        raise HttpError(500, f"the fork chain of {view.session_id} goes"
+                                        " round (damaged: sessionctl verify names it)")
+                    chain.append(await self.view(link[0], caller, gone_ok=True))
+                i += 1
             page = await self.calls.call("events.read", {
-                "session_id": holder.session_id, "from_version": after + 1, "limit": PAGE},
-                caller)
+                "session_id": chain[i].session_id, "from_version": after + 1,
+                "limit": PAGE}, caller)
             events = page["events"]
             if cut is None:  # the session's own part
                 return events, page["next"] is not None
@@ -201,9 +203,9 @@ class Streams:
     async def read(self, view: View, after: int, caller: Caller) -> Page:
         """The data after version `after`, up to about MAX_READ_BYTES."""
         items: list[bytes] = []
-        size, at = 0, after
+        size, at, chain = 0, after, [view]
         while size < MAX_READ_BYTES:
-            events, more = await self._events(view, at, caller)
+            events, more = await self._events(view, at, caller, chain)
             for e in events:
                 if view.generic:
                     item = (codec.chunk_bytes(e["data"]) if e["type"] == "stream.chunk"
