@@ -171,7 +171,7 @@ class TestBrowsersAndAccess:
 
 
 class TestDeepForks:
-    @pytest.mark.slow_on_postgresql
+    @pytest.mark.fleet  # 990 forks to make: a long test, in .ci/run's second run
     async def test_a_fork_deep_in_its_chain_reads_over_http(
             self, owner: httpx.AsyncClient, client: AsyncClient) -> None:
         """A read walks the chain once per page, not by recursion: a fork 990 deep (within
