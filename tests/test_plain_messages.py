@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import anyio
 import pg
 import pytest
-from conftest import Daemon, eventually, wait_for_daemon
+from conftest import Daemon, eventually, wait_for_daemon, wait_until
 
 from sessiond import AsyncClient, InvalidParamsError, StorageError
 from sessiond_daemon.migrations import LATEST
@@ -184,17 +183,17 @@ def test_a_fleet_daemon_s_first_start_logs_no_return(pg_url: str) -> None:
                                      "--socket", sock, "--host-name", "b27"], stderr=out)
         try:
             wait_for_daemon(sock, proc)
-            deadline = time.monotonic() + 60  # a guard against a hang, not a bound
-            while "store.listening" not in log_events(log):
-                assert time.monotonic() < deadline, log_events(log)
-                time.sleep(0.02)
+            wait_until(lambda: "store.listening" in log_events(log), "the store to listen")
             first = log_events(log)
             assert first.count("store.migrated") == 1
             assert "daemon.database_back" not in first and "daemon.database_lost" not in first
             assert terminate_backends(pg_url) > 0
-            while log_events(log).count("store.listening") < 2:
-                assert time.monotonic() < deadline and proc.poll() is None, log_events(log)
-                time.sleep(0.02)
+
+            def listening_again() -> bool:
+                assert proc.poll() is None, log_events(log)
+                return log_events(log).count("store.listening") >= 2
+
+            wait_until(listening_again, "the store to listen again")
             after = log_events(log)[len(first):]
             assert [e for e in after if e.startswith("daemon.database_")] == [
                 "daemon.database_lost", "daemon.database_back"]

@@ -49,7 +49,7 @@ from .commands import (
 )
 from .eventstore import Page, SessionFilters, Store, page_budget, repage
 from .histories import unreadable_error
-from .writer import Delete, EventData, Plan, Writer
+from .writer import Delete, EventData, Plan, Planner, Writer
 
 __all__ = [
     "APPEND_INPUTS", "RUNNER_ONLY", "VERSION", "LiveFigures", "Service", "StatusChangeInput",
@@ -413,6 +413,20 @@ class Service:
 
         return await self.commands.submit_params(p, meta, plan)
 
+    async def _submit_as_read(self, p: rpc.WriteParams, meta: EventMeta, plan: Planner,
+                              version: int) -> msgspec.Raw | None:
+        """Submit a plan made from reads of the session at `version`, requiring that version
+        (or the caller's `expected_version`); None when another write came between, so the
+        caller reads again and retries."""
+        try:
+            return await self.commands.submit(
+                p.session_id, meta, plan, idempotency_key=p.idempotency_key,
+                expected_version=p.expected_version or version)
+        except VersionConflictError:
+            if p.expected_version is not None:
+                raise  # the caller's own condition: theirs to handle
+            return None
+
     async def _replace_messages(self, p: rpc.MessageAppendManyParams, meta: EventMeta,
                                 start: int) -> msgspec.Raw:
         """append_many with `replace_from`: one messages.truncated (reason "replaced") and
@@ -441,13 +455,8 @@ class Service:
                     st, ev, message_ids=[d.message_id for d in datas], first_sequence=start),
                     paths=["$.replace_from", *(f"$.messages[{i}]" for i in range(len(datas)))])
 
-            try:
-                return await self.commands.submit(
-                    p.session_id, meta, plan, idempotency_key=p.idempotency_key,
-                    expected_version=p.expected_version or state.version)
-            except VersionConflictError:
-                if p.expected_version is not None:
-                    raise  # the caller's own condition: theirs to handle
+            if (done := await self._submit_as_read(p, meta, plan, state.version)) is not None:
+                return done
 
     async def message_list(self, p: rpc.MessageListParams,
                            meta: EventMeta) -> rpc.MessageListResult:
@@ -501,13 +510,8 @@ class Service:
                 return Plan([("messages.truncated", data)], lambda st, ev: _cut_result(
                     st, ev, popped, count - kept, pop))
 
-            try:
-                return await self.commands.submit(
-                    p.session_id, meta, plan, idempotency_key=p.idempotency_key,
-                    expected_version=p.expected_version or state.version)
-            except VersionConflictError:
-                if p.expected_version is not None:
-                    raise  # the caller's own condition: theirs to handle
+            if (done := await self._submit_as_read(p, meta, plan, state.version)) is not None:
+                return done
 
     # --- tokens, progress, memory, checkpoints --------------------------------------
 

@@ -32,7 +32,7 @@ import json
 import threading
 import time
 from array import array
-from collections.abc import Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -485,28 +485,34 @@ class SessiondStore(BaseStore):
                 return found
             cursor = result.next_cursor
 
-    async def _scan_for_words(self, client: LoopClient, prefix: tuple[str, ...],
-                              words: list[str], filter: dict[str, Any] | None,
-                              wanted: int) -> list[tuple[SessionState, float | None]]:
-        """No search index (a PostgreSQL daemon): the first FALLBACK_SCAN items under the
-        prefix that pass the filter, ranked by how many of the query's words each holds."""
-        scored: list[tuple[SessionState, float | None]] = []
+    async def _scanned(self, client: LoopClient, prefix: tuple[str, ...]
+                       ) -> AsyncIterator[tuple[SessionState, Any]]:
+        """The live items under the prefix, and their values: at most FALLBACK_SCAN
+        items read, a page at a time (what a scan without the search index reads)."""
         cursor, now, seen = None, _now(), 0
         while seen < FALLBACK_SCAN:
             page = await self._pages(client, ITEMS + namespace_text(prefix), True, cursor,
                                      min(_PAGE, FALLBACK_SCAN - seen))
             seen += len(page.states)
             for view in page.states:
-                if view.last_message is None or _expired(view, now):
-                    continue
-                value = json.loads(view.last_message.content)
-                held = set(query_words(view.last_message.content))
-                score = sum(1 for w in words if w in held)
-                if score and matches(value, filter):
-                    scored.append((view, float(score)))
+                if view.last_message is not None and not _expired(view, now):
+                    yield view, json.loads(view.last_message.content)
             if page.next is None:
-                break
+                return
             cursor = page.next
+
+    async def _scan_for_words(self, client: LoopClient, prefix: tuple[str, ...],
+                              words: list[str], filter: dict[str, Any] | None,
+                              wanted: int) -> list[tuple[SessionState, float | None]]:
+        """No search index (a PostgreSQL daemon): the first FALLBACK_SCAN items under the
+        prefix that pass the filter, ranked by how many of the query's words each holds."""
+        scored: list[tuple[SessionState, float | None]] = []
+        async for view, value in self._scanned(client, prefix):
+            assert view.last_message is not None
+            held = set(query_words(view.last_message.content))
+            score = sum(1 for w in words if w in held)
+            if score and matches(value, filter):
+                scored.append((view, float(score)))
         scored.sort(key=lambda pair: -(pair[1] or 0))
         return scored[:wanted]
 
@@ -519,24 +525,15 @@ class SessiondStore(BaseStore):
         query = await self.embeddings.aembed_query(op.query)
         scored: list[tuple[SessionState, float | None]] = []
         scoreless: list[tuple[SessionState, float | None]] = []
-        cursor, now, seen = None, _now(), 0
-        while seen < FALLBACK_SCAN:
-            page = await self._pages(client, ITEMS + namespace_text(prefix), True, cursor,
-                                     min(_PAGE, FALLBACK_SCAN - seen))
-            seen += len(page.states)
-            for view in page.states:
-                if (view.last_message is None or _expired(view, now)
-                        or not matches(json.loads(view.last_message.content), op.filter)):
-                    continue
-                vectors = [array("d", base64.b64decode(v))
-                           for v in (view.memory.get("vectors") or {}).values()]
-                if vectors:
-                    scored.append((view, max(cosine(query, v) for v in vectors)))
-                else:
-                    scoreless.append((view, None))
-            if page.next is None:
-                break
-            cursor = page.next
+        async for view, value in self._scanned(client, prefix):
+            if not matches(value, op.filter):
+                continue
+            vectors = [array("d", base64.b64decode(v))
+                       for v in (view.memory.get("vectors") or {}).values()]
+            if vectors:
+                scored.append((view, max(cosine(query, v) for v in vectors)))
+            else:
+                scoreless.append((view, None))
         scored.sort(key=lambda pair: -(pair[1] or 0.0))
         kept = scored[op.offset:op.offset + op.limit]
         if scoreless and len(kept) < op.limit:
