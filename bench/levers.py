@@ -31,7 +31,7 @@ from sessiond import AsyncClient
 from .daemon import DaemonProcess
 
 CONTENT = "x" * 200
-KEYS = ("w1", "w1cpu", "w1thr", "w2", "w2cpu", "w2thr", "pages")
+KEYS = ("w1", "w1cpu", "w1thr", "w2", "w2cpu", "w2thr", "w2batch", "pages")
 
 
 class TreeDaemon(DaemonProcess):
@@ -68,11 +68,13 @@ def threads_cpu_s(pid: int) -> dict[str, float]:
     return found
 
 
-async def workload(d: DaemonProcess, writers: int, per: int) -> tuple[float, float, float]:
+async def workload(d: DaemonProcess, writers: int,
+                   per: int) -> tuple[float, float, float, float]:
     """`writers` clients, each `per` appends to a session of its own: (appends/s, daemon
-    CPU us per append, the writer thread's CPU us per append)."""
+    CPU us per append, the writer thread's CPU us per append, commands per commit)."""
     async with AsyncClient(d.socket) as c:
         sids = [(await c.create_session()).session_id for _ in range(writers)]
+        before = await c.stats()
 
     async def writer(sid: str) -> None:
         async with AsyncClient(d.socket) as own:
@@ -88,7 +90,11 @@ async def workload(d: DaemonProcess, writers: int, per: int) -> tuple[float, flo
     elapsed, cpu = time.perf_counter() - t0, d.cpu_s() - cpu0
     wcpu = max(v - threads0.get(t, 0.0) for t, v in threads_cpu_s(pid).items())
     n = writers * per
-    return n / elapsed, cpu / n * 1e6, wcpu / n * 1e6
+    async with AsyncClient(d.socket) as c:
+        after = await c.stats()
+    batch = ((after.write_commands - before.write_commands)
+             / max(1, after.write_transactions - before.write_transactions))
+    return n / elapsed, cpu / n * 1e6, wcpu / n * 1e6, batch
 
 
 async def pages_per_commit(d: DaemonProcess, commits: int = 50) -> float:
@@ -128,24 +134,26 @@ async def main() -> None:
                 await d.start()
                 try:
                     pages = await pages_per_commit(d)
-                    w1, w1cpu, w1thr = await workload(d, 1, args.w1)
-                    w2, w2cpu, w2thr = await workload(d, 16, args.w2)
+                    w1, w1cpu, w1thr, _ = await workload(d, 1, args.w1)
+                    w2, w2cpu, w2thr, w2batch = await workload(d, 16, args.w2)
                 finally:
                     d.stop()
             res = results[tree]
-            for k, v in zip(KEYS, (w1, w1cpu, w1thr, w2, w2cpu, w2thr, pages), strict=True):
+            for k, v in zip(KEYS, (w1, w1cpu, w1thr, w2, w2cpu, w2thr, w2batch, pages),
+                            strict=True):
                 res[k].append(v)
             print(f"round {r + 1} {tree}: W1 {w1:,.0f}/s {w1cpu:.0f} ({w1thr:.0f}) us/append;"
-                  f" W2 {w2:,.0f}/s {w2cpu:.0f} ({w2thr:.0f}) us/append;"
+                  f" W2 {w2:,.0f}/s {w2cpu:.0f} ({w2thr:.0f}) us/append, {w2batch:.1f}/commit;"
                   f" {pages:.1f} pages/commit", flush=True)
     base = {k: statistics.median(v) for k, v in results[args.trees[0]].items()}
     print(f"load: {os.getloadavg()[0]:.2f} (1 min)")
     print("| tree | W1 appends/s | W1 CPU us/append | W1 writer thread | W2 appends/s"
-          " | W2 CPU us/append | W2 writer thread | pages/commit (W1) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          " | W2 CPU us/append | W2 writer thread | W2 appends/commit | pages/commit (W1) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for tree in args.trees:
         m = {k: statistics.median(v) for k, v in results[tree].items()}
-        cells = [f"{m[k]:,.{1 if k == 'pages' else 0}f} ({m[k] / base[k]:.2f}x)" for k in KEYS]
+        cells = [f"{m[k]:,.{1 if k in ('pages', 'w2batch') else 0}f}"
+                 f" ({m[k] / base[k]:.2f}x)" for k in KEYS]
         print(f"| {tree} | " + " | ".join(cells) + " |")
 
 
