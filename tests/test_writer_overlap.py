@@ -1,12 +1,14 @@
-"""The writer hands the next batch to the SQLite thread before it answers the last one
-(issue 31 §4): the answers go out while the next batch commits; none before its own
-batch is on disk."""
+"""The writer and the SQLite thread (issue 31 §2, §4): a batch costs one hop to read
+what it needs and one to commit, whatever its size; the next batch is handed to the
+thread before the last one is answered, so the answers go out while it commits; none
+before its own batch is on disk."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 import pytest
@@ -18,6 +20,7 @@ from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.events import EventMeta
 
 pytestmark = pytest.mark.anyio
+T = TypeVar("T")
 
 
 class GatedStore(SqliteStore):
@@ -30,6 +33,11 @@ class GatedStore(SqliteStore):
         self.gate = anyio.Event()
         self.first_started = anyio.Event()
         self.armed = False
+        self.hops: list[str] = []  # the calls run on the write connection's thread
+
+    async def _on_writer(self, fn: Callable[..., T], *args: Any) -> T:
+        self.hops.append(getattr(fn, "__name__", "?"))
+        return await super()._on_writer(fn, *args)
 
     async def commit(self, batch: Batch) -> Moved | None:
         names = ",".join(sorted(batch.views))
@@ -90,3 +98,47 @@ async def test_the_next_batch_commits_before_the_last_is_answered(short_dir: str
                            " ORDER BY position").fetchall() == [("a", 2), ("b", 2), ("c", 2)]
     finally:
         con.close()
+
+
+async def test_a_batch_reads_its_views_in_one_hop(short_dir: str) -> None:
+    """Sixteen sessions the writer has not cached, in one batch: their views and keys are
+    read in one hop, then the batch commits in one (it was a hop a view, then the key
+    look-up, then the commit)."""
+    db = os.path.join(short_dir, "w.db")
+    order: list[tuple[str, str]] = []
+    store = GatedStore(db, order)
+    await store.open()
+    sids = [f"s{i:02}" for i in range(16)]
+    try:
+        first = Writer(store, max_queue=32, max_batch=32, cache_size=32)
+        async with anyio.create_task_group() as tg:
+            await tg.start(first.run)
+            for sid in [*sids, "gate"]:
+                await first.submit(Command(session_id=sid, plan=creating, meta=EventMeta()))
+            first.close()
+        writer = Writer(store, max_queue=32, max_batch=32, cache_size=32)  # nothing cached
+        results: dict[str, bytes] = {}
+
+        async def submit(sid: str, key: str | None = None) -> None:
+            results[sid] = await writer.submit(Command(
+                session_id=sid, plan=appending, meta=EventMeta(), idempotency_key=key))
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            store.armed = True
+            async with anyio.create_task_group() as clients:
+                clients.start_soon(submit, "gate")
+                await store.first_started.wait()
+                for i, sid in enumerate(sids):
+                    clients.start_soon(submit, sid, f"k{i}" if i % 2 else None)
+                await anyio.wait_all_tasks_blocked()
+                store.hops.clear()
+                store.gate.set()
+            writer.close()
+        hops = list(store.hops)
+    finally:
+        await store.close()
+    # The gate's commit (already under way), then the sixteen: one read, one commit.
+    assert hops == ["_commit", "read", "_commit"], hops
+    assert order[-2:] == [("commit", ",".join(sids)), ("committed", ",".join(sids))]
+    assert {sid: results[sid] for sid in sids} == dict.fromkeys(sids, b'{"version":2}')
