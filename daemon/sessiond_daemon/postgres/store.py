@@ -34,8 +34,8 @@ import structlog
 
 from sessiond_schemas.errors import StorageError
 
-from ..eventstore import Batch, Capabilities, Entry, Moved, Store
-from . import forks, projections, schema
+from ..eventstore import Batch, Capabilities, Entry, Moved, Precondition, Store
+from . import forks, preconditions, projections, schema
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -53,8 +53,10 @@ _json = msgspec.json.Encoder()
 class _Abort(Exception):
     """Roll the batch's transaction back and answer `stale`."""
 
-    def __init__(self, stale: Sequence[str] = ()) -> None:
+    def __init__(self, stale: Sequence[str] = (),
+                 refused: Mapping[Precondition, int] | None = None) -> None:
         self.stale = frozenset(stale)
+        self.refused = dict(refused or {})
 
 
 def bases(batch: Batch) -> dict[str, int]:
@@ -256,7 +258,7 @@ class PostgresStore(ModelReads):
                     await self._write(con, batch, want)
             except _Abort as abort:
                 self.moved += 1
-                return Moved(abort.stale, await self._head(con))
+                return Moved(abort.stale, await self._head(con), abort.refused)
             except asyncpg.UniqueViolationError as exc:
                 if exc.constraint_name not in ("events_session_version", "sessions_pkey"):
                     log.error("store.integrity_error", error=str(exc))
@@ -277,7 +279,10 @@ class PostgresStore(ModelReads):
         return int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
 
     async def _write(self, con: Any, batch: Batch, want: dict[str, int]) -> None:
-        touched = sorted({*want, *batch.deletes})
+        # The sessions the preconditions name are locked with the touched ones, in one
+        # session_id order: a fork (its source) and a delete of it wait for each other.
+        named = {p.session_id for _, p in batch.requires}
+        touched = sorted({*want, *batch.deletes, *named})
         stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
         # A delete too is decided from a version (a client's expected_version): checked.
         stale = {sid for sid, version in want.items() if stored.get(sid, 0) != version}
@@ -285,8 +290,9 @@ class PostgresStore(ModelReads):
             keyed = [i for i in batch.idempotency if i[0] not in batch.deletes]
             stale |= {r[0] for r in await con.fetch(
                 _KEYS, [i[0] for i in keyed], [i[1] for i in keyed])}
-        if stale:
-            raise _Abort(sorted(stale))
+        refused = await preconditions.refused(con, batch, stored) if batch.requires else {}
+        if stale or refused:
+            raise _Abort(sorted(stale), refused)
         if batch.deletes:
             await forks.keep_payloads_of_deleted(con, batch.deletes)
             for table in schema.SESSION_TABLES:
