@@ -514,6 +514,13 @@ class Writer:
         self.committed_position = upto
         bell.rung.set()
 
+    def deleted_elsewhere(self, deleted: frozenset[str]) -> None:
+        """Fleet mode: the follower read that other hosts deleted these sessions. Ring
+        them (their subscriptions end) and forget their cached views."""
+        for sid in deleted:
+            self._cache.pop(sid, None)
+        self._ring_bell([], deleted, self.committed_position)
+
     async def deliver(self, events: list[Event], upto: int) -> None:
         """Fleet mode: the follower read the shared log up to `upto` (every host's events,
         in position order; positions missing were deleted). Ring what is past

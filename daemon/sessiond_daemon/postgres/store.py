@@ -33,6 +33,7 @@ import msgspec
 import structlog
 
 from sessiond_schemas.errors import StorageError
+from sessiond_schemas.events import new_id
 
 from ..eventstore import Batch, Capabilities, Entry, Moved, Precondition, Store
 from . import forks, preconditions, projections, schema
@@ -118,6 +119,18 @@ _EVENTS: Final = """
     SELECT position - $1 + 1, pg_notify($11, position::text) FROM head"""
 
 
+# Each deleted session, placed in the log's commit order: after the position the log
+# stands at, read under the counter row's lock (no commit moves it until this one is
+# done), and the wake-up (a delete-only batch has no events statement to send it).
+_DELETIONS: Final = """
+    WITH head AS (SELECT position FROM log_head WHERE id = 1 FOR UPDATE),
+    ins AS (
+        INSERT INTO deletions (after_position, session_id, origin)
+        SELECT head.position, d.sid, $2 FROM head, unnest($1::text[]) AS d(sid)
+        ON CONFLICT DO NOTHING)
+    SELECT pg_notify($3, position::text) FROM head"""
+
+
 class PostgresStore(ModelReads):
     """The writer's connection (only the writer task uses it) and a pool for reads."""
 
@@ -141,6 +154,9 @@ class PostgresStore(ModelReads):
         self.migrated: list[int] = []  # the migrations this open applied
         self.last_commit_s = 0.0
         self.moved = 0  # batches refused because another daemon moved a session
+        # This daemon's mark on the deletes it writes (the `deletions` rows): the follower
+        # passes over its own, which the writer's bell has rung already.
+        self.origin = new_id()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -310,6 +326,8 @@ class PostgresStore(ModelReads):
                 "INSERT INTO snapshots (session_id, version, state) VALUES ($1, $2, $3)"
                 " ON CONFLICT (session_id, version) DO UPDATE SET state = excluded.state",
                 [(v.session_id, v.version, _json.encode(v)) for v in batch.snapshots])
+        if batch.deletes:  # late: the counter row stays locked from here to COMMIT
+            await con.execute(_DELETIONS, sorted(set(batch.deletes)), self.origin, CHANNEL)
         ev = batch.events
         if ev:
             first = await con.fetchval(
