@@ -9,7 +9,7 @@ from conftest import Daemon
 
 from sessiond import AsyncClient
 from sessiond_daemon.migrations import MIGRATIONS
-from sessiond_daemon.sqlite.conversation import messages_page_sql
+from sessiond_daemon.stores.models.queries import messages_page_sql
 
 pytestmark = pytest.mark.anyio
 

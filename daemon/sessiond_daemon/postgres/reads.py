@@ -12,26 +12,20 @@ import msgspec
 
 from sessiond_schemas.events import Event
 from sessiond_schemas.state import (
-    Message,
-    ProgressStep,
     SessionState,
     SessionSummary,
 )
 
 from ..eventstore import (
     EVENT_COLUMNS,
-    CheckpointRow,
     Page,
     SessionFilters,
-    StoredCheckpoint,
     event_from_row,
-    messages_page,
     repage,
     sessions_page,
 )
-from ..sqlite.progress import PAGE_SQL, steps_of
 from ..sqlite.sessions import list_sessions_sql
-from . import forks
+from ..stores.models.sql import POSTGRES, render
 from .errors import RETRYABLE, storage_error
 
 _state_decoder = msgspec.json.Decoder(SessionState)
@@ -52,6 +46,7 @@ class Reads:
     """Read queries over the pool `_pool` (an asyncpg.Pool, set by open)."""
 
     _pool: Any
+    dialect = POSTGRES
 
     @staticmethod
     def _state(data: bytes) -> SessionState:
@@ -93,6 +88,13 @@ class Reads:
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
             raise storage_error(exc) from exc
         return page
+
+    # The shared read-model queries' driver (stores/models/queries.py).
+    async def _q_all(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        return await self._all(render(sql, POSTGRES), *args)
+
+    async def _q_page(self, sql: str, args: tuple[Any, ...], max_bytes: int) -> Page[Any]:
+        return await self._page(render(sql, POSTGRES), args, max_bytes)
 
     # --- positions and events ------------------------------------------------------------
 
@@ -158,26 +160,6 @@ class Reads:
                                " AND session_id <> $2", event_ids, session_id)
         return [r[0] for r in rows]
 
-    # --- progress steps and the runner index (sqlite/progress.py, sqlite/runner.py) --------
-
-    async def progress_steps(self, session_id: str, after_version: int, upto: int,
-                             limit: int, max_bytes: int = 0) -> Page[ProgressStep]:
-        rows = await self._page(dollar(PAGE_SQL), (session_id, after_version, upto, limit),
-                                max_bytes)
-        return repage(rows, steps_of([(r[0], r[1], bytes(r[2])) for r in rows]))
-
-    async def runner_events(self, session_id: str, types: tuple[str, ...], *,
-                            newest_first: bool = False, before_version: int | None = None,
-                            limit: int = -1) -> list[tuple[str, int, dict[str, Any]]]:
-        rows = await self._all(
-            "SELECT r.type, r.version, e.data FROM runner_events r JOIN events e"
-            " ON e.position = r.position WHERE r.session_id = $1 AND r.type = ANY($2::text[])"
-            f" AND r.version < $3 ORDER BY r.version {'DESC' if newest_first else 'ASC'}"
-            " LIMIT $4", session_id, list(types),
-            before_version if before_version is not None else 1 << 62,
-            None if limit < 0 else limit)
-        return [(r[0], r[1], _dict_decoder.decode(r[2])) for r in rows]
-
     # --- sessions ------------------------------------------------------------------------
 
     async def state_json(self, session_id: str) -> bytes | None:
@@ -240,58 +222,6 @@ class Reads:
         return [(r[0], int(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
 
     # --- messages, checkpoints, snapshots ------------------------------------------------
-
-    async def list_messages(self, session_id: str, *, first: int, limit: int,
-                            descending: bool, max_bytes: int = 0) -> Page[Message]:
-        op, order = ("<=", "DESC") if descending else (">=", "ASC")
-        rows = await self._page(
-            "SELECT e.data, e.recorded_at FROM messages m JOIN events e ON"
-            f" e.position = m.position WHERE m.session_id = $1 AND m.sequence {op} $2"
-            f" ORDER BY m.sequence {order} LIMIT $3", (session_id, first, limit), max_bytes)
-        return messages_page(rows)
-
-    async def checkpoint(self, session_id: str,
-                         checkpoint_id: str | None) -> StoredCheckpoint | None:
-        columns = ("c.checkpoint_id, c.node_id, c.resume_from, c.created_at, c.version,"
-                   " c.payload, e.data, c.position")
-        source = "checkpoints c LEFT JOIN events e ON e.position = c.position"
-        if checkpoint_id is None:
-            row = await self._one(f"SELECT {columns} FROM {source} WHERE c.session_id = $1"
-                                  " ORDER BY c.version DESC LIMIT 1", session_id)
-        else:
-            row = await self._one(f"SELECT {columns} FROM {source} WHERE c.session_id = $1"
-                                  " AND c.checkpoint_id = $2", session_id, checkpoint_id)
-        if row is None:
-            return None
-        memory = _dict_decoder.decode(row[6]).get("memory", {}) if row[6] is not None else {}
-        return StoredCheckpoint(
-            checkpoint_id=row[0], node_id=row[1], resume_from=row[2], created_at=row[3],
-            version=row[4], payload=await self._payload(bytes(row[5]), row[7]), memory=memory,
-        )
-
-    async def _payload(self, payload: bytes, position: int) -> bytes:
-        """A row's payload, or the one it shares with its source (a fork's rows)."""
-        if payload:
-            return payload
-        shared = await self._one(forks.SHARED_PAYLOAD_SQL, position)
-        return bytes(shared[0]) if shared else b"null"
-
-    async def checkpoints(self, session_id: str, after_version: int = 0,
-                          max_bytes: int = 0) -> Page[CheckpointRow]:
-        rows = await self._page(
-            "SELECT checkpoint_id, node_id, created_at, size, version FROM checkpoints"
-            " WHERE session_id = $1 AND version > $2 ORDER BY version",
-            (session_id, after_version), max_bytes)
-        return repage(rows, [
-            CheckpointRow(checkpoint_id=r[0], node_id=r[1], created_at=r[2], size=r[3],
-                           version=r[4])
-            for r in rows
-        ])
-
-    async def checkpoint_payloads(self, session_id: str) -> dict[str, bytes]:
-        rows = await self._all("SELECT checkpoint_id, payload, position FROM checkpoints"
-                               " WHERE session_id = $1", session_id)
-        return {r[0]: await self._payload(bytes(r[1]), r[2]) for r in rows}
 
     async def snapshot(self, session_id: str, at_most: int) -> SessionState | None:
         row = await self._one("SELECT state FROM snapshots WHERE session_id = $1"
