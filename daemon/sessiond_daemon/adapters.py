@@ -14,7 +14,7 @@ from typing import Any
 
 from sessiond_schemas.events import DATA_TYPES
 
-from .stores.models.agents import RESUME_MARKS as RESUME_MARKS
+from .stores.models.agents import RESUME_MARKS  # noqa: F401  (adapters.RESUME_MARKS)
 
 # The event types an executor may write through the jsonl adapter. Status, process and
 # checkpoint events belong to the daemon or have their own methods.
