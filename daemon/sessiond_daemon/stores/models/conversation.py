@@ -43,9 +43,7 @@ def conversation(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list
                 ops.append(Insert("messages", messages))
                 messages = []
             source = e.data["from"]
-            ops.append(Insert("forks", [(e.session_id, source["session_id"],
-                                         source["version"], e.recorded_at, e.position)],
-                              "latest"))
+            ops += fork_links([e])
             ops.append(ForkShares(e.session_id, source["session_id"], source["version"],
                                   int(e.data["state"].get("message_count", 0))))
     if messages:
@@ -54,3 +52,16 @@ def conversation(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list
         ops.append(HandOnPayloads([(c[0], c[1]) for c in checkpoints]))
         ops.append(Insert("checkpoints", checkpoints, "latest"))
     return ops
+
+
+def fork_links(forked: Sequence[Event]) -> list[Op]:
+    """The forks index's rows of session.forked events: the link to the source."""
+    rows = [(e.session_id, e.data["from"]["session_id"], e.data["from"]["version"],
+             e.recorded_at, e.position) for e in forked]
+    return [Insert("forks", rows, "latest")] if rows else []
+
+
+def relink(forked: Sequence[Event], *, first: bool) -> list[Op]:
+    """daemon.reindex's rebuild of the forks index from every session.forked event, a
+    chunk at a time (`first`: the chunk that empties the index before it)."""
+    return [*([DeleteWhere("forks", ())] if first else []), *fork_links(forked)]

@@ -34,7 +34,7 @@ class Insert:
 @dataclass(frozen=True, slots=True)
 class DeleteWhere:
     """The rows whose columns equal `where`'s values (and, if given, whose `at_least`
-    column is at least its value)."""
+    column is at least its value); every row when neither is given (a rebuild)."""
 
     table: str
     where: tuple[tuple[str, Any], ...]

@@ -164,12 +164,13 @@ def steps(op: Op, d: Dialect) -> Steps:
     if isinstance(op, Insert):
         yield Stmt(insert_sql(op.table, op.keep, d), many=op.rows)
     elif isinstance(op, DeleteWhere):
-        where = " AND ".join(f"{c} = ?" for c, _ in op.where)
+        where = [f"{c} = ?" for c, _ in op.where]
         args = tuple(v for _, v in op.where)
         if op.at_least is not None:
-            where += f" AND {op.at_least[0]} >= ?"
+            where.append(f"{op.at_least[0]} >= ?")
             args += (op.at_least[1],)
-        yield Stmt(render(f"DELETE FROM {op.table} WHERE {where}", d), args)
+        yield Stmt(render(f"DELETE FROM {op.table}"
+                          + (f" WHERE {' AND '.join(where)}" if where else ""), d), args)
     elif isinstance(op, CopyRows):
         yield Stmt(_copy_sql(op.table, op.keep, op.blank, d),
                    (op.target, op.source, op.upto_version))
