@@ -1,4 +1,4 @@
-"""The PostgreSQL store's reads that are its own SQL: namespaces' views and executors'
+"""The PostgreSQL store's reads that are its own SQL: views naming a process and executors'
 output (the read models' reads are stores/models/queries.py's, shared with SQLite).
 Stored JSON is bytes (BYTEA, as written); the few reads that look inside it parse it with
 jsonb on the rows their keys already narrowed."""
@@ -16,20 +16,6 @@ _JSON = "convert_from({}, 'UTF8')::jsonb"
 
 class ModelReads(Reads, ModelQueries):
     # --- views by namespace, executors ----------------------------------------------------
-
-    async def states(self, namespace: str, prefix: bool, after: str, limit: int,
-                     max_bytes: int = 0) -> Page[bytes]:
-        """Stored views of sessions in a namespace (or under a namespace prefix), by id."""
-        if prefix:
-            where, args = "namespace >= $1 AND namespace < $2", [namespace,
-                                                                 namespace + "\U0010ffff"]
-        else:
-            where, args = "namespace = $1", [namespace]
-        n = len(args)
-        rows = await self._page(f"SELECT state FROM sessions WHERE {where} AND session_id >"
-                                f" ${n + 1} ORDER BY session_id LIMIT ${n + 2}",
-                                (*args, after, limit), max_bytes)
-        return repage(rows, [bytes(r[0]) for r in rows])
 
     async def sessions_with_process(self) -> list[str]:
         """Active sessions whose view names a process: candidates for restart recovery."""

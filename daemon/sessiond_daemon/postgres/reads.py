@@ -4,7 +4,6 @@ read runs its cursor in a transaction of its own), so no transaction spans the w
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -13,19 +12,16 @@ import msgspec
 from sessiond_schemas.events import Event
 from sessiond_schemas.state import (
     SessionState,
-    SessionSummary,
 )
 
 from ..eventstore import (
     EVENT_COLUMNS,
     Page,
-    SessionFilters,
     event_from_row,
     repage,
-    sessions_page,
 )
-from ..sqlite.sessions import list_sessions_sql
 from ..stores.models.sql import POSTGRES, render
+from ..stores.models.views import ViewQueries
 from .errors import RETRYABLE, storage_error
 
 _state_decoder = msgspec.json.Decoder(SessionState)
@@ -42,7 +38,7 @@ def _row_bytes(row: Any) -> int:
     return sum(len(v) for v in row if isinstance(v, (str, bytes))) + 16
 
 
-class Reads:
+class Reads(ViewQueries):
     """Read queries over the pool `_pool` (an asyncpg.Pool, set by open)."""
 
     _pool: Any
@@ -162,52 +158,10 @@ class Reads:
 
     # --- sessions ------------------------------------------------------------------------
 
-    async def state_json(self, session_id: str) -> bytes | None:
-        row = await self._one("SELECT state FROM sessions WHERE session_id = $1", session_id)
-        return bytes(row[0]) if row else None
-
     async def session_host(self, session_id: str) -> str | None:
         """The host whose daemon created the session (its executors run there), if known."""
         row = await self._one("SELECT host FROM sessions WHERE session_id = $1", session_id)
         return row[0] if row else None
-
-    async def resolve(self, prefix: str) -> list[str]:
-        rows = await self._all(
-            "SELECT session_id FROM sessions WHERE session_id >= $1 AND session_id < $2"
-            " ORDER BY session_id LIMIT 11", prefix, prefix + "\U0010ffff")
-        return [r[0] for r in rows]
-
-    async def session_ids(self, after: str, limit: int) -> list[str]:
-        rows = await self._all("SELECT session_id FROM sessions WHERE session_id > $1"
-                               " ORDER BY session_id LIMIT $2", after, limit)
-        return [r[0] for r in rows]
-
-    async def list_sessions(self, filters: SessionFilters, limit: int, cursor: str | None,
-                            max_bytes: int = 0) -> tuple[Page[SessionSummary], str | None]:
-        sql, args = list_sessions_sql(filters, limit + 1, cursor)
-        rows = await self._page(dollar(sql), args, max_bytes)
-        return sessions_page(rows, limit)
-
-    async def stale_sessions(self, statuses: Sequence[str], before: str,
-                             limit: int) -> list[str]:
-        rows = await self._all("SELECT session_id FROM sessions WHERE status = ANY($1::text[])"
-                               " AND updated_at < $2 ORDER BY updated_at LIMIT $3",
-                               list(statuses), before, limit)
-        return [r[0] for r in rows]
-
-    async def expiring_sessions(self, before: str, after: tuple[str, str] | None,
-                                limit: int) -> list[tuple[str, str]]:
-        start = after or ("", "")
-        rows = await self._all(
-            "SELECT expires_at, session_id FROM sessions WHERE expires_at IS NOT NULL"
-            " AND expires_at <= $1 AND (expires_at, session_id) > ($2, $3)"
-            " ORDER BY expires_at, session_id LIMIT $4", before, *start, limit)
-        return [(r[0], r[1]) for r in rows]
-
-    async def counts(self) -> tuple[int, int]:
-        """Return (sessions, events), counted from the views."""
-        row = await self._one("SELECT COUNT(*), COALESCE(SUM(version), 0) FROM sessions")
-        return int(row[0]), int(row[1])
 
     async def session_totals(self, column: str) -> list[tuple[Any, int, int, int, float]]:
         if column not in ("status", "namespace", "actor_name"):
@@ -223,13 +177,3 @@ class Reads:
 
     # --- messages, checkpoints, snapshots ------------------------------------------------
 
-    async def snapshot(self, session_id: str, at_most: int) -> SessionState | None:
-        row = await self._one("SELECT state FROM snapshots WHERE session_id = $1"
-                              " AND version <= $2 ORDER BY version DESC LIMIT 1",
-                              session_id, at_most)
-        return self._state(row[0]) if row else None
-
-    async def snapshots(self, session_id: str) -> dict[int, SessionState]:
-        rows = await self._all("SELECT version, state FROM snapshots WHERE session_id = $1",
-                               session_id)
-        return {int(r[0]): self._state(r[1]) for r in rows}

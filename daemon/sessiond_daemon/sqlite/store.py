@@ -40,10 +40,11 @@ from ..eventstore import (
 )
 from ..stores import models
 from ..stores.models.queries import ModelQueries
+from ..stores.models.views import state_decoder
 from . import executor, sessions
 from .agents import AgentReads
 from .base import encode, encode_meta, marks, storage_error
-from .sessions import SessionViews, state_decoder
+from .sessions import SessionViews
 
 log = structlog.get_logger("sessiond.store")
 T = TypeVar("T")
