@@ -1,4 +1,4 @@
-"""A batch's preconditions, checked in PostgreSQL's commit transaction.
+"""A batch's preconditions (stores/preconditions.py), run in PostgreSQL's commit.
 
 The store's lock statement has locked every session a precondition names (FOR UPDATE,
 with the touched ones, in session_id order): a fork's source and a delete of it wait for
@@ -12,26 +12,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sessiond_daemon.eventstore import Batch, HasNoForks, Precondition
-
-from . import forks
-
-_FORKS = ("SELECT source_id, count(*) FROM forks WHERE source_id = ANY($1::text[])"
-          " AND NOT session_id = ANY($2::text[]) GROUP BY source_id")
+from sessiond_daemon.eventstore import Batch, Precondition
+from sessiond_daemon.stores.models.sql import POSTGRES
+from sessiond_daemon.stores.preconditions import check
 
 
 async def refused(con: Any, batch: Batch, locked: Mapping[str, int]) -> dict[Precondition, int]:
-    """The batch's preconditions that do not hold, each with what was found: for
-    HasNoForks the number of forks (those the batch deletes not counted), for HasVersion
-    the session's stored version (0: none). `locked`: the versions of the sessions the
-    lock statement returned."""
-    found: dict[Precondition, int] = {}
-    for p in batch.sources():
-        version = locked.get(p.session_id, 0)
-        if version < p.version or await forks.hash_at(con, p.session_id, p.version) != p.hash:
-            found[p] = version
-    unforked = batch.unforked()
-    if unforked:
-        for source, n in await con.fetch(_FORKS, unforked, sorted(set(batch.deletes))):
-            found[HasNoForks(source)] = int(n)
-    return found
+    """The batch's preconditions that do not hold, with what was found. `locked`: the
+    versions of the sessions the lock statement returned."""
+    steps = check(batch, POSTGRES, locked)
+    try:
+        sql, args = next(steps)
+        while True:
+            sql, args = steps.send(list(await con.fetch(sql, *args)))
+    except StopIteration as done:
+        found: dict[Precondition, int] = done.value
+        return found
