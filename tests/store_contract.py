@@ -355,7 +355,7 @@ class StoreContract:
         if caps.integrity is not None:
             assert await caps.integrity.integrity_check() == ["ok"]
         if caps.size is not None:
-            assert caps.size.db_bytes() > 0 and caps.size.max_bytes >= 0
+            assert await caps.size.db_bytes() > 0 and caps.size.max_bytes >= 0
         if caps.backup is not None:
             target = os.path.join(str(tmp_path), "copy")
             size, position = await caps.backup.backup(target)

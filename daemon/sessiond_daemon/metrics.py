@@ -252,7 +252,7 @@ class Prometheus(Hooks):
             "lag_max": max(lags, default=0),
             "lagging": sum(1 for lag in lags if lag > 0),
             "executors": len(self.executors.running) if self.executors else 0,
-            "db_bytes": size.db_bytes() if (size := self.store.capabilities.size) else 0,
+            "db_bytes": await size.db_bytes() if (size := self.store.capabilities.size) else 0,
             "position": writer.committed_position,
         }
         try:

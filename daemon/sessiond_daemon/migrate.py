@@ -40,7 +40,7 @@ from sessiond_schemas.events import Event
 
 from . import host, logs, projection, text
 from .eventstore import Batch, Entry, Store
-from .postgres import dsn
+from .stores import registry
 
 log = structlog.get_logger("sessiond.migrate")
 PAGE = 500  # source events per target transaction
@@ -64,25 +64,21 @@ class Report:
 
 
 def open_store(url: str, password_file: str | None) -> Store:
-    """A store for a SQLite path or a postgresql:// URL (not opened yet)."""
-    if dsn.is_postgres(url):
-        from .postgres.store import PostgresStore
-
-        try:
-            dsn.check_url(url)
-            password = dsn.password(password_file)
-        except dsn.DsnError as exc:
-            raise MigrateError(str(exc)) from exc
-        return PostgresStore(url, password=password, host_name=None)  # sessions.host: unknown
-    from .sqlite import SqliteStore
-
-    return SqliteStore(url)
+    """A store for a SQLite path or a postgresql:// URL (not opened yet), from the store
+    registry; a shared store's `sessions.host` is left unknown."""
+    options = registry.Options(password_file=password_file, host_name=None)
+    try:
+        registry.check(url, options)
+        return registry.open_store(url, options)
+    except registry.StoreUrlError as exc:
+        raise MigrateError(str(exc)) from exc
 
 
 @contextmanager
 def _locked(*urls: str) -> Iterator[None]:
-    """Hold the SQLite files' daemon locks: no daemon here serves them during the copy."""
-    files = [u for u in urls if not dsn.is_postgres(u)]
+    """Hold the files' daemon locks (stores that need one: SQLite): no daemon here serves
+    them during the copy."""
+    files = [u for u in urls if registry.kind_of(u).needs_file_lock]
     for path in files:  # a new SQLite target's directory, private as the daemon makes it
         host.make_private_dirs(os.path.dirname(os.path.abspath(path)))
     locks = [host.DatabaseLock(path) for path in files]
@@ -212,7 +208,7 @@ async def migrate(source_url: str, target_url: str,
     """Copy `source_url`'s store into `target_url`'s (see the module's docstring)."""
     if source_url == target_url:
         raise MigrateError("the source and the target are the same database")
-    if not dsn.is_postgres(source_url) and not os.path.isfile(source_url):
+    if not registry.kind_of(source_url).exists(source_url):
         raise MigrateError(f"no database at {source_url}")
     source, target = open_store(source_url, password_file), open_store(target_url,
                                                                        password_file)

@@ -185,7 +185,7 @@ class Service:
         return rpc.StatsResult(
             sessions=sessions, events=events,
             last_position=self.writer.committed_position,
-            db_bytes=size.db_bytes() if (size := self.store.capabilities.size) else 0,
+            db_bytes=await size.db_bytes() if (size := self.store.capabilities.size) else 0,
             connections=live.connections, subscriptions=live.subscriptions,
             write_queue_depth=self.writer.queue_depth,
             appends_per_s=self.writer.appends_per_s(),

@@ -25,7 +25,7 @@ One batch is one transaction on the writer's connection:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg
@@ -33,8 +33,9 @@ import msgspec
 import structlog
 
 from sessiond_schemas.errors import StorageError
+from sessiond_schemas.events import Event
 
-from ..eventstore import Batch, Capabilities, Entry, Moved, Store
+from ..eventstore import Batch, Capabilities, Entry, Following, Moved, Store
 from . import forks, projections, schema
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
@@ -48,6 +49,15 @@ READ_TIMEOUT_S = 60.0
 
 CHANNEL: Final = "sessiond_events"  # the NOTIFY channel; the payload is a hint only
 _json = msgspec.json.Encoder()
+
+
+async def _kept_as_is(con: Any) -> None:
+    """The read pool's reset on release: nothing past what asyncpg always does (roll back
+    an open transaction, drop listeners). The readers set no session state (no SET, no
+    LISTEN, no advisory lock, no cursor outlives its transaction), so asyncpg's default
+    reset query (`pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`), one more
+    round trip on every release, would restore nothing (it made each pooled read 1.75x
+    its cost: bench/README.md, "The read pool's reset")."""
 
 
 class _Abort(Exception):
@@ -139,12 +149,33 @@ class PostgresStore(ModelReads):
         self.migrated: list[int] = []  # the migrations this open applied
         self.last_commit_s = 0.0
         self.moved = 0  # batches refused because another daemon moved a session
+        self.max_bytes = 0  # no cap (SizeCap): the server's own quotas and disks decide
 
     @property
     def capabilities(self) -> Capabilities:
-        """Nothing beyond the Protocols yet: no file to check, copy or cap, and no SQL
-        access for search (full-text search on PostgreSQL is still to do)."""
-        return Capabilities(engine="postgresql", shared=True)
+        """Shared by several daemons (their commits followed), and its size; no file to
+        check or copy, no cap, and no SQL access for search (full-text search on
+        PostgreSQL is still to do)."""
+        return Capabilities(engine="postgresql", shared=True, shared_log=self, size=self)
+
+    async def db_bytes(self) -> int:
+        """What the store's tables take in the database, their indexes and TOAST included
+        (not the rest of the database, which other applications may share): daemon.stats'
+        db_bytes. One catalog read, whatever the tables hold."""
+        row = await self._one(
+            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+            " WHERE c.relkind IN ('r', 'p', 'm')"
+            " AND c.relnamespace = current_schema()::regnamespace")
+        return int(row[0])
+
+    def following(self, deliver: Callable[[list[Event], int], Awaitable[None]], *,
+                  cursor: int, at: Callable[[], int],
+                  on_state: Callable[[bool], None]) -> Following:
+        """The follower of every host's commits (following.py)."""
+        from .following import SharedLogFollower  # listener.py imports our CHANNEL
+
+        return SharedLogFollower(self, self.connect, deliver, cursor=cursor, at=at,
+                                 on_state=on_state)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -166,7 +197,7 @@ class PostgresStore(ModelReads):
             self._pool = await asyncpg.create_pool(
                 self.url, password=self.password, min_size=1, max_size=self._reader_count,
                 timeout=self.connect_timeout_s, command_timeout=READ_TIMEOUT_S,
-                server_settings=self.server_settings)
+                server_settings=self.server_settings, reset=_kept_as_is)
         except schema.SchemaTooNew:
             await self.close()
             raise

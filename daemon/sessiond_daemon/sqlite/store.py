@@ -159,7 +159,8 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(engine="sqlite", integrity=self, backup=self, size=self, sql=self)
+        return Capabilities(engine="sqlite", integrity=self, backup=self, size=self,
+                            full_text=self, sql=self)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -481,9 +482,13 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
         """SQLite's own check of the file: ["ok"] when sound."""
         return [r[0] for r in await self._all("PRAGMA integrity_check")]
 
-    def db_bytes(self) -> int:
+    async def db_bytes(self) -> int:
         """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""
         return self._file_bytes()
+
+    async def index_problems(self) -> list[str]:
+        """What daemon.verify finds wrong with the search index (search.problems)."""
+        return await self.on_reader(search.problems)
 
     async def backup(self, target: str) -> tuple[int, int]:
         """Copy the database online (SQLite's backup API: one consistent snapshot while
