@@ -19,6 +19,7 @@ from sessiond_schemas.state import (
 )
 
 from ..eventstore import (
+    COUNTS,
     EVENT_COLUMNS,
     CheckpointRow,
     Page,
@@ -223,8 +224,9 @@ class Reads:
         return [(r[0], r[1]) for r in rows]
 
     async def counts(self) -> tuple[int, int]:
-        """Return (sessions, events), counted from the views."""
-        row = await self._one("SELECT COUNT(*), COALESCE(SUM(version), 0) FROM sessions")
+        """Return (sessions, events stored), counted from the views and the fork index: a
+        fork's versions up to its fork point are its source's events, not stored again."""
+        row = await self._one(COUNTS)
         return int(row[0]), int(row[1])
 
     async def session_totals(self, column: str) -> list[tuple[Any, int, int, int, float]]:
