@@ -144,14 +144,14 @@ class ModelReads(Reads):
             async with self._pool.acquire() as con:
                 return await forks.hash_at(con, session_id, version)
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
 
     async def fork_ancestry(self, session_id: str, limit: int) -> list[str]:
         try:
             async with self._pool.acquire() as con:
                 return await forks.ancestry(con, session_id, limit)
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
 
     async def fork_count(self, session_id: str) -> int:
         row = await self._one("SELECT COUNT(*) FROM forks WHERE source_id = $1", session_id)

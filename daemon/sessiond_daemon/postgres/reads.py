@@ -62,7 +62,7 @@ class Reads:
         try:
             return list(await self._pool.fetch(sql, *args))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
 
     async def _one(self, sql: str, *args: Any) -> Any:
         rows = await self._all(sql, *args)
@@ -92,7 +92,7 @@ class Reads:
                     # As SQLite's (sqlite/base.py): from the largest row, at most doubling.
                     chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
         return page
 
     # --- positions and events ------------------------------------------------------------

@@ -21,7 +21,7 @@ from ..eventstore import (
     repage,
     sessions_page,
 )
-from .base import SqliteReads, encode, marks, storage_error
+from .base import SqliteReads, encode, marks
 
 state_decoder = msgspec.json.Decoder(SessionState)
 # A page of the expiry sweep (expiry.py): a range of the partial index sessions_by_expiry.
@@ -172,12 +172,9 @@ class SessionViews(SqliteReads):
         (SUM would raise "integer overflow"); a gauge is a float anyway."""
         if column not in ("status", "namespace", "actor_name"):
             raise ValueError(f"not a grouping column: {column}")
-        try:
-            rows = await self._all(
-                f"SELECT {column}, COUNT(*), TOTAL(input_tokens), TOTAL(output_tokens),"
-                f" TOTAL(estimated_cost) FROM sessions GROUP BY {column}")
-        except sqlite3.Error as exc:
-            raise storage_error(exc) from exc
+        rows = await self._all(
+            f"SELECT {column}, COUNT(*), TOTAL(input_tokens), TOTAL(output_tokens),"
+            f" TOTAL(estimated_cost) FROM sessions GROUP BY {column}")
         return [(r[0], int(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
 
     async def sessions_with_process(self) -> list[str]:
