@@ -197,6 +197,12 @@ class EventStore(Protocol):
         """The stored first results of these (session_id, idempotency_key) pairs."""
         ...
 
+    async def idempotency_page(self, session_id: str, after: str,
+                               limit: int) -> list[tuple[str, bytes]]:
+        """A session's stored first results, (key, result) by key past `after`, at most
+        `limit` (`sessiond migrate` copies them)."""
+        ...
+
     async def commit(self, batch: Batch) -> Moved | None:
         """Write the whole batch in one transaction, or nothing of it.
 

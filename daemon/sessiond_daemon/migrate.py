@@ -17,9 +17,12 @@ A SQLite file is locked as a daemon locks it, so neither end may be served by a 
 on this host meanwhile. A PostgreSQL source may be served while it is copied (the copy is
 of what was committed when each page was read); a PostgreSQL target should not be written
 by daemons until the copy is done: a batch they commit first stops the copy, which can
-then be run again. Idempotency keys stay in each event's `meta`; the stored first results
-of keyed writes are not copied, so a retry against the copy of a write made before the
-move is not recognised.
+then be run again.
+
+The stored first results of keyed writes (idempotency keys) are copied too, after the
+events, those the target lacks: a retry against the copy of a write made before the move
+answers the first result and writes nothing. The `position` a result quotes is the
+target's, the position there of the write's last event (at the result's `version`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Report:
     copied: int = 0  # events written to the target
     skipped: int = 0  # events the target already held
     diverged: list[str] = field(default_factory=list)  # sessions not copied: they differ
+    results: int = 0  # stored first results of keyed writes copied to the target
     # Sessions not copied (or copied only up to a version) and why: text the rule of
     # docs/protocol.md (Text) refuses, a history that does not fold, or one the target
     # refused. The others are copied all the same.
@@ -112,9 +116,51 @@ class Copier:
             page = await self.source.read_events(session_id=None, from_version=0,
                                                  after_position=after, limit=PAGE, types=None)
             if not page:
-                return self.report
+                break
             await self._copy(list(page))
             after = page[-1].position
+        for sid, entry in self.entries.items():
+            if entry is not None and sid not in self.report.diverged:
+                await self._copy_results(sid, entry.state.version)
+        return self.report
+
+    async def _copy_results(self, sid: str, version: int) -> None:
+        """The stored first results of a session's keyed writes, those the target lacks,
+        a page per transaction; the position a result quotes is the target's (the event at
+        the result's version there). A result of a write past what was copied of the
+        session (one refused midway) is left out: its events are not in the target."""
+        after = ""
+        while page := await self.source.idempotency_page(sid, after, PAGE):
+            after = page[-1][0]
+            held = await self.target.idempotent_results([(sid, key) for key, _ in page])
+            batch = Batch()
+            for key, result in page:
+                if (sid, key) in held:
+                    continue
+                moved = await self._moved_result(sid, result, version)
+                if moved is not None:
+                    batch.idempotency.append((sid, key, moved))
+            if batch.idempotency:
+                if await self.target.commit(batch) is not None:
+                    raise MigrateError("another writer stored results of keyed writes in the"
+                                       " target during the copy; stop the daemons that use"
+                                       " it and run migrate again")
+                self.report.results += len(batch.idempotency)
+
+    async def _moved_result(self, sid: str, result: bytes, version: int) -> bytes | None:
+        """`result` with its `position` (a write's last event) moved to the target's; None
+        for a write past `version`, the last one copied."""
+        try:
+            doc = msgspec.json.decode(result)
+        except msgspec.DecodeError:
+            return result  # not ours to read: kept as it was stored
+        if not isinstance(doc, dict) or not isinstance(doc.get("version"), int):
+            return result
+        if doc["version"] > version:
+            return None
+        if isinstance(doc.get("position"), int):
+            doc["position"] = await self.target.first_position(sid, doc["version"])
+        return msgspec.json.encode(doc)
 
     async def _copy(self, events: list[Event]) -> None:
         """One page of the source's log into the target: one transaction; if the target

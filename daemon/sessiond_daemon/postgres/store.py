@@ -275,6 +275,12 @@ class PostgresStore(ModelReads):
             [k[0] for k in keys], [k[1] for k in keys]))
         return {(r[0], r[1]): bytes(r[2]) for r in rows}
 
+    async def idempotency_page(self, session_id: str, after: str,
+                               limit: int) -> list[tuple[str, bytes]]:
+        rows = await self._all("SELECT key, result FROM idempotency WHERE session_id = $1"
+                               " AND key > $2 ORDER BY key LIMIT $3", session_id, after, limit)
+        return [(r[0], bytes(r[1])) for r in rows]
+
     async def commit(self, batch: Batch) -> Moved | None:
         """Write the whole batch in one transaction, or nothing of it: None when written,
         `Moved` when another daemon wrote first (see the module's docstring)."""

@@ -329,6 +329,12 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
             return found
         return await self._on_writer(read)
 
+    async def idempotency_page(self, session_id: str, after: str,
+                               limit: int) -> list[tuple[str, bytes]]:
+        rows = await self._all("SELECT key, result FROM idempotency WHERE session_id = ?"
+                               " AND key > ? ORDER BY key LIMIT ?", (session_id, after, limit))
+        return [(r[0], bytes(r[1])) for r in rows]
+
     async def commit(self, batch: Batch) -> Moved | None:
         """Write a whole batch in one transaction (one fsync), or nothing of it. Never
         `Moved`: the file lock (host.DatabaseLock) makes the writer the only one."""
