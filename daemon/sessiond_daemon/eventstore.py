@@ -391,7 +391,7 @@ class SizeCap(Protocol):
 class FullText(Protocol):
     """The store's full-text index (session.search, daemon.reindex)."""
 
-    async def index_problems(self) -> list[str]:
+    async def problems(self) -> list[str]:
         """What daemon.verify reports about the index ([]: it matches the events)."""
         ...
 

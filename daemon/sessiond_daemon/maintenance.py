@@ -76,7 +76,7 @@ class Maintenance:
                      if sid not in reported]
         if caps.full_text is not None:
             problems += [rpc.VerifyProblem(session_id=None, problem=text)
-                         for text in await caps.full_text.index_problems()]
+                         for text in await caps.full_text.problems()]
         return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems)
 
     async def _check_session(self, sid: str) -> list[str]:

@@ -492,7 +492,7 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
         """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""
         return self._file_bytes()
 
-    async def index_problems(self) -> list[str]:
+    async def problems(self) -> list[str]:
         """What daemon.verify finds wrong with the search index (search.problems)."""
         return await self.on_reader(search.problems)
 
