@@ -43,11 +43,24 @@ def _allowed(path: Path) -> bool:
     return any(path == a or a in path.parents for a in ALLOWED)
 
 
+# Offences another branch removes, each with why it is here for now. An entry that no
+# longer matches fails the test (remove it), so none outlives its reason.
+PENDING = {
+    "search_fork.py: an import of a store package: from .sqlite":
+        "daemon.reindex relinks forks with the SQLite executor; pgsearch's branch makes it"
+        " the full_text capability's relink_forks() on both stores (remove at its merge)",
+}
+
+
 def test_no_engine_check_outside_the_registry() -> None:
     modules = sorted(DAEMON.rglob("*.py"))
     assert len(modules) > 30  # the daemon's modules, not an empty glob
     found = [o for path in modules if not _allowed(path)
              for o in offences(path.read_text(), str(path.relative_to(DAEMON)))]
+    pending = {o for o in found if re.sub(r":\d+:", ":", o, count=1) in PENDING}
+    stale = set(PENDING) - {re.sub(r":\d+:", ":", o, count=1) for o in pending}
+    assert not stale, f"no longer found, remove from PENDING: {sorted(stale)}"
+    found = [o for o in found if o not in pending]
     assert not found, "ask the store registry or store.capabilities instead:\n" + "\n".join(found)
 
 

@@ -447,13 +447,6 @@ class Capabilities:
     sql: SqlAccess | None = None
 
 
-# daemon.stats' (sessions, events): the events stored, from the views and the fork index
-# (a fork's versions up to its fork point are its source's), one pass over each, never
-# over the events. The same SQL on every store.
-COUNTS: Final = ("SELECT (SELECT COUNT(*) FROM sessions),"
-                 " (SELECT COALESCE(SUM(version), 0) FROM sessions)"
-                 " - (SELECT COALESCE(SUM(version), 0) FROM forks)")
-
 # The columns of a stored event that event_from_row reads, in its order (every store
 # keeps these columns under these names).
 EVENT_COLUMNS: Final = (

@@ -1,2 +1,3 @@
-"""The stores: the registry that names them (registry.py); the interface and the stores
-themselves move here from eventstore.py, sqlite/ and postgres/ (docs/architecture.md)."""
+"""The stores: the interface every store implements, the read models defined once for
+all of them (models/), the registry that names them (registry.py), and (to come) the
+stores themselves."""
