@@ -66,7 +66,10 @@ class FaultyStore:
 
     @property
     def capabilities(self) -> Capabilities:
-        return self.inner.capabilities
+        """The inner store's, but its size through this store (so `fail_reads("db_bytes")`
+        fails it, as a read of a database server can fail)."""
+        caps = self.inner.capabilities
+        return dataclasses.replace(caps, size=self) if caps.size is not None else caps
 
     async def commit(self, batch: Batch) -> Moved | None:
         self.commits += 1

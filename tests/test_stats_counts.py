@@ -7,9 +7,10 @@ from __future__ import annotations
 import secrets
 
 import pytest
-from conftest import Daemon
+from conftest import Daemon, daemon_config, running_daemon
+from faulty_store import FaultyStore, faulty
 
-from sessiond import AsyncClient
+from sessiond import AsyncClient, StorageError
 
 pytestmark = pytest.mark.anyio
 
@@ -41,3 +42,24 @@ async def test_db_bytes_is_what_the_store_takes(client: AsyncClient, daemon: Dae
         # Random text: PostgreSQL compresses what repeats (TOAST).
         await client.append_message("big", "user", secrets.token_urlsafe(150_000))
     assert (await client.stats()).db_bytes >= before + 1_000_000
+
+
+async def test_a_scrape_serves_what_needs_no_database_when_it_cannot_be_read(
+        short_dir: str, db_url: str) -> None:
+    """db_bytes is a read of the database on PostgreSQL: when the store cannot answer it
+    (nor the totals), /metrics still serves the gauges that need no database."""
+    pytest.importorskip("prometheus_client")
+    from test_metrics import free_port, samples, scrape
+
+    port = free_port()
+    stores: list[FaultyStore] = []
+    config = daemon_config(short_dir, db=db_url, metrics_listen=f"127.0.0.1:{port}")
+    async with running_daemon(config, faulty(stores)):
+        got = samples((await scrape(f"http://127.0.0.1:{port}/metrics"))[0])
+        assert got[("sessiond_database_bytes", ())] > 0
+        lost = StorageError("storage error while reading: connection lost", {"read": True})
+        stores[0].fail_reads("db_bytes", lost)
+        stores[0].fail_reads("session_totals", lost, times=3)
+        got = samples((await scrape(f"http://127.0.0.1:{port}/metrics"))[0])
+        assert ("sessiond_database_bytes", ()) not in got
+        assert got[("sessiond_write_queue_depth", ())] == 0
