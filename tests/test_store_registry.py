@@ -55,10 +55,10 @@ async def _capabilities(store: Store) -> None:
         await store.close()
 
 
-async def test_the_daemon_s_store_is_the_registry_s(short_dir: str, pg_url: str) -> None:
+async def test_the_daemon_s_store_is_the_registry_s(short_dir: str) -> None:
     """lifecycle.default_store (the daemon), migrate.open_store and open_store give the
-    same kind of store for a setting; the shared one follows other hosts' commits, the
-    file alone has a file lock, an integrity check, a file backup and a full-text index."""
+    same kind of store for a setting: the file alone has a file lock, an integrity check,
+    a file backup and a full-text index, and follows no shared log."""
     path = os.path.join(short_dir, "s.db")
     config = load(None, {"db": path, "socket": os.path.join(short_dir, "s.sock")}, env={})
     for store in (lifecycle.default_store(config), migrate.open_store(path, None),
@@ -67,6 +67,12 @@ async def test_the_daemon_s_store_is_the_registry_s(short_dir: str, pg_url: str)
         assert caps.shared_log is None and not caps.shared
         assert None not in (caps.integrity, caps.backup, caps.full_text, caps.size)
         await _capabilities(store)
+
+
+@pytest.mark.postgresql
+async def test_the_shared_store_is_the_registry_s(short_dir: str, pg_url: str) -> None:
+    """The same for a PostgreSQL URL: shared, its log followed, a size but no cap, no
+    file to check or copy."""
     config = load(None, {"db": pg_url, "socket": os.path.join(short_dir, "s.sock")}, env={})
     for store in (lifecycle.default_store(config), migrate.open_store(pg_url, None),
                   registry.open_store(pg_url)):
