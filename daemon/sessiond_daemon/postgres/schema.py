@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import structlog
 
-from ..migrations import OWNER_UID, owner_sql
+from ..stores.schema import OWNER_UID, owner_sql
 
 log = structlog.get_logger("sessiond.store")
 
@@ -213,14 +213,21 @@ MIGRATIONS: Final[list[list[str]]] = [
     [
         f"UPDATE idempotency SET key = '{OWNER_UID}:' || key",
     ],
+    # 6: deletes in the shared log, for the other hosts' subscribers (store.py, follow.py):
+    # a delete leaves no event, so each deleted session gets a row, placed in commit order
+    # by the position the log stood at (read under the counter row's lock); `origin` is
+    # the daemon that deleted it (its own subscribers heard at once).
+    [
+        """CREATE TABLE deletions (
+            after_position BIGINT NOT NULL,
+            session_id TEXT COLLATE "C" NOT NULL,
+            origin TEXT COLLATE "C" NOT NULL,
+            PRIMARY KEY (after_position, session_id)
+        )""",
+    ],
 ]
 
 LATEST: Final = len(MIGRATIONS)
-
-# A session's rows, in the order a delete removes them (the view last).
-SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
-                         "graph_checkpoints", "graph_blobs", "graph_writes", "progress_steps",
-                         "runner_events", "forks", "sessions")
 
 
 class SchemaTooNew(Exception):
