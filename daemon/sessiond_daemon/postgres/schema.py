@@ -22,11 +22,17 @@ How this schema differs from SQLite's (migrations.py), and why:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import structlog
 
 from ..migrations import OWNER_UID, owner_sql
+from . import search
+
+# A migration step: a statement, or a function run on the migrating connection inside the
+# migration's transaction (a backfill whose values only Python computes).
+Step = str | Callable[[Any], Awaitable[None]]
 
 log = structlog.get_logger("sessiond.store")
 
@@ -34,7 +40,7 @@ log = structlog.get_logger("sessiond.store")
 # constant, a signed int64 as pg_advisory_lock takes it).
 ADVISORY_LOCK: Final = 0x5E55_10D0_5C4E_3A01 - (1 << 63)
 
-MIGRATIONS: Final[list[list[str]]] = [
+MIGRATIONS: Final[list[list[Step]]] = [
     [
         """CREATE TABLE log_head (
             id INT PRIMARY KEY CHECK (id = 1),
@@ -213,6 +219,12 @@ MIGRATIONS: Final[list[list[str]]] = [
     [
         f"UPDATE idempotency SET key = '{OWNER_UID}:' || key",
     ],
+    # 6: full-text search (postgres/search.py, as SQLite's migration 4): the index table,
+    # its GIN index, and the events already stored indexed by the same rule (text_of).
+    [
+        *search.MIGRATION,
+        search.backfill,
+    ],
 ]
 
 LATEST: Final = len(MIGRATIONS)
@@ -220,7 +232,7 @@ LATEST: Final = len(MIGRATIONS)
 # A session's rows, in the order a delete removes them (the view last).
 SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
                          "graph_checkpoints", "graph_blobs", "graph_writes", "progress_steps",
-                         "runner_events", "forks", "sessions")
+                         "runner_events", "forks", "search_index", "sessions")
 
 
 class SchemaTooNew(Exception):
@@ -252,8 +264,11 @@ async def migrate(con: Any, where: str) -> list[int]:
             async with con.transaction():
                 await con.execute(
                     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-                for sql in MIGRATIONS[number - 1]:
-                    await con.execute(owner_sql(sql))
+                for step in MIGRATIONS[number - 1]:
+                    if isinstance(step, str):
+                        await con.execute(owner_sql(step))
+                    else:
+                        await step(con)
                 await con.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', $1)"
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value", str(number))

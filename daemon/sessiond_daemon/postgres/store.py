@@ -35,7 +35,7 @@ import structlog
 from sessiond_schemas.errors import StorageError
 
 from ..eventstore import Batch, Capabilities, Entry, Moved, Store
-from . import forks, projections, schema
+from . import forks, projections, schema, search
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -139,12 +139,12 @@ class PostgresStore(ModelReads):
         self.migrated: list[int] = []  # the migrations this open applied
         self.last_commit_s = 0.0
         self.moved = 0  # batches refused because another daemon moved a session
+        self._full_text = search.FullText(self)
 
     @property
     def capabilities(self) -> Capabilities:
-        """Nothing beyond the Protocols yet: no file to check, copy or cap, and no SQL
-        access for search (full-text search on PostgreSQL is still to do)."""
-        return Capabilities(engine="postgresql", shared=True)
+        """Full-text search (postgres/search.py); no file to check, copy or cap."""
+        return Capabilities(engine="postgresql", shared=True, full_text=self._full_text)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -314,6 +314,7 @@ class PostgresStore(ModelReads):
                 [e.hash for e in ev], CHANNEL)
             batch.renumber(int(first))  # the writer's results follow (idempotency too)
             await projections.project(con, batch)
+            await search.index(con, batch.events)  # the search read model (one statement)
         if batch.idempotency:
             items = batch.idempotency
             await con.execute(_IDEMPOTENCY, [i[0] for i in items], [i[1] for i in items],

@@ -1,7 +1,7 @@
 """The SQLite store: opening and migrating the file, the writer's batch commit, and the
 reads of the log. It implements `eventstore.Store`; the read models it keeps in the
 commit are in this package, one module per feature (sessions, conversation, graphs,
-agents), with search.py's and forks.py's own SQL.
+agents, search), with forks.py's own SQL.
 
 The write connection is a plain sqlite3 connection living on one thread of its own
 (`WriterThread`), so a whole batch transaction is one thread hop; aiosqlite would make it
@@ -27,7 +27,7 @@ import structlog
 from sessiond_schemas.errors import StorageError
 from sessiond_schemas.events import Event
 
-from .. import forks, host, migrations, search
+from .. import forks, host, migrations
 from ..eventstore import (
     EVENT_COLUMNS,
     Batch,
@@ -40,7 +40,7 @@ from ..eventstore import (
     repage,
 )
 from ..migrations import SESSION_TABLES
-from . import agents, conversation, graphs, progress, runner, sessions
+from . import agents, conversation, graphs, progress, runner, search, sessions
 from .agents import AgentReads
 from .base import encode, encode_meta, marks, storage_error
 from .conversation import ConversationReads
@@ -159,7 +159,8 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(engine="sqlite", integrity=self, backup=self, size=self, sql=self)
+        return Capabilities(engine="sqlite", integrity=self, backup=self, size=self,
+                            full_text=search.FullText(self))
 
     # --- lifecycle -------------------------------------------------------------------
 

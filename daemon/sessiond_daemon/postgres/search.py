@@ -1,0 +1,604 @@
+"""PostgreSQL's full-text index and query: the search read model (stores/models/search.py)
+as a table with a tsvector column and a GIN index, kept in the batch transaction, and
+session.search's SQL.
+
+`search_index` holds one row per event of an indexed type (the rule is `text_of`, the
+same as SQLite's), keyed by its position: the event's session, a message's sequence and
+role (so a hit never reads its event's data), the body and tags text (ts_headline cuts
+snippets from them) and `doc`, the tsvector of both, which the GIN index covers.
+
+The tsvector is built here, not by to_tsvector, so that a document holds the tokens
+FTS5's unicode61 tokenizer would make (runs of letters and digits, lower-cased, diacritics
+removed: `bash_3` is `bash` and `3`, `me/bot` is `me` and `bot`), and the query is parsed
+here from the same FTS5 syntax (`to_tsquery_text`) into the same lexemes: the two stores
+find the same events. The tags come first, then the body 128 positions on, with weights
+B and A (a column filter `body:`/`tags:` is a weight; no phrase or NEAR spans the two).
+Where PostgreSQL's limits differ (positions stop at 16,383, 256 positions per word, 1 MB
+of distinct words per document) and how ranking differs from bm25: docs/protocol.md,
+"Search on PostgreSQL".
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+import asyncpg
+import msgspec
+
+from sessiond_daemon.eventstore import SearchBudget, SearchQuery
+from sessiond_daemon.postgres.errors import RETRYABLE, storage_error
+from sessiond_daemon.stores.models import search as model
+from sessiond_schemas.errors import InvalidParamsError, StorageError
+from sessiond_schemas.events import Event
+from sessiond_schemas.rpc import SearchHit, SearchResult
+
+_TYPES: Final = list(model.INDEXED_TYPES)
+_TYPES_SQL: Final = ", ".join(f"'{t}'" for t in model.INDEXED_TYPES)
+
+# Migration 6's statements (postgres/schema.py); `backfill` then indexes the events stored.
+MIGRATION: Final[list[str]] = [
+    """CREATE TABLE search_index (
+        position BIGINT PRIMARY KEY,
+        session_id TEXT COLLATE "C" NOT NULL,
+        sequence BIGINT,
+        role TEXT COLLATE "C",
+        body TEXT,
+        tags TEXT,
+        doc TSVECTOR NOT NULL
+    )""",
+    "CREATE INDEX search_index_doc ON search_index USING gin (doc)",
+    # A session's deletion takes its rows (schema.SESSION_TABLES).
+    "CREATE INDEX search_index_by_session ON search_index (session_id)",
+]
+
+# --- the tokens: unicode61's, as a tsvector literal ----------------------------------------
+
+_WORD = re.compile(r"[^\W_]+")
+TAGS_AT: Final = 1
+GAP: Final = 128  # positions between the tags and the body: more than NEAR's widest
+MAX_NEAR: Final = GAP - 2
+MAX_POSITION: Final = 16_383  # PostgreSQL's: later words all sit at this one
+MAX_POSITIONS: Final = 256  # per word, PostgreSQL's
+MAX_WORD_BYTES: Final = 2_046  # a longer word is not indexed (PostgreSQL cannot)
+MAX_DOC_BYTES: Final = 900_000  # distinct words' bytes per document (PostgreSQL: < 1 MiB)
+
+
+def fold(token: str) -> str:
+    """A token as unicode61 (remove_diacritics 2) indexes it: lower case, no diacritics."""
+    if token.isascii():
+        return token.lower()
+    bare = "".join(c for c in unicodedata.normalize("NFKD", token)
+                   if not unicodedata.combining(c))
+    return unicodedata.normalize("NFC", bare).lower()
+
+
+def tokens(text: str | None) -> list[str]:
+    """The tokens of a text, in order, as the index and the query both see them."""
+    if not text:
+        return []
+    if not text.isascii():
+        text = unicodedata.normalize("NFC", text)
+    return [t for w in _WORD.findall(text) for t in _WORD.findall(fold(w))]
+
+
+def tsvector(body: str | None, tags: str | None) -> str:
+    """The document's tsvector, as a literal: tags (weight B) from position 1, the body
+    (weight A) GAP positions after the tags' last."""
+    where: dict[str, list[str]] = {}
+    size = 0
+    tag_tokens = tokens(tags)
+    for start, column, weight in ((TAGS_AT, tag_tokens, "B"),
+                                  (TAGS_AT + len(tag_tokens) + GAP, tokens(body), "A")):
+        for i, token in enumerate(column):
+            found = where.get(token)
+            if found is None:
+                n = len(token.encode())
+                if n > MAX_WORD_BYTES or size + n > MAX_DOC_BYTES:
+                    continue
+                size += n + 8
+                found = where[token] = []
+            if len(found) < MAX_POSITIONS:
+                found.append(f"{min(start + i, MAX_POSITION)}{weight}")
+    return " ".join(f"'{t}':{','.join(ps)}" for t, ps in where.items())
+
+
+# --- the query: FTS5's syntax, parsed into a tsquery ---------------------------------------
+
+# FTS5's barewords: ASCII letters, digits, "_", 0x1A and every non-ASCII character.
+_LEX = re.compile(r'\s+|(?P<word>[A-Za-z0-9_\x1a\x80-\U0010ffff]+)|(?P<str>"(?:[^"]|"")*")'
+                  r'|(?P<op>[()*:+^\-{},])|(?P<bad>.)', re.S)
+_COLUMNS: Final = {"body": "A", "tags": "B"}
+ALL: Final = "AB"
+
+
+class _Bad(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Phrase:
+    lexemes: tuple[str, ...]
+    prefix: bool
+    weights: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    op: str  # "&", "|", "not", "near"
+    left: Any
+    right: Any
+    distance: int = 0
+
+
+class _Parser:
+    """FTS5's grammar (fts5parse.y): OR < AND < NOT < juxtaposition (an implicit AND),
+    each left-associative; a unit is a phrase (words or a "string", then `*` for a
+    prefix, `+` joining phrases), `( … )`, `NEAR( … [, N])`, after an optional column
+    filter (`col:`, `{col col}:`, `-col:`). A phrase with no tokens is left out."""
+
+    def __init__(self, text: str) -> None:
+        self.items: list[tuple[str, str]] = []
+        for m in _LEX.finditer(text):
+            kind = m.lastgroup
+            if kind is None:
+                continue
+            if kind == "bad":
+                raise _Bad(f'fts5: syntax error near "{m.group()}"')
+            if kind == "str":
+                self.items.append(("str", m.group()[1:-1].replace('""', '"')))
+            else:
+                self.items.append((kind, m.group()))
+        self.at = 0
+
+    def peek(self, k: int = 0) -> tuple[str, str]:
+        i = self.at + k
+        return self.items[i] if i < len(self.items) else ("end", "")
+
+    def take(self) -> tuple[str, str]:
+        item = self.peek()
+        self.at += 1
+        return item
+
+    def expect(self, value: str) -> None:
+        kind, got = self.take()
+        if got != value or kind != "op":
+            raise _Bad(f'fts5: syntax error near "{got}"')
+
+    def parse(self) -> Any:
+        node = self.or_(ALL)
+        if self.peek()[0] != "end":
+            raise _Bad(f'fts5: syntax error near "{self.peek()[1]}"')
+        return node
+
+    def _keyword(self, word: str) -> bool:
+        return self.peek() == ("word", word)
+
+    def or_(self, weights: str) -> Any:
+        node = self.and_(weights)
+        while self._keyword("OR"):
+            self.take()
+            node = _join("|", node, self.and_(weights))
+        return node
+
+    def and_(self, weights: str) -> Any:
+        node = self.not_(weights)
+        while self._keyword("AND"):
+            self.take()
+            node = _join("&", node, self.not_(weights))
+        return node
+
+    def not_(self, weights: str) -> Any:
+        node = self.seq(weights)
+        while self._keyword("NOT"):
+            self.take()
+            right = self.seq(weights)
+            node = node if right is None or node is None else _Op("not", node, right)
+        return node
+
+    def _starts_unit(self) -> bool:
+        kind, value = self.peek()
+        if kind == "word":
+            return value not in ("AND", "OR", "NOT")
+        return kind == "str" or (kind == "op" and value in "(^{-")
+
+    def seq(self, weights: str) -> Any:
+        if not self._starts_unit():
+            raise _Bad(f'fts5: syntax error near "{self.peek()[1]}"')
+        node = self.unit(weights)
+        while self._starts_unit():
+            node = _join("&", node, self.unit(weights))
+        return node
+
+    def unit(self, weights: str) -> Any:
+        weights = self.column_filter(weights)
+        kind, value = self.peek()
+        if (kind, value) == ("op", "("):
+            self.take()
+            node = self.or_(weights)
+            self.expect(")")
+            return node
+        if kind == "word" and value == "NEAR" and self.peek(1) == ("op", "("):
+            return self.near(weights)
+        return self.phrase_group(weights)
+
+    def column_filter(self, weights: str) -> str:
+        kind, value = self.peek()
+        negate = (kind, value) == ("op", "-")
+        k = 1 if negate else 0
+        names: list[str] = []
+        if self.peek(k) == ("op", "{"):
+            k += 1
+            while self.peek(k)[0] == "word":
+                names.append(self.peek(k)[1])
+                k += 1
+            if self.peek(k) != ("op", "}"):
+                raise _Bad(f'fts5: syntax error near "{self.peek(k)[1]}"')
+            k += 1
+        elif self.peek(k)[0] in ("word", "str") and self.peek(k + 1) == ("op", ":"):
+            names.append(self.peek(k)[1])
+            k += 1
+        elif negate:
+            raise _Bad('fts5: syntax error near "-"')
+        else:
+            return weights
+        if self.peek(k) != ("op", ":"):
+            raise _Bad(f'fts5: syntax error near "{self.peek(k)[1]}"')
+        self.at += k + 1
+        chosen = set()
+        for name in names:
+            if name.lower() not in _COLUMNS:
+                raise _Bad(f"no such column: {name}")
+            chosen.add(_COLUMNS[name.lower()])
+        if negate:
+            chosen = set(ALL) - chosen
+        return "".join(w for w in weights if w in chosen)
+
+    def phrase(self, weights: str) -> _Phrase:
+        kind, value = self.take()
+        if kind not in ("word", "str"):
+            raise _Bad(f'fts5: syntax error near "{value}"')
+        prefix = self.peek() == ("op", "*")
+        if prefix:
+            self.take()
+        return _Phrase(tuple(tokens(value)), prefix, weights)
+
+    def phrase_group(self, weights: str) -> Any:
+        if self.peek() == ("op", "^"):
+            raise _Bad("`^` (a phrase at the start of a column) is not supported by the"
+                       " PostgreSQL store's search")
+        phrase = self.phrase(weights)
+        while self.peek() == ("op", "+"):
+            if phrase.prefix:
+                raise _Bad('fts5: syntax error near "+"')
+            self.take()
+            more = self.phrase(weights)
+            phrase = _Phrase(phrase.lexemes + more.lexemes, more.prefix, weights)
+        return phrase if phrase.lexemes else None
+
+    def near(self, weights: str) -> Any:
+        self.take()
+        self.expect("(")
+        phrases: list[_Phrase] = []
+        while self.peek()[0] in ("word", "str"):
+            group = self.phrase_group(weights)
+            if group is not None:
+                phrases.append(group)
+        distance = 10
+        if self.peek() == ("op", ","):
+            self.take()
+            kind, value = self.take()
+            if kind != "word" or not value.isdigit():
+                raise _Bad(f'expected integer, got "{value}"')
+            distance = int(value)
+        self.expect(")")
+        if not phrases:
+            return None
+        if len(phrases) == 1:
+            return phrases[0]
+        if len(phrases) > 2:
+            raise _Bad("NEAR of more than two phrases is not supported by the PostgreSQL"
+                       " store's search: use NEAR(a b) AND NEAR(b c), or AND")
+        if distance > MAX_NEAR:
+            raise _Bad(f"NEAR's distance may be at most {MAX_NEAR} on the PostgreSQL store")
+        return _Op("near", phrases[0], phrases[1], distance)
+
+
+def _join(op: str, left: Any, right: Any) -> Any:
+    """`left op right`; a side without tokens is left out (as FTS5 drops an empty phrase)."""
+    if left is None:
+        return right
+    if right is None:
+        return left
+    return _Op(op, left, right)
+
+
+def _render(node: Any) -> str:
+    if isinstance(node, _Phrase):
+        if not node.weights:  # a column filter that leaves no column: matches nothing
+            return "'a' & !'a'"
+        last = len(node.lexemes) - 1
+        return "(" + " <-> ".join(
+            f"'{t}':{'*' if node.prefix and i == last else ''}{node.weights}"
+            for i, t in enumerate(node.lexemes)) + ")"
+    a, b = _render(node.left), _render(node.right)
+    if node.op == "not":
+        return f"({a} & !{b})"
+    if node.op == "near":  # gaps of 0..distance tokens between them, either order
+        return "(" + " | ".join(f"{x} <{d}> {y}" for d in range(1, node.distance + 2)
+                                for x, y in ((a, b), (b, a))) + ")"
+    return f"({a} {node.op} {b})"
+
+
+def to_tsquery_text(text: str) -> str | None:
+    """The tsquery (as its text) of an FTS5 query, or None when it has no token (FTS5
+    then matches nothing); -32602 naming `$.query` when it does not parse."""
+    try:
+        node = _Parser(text).parse()
+    except _Bad as exc:
+        raise InvalidParamsError(f"query is not a valid search: {exc}",
+                                 {"detail": str(exc), "path": "$.query"}) from exc
+    return None if node is None else _render(node)
+
+
+# --- the writer's side (inside the batch transaction) -------------------------------------
+
+_INSERT: Final = """
+    INSERT INTO search_index (position, session_id, sequence, role, body, tags, doc)
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[],
+        $6::text[], $7::tsvector[])
+    ON CONFLICT (position) DO NOTHING"""
+
+
+def _columns(documents: Sequence[tuple[int, str, str, dict[str, Any], str | None,
+                                     str | None]]) -> list[list[Any]]:
+    """The _INSERT columns of documents (position, session, type, data, body, tags)."""
+    rows = []
+    for position, sid, event_type, data, body, tags in documents:
+        message = event_type == "message.appended"
+        rows.append((position, sid, data.get("sequence") if message else None,
+                     data.get("role") if message else None, body, tags,
+                     tsvector(body, tags)))
+    return [list(c) for c in zip(*rows, strict=True)] if rows else []
+
+
+async def index(con: Any, events: Sequence[Event]) -> None:
+    """Add a batch's events of indexed types to the index (after the batch is numbered)."""
+    columns = _columns([(e.position, e.session_id, e.type, e.data, body, tags)
+                        for e, body, tags in model.documents(events)])
+    if columns:
+        await con.execute(_INSERT, *columns)
+
+
+# --- migration 6's backfill, daemon.reindex and daemon.verify -----------------------------
+
+_decode = msgspec.json.Decoder(dict[str, Any])
+BACKFILL_ROWS: Final = 2_000  # events read at once (each may be a 16 MiB message)
+
+
+async def rebuild_range(con: Any, after: int, upto: int) -> None:
+    """Index the events with after < position <= upto the index does not hold, in the
+    transaction `con` is in. The events are locked (FOR SHARE) until it commits, so a
+    delete of their session waits for it and then takes these rows too."""
+    while after < upto:
+        rows = await con.fetch(
+            "SELECT position, session_id, type, data FROM events e"
+            f" WHERE position > $1 AND position <= $2 AND type IN ({_TYPES_SQL})"
+            " AND NOT EXISTS (SELECT 1 FROM search_index f WHERE f.position = e.position)"
+            " ORDER BY position LIMIT $3 FOR SHARE", after, upto, BACKFILL_ROWS)
+        if not rows:
+            return
+        documents = []
+        for position, sid, event_type, data in rows:
+            try:
+                decoded = _decode.decode(data)
+            except msgspec.DecodeError:
+                decoded = {}  # verify reports the event itself; the index holds no text
+            documents.append((position, sid, event_type, decoded,
+                              *model.text_of(event_type, decoded)))
+        await con.execute(_INSERT, *_columns(documents))
+        after = int(rows[-1][0])
+
+
+async def backfill(con: Any) -> None:
+    """Migration 6's last step: every stored event of an indexed type, in one transaction
+    (the migration's)."""
+    top = int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
+    await rebuild_range(con, 0, top)
+
+
+async def problems(con: Any) -> list[str]:
+    """What daemon.verify finds wrong with the index (as sqlite/search.py's)."""
+    missing = await con.fetchrow(
+        "SELECT COUNT(*), MIN(position) FROM events e WHERE type IN"
+        f" ({_TYPES_SQL}) AND NOT EXISTS (SELECT 1 FROM search_index f"
+        " WHERE f.position = e.position)")
+    extra = await con.fetchrow(
+        "SELECT COUNT(*), MIN(position) FROM search_index f WHERE NOT EXISTS (SELECT 1 FROM"
+        f" events e WHERE e.position = f.position AND e.type IN ({_TYPES_SQL}))")
+    return model.problems(missing, extra)
+
+
+# --- the query ------------------------------------------------------------------------
+
+_OPEN, _CLOSE = "\ue000", "\ue001"  # ts_headline's marks, replaced by the client's after
+_HEADLINE: Final = (f"StartSel={_OPEN}, StopSel={_CLOSE}, MaxWords=12, MinWords=6,"
+                    " ShortWord=0, MaxFragments=1")
+
+
+def _newest_sql(q: SearchQuery) -> tuple[str, list[Any]]:
+    """The newest `window` + 1 matches after the filters ($1 the tsquery), and their rank."""
+    args: list[Any] = []
+    joins, where = "", ["f.doc @@ $1::tsquery"]
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args) + 1}"
+
+    if q.since is not None or q.until is not None:
+        joins += " JOIN events e ON e.position = f.position"
+        if q.since is not None:
+            where.append(f"e.recorded_at >= {arg(q.since)}")
+        if q.until is not None:
+            where.append(f"e.recorded_at < {arg(q.until)}")
+    if q.namespace is not None or q.actor_name is not None or q.statuses:
+        joins += " JOIN sessions s ON s.session_id = f.session_id"
+        if q.namespace is not None:
+            where.append(f"s.namespace = {arg(q.namespace)}")
+        if q.actor_name is not None:
+            where.append(f"s.actor_name = {arg(q.actor_name)}")
+        if q.statuses:
+            where.append(f"s.status = ANY({arg(list(q.statuses))}::text[])")
+    limit = arg(q.window + 1)
+    return (f"SELECT m.position, m.session_id, ts_rank(m.doc, $1::tsquery) FROM ("
+            f"SELECT f.position, f.session_id, f.doc FROM search_index f{joins}"
+            f" WHERE {' AND '.join(where)} ORDER BY f.position DESC LIMIT {limit}) m"
+            " ORDER BY m.position DESC"), args
+
+
+_HITS: Final = f"""
+    SELECT f.position, e.version, e.type, e.recorded_at, f.sequence, f.role,
+        left(CASE WHEN strpos(h.body, '{_OPEN}') > 0 OR f.tags IS NULL THEN h.body
+            ELSE ts_headline('simple', f.tags, $1::tsquery, '{_HEADLINE}') END,
+            {model.SNIPPET_CHARS}),
+        COALESCE(m.position = f.position, false)
+    FROM search_index f JOIN events e ON e.position = f.position
+    LEFT JOIN messages m ON m.session_id = f.session_id AND m.sequence = f.sequence
+    CROSS JOIN LATERAL (SELECT ts_headline('simple', COALESCE(f.body, ''), $1::tsquery,
+        '{_HEADLINE}') AS body) h
+    WHERE f.position = ANY($2::bigint[])"""
+_VIEWS: Final = ("SELECT session_id, status, namespace, actor_name, task, updated_at"
+                 " FROM sessions WHERE session_id = ANY($1::text[])")
+
+
+async def _query(con: Any, q: SearchQuery, tsquery: str, timeout_s: float) -> SearchResult:
+    # One snapshot for the ranking, the hits and the views; the server's own bound too.
+    async with con.transaction(isolation="repeatable_read", readonly=True):
+        await con.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}")
+        sql, args = _newest_sql(q)
+        rows = [(int(r[0]), r[1], -float(r[2])) for r in await con.fetch(sql, tsquery, *args)]
+        complete = len(rows) <= q.window
+        ranked = model.rank(rows[:q.window], q.after, q.limit, q.hits)
+        hits: dict[int, SearchHit] = {}
+        if chosen := ranked.chosen:
+            opened, closed = q.mark
+            for r in await con.fetch(_HITS, tsquery, chosen):
+                snippet = r[6].replace(_OPEN, opened).replace(_CLOSE, closed)
+                hits[r[0]] = model.hit(r[0], r[1], r[2], r[3], r[4], r[5], snippet, r[7])
+        views = {r[0]: tuple(r[1:]) for r in await con.fetch(_VIEWS, list(ranked.best))}
+    return model.result(ranked, hits, views, complete)
+
+
+_POLL_S: Final = 0.05  # how often a running query looks whether its client is still there
+
+
+class FullText:
+    """The `full_text` capability of the PostgreSQL store, on its read pool (the query)
+    and on connections of their own (reindex, in ranges)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store  # a PostgresStore: its pool (`_pool`) and `connect`
+
+    async def search(self, q: SearchQuery, budget: SearchBudget) -> SearchResult:
+        tsquery = to_tsquery_text(q.text)
+        if tsquery is None:
+            return SearchResult(sessions=[], complete=True)
+        deadline = time.monotonic() + budget.timeout_s
+        why: list[str] = []
+        result: list[SearchResult] = []
+        failed: list[Exception] = []
+
+        async def run(scope: anyio.CancelScope) -> None:
+            try:
+                async with self.store._pool.acquire() as con:
+                    result.append(await _query(con, q, tsquery, budget.timeout_s))
+            except Exception as exc:  # raised below, outside the task group
+                failed.append(exc)
+            finally:
+                scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, tg.cancel_scope)
+            while True:  # the watcher: the client gone, the time spent
+                await anyio.sleep(_POLL_S)
+                if budget.stop.is_set() or budget.gone():
+                    why.append("client gone")
+                elif time.monotonic() > deadline:
+                    why.append("search_timeout_s")
+                if why:
+                    tg.cancel_scope.cancel()  # asyncpg asks the server to cancel the query
+                    break
+        if failed:
+            exc = failed[0]
+            if isinstance(exc, asyncpg.QueryCanceledError):
+                raise _stopped("search_timeout_s", budget) from exc
+            if isinstance(exc, (*RETRYABLE, asyncpg.PostgresError)):
+                raise storage_error(exc) from exc
+            raise exc
+        if result:
+            return result[0]
+        raise _stopped(why[0] if why else "client gone", budget)
+
+    async def _own(self, fn: Any) -> Any:
+        """`fn(con)` in a transaction on a connection of its own (not the writer's)."""
+        try:
+            con = await self.store.connect()
+            try:
+                async with con.transaction():
+                    return await fn(con)
+            finally:
+                await con.close()
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
+            raise storage_error(exc) from exc
+
+    async def clear(self) -> int:
+        async def run(con: Any) -> int:
+            top = int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
+            await con.execute("DELETE FROM search_index WHERE position <= $1", top)
+            return top
+        return int(await self._own(run))
+
+    async def rebuild_range(self, after: int, upto: int) -> None:
+        await self._own(lambda con: rebuild_range(con, after, upto))
+
+    async def relink_forks(self) -> int:
+        async def run(con: Any) -> int:
+            await con.execute("DELETE FROM forks")
+            await con.execute(
+                "INSERT INTO forks (session_id, source_id, version, forked_at, position)"
+                " SELECT session_id, d->'from'->>'session_id', (d->'from'->>'version')::bigint,"
+                " recorded_at, position FROM (SELECT session_id, recorded_at, position,"
+                " convert_from(data, 'UTF8')::jsonb AS d FROM events"
+                " WHERE type = 'session.forked') f")
+            return int(await con.fetchval("SELECT COUNT(*) FROM forks"))
+        return int(await self._own(run))
+
+    async def _read(self, fn: Any) -> Any:
+        try:
+            async with self.store._pool.acquire() as con:
+                return await fn(con)
+        except (*RETRYABLE, asyncpg.PostgresError) as exc:
+            raise storage_error(exc) from exc
+
+    async def count(self) -> int:
+        return int(await self._read(lambda con: con.fetchval(
+            "SELECT COUNT(*) FROM search_index")))
+
+    async def problems(self) -> list[str]:
+        found: list[str] = await self._read(problems)
+        return found
+
+
+def _stopped(why: str, budget: SearchBudget) -> StorageError:
+    if why == "client gone":
+        return StorageError("search stopped: its client went away", {"detail": why})
+    return StorageError(
+        f"search stopped: it passed search_timeout_s ({budget.timeout_s} seconds); narrow"
+        " the query (fewer or longer prefixes, more words, filters)",
+        {"detail": "over the search budget", "setting": "search_timeout_s",
+         "limit": budget.timeout_s, "retryable": True})

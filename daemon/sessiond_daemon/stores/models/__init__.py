@@ -1,0 +1,1 @@
+"""The read models, each defined once for every store."""
