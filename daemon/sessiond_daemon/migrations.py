@@ -16,11 +16,10 @@ from typing import Final
 
 import structlog
 
-from .stores.models.search import INDEXED_TYPES
+from .stores.models.search_text import INDEXED_TYPES
+from .stores.schema import OWNER_UID, owner_sql
 
 log = structlog.get_logger("sessiond.store")
-
-OWNER_UID: Final = "{owner_uid}"  # in a migration's SQL: the migrating daemon's uid
 
 # The search index's text function (sqlite/search.py registers it on every connection).
 SEARCH_FUNCTION: Final = "sessiond_search_text"
@@ -37,12 +36,6 @@ SEARCH_MIGRATION: Final[list[str]] = [
         content_rowid='position', tokenize='unicode61 remove_diacritics 2')""",
     "INSERT INTO search(search) VALUES ('rebuild')",
 ]
-
-
-def owner_sql(sql: str) -> str:
-    """A migration's statement with OWNER_UID filled in (a number: nothing to quote)."""
-    return sql.replace(OWNER_UID, str(os.getuid()))
-
 
 # A step is a statement, or a function of the connection for what SQL cannot say alone.
 Step = str | Callable[[sqlite3.Connection], None]
@@ -355,8 +348,3 @@ def _backup(con: sqlite3.Connection, target: str) -> None:
     finally:
         dest.close()
     os.replace(tmp, target)
-
-
-SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
-                         "graph_checkpoints", "graph_blobs", "graph_writes", "progress_steps",
-                         "runner_events", "forks", "sessions")

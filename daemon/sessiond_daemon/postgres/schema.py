@@ -27,7 +27,7 @@ from typing import Any, Final
 
 import structlog
 
-from ..migrations import OWNER_UID, owner_sql
+from ..stores.schema import OWNER_UID, owner_sql
 from . import search
 
 # A migration step: a statement, or a function run on the migrating connection inside the
@@ -228,11 +228,6 @@ MIGRATIONS: Final[list[list[Step]]] = [
 ]
 
 LATEST: Final = len(MIGRATIONS)
-
-# A session's rows, in the order a delete removes them (the view last).
-SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
-                         "graph_checkpoints", "graph_blobs", "graph_writes", "progress_steps",
-                         "runner_events", "forks", "search_index", "sessions")
 
 
 class SchemaTooNew(Exception):

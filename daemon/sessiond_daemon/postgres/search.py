@@ -2,10 +2,10 @@
 as a table with a tsvector column and a GIN index, kept in the batch transaction, and
 session.search's SQL.
 
-`search_index` holds one row per event of an indexed type (the rule is `text_of`, the
-same as SQLite's), keyed by its position: the event's session, a message's sequence and
-role (so a hit never reads its event's data), the body and tags text (ts_headline cuts
-snippets from them) and `doc`, the tsvector of both, which the GIN index covers.
+`search_index` holds one row per event of an indexed type (the rule's rows,
+stores/models/search_text.py, the same as SQLite's), keyed by its position: the event's
+session, the body and tags text (ts_headline cuts snippets from them) and `doc`, the
+tsvector of both, which the GIN index covers.
 
 The tsvector is built here, not by to_tsvector, so that a document holds the tokens
 FTS5's unicode61 tokenizer would make (runs of letters and digits, lower-cased, diacritics
@@ -31,29 +31,28 @@ import anyio
 import asyncpg
 import msgspec
 
-from sessiond_daemon.eventstore import SearchBudget, SearchQuery
+from sessiond_daemon.eventstore import EVENT_COLUMNS, SearchBudget, SearchQuery, event_from_row
 from sessiond_daemon.postgres.errors import RETRYABLE, storage_error
 from sessiond_daemon.stores.models import search as model
+from sessiond_daemon.stores.models.conversation import relink
+from sessiond_daemon.stores.models.search_text import INDEXED_TYPES, text_of
 from sessiond_schemas.errors import InvalidParamsError, StorageError
-from sessiond_schemas.events import Event
 from sessiond_schemas.rpc import SearchHit, SearchResult
 
-_TYPES: Final = list(model.INDEXED_TYPES)
-_TYPES_SQL: Final = ", ".join(f"'{t}'" for t in model.INDEXED_TYPES)
+_TYPES: Final = list(INDEXED_TYPES)
+_TYPES_SQL: Final = ", ".join(f"'{t}'" for t in INDEXED_TYPES)
 
 # Migration 6's statements (postgres/schema.py); `backfill` then indexes the events stored.
 MIGRATION: Final[list[str]] = [
     """CREATE TABLE search_index (
         position BIGINT PRIMARY KEY,
         session_id TEXT COLLATE "C" NOT NULL,
-        sequence BIGINT,
-        role TEXT COLLATE "C",
         body TEXT,
         tags TEXT,
         doc TSVECTOR NOT NULL
     )""",
     "CREATE INDEX search_index_doc ON search_index USING gin (doc)",
-    # A session's deletion takes its rows (schema.SESSION_TABLES).
+    # A session's deletion takes its rows (`forget`).
     "CREATE INDEX search_index_by_session ON search_index (session_id)",
 ]
 
@@ -348,31 +347,29 @@ def to_tsquery_text(text: str) -> str | None:
 
 # --- the writer's side (inside the batch transaction) -------------------------------------
 
+# The session comes from the event (inserted before, in the same transaction).
 _INSERT: Final = """
-    INSERT INTO search_index (position, session_id, sequence, role, body, tags, doc)
-    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[],
-        $6::text[], $7::tsvector[])
+    INSERT INTO search_index (position, session_id, body, tags, doc)
+    SELECT u.position, e.session_id, u.body, u.tags, u.doc
+    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::tsvector[])
+        AS u(position, body, tags, doc)
+    JOIN events e ON e.position = u.position
     ON CONFLICT (position) DO NOTHING"""
 
 
-def _columns(documents: Sequence[tuple[int, str, str, dict[str, Any], str | None,
-                                     str | None]]) -> list[list[Any]]:
-    """The _INSERT columns of documents (position, session, type, data, body, tags)."""
-    rows = []
-    for position, sid, event_type, data, body, tags in documents:
-        message = event_type == "message.appended"
-        rows.append((position, sid, data.get("sequence") if message else None,
-                     data.get("role") if message else None, body, tags,
-                     tsvector(body, tags)))
-    return [list(c) for c in zip(*rows, strict=True)] if rows else []
+async def insert(con: Any, rows: Sequence[tuple[Any, ...]]) -> None:
+    """The rule's rows (position, body, tags) into the index (executor.py runs this for
+    the rule's Insert, inside the commit, after the batch's events)."""
+    if rows:
+        await con.execute(_INSERT, [r[0] for r in rows], [r[1] for r in rows],
+                          [r[2] for r in rows], [tsvector(r[1], r[2]) for r in rows])
 
 
-async def index(con: Any, events: Sequence[Event]) -> None:
-    """Add a batch's events of indexed types to the index (after the batch is numbered)."""
-    columns = _columns([(e.position, e.session_id, e.type, e.data, body, tags)
-                        for e, body, tags in model.documents(events)])
-    if columns:
-        await con.execute(_INSERT, *columns)
+async def forget(con: Any, session_ids: Sequence[str]) -> None:
+    """Take deleted sessions' documents out of the index, in the delete's transaction."""
+    if session_ids:
+        await con.execute("DELETE FROM search_index WHERE session_id = ANY($1::text[])",
+                          list(session_ids))
 
 
 # --- migration 6's backfill, daemon.reindex and daemon.verify -----------------------------
@@ -387,21 +384,20 @@ async def rebuild_range(con: Any, after: int, upto: int) -> None:
     delete of their session waits for it and then takes these rows too."""
     while after < upto:
         rows = await con.fetch(
-            "SELECT position, session_id, type, data FROM events e"
+            "SELECT position, type, data FROM events e"
             f" WHERE position > $1 AND position <= $2 AND type IN ({_TYPES_SQL})"
             " AND NOT EXISTS (SELECT 1 FROM search_index f WHERE f.position = e.position)"
             " ORDER BY position LIMIT $3 FOR SHARE", after, upto, BACKFILL_ROWS)
         if not rows:
             return
         documents = []
-        for position, sid, event_type, data in rows:
+        for position, event_type, data in rows:
             try:
                 decoded = _decode.decode(data)
             except msgspec.DecodeError:
                 decoded = {}  # verify reports the event itself; the index holds no text
-            documents.append((position, sid, event_type, decoded,
-                              *model.text_of(event_type, decoded)))
-        await con.execute(_INSERT, *_columns(documents))
+            documents.append((int(position), *text_of(event_type, decoded)))
+        await insert(con, documents)
         after = int(rows[-1][0])
 
 
@@ -461,14 +457,19 @@ def _newest_sql(q: SearchQuery) -> tuple[str, list[Any]]:
             " ORDER BY m.position DESC"), args
 
 
+# A message's sequence and role from its event, as SQLite's json_extract reads them.
 _HITS: Final = f"""
-    SELECT f.position, e.version, e.type, e.recorded_at, f.sequence, f.role,
+    SELECT f.position, e.version, e.type, e.recorded_at, (j.d->>'sequence')::bigint,
+        j.d->>'role',
         left(CASE WHEN strpos(h.body, '{_OPEN}') > 0 OR f.tags IS NULL THEN h.body
             ELSE ts_headline('simple', f.tags, $1::tsquery, '{_HEADLINE}') END,
             {model.SNIPPET_CHARS}),
         COALESCE(m.position = f.position, false)
     FROM search_index f JOIN events e ON e.position = f.position
-    LEFT JOIN messages m ON m.session_id = f.session_id AND m.sequence = f.sequence
+    CROSS JOIN LATERAL (SELECT CASE WHEN e.type = 'message.appended'
+        THEN convert_from(e.data, 'UTF8')::json END AS d) j
+    LEFT JOIN messages m ON m.session_id = f.session_id
+        AND m.sequence = (j.d->>'sequence')::bigint
     CROSS JOIN LATERAL (SELECT ts_headline('simple', COALESCE(f.body, ''), $1::tsquery,
         '{_HEADLINE}') AS body) h
     WHERE f.position = ANY($2::bigint[])"""
@@ -567,15 +568,22 @@ class FullText:
         await self._own(lambda con: rebuild_range(con, after, upto))
 
     async def relink_forks(self) -> int:
+        """The fork links again, from the session.forked events (the forks rule's ops)."""
+        from sessiond_daemon.postgres import executor  # it runs this module's insert
+
         async def run(con: Any) -> int:
-            await con.execute("DELETE FROM forks")
-            await con.execute(
-                "INSERT INTO forks (session_id, source_id, version, forked_at, position)"
-                " SELECT session_id, d->'from'->>'session_id', (d->'from'->>'version')::bigint,"
-                " recorded_at, position FROM (SELECT session_id, recorded_at, position,"
-                " convert_from(data, 'UTF8')::jsonb AS d FROM events"
-                " WHERE type = 'session.forked') f")
-            return int(await con.fetchval("SELECT COUNT(*) FROM forks"))
+            first, after = True, 0
+            while True:
+                rows = await con.fetch(f"SELECT {EVENT_COLUMNS} FROM events WHERE"
+                                       " type = 'session.forked' AND position > $1"
+                                       " ORDER BY position LIMIT 500", after)
+                if rows or first:
+                    await executor.run(con, relink([event_from_row(r) for r in rows],
+                                                   first=first))
+                first = False
+                if not rows:
+                    return int(await con.fetchval("SELECT COUNT(*) FROM forks"))
+                after = int(rows[-1][0])
         return int(await self._own(run))
 
     async def _read(self, fn: Any) -> Any:

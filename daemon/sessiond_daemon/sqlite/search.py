@@ -1,5 +1,6 @@
-"""SQLite's full-text index and query: the FTS5 table of the search read model
-(stores/models/search.py), kept in the writer's transaction, and session.search's SQL.
+"""SQLite's full-text index and query: the FTS5 table of the search read model (its rule:
+stores/models/search_text.py, whose rows the executor inserts in the writer's
+transaction), and session.search's SQL.
 
 The index (`search`) is an FTS5 table whose external content is the view
 `search_source`, one row per event of an indexed type (rowid = position), with two columns
@@ -20,17 +21,25 @@ from typing import Any, Final
 
 import msgspec
 
-from sessiond_daemon.eventstore import Batch, SearchBudget, SearchQuery, SqlAccess
+from sessiond_daemon.eventstore import (
+    EVENT_COLUMNS,
+    SearchBudget,
+    SearchQuery,
+    SqlAccess,
+    event_from_row,
+)
 from sessiond_daemon.migrations import SEARCH_FUNCTION
+from sessiond_daemon.sqlite import executor
 from sessiond_daemon.stores.models import search as model
+from sessiond_daemon.stores.models.conversation import relink
+from sessiond_daemon.stores.models.search_text import INDEXED_TYPES, text_of
 from sessiond_schemas.errors import InvalidParamsError, SessiondError, StorageError
-from sessiond_schemas.events import Event
 from sessiond_schemas.rpc import SearchHit, SearchResult
 
 # The index's text function and migration 4 (the view, the index, its backfill) are in
 # migrations.py, the SQLite schema.
 FUNCTION: Final = SEARCH_FUNCTION
-_TYPES_SQL: Final = ", ".join(f"'{t}'" for t in model.INDEXED_TYPES)
+_TYPES_SQL: Final = ", ".join(f"'{t}'" for t in INDEXED_TYPES)
 
 _decode = msgspec.json.Decoder(dict[str, Any])
 _json = msgspec.json.Encoder()
@@ -38,7 +47,7 @@ _json = msgspec.json.Encoder()
 
 def _sql_text(column: int, event_type: str, data: bytes | str) -> str | None:
     try:
-        return model.text_of(event_type, _decode.decode(data))[column]
+        return text_of(event_type, _decode.decode(data))[column]
     except (msgspec.DecodeError, AttributeError, TypeError):
         return None
 
@@ -53,19 +62,7 @@ async def register_async(db: Any) -> None:
     await db.create_function(FUNCTION, 3, _sql_text, deterministic=True)
 
 
-# --- the writer's side (inside the batch transaction) --------------------------------------
-
-
-def project(db: sqlite3.Connection, batch: Batch) -> None:
-    """The store's projection (sqlite/store.py PROJECTIONS): index the batch's events."""
-    index(db, batch.events)
-
-
-def index(db: sqlite3.Connection, events: list[Event]) -> None:
-    """Add a batch's events of indexed types to the index."""
-    rows = [(e.position, body, tags) for e, body, tags in model.documents(events)]
-    if rows:
-        db.executemany("INSERT INTO search (rowid, body, tags) VALUES (?, ?, ?)", rows)
+# --- the writer's side (inside the batch transaction; the rows are the rule's ops) ----
 
 
 def forget_session(db: sqlite3.Connection, session_id: str) -> None:
@@ -104,13 +101,13 @@ def count(db: sqlite3.Connection) -> int:
 
 
 def relink_forks(con: sqlite3.Connection) -> int:
-    """The fork links again, from the session.forked events."""
-    con.execute("DELETE FROM forks")
-    con.execute(
-        "INSERT INTO forks (session_id, source_id, version, forked_at, position)"
-        " SELECT session_id, json_extract(data, '$.from.session_id'),"
-        " json_extract(data, '$.from.version'), recorded_at, position FROM events"
-        " WHERE type = 'session.forked'")
+    """The fork links again, from the session.forked events (the forks rule's ops)."""
+    cur = con.execute(f"SELECT {EVENT_COLUMNS} FROM events"
+                      " WHERE type = 'session.forked' ORDER BY position")
+    first = True
+    while (rows := cur.fetchmany(500)) or first:
+        executor.run(con, relink([event_from_row(r) for r in rows], first=first))
+        first = False
     return int(con.execute("SELECT COUNT(*) FROM forks").fetchone()[0])
 
 

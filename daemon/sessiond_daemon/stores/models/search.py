@@ -1,10 +1,10 @@
-"""The search read model, defined once for every store: which events are documents and
-what text each holds (`text_of`, the one rule both stores index by), and how a page of
+"""The search read model's query side, defined once for every store: how a page of
 session.search is made from a store's matches (grouped by session, ranked, cut at the
-cursor, assembled with the hits' fields and the sessions' views).
+cursor, assembled with the hits' fields and the sessions' views), and verify's lines.
+Its rule (which events are documents, their text) is search_text.py.
 
 Each store keeps its own index and query SQL (sqlite/search.py: FTS5; postgres/search.py:
-a tsvector column with a GIN index); both give `page` the same (position, session_id,
+a tsvector column with a GIN index); both give `rank` the same (position, session_id,
 score) rows, lower score first, so paging, cursors and the result shape are the same.
 """
 
@@ -18,65 +18,12 @@ from typing import Any, Final
 import msgspec
 
 from sessiond_schemas.errors import InvalidParamsError
-from sessiond_schemas.events import Event
 from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession
 
-INDEXED_TYPES: Final = ("message.appended", "session.created", "session.forked",
-                        "metadata.updated", "session.status_changed", "result.recorded",
-                        "problem.recorded")
 WINDOW: Final = 5_000  # matching events ranked per query, newest first
 SNIPPET_CHARS: Final = 1_000  # a snippet is ~12 tokens; a token may be long: cut there
 
 _json = msgspec.json.Encoder()
-
-
-def _values(value: Any, out: list[str]) -> None:
-    """Every scalar in a JSON value, as text, in document order (keys are not included)."""
-    if isinstance(value, dict):
-        for v in value.values():
-            _values(v, out)
-    elif isinstance(value, list):
-        for v in value:
-            _values(v, out)
-    elif isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        out.append(str(value))
-
-
-def _join(*parts: Any) -> str | None:
-    text = " ".join(p for p in parts if isinstance(p, str) and p)
-    return text or None
-
-
-def text_of(event_type: str, data: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(body, tags) of one event: what the index holds for it."""
-    meta: list[str] = []
-    if event_type == "message.appended":
-        _values(data.get("metadata", {}), meta)
-        return data.get("content"), _join(data.get("tool_call_id"), *meta)
-    if event_type in ("session.created", "session.forked"):
-        d = data.get("state", {}) if event_type == "session.forked" else data
-        if not isinstance(d, dict):
-            return None, None
-        _values(d.get("metadata", {}), meta)
-        return (_join(d.get("task"), d.get("error")),
-                _join(d.get("actor_name"), d.get("model"), d.get("adapter"), *meta))
-    if event_type == "metadata.updated":
-        _values(data.get("patch", {}), meta)
-        return None, _join(*meta)
-    if event_type in ("session.status_changed", "result.recorded"):
-        return _join(data.get("error")), None
-    if event_type == "problem.recorded":
-        _values(data, meta)
-        return _join(*meta), None
-    return None, None
-
-
-def documents(events: Sequence[Event]) -> list[tuple[Event, str | None, str | None]]:
-    """The rule of the index: each event of an indexed type, with its (body, tags), in the
-    batch's order (every such event is a document, even one with no text)."""
-    return [(e, *text_of(e.type, e.data)) for e in events if e.type in INDEXED_TYPES]
 
 
 def problems(missing: Sequence[Any], extra: Sequence[Any]) -> list[str]:
