@@ -122,8 +122,7 @@ class _Bad(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Phrase:
-    lexemes: tuple[str, ...]
-    prefix: bool
+    tokens: tuple[tuple[str, bool], ...]  # (lexeme, whether it is a prefix)
     weights: str
 
 
@@ -193,35 +192,42 @@ class _Parser:
         return node
 
     def not_(self, weights: str) -> Any:
-        node = self.seq(weights)
+        node = self.primary(weights)
         while self._keyword("NOT"):
             self.take()
-            right = self.seq(weights)
+            right = self.primary(weights)
             node = node if right is None or node is None else _Op("not", node, right)
         return node
 
-    def _starts_unit(self) -> bool:
+    def _starts_nearset(self) -> bool:
+        """Whether a phrase or NEAR group (after an optional column filter) starts here:
+        what juxtaposition joins (FTS5 joins no parenthesised group that way)."""
         kind, value = self.peek()
         if kind == "word":
             return value not in ("AND", "OR", "NOT")
-        return kind == "str" or (kind == "op" and value in "(^{-")
+        return kind == "str" or (kind == "op" and value in "^{-")
 
-    def seq(self, weights: str) -> Any:
-        if not self._starts_unit():
-            raise _Bad(f'fts5: syntax error near "{self.peek()[1]}"')
-        node = self.unit(weights)
-        while self._starts_unit():
-            node = _join("&", node, self.unit(weights))
-        return node
-
-    def unit(self, weights: str) -> Any:
-        weights = self.column_filter(weights)
-        kind, value = self.peek()
-        if (kind, value) == ("op", "("):
+    def primary(self, weights: str) -> Any:
+        """`( … )`, `col: ( … )`, or phrases and NEAR groups side by side (an AND)."""
+        if self.peek() == ("op", "("):
             self.take()
             node = self.or_(weights)
             self.expect(")")
             return node
+        at = self.at
+        filtered = self.column_filter(weights)
+        if self.peek() == ("op", "(") and self.at != at:
+            self.take()
+            node = self.or_(filtered)
+            self.expect(")")
+            return node
+        node = self.nearset(filtered)
+        while self._starts_nearset():
+            node = _join("&", node, self.nearset(self.column_filter(weights)))
+        return node
+
+    def nearset(self, weights: str) -> Any:
+        kind, value = self.peek()
         if kind == "word" and value == "NEAR" and self.peek(1) == ("op", "("):
             return self.near(weights)
         return self.phrase_group(weights)
@@ -260,12 +266,14 @@ class _Parser:
 
     def phrase(self, weights: str) -> _Phrase:
         kind, value = self.take()
-        if kind not in ("word", "str"):
+        if kind not in ("word", "str") or (kind == "word" and value in ("AND", "OR", "NOT")):
             raise _Bad(f'fts5: syntax error near "{value}"')
-        prefix = self.peek() == ("op", "*")
-        if prefix:
+        found = [(t, False) for t in tokens(value)]
+        if self.peek() == ("op", "*"):
             self.take()
-        return _Phrase(tuple(tokens(value)), prefix, weights)
+            if found:
+                found[-1] = (found[-1][0], True)
+        return _Phrase(tuple(found), weights)
 
     def phrase_group(self, weights: str) -> Any:
         if self.peek() == ("op", "^"):
@@ -273,12 +281,9 @@ class _Parser:
                        " PostgreSQL store's search")
         phrase = self.phrase(weights)
         while self.peek() == ("op", "+"):
-            if phrase.prefix:
-                raise _Bad('fts5: syntax error near "+"')
             self.take()
-            more = self.phrase(weights)
-            phrase = _Phrase(phrase.lexemes + more.lexemes, more.prefix, weights)
-        return phrase if phrase.lexemes else None
+            phrase = _Phrase(phrase.tokens + self.phrase(weights).tokens, weights)
+        return phrase if phrase.tokens else None
 
     def near(self, weights: str) -> Any:
         self.take()
@@ -303,8 +308,10 @@ class _Parser:
         if len(phrases) > 2:
             raise _Bad("NEAR of more than two phrases is not supported by the PostgreSQL"
                        " store's search: use NEAR(a b) AND NEAR(b c), or AND")
-        if distance > MAX_NEAR:
-            raise _Bad(f"NEAR's distance may be at most {MAX_NEAR} on the PostgreSQL store")
+        longest = max(len(p.tokens) for p in phrases)
+        if distance + longest > MAX_NEAR:
+            raise _Bad(f"NEAR's distance and its longest phrase's words may be at most"
+                       f" {MAX_NEAR} together on the PostgreSQL store")
         return _Op("near", phrases[0], phrases[1], distance)
 
 
@@ -319,19 +326,59 @@ def _join(op: str, left: Any, right: Any) -> Any:
 
 def _render(node: Any) -> str:
     if isinstance(node, _Phrase):
-        if not node.weights:  # a column filter that leaves no column: matches nothing
-            return "'a' & !'a'"
-        last = len(node.lexemes) - 1
-        return "(" + " <-> ".join(
-            f"'{t}':{'*' if node.prefix and i == last else ''}{node.weights}"
-            for i, t in enumerate(node.lexemes)) + ")"
+        return _phrase(node.tokens, node.weights)
+    if node.op == "near":
+        return _near(node.left, node.right, node.distance)
     a, b = _render(node.left), _render(node.right)
     if node.op == "not":
         return f"({a} & !{b})"
-    if node.op == "near":  # gaps of 0..distance tokens between them, either order
-        return "(" + " | ".join(f"{x} <{d}> {y}" for d in range(1, node.distance + 2)
-                                for x, y in ((a, b), (b, a))) + ")"
     return f"({a} {node.op} {b})"
+
+
+def _phrase(tokens: Sequence[tuple[str, bool]], weights: str) -> str:
+    if not weights:  # a column filter that leaves no column: matches nothing
+        return "('a' & !'a')"
+    return "(" + " <-> ".join(f"'{t}':{'*' if prefix else ''}{weights}"
+                              for t, prefix in tokens) + ")"
+
+
+def _same(a: tuple[str, bool], b: tuple[str, bool]) -> tuple[str, bool] | None:
+    """The token both a and b can be at one position (a prefix takes any word it starts)."""
+    (x, x_prefix), (y, y_prefix) = a, b
+    if x_prefix and y.startswith(x) and (not y_prefix or len(y) >= len(x)):
+        return b
+    if y_prefix and x.startswith(y):
+        return a
+    return a if a == b else None
+
+
+def _overlaid(a: list[tuple[str, bool]], b: list[tuple[str, bool]],
+              k: int) -> list[tuple[str, bool]] | None:
+    """The tokens of phrase b starting at a's token k, over a (None if they disagree)."""
+    out = list(a)
+    for j, token in enumerate(b):
+        if k + j < len(out):
+            same = _same(out[k + j], token)
+            if same is None:
+                return None
+            out[k + j] = same
+        else:
+            out.append(token)
+    return out
+
+
+def _near(a: _Phrase, b: _Phrase, distance: int) -> str:
+    """FTS5's NEAR(a b, N): both phrases in one column, with a's start s1 and b's start s2
+    such that -(len b + N) <= s2 - s1 <= len a + N (at most N tokens between them;
+    overlapping too). `x <d> y` puts y's first token d after x's last; an overlap short
+    of that is the phrases laid over each other."""
+    ta, tb = list(a.tokens), list(b.tokens)
+    ra, rb = _phrase(ta, a.weights), _phrase(tb, b.weights)
+    ways = [f"{x} <{d}> {y}" for d in range(distance + 2) for x, y in ((ra, rb), (rb, ra))]
+    overlaps = [_overlaid(ta, tb, k) for k in range(len(ta) - 1)]
+    overlaps += [_overlaid(tb, ta, k) for k in range(1, len(tb) - 1)]
+    ways += [_phrase(o, a.weights) for o in overlaps if o is not None]
+    return "(" + " | ".join(ways) + ")"
 
 
 def to_tsquery_text(text: str) -> str | None:
