@@ -81,8 +81,9 @@ def tokens(text: str | None) -> list[str]:
     """The tokens of a text, in order, as the index and the query both see them."""
     if not text:
         return []
-    if not text.isascii():
-        text = unicodedata.normalize("NFC", text)
+    if text.isascii():
+        return _WORD.findall(text.lower())
+    text = unicodedata.normalize("NFC", text)
     return [t for w in _WORD.findall(text) for t in _WORD.findall(fold(w))]
 
 
@@ -94,17 +95,17 @@ def tsvector(body: str | None, tags: str | None) -> str:
     tag_tokens = tokens(tags)
     for start, column, weight in ((TAGS_AT, tag_tokens, "B"),
                                   (TAGS_AT + len(tag_tokens) + GAP, tokens(body), "A")):
-        for i, token in enumerate(column):
+        for position, token in enumerate(column, start):
             found = where.get(token)
             if found is None:
-                n = len(token.encode())
+                n = len(token) if token.isascii() else len(token.encode())
                 if n > MAX_WORD_BYTES or size + n > MAX_DOC_BYTES:
                     continue
                 size += n + 8
                 found = where[token] = []
             if len(found) < MAX_POSITIONS:
-                found.append(f"{min(start + i, MAX_POSITION)}{weight}")
-    return " ".join(f"'{t}':{','.join(ps)}" for t, ps in where.items())
+                found.append(f"{position if position < MAX_POSITION else MAX_POSITION}{weight}")
+    return " ".join([f"'{t}':{','.join(ps)}" for t, ps in where.items()])
 
 
 # --- the query: FTS5's syntax, parsed into a tsquery ---------------------------------------
