@@ -399,7 +399,7 @@ def pg_url() -> Iterator[str]:
 
 class TestPostgresSearch:
     """What only the PostgreSQL store's search has to show: its parse of FTS5's syntax
-    finds what FTS5 finds, and migration 6 indexes the events stored before it."""
+    finds what FTS5 finds, and migration 7 indexes the events stored before it."""
 
     @pytest.mark.postgresql
     async def test_the_parse_of_fts5_syntax_finds_what_fts5_finds(self, pg_url: str) -> None:
@@ -489,9 +489,9 @@ class TestPostgresSearch:
             await pg_con.close()
 
     @pytest.mark.postgresql
-    async def test_migration_6_indexes_the_events_stored_before_it(
+    async def test_migration_7_indexes_the_events_stored_before_it(
             self, short_dir: str, pg_url: str) -> None:
-        """A database at schema 5 (no index) with sessions in it: the daemon of this
+        """A database at schema 6 (no index) with sessions in it: the daemon of this
         release migrates it, and search finds them as if they had been written now."""
         url = pg_url
         config = daemon_config(short_dir, db=url)
@@ -499,10 +499,10 @@ class TestPostgresSearch:
             await build(client, seed=5)
             expected = {q: await brute(client, pick) for q, pick in QUERIES}
         pg.query(url, "DROP TABLE search_index")
-        pg.query(url, "UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+        pg.query(url, "UPDATE meta SET value = '6' WHERE key = 'schema_version'")
         async with running_daemon(config) as d, AsyncClient(d.socket) as client:
             assert pg.query(url, "SELECT value FROM meta WHERE key = 'schema_version'") == [
-                ("6",)]
+                ("7",)]
             for q, _ in QUERIES:
                 got = {s.session_id: s.matches for s in await everything(client, q)}
                 assert got == {sid: len(p) for sid, p in expected[q].items()}, q

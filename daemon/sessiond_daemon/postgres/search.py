@@ -42,18 +42,19 @@ from sessiond_schemas.rpc import SearchHit, SearchResult
 _TYPES: Final = list(INDEXED_TYPES)
 _TYPES_SQL: Final = ", ".join(f"'{t}'" for t in INDEXED_TYPES)
 
-# Migration 6's statements (postgres/schema.py); `backfill` then indexes the events stored.
+# Migration 7's statements (postgres/schema.py); `backfill` then indexes the events stored
+# (all of them idempotent: run again, they add nothing).
 MIGRATION: Final[list[str]] = [
-    """CREATE TABLE search_index (
+    """CREATE TABLE IF NOT EXISTS search_index (
         position BIGINT PRIMARY KEY,
         session_id TEXT COLLATE "C" NOT NULL,
         body TEXT,
         tags TEXT,
         doc TSVECTOR NOT NULL
     )""",
-    "CREATE INDEX search_index_doc ON search_index USING gin (doc)",
+    "CREATE INDEX IF NOT EXISTS search_index_doc ON search_index USING gin (doc)",
     # A session's deletion takes its rows (`forget`).
-    "CREATE INDEX search_index_by_session ON search_index (session_id)",
+    "CREATE INDEX IF NOT EXISTS search_index_by_session ON search_index (session_id)",
 ]
 
 # --- the tokens: unicode61's, as a tsvector literal ----------------------------------------
@@ -420,7 +421,7 @@ async def forget(con: Any, session_ids: Sequence[str]) -> None:
                           list(session_ids))
 
 
-# --- migration 6's backfill, daemon.reindex and daemon.verify -----------------------------
+# --- migration 7's backfill, daemon.reindex and daemon.verify -----------------------------
 
 _decode = msgspec.json.Decoder(dict[str, Any])
 BACKFILL_ROWS: Final = 2_000  # events read at once (each may be a 16 MiB message)
@@ -450,7 +451,7 @@ async def rebuild_range(con: Any, after: int, upto: int) -> None:
 
 
 async def backfill(con: Any) -> None:
-    """Migration 6's last step: every stored event of an indexed type, in one transaction
+    """Migration 7's last step: every stored event of an indexed type, in one transaction
     (the migration's)."""
     top = int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
     await rebuild_range(con, 0, top)
