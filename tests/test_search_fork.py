@@ -485,6 +485,13 @@ class TestPostgresSearch:
                 assert got == want, (q, tsquery)
                 compared += 1
             assert compared > 300
+            for bad in ['"unterminated', "AND", "nosuchcolumn: word", "a NEAR(", "a.b",
+                        "NEAR(a b, x)", "(alpha) beta"]:  # and FTS5's words for why
+                with pytest.raises(sqlite3.OperationalError) as theirs:
+                    con.execute("SELECT rowid FROM t WHERE t MATCH ?", (bad,))
+                with pytest.raises(Invalid) as ours:
+                    pg_search.to_tsquery_text(bad)
+                assert ours.value.data["detail"] == str(theirs.value), bad
         finally:
             await pg_con.close()
 

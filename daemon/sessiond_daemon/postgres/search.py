@@ -149,7 +149,8 @@ class _Parser:
             if kind is None:
                 continue
             if kind == "bad":
-                raise _Bad(f'fts5: syntax error near "{m.group()}"')
+                raise _Bad("unterminated string" if m.group() == '"'
+                           else f'fts5: syntax error near "{m.group()}"')
             if kind == "str":
                 self.items.append(("str", m.group()[1:-1].replace('""', '"')))
             else:
