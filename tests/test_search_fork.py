@@ -439,7 +439,7 @@ class TestPostgresSearch:
             if depth < 2 and r < 0.2:
                 return f"({expr(depth + 1)})"
             if r < 0.3:
-                return (f"NEAR({' '.join(phrase() for _ in range(rng.randint(1, 3)))},"
+                return (f"NEAR({' '.join(phrase() for _ in range(rng.randint(1, 4)))},"
                         f" {rng.randint(0, 4)})")
             if r < 0.35:
                 return f"NEAR({phrase()} {phrase()})"
@@ -456,11 +456,12 @@ class TestPostgresSearch:
                 out += rng.choice([" ", " AND ", " OR ", " NOT "]) + unit(depth)
             return out
 
-        queries = [expr() for _ in range(600)] + [
+        queries = [expr() for _ in range(800)] + [
             "alpha", "alp*", '"alpha beta"', "alpha NOT beta gamma", "a OR b c", "x_y",
             "gamma", "GAMMA", "body:(alpha NOT beta)", "NEAR(alpha beta)", '"" alpha',
             "alpha AND", "(alpha", "alpha)", "nosuchcolumn: alpha", "alpha.beta", "NOT alpha",
-            "(alpha) beta", "alpha (beta OR gamma)", "alpha AND (beta OR gamma)", "al* + x_y"]
+            "(alpha) beta", "alpha (beta OR gamma)", "alpha AND (beta OR gamma)", "al* + x_y",
+            "^alps", 'body: ^"x_y x_y"', "NEAR(a1 bet alps)", "NEAR(x_y a1 gamma, 1)"]
         pg_con = await asyncpg.connect(pg_url)
         try:
             await pg_con.execute("CREATE TEMP TABLE d (id INT, doc TSVECTOR)")
@@ -484,7 +485,7 @@ class TestPostgresSearch:
                     "SELECT id FROM d WHERE doc @@ $1::tsquery", tsquery)}
                 assert got == want, (q, tsquery)
                 compared += 1
-            assert compared > 300
+            assert compared > 450
             for bad in ['"unterminated', "AND", "nosuchcolumn: word", "a NEAR(", "a.b",
                         "NEAR(a b, x)", "(alpha) beta"]:  # and FTS5's words for why
                 with pytest.raises(sqlite3.OperationalError) as theirs:

@@ -20,6 +20,8 @@ of distinct words per document) and how ranking differs from bm25: docs/protocol
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import time
 import unicodedata
@@ -63,6 +65,10 @@ _WORD = re.compile(r"[^\W_]+")
 TAGS_AT: Final = 1
 GAP: Final = 128  # positions between the tags and the body: more than NEAR's widest
 MAX_NEAR: Final = GAP - 2
+MAX_NEAR_WAYS: Final = 4_096  # placements a NEAR of three phrases or more may expand to
+MAX_TSQUERY: Final = 1_000_000  # characters of tsquery one query may expand to
+INITIAL: Final = "_"  # before a column's first token, indexed once more (`^`); no token
+# has it ("_" separates tokens)
 MAX_POSITION: Final = 16_383  # PostgreSQL's: later words all sit at this one
 MAX_POSITIONS: Final = 256  # per word, PostgreSQL's
 MAX_WORD_BYTES: Final = 2_046  # a longer word is not indexed (PostgreSQL cannot)
@@ -96,6 +102,8 @@ def tsvector(body: str | None, tags: str | None) -> str:
     tag_tokens = tokens(tags)
     for start, column, weight in ((TAGS_AT, tag_tokens, "B"),
                                   (TAGS_AT + len(tag_tokens) + GAP, tokens(body), "A")):
+        if column and len(column[0].encode()) < MAX_WORD_BYTES:  # `^`: the first, again
+            where.setdefault(INITIAL + column[0], []).append(f"{start}{weight}")
         for position, token in enumerate(column, start):
             found = where.get(token)
             if found is None:
@@ -278,22 +286,27 @@ class _Parser:
                 found[-1] = (found[-1][0], True)
         return _Phrase(tuple(found), weights)
 
-    def phrase_group(self, weights: str) -> Any:
-        if self.peek() == ("op", "^"):
-            raise _Bad("`^` (a phrase at the start of a column) is not supported by the"
-                       " PostgreSQL store's search")
+    def phrase_group(self, weights: str, caret: bool = True) -> Any:
+        initial = caret and self.peek() == ("op", "^")
+        if initial:
+            self.take()
         phrase = self.phrase(weights)
         while self.peek() == ("op", "+"):
             self.take()
             phrase = _Phrase(phrase.tokens + self.phrase(weights).tokens, weights)
-        return phrase if phrase.tokens else None
+        if not phrase.tokens:
+            return None
+        if initial:  # the column's first token: indexed once more as INITIAL + itself
+            (first, prefix), *rest = phrase.tokens
+            phrase = _Phrase(((INITIAL + first, prefix), *rest), weights)
+        return phrase
 
     def near(self, weights: str) -> Any:
         self.take()
         self.expect("(")
         phrases: list[_Phrase] = []
         while self.peek()[0] in ("word", "str"):
-            group = self.phrase_group(weights)
+            group = self.phrase_group(weights, caret=False)
             if group is not None:
                 phrases.append(group)
         distance = 10
@@ -308,14 +321,27 @@ class _Parser:
             return None
         if len(phrases) == 1:
             return phrases[0]
-        if len(phrases) > 2:
-            raise _Bad("NEAR of more than two phrases is not supported by the PostgreSQL"
-                       " store's search: use NEAR(a b) AND NEAR(b c), or AND")
         longest = max(len(p.tokens) for p in phrases)
+        if len(phrases) > 2:
+            ways = math.prod(len(p.tokens) + distance + 1 for p in phrases)
+            if ways > MAX_NEAR_WAYS:
+                raise _Bad(f"NEAR of {len(phrases)} phrases within {distance} tokens is not"
+                           f" supported by the PostgreSQL store's search (it would try {ways:,}"
+                           f" placements, more than {MAX_NEAR_WAYS:,}): use fewer phrases or"
+                           " a shorter distance")
+            return _NearAll(tuple(phrases), distance)
         if distance + longest > MAX_NEAR:
             raise _Bad(f"NEAR's distance and its longest phrase's words may be at most"
                        f" {MAX_NEAR} together on the PostgreSQL store")
         return _Op("near", phrases[0], phrases[1], distance)
+
+
+@dataclass(frozen=True, slots=True)
+class _NearAll:
+    """NEAR of three phrases or more."""
+
+    phrases: tuple[_Phrase, ...]
+    distance: int
 
 
 def _join(op: str, left: Any, right: Any) -> Any:
@@ -330,6 +356,8 @@ def _join(op: str, left: Any, right: Any) -> Any:
 def _render(node: Any) -> str:
     if isinstance(node, _Phrase):
         return _phrase(node.tokens, node.weights)
+    if isinstance(node, _NearAll):
+        return _near_all(node.phrases, node.distance)
     if node.op == "near":
         return _near(node.left, node.right, node.distance)
     a, b = _render(node.left), _render(node.right)
@@ -370,6 +398,38 @@ def _overlaid(a: list[tuple[str, bool]], b: list[tuple[str, bool]],
     return out
 
 
+def _near_all(phrases: Sequence[_Phrase], distance: int) -> str:
+    """NEAR(p1 … pk, N) as every placement that FTS5 accepts: with M the latest start, each
+    phrase starts at most its length + N before it. Each placement is the phrases' tokens
+    laid at their positions (where they overlap they must agree), as one chain."""
+    weights = phrases[0].weights
+    ways = set()
+    for back in itertools.product(*(range(len(p.tokens) + distance + 1) for p in phrases)):
+        if 0 not in back:
+            continue
+        placed: dict[int, tuple[str, bool]] = {}
+        for phrase, before in zip(phrases, back, strict=True):
+            for j, token in enumerate(phrase.tokens):
+                here = placed.get(j - before)
+                same = token if here is None else _same(here, token)
+                if same is None:
+                    break
+                placed[j - before] = same
+            else:
+                continue
+            break
+        else:
+            at = sorted(placed)
+            chain = f"'{placed[at[0]][0]}':{'*' if placed[at[0]][1] else ''}{weights}"
+            for prev, pos in itertools.pairwise(at):
+                t, prefix = placed[pos]
+                chain += f" <{pos - prev}> '{t}':{'*' if prefix else ''}{weights}"
+            ways.add(f"({chain})")
+    if not ways or not weights:
+        return "('a' & !'a')"
+    return "(" + " | ".join(sorted(ways)) + ")"
+
+
 def _near(a: _Phrase, b: _Phrase, distance: int) -> str:
     """FTS5's NEAR(a b, N): both phrases in one column, with a's start s1 and b's start s2
     such that -(len b + N) <= s2 - s1 <= len a + N (at most N tokens between them;
@@ -389,10 +449,15 @@ def to_tsquery_text(text: str) -> str | None:
     then matches nothing); -32602 naming `$.query` when it does not parse."""
     try:
         node = _Parser(text).parse()
+        rendered = None if node is None else _render(node)
+        if rendered is not None and len(rendered) > MAX_TSQUERY:
+            raise _Bad(f"the query's NEAR groups expand past what the PostgreSQL store's"
+                       f" search takes ({len(rendered):,} characters of tsquery, more than"
+                       f" {MAX_TSQUERY:,}): use fewer NEAR groups, or shorter distances")
     except _Bad as exc:
         raise InvalidParamsError(f"query is not a valid search: {exc}",
                                  {"detail": str(exc), "path": "$.query"}) from exc
-    return None if node is None else _render(node)
+    return rendered
 
 
 # --- the writer's side (inside the batch transaction) -------------------------------------
