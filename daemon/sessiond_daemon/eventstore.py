@@ -7,16 +7,21 @@ them on one file; a PostgreSQL store implements the same Protocols, and
 - `EventStore`: the event log and the views (the writer's batch commit, the reads of
   streams and of the whole log by position, views and snapshots, idempotency).
 - The feature read models (`SessionQueries`, `CheckpointReads`, `GraphReads`, ...):
-  each kept by the store inside the commit, from the committed events.
+  each kept by the store inside the commit, from the committed events, by the rules of
+  stores/models (defined once), and read by its shared queries.
 - `Capabilities`: what only some stores can do (integrity check, file backup, size cap).
   Callers ask `store.capabilities` instead of calling a driver's method.
 
-To add a store: implement `Store` in a package of its own (as `sqlite/` does: the log and
-views in store.py, one module per read model, each fed the batch's events inside the
-commit transaction); choose it in `lifecycle.default_store` (the store factory, from the
---db URL); subclass `tests/store_contract.py`'s `StoreContract` with a fixture that gives
-a fresh store. Positions are gapless and in commit order; see `EventStore.commit` for what
-a store that several daemons share must check.
+To add a store (docs/architecture.md, "To add a store"): in a package of its own, write
+the log (`EventStore` but the three view reads), an executor that runs the read models'
+row operations (`stores.models.ops_of`, `forget`) inside `commit`, `session_totals`,
+`sessions_with_process` and `process_output`; mix in `stores.models.queries.ModelQueries`
+and `stores.models.views.ViewQueries`, which serve every other member of `Store` over the
+store's `QueryDriver` (`dialect`, `_q_all`, `_q_page`). Choose it in
+`lifecycle.default_store` (the store factory, from the --db URL); subclass
+`tests/store_contract.py`'s `StoreContract` with a fixture that gives a fresh store.
+Positions are gapless and in commit order; see `EventStore.commit` for what a store that
+several daemons share must check.
 """
 
 from __future__ import annotations
