@@ -7,8 +7,8 @@ one's __init__ costs twice as much; nothing changes an op once a rule returned i
 Rows point at events by the position the writer numbered them with
 (`batch.events[i].position`): only an `Insert`'s rows carry one, in their table's
 `event_column`. A store that takes positions in the commit (`Batch.renumber`) adds the
-shift to that column; no other op carries a position. See /work/wt/models-ops.md's
-successor, docs/architecture.md ("To add a read model").
+shift to that column; no other op carries a position. docs/architecture.md ("To add a
+read model") says where a new one goes.
 """
 
 from __future__ import annotations
