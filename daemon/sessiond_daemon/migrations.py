@@ -191,7 +191,7 @@ MIGRATIONS: Final[list[list[Step]]] = [
             type TEXT NOT NULL,
             PRIMARY KEY (session_id, version)
         ) WITHOUT ROWID""",
-        # adapters.RESUME_MARKS: the lines that may name a resume id.
+        # RESUME_MARKS (stores/models/agents.py): the lines that may name a resume id.
         """INSERT INTO runner_events (session_id, version, position, type)
             SELECT session_id, version, position, type FROM events
             WHERE type IN ('process.started', 'process.exited', 'process.detached')
