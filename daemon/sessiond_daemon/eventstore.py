@@ -27,7 +27,7 @@ several daemons share must check.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
@@ -77,6 +77,33 @@ class Entry:
     last_position: int
 
 
+@dataclass(frozen=True, slots=True)
+class HasVersion:
+    """A precondition: session `session_id` holds version `version` of its history, with
+    chain hash `hash` there (its view row exists, at that version or past it, and the
+    event at `version`, its own or an ancestor's below its fork point, has that hash).
+    A fork's source: the fork's plan read it there. History only grows, so a source
+    written since still holds it; a deleted one (or one deleted and created again under
+    the same id) does not."""
+
+    session_id: str
+    version: int
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class HasNoForks:
+    """A precondition: no stored fork has session `session_id` as its source (a fork this
+    same batch deletes does not count). A delete, a replace-import, a cleanup."""
+
+    session_id: str
+
+
+# What a batch requires of the store as committed before it; the store checks each one
+# inside its commit, under its own locks (`EventStore.commit`).
+Precondition = HasVersion | HasNoForks
+
+
 @dataclass(slots=True)
 class Batch:
     """Everything one group commit writes, in the order it is applied: deletes first, then
@@ -91,6 +118,10 @@ class Batch:
     # The stored version each touched session was decided from (0: no session). A store
     # shared by several writers checks them in the commit; see `EventStore.commit`.
     bases: dict[str, int] = field(default_factory=dict)
+    # (the session whose command requires it, the precondition): what the batch requires
+    # of the store as committed before it. The writer has already checked them against
+    # the batch itself (a fork of a session this batch deletes, say, never gets here).
+    requires: list[tuple[str, Precondition]] = field(default_factory=list)
     # Told the shift when a store gives the events other positions than the writer's
     # (`renumber`): the writer rebuilds the results that quote positions.
     on_renumber: Callable[[int], None] | None = None
@@ -114,6 +145,16 @@ class Batch:
         self.views.pop(session_id, None)
         self.idempotency = [i for i in self.idempotency if i[0] != session_id]
         self.snapshots = [v for v in self.snapshots if v.session_id != session_id]
+        self.requires = [r for r in self.requires if r[0] != session_id]
+
+    def sources(self) -> list[HasVersion]:
+        """The HasVersion preconditions, each once, by session id."""
+        found = {p for _, p in self.requires if isinstance(p, HasVersion)}
+        return sorted(found, key=lambda p: (p.session_id, p.version, p.hash))
+
+    def unforked(self) -> list[str]:
+        """The sessions the batch requires to have no forks, each once, in order."""
+        return sorted({p.session_id for _, p in self.requires if isinstance(p, HasNoForks)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +164,15 @@ class Moved:
     `stale`: sessions whose stored version is not the batch's base (or whose idempotency
     key another writer stored): the writer forgets their cached views and decides again.
     `head`: the store's last position now; the writer numbers its next attempt after it.
+    `refused`: the batch's preconditions that do not hold, each with what the store
+    found: for HasNoForks the number of forks, for HasVersion the session's stored
+    version (0: it is gone). The writer fails the commands that required them and
+    decides the others again.
     """
 
     stale: frozenset[str]
     head: int
+    refused: Mapping[Precondition, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +257,15 @@ class EventStore(Protocol):
         each one's stored version is `batch.bases[sid]` and that no idempotency key of
         the batch is stored; when not, it writes nothing and returns `Moved`, and the
         writer reloads the stale sessions and decides the batch again. A store with one
-        writer (SQLite: the file lock) keeps the writer's numbering and never returns
-        `Moved`.
+        writer (SQLite: the file lock) keeps the writer's numbering and never finds a
+        session stale.
+
+        Every store checks the batch's preconditions (`batch.requires`) inside the
+        transaction, before it writes anything, against what is committed: under the
+        locks that order it with every other writer (a shared store locks each
+        precondition's session row with the touched ones, in session_id order, and
+        checks in a later statement, so that what committed while it waited is seen).
+        When one fails, it writes nothing and returns `Moved` with `refused`.
         """
         ...
 

@@ -214,7 +214,8 @@ class Daemon:
         if not isinstance(store, PostgresStore):
             return
         follower = Follower(store, writer.deliver, cursor=writer.committed_position,
-                            at=lambda: writer.committed_position)
+                            at=lambda: writer.committed_position,
+                            deleted=writer.deleted_elsewhere)
         writer.wake_follower = follower.wake
 
         lost = False  # "back" only after a loss: the first connection is not a return

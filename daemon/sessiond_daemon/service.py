@@ -381,9 +381,8 @@ class Service:
                 require(state, p.session_id)
             return Delete(rpc.DeleteResult(deleted=True))
 
-        async with forks.guard(p.session_id):  # its forks share its history
-            await forks.refuse_if_forked(self.store, p.session_id, "deleted")
-            return await self.commands.submit_params(p, meta, plan)
+        # A source's forks share its history: the Delete requires it has none (-32003).
+        return await self.commands.submit_params(p, meta, plan)
 
     # --- messages -------------------------------------------------------------------
 

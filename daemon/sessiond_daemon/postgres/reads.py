@@ -42,6 +42,7 @@ class Reads(ViewQueries):
     """Read queries over the pool `_pool` (an asyncpg.Pool, set by open)."""
 
     _pool: Any
+    origin: str  # the daemon's mark on the deletes it writes (store.py)
     dialect = POSTGRES
 
     @staticmethod
@@ -98,6 +99,19 @@ class Reads(ViewQueries):
         """The last committed position: every event at or below it is committed and
         readable (positions are taken in commit order from this very row)."""
         return int((await self._one("SELECT position FROM log_head WHERE id = 1"))[0])
+
+    async def head_and_deletions(self, after: int) -> tuple[int, list[tuple[int, str]]]:
+        """`head`, and the sessions other daemons deleted after position `after` or later,
+        as (the position the log stood at, session id), in that order. One statement, one
+        snapshot: a delete placed below the head read is committed (it held the counter
+        row until it was), so it is among them."""
+        row = await self._one(
+            "SELECT (SELECT position FROM log_head WHERE id = 1), ARRAY(SELECT after_position"
+            " FROM deletions WHERE after_position >= $1 AND origin <> $2 ORDER BY"
+            " after_position, session_id), ARRAY(SELECT session_id FROM deletions WHERE"
+            " after_position >= $1 AND origin <> $2 ORDER BY after_position, session_id)",
+            after, self.origin)
+        return int(row[0]), list(zip(map(int, row[1]), row[2], strict=True))
 
     async def read_after(self, after: int, upto: int, session_id: str | None,
                          types: frozenset[str] | None, limit: int) -> list[Event]:

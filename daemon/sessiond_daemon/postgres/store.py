@@ -34,11 +34,12 @@ import msgspec
 import structlog
 
 from sessiond_schemas.errors import StorageError
+from sessiond_schemas.events import new_id
 
-from ..eventstore import Batch, Capabilities, Entry, Moved, Store
+from ..eventstore import Batch, Capabilities, Entry, Moved, Precondition, Store
 from ..stores import models
 from ..stores.schema import LOG_TABLES
-from . import executor, schema
+from . import executor, preconditions, schema
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -56,8 +57,10 @@ _json = msgspec.json.Encoder()
 class _Abort(Exception):
     """Roll the batch's transaction back and answer `stale`."""
 
-    def __init__(self, stale: Sequence[str] = ()) -> None:
+    def __init__(self, stale: Sequence[str] = (),
+                 refused: Mapping[Precondition, int] | None = None) -> None:
         self.stale = frozenset(stale)
+        self.refused = dict(refused or {})
 
 
 def bases(batch: Batch) -> dict[str, int]:
@@ -119,6 +122,18 @@ _EVENTS: Final = """
     SELECT position - $1 + 1, pg_notify($11, position::text) FROM head"""
 
 
+# Each deleted session, placed in the log's commit order: after the position the log
+# stands at, read under the counter row's lock (no commit moves it until this one is
+# done), and the wake-up (a delete-only batch has no events statement to send it).
+_DELETIONS: Final = """
+    WITH head AS (SELECT position FROM log_head WHERE id = 1 FOR UPDATE),
+    ins AS (
+        INSERT INTO deletions (after_position, session_id, origin)
+        SELECT head.position, d.sid, $2 FROM head, unnest($1::text[]) AS d(sid)
+        ON CONFLICT DO NOTHING)
+    SELECT pg_notify($3, position::text) FROM head"""
+
+
 class PostgresStore(ModelReads):
     """The writer's connection (only the writer task uses it) and a pool for reads."""
 
@@ -142,6 +157,9 @@ class PostgresStore(ModelReads):
         self.migrated: list[int] = []  # the migrations this open applied
         self.last_commit_s = 0.0
         self.moved = 0  # batches refused because another daemon moved a session
+        # This daemon's mark on the deletes it writes (the `deletions` rows): the follower
+        # passes over its own, which the writer's bell has rung already.
+        self.origin = new_id()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -259,7 +277,7 @@ class PostgresStore(ModelReads):
                     await self._write(con, batch, want)
             except _Abort as abort:
                 self.moved += 1
-                return Moved(abort.stale, await self._head(con))
+                return Moved(abort.stale, await self._head(con), abort.refused)
             except asyncpg.UniqueViolationError as exc:
                 if exc.constraint_name not in ("events_session_version", "sessions_pkey"):
                     log.error("store.integrity_error", error=str(exc))
@@ -284,7 +302,10 @@ class PostgresStore(ModelReads):
         # numbering, which the commit's may shift.
         ops = models.ops_of(batch.events, batch.payloads)
         numbered = batch.events[0].position if batch.events else 0
-        touched = sorted({*want, *batch.deletes})
+        # The sessions the preconditions name are locked with the touched ones, in one
+        # session_id order: a fork (its source) and a delete of it wait for each other.
+        named = {p.session_id for _, p in batch.requires}
+        touched = sorted({*want, *batch.deletes, *named})
         stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
         # A delete too is decided from a version (a client's expected_version): checked.
         stale = {sid for sid, version in want.items() if stored.get(sid, 0) != version}
@@ -292,8 +313,9 @@ class PostgresStore(ModelReads):
             keyed = [i for i in batch.idempotency if i[0] not in batch.deletes]
             stale |= {r[0] for r in await con.fetch(
                 _KEYS, [i[0] for i in keyed], [i[1] for i in keyed])}
-        if stale:
-            raise _Abort(sorted(stale))
+        refused = await preconditions.refused(con, batch, stored) if batch.requires else {}
+        if stale or refused:
+            raise _Abort(sorted(stale), refused)
         if batch.deletes:
             await executor.run(con, models.forget(batch.deletes))
             for table in LOG_TABLES:  # the read models' rows went by their ops
@@ -311,6 +333,8 @@ class PostgresStore(ModelReads):
                 "INSERT INTO snapshots (session_id, version, state) VALUES ($1, $2, $3)"
                 " ON CONFLICT (session_id, version) DO UPDATE SET state = excluded.state",
                 [(v.session_id, v.version, _json.encode(v)) for v in batch.snapshots])
+        if batch.deletes:  # late: the counter row stays locked from here to COMMIT
+            await con.execute(_DELETIONS, sorted(set(batch.deletes)), self.origin, CHANNEL)
         ev = batch.events
         if ev:
             first = await con.fetchval(

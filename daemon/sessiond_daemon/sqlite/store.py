@@ -41,7 +41,7 @@ from ..eventstore import (
 from ..stores import models
 from ..stores.models.queries import ModelQueries
 from ..stores.models.views import state_decoder
-from . import executor, sessions
+from . import executor, preconditions, sessions
 from .agents import AgentReads
 from .base import encode, encode_meta, marks, storage_error
 from .sessions import SessionViews
@@ -323,11 +323,12 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         return await self._on_writer(read)
 
     async def commit(self, batch: Batch) -> Moved | None:
-        """Write a whole batch in one transaction (one fsync), or nothing of it. Never
-        `Moved`: the file lock (host.DatabaseLock) makes the writer the only one."""
+        """Write a whole batch in one transaction (one fsync), or nothing of it. No session
+        is ever stale (the file lock, host.DatabaseLock, makes the writer the only one):
+        `Moved` only says which preconditions do not hold, and then nothing is written."""
         started = time.perf_counter()
         try:
-            await self._on_writer(self._commit, batch)
+            moved = await self._on_writer(self._commit, batch)
         except sqlite3.IntegrityError as exc:
             # The writer decides versions and ids alone, so this is a bug, not a race.
             log.error("store.integrity_error", error=str(exc))
@@ -335,14 +336,20 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         except sqlite3.Error as exc:
             raise storage_error(exc) from exc
         self.last_commit_s = time.perf_counter() - started  # what the writer waited for
-        return None
+        return moved
 
-    def _commit(self, batch: Batch) -> None:
+    def _commit(self, batch: Batch) -> Moved | None:
         con = self._w
         self._check_identity(look=False)
         self._keep_under_cap(before_commit=True)
         con.execute("BEGIN IMMEDIATE")
         try:
+            if batch.requires:
+                refused = preconditions.refused(con, batch)
+                if refused:
+                    con.execute("ROLLBACK")
+                    return Moved(frozenset(), int(con.execute(
+                        "SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0]), refused)
             self._write(con, batch)
             con.execute("COMMIT")
         except BaseException:
@@ -355,6 +362,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
             self._keep_under_cap(before_commit=False)
         except sqlite3.Error as exc:  # committed already: the next commit tries again
             log.warning("store.checkpoint_failed", error=str(exc))
+        return None
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
