@@ -206,6 +206,16 @@ class StoreContract:
         many = [(f"s{i}", f"k{i}") for i in range(1000)] + [("a", "k1")]
         assert await store.idempotent_results(many) == {("a", "k1"): b"1"}
 
+    async def test_a_session_s_results_by_page(self, store: Store, log: Log) -> None:
+        await store.commit(log.batch(("a", [created()]), ("b", [created()]), key="k1"))
+        for n, key in enumerate(("k3", "k2")):
+            await store.commit(log.batch(("a", [message(n)]), key=key))
+        # The result is the session's version after the write: k3 then k2 were written.
+        assert await store.idempotency_page("a", "", 2) == [("k1", b"1"), ("k2", b"3")]
+        assert await store.idempotency_page("a", "k2", 2) == [("k3", b"2")]
+        assert await store.idempotency_page("b", "", 10) == [("k1", b"1")]
+        assert await store.idempotency_page("c", "", 10) == []
+
     async def test_a_key_is_stored_once(self, store: Store, log: Log) -> None:
         await store.commit(log.batch(("a", [created()]), key="k"))
         again = log.batch(("a", [message(0)]), key="k")
@@ -363,7 +373,7 @@ class StoreContract:
         if caps.integrity is not None:
             assert await caps.integrity.integrity_check() == ["ok"]
         if caps.size is not None:
-            assert caps.size.db_bytes() > 0 and caps.size.max_bytes >= 0
+            assert await caps.size.db_bytes() > 0 and caps.size.max_bytes >= 0
         if caps.backup is not None:
             target = os.path.join(str(tmp_path), "copy")
             size, position = await caps.backup.backup(target)

@@ -9,16 +9,18 @@ them on one file; a PostgreSQL store implements the same Protocols, and
 - The feature read models (`SessionQueries`, `CheckpointReads`, `GraphReads`, ...):
   each kept by the store inside the commit, from the committed events, by the rules of
   stores/models (defined once), and read by its shared queries.
-- `Capabilities`: what only some stores can do (integrity check, file backup, size cap).
-  Callers ask `store.capabilities` instead of calling a driver's method.
+- `Capabilities`: what only some stores can do (integrity check, file backup, size,
+  full-text index, a log shared with other daemons). Callers ask `store.capabilities`
+  instead of calling a driver's method or checking which engine they have.
 
 To add a store (docs/architecture.md, "To add a store"): in a package of its own, write
 the log (`EventStore` but the three view reads), an executor that runs the read models'
 row operations (`stores.models.ops_of`, `forget`) inside `commit`, `session_totals`,
 `sessions_with_process` and `process_output`; mix in `stores.models.queries.ModelQueries`
 and `stores.models.views.ViewQueries`, which serve every other member of `Store` over the
-store's `QueryDriver` (`dialect`, `_q_all`, `_q_page`). Choose it in
-`lifecycle.default_store` (the store factory, from the --db URL); subclass
+store's `QueryDriver` (`dialect`, `_q_all`, `_q_page`). Name it in `stores/registry.py`
+(an `Engine`: which --db URLs it claims, whether it needs a file lock, how it is made);
+subclass
 `tests/store_contract.py`'s `StoreContract` with a fixture that gives a fresh store.
 Positions are gapless and in commit order; see `EventStore.commit` for what a store that
 several daemons share must check.
@@ -27,7 +29,7 @@ several daemons share must check.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
@@ -246,6 +248,12 @@ class EventStore(Protocol):
         """The stored first results of these (session_id, idempotency_key) pairs."""
         ...
 
+    async def idempotency_page(self, session_id: str, after: str,
+                               limit: int) -> list[tuple[str, bytes]]:
+        """A session's stored first results, (key, result) by key past `after`, at most
+        `limit` (`sessiond migrate` copies them)."""
+        ...
+
     async def commit(self, batch: Batch) -> Moved | None:
         """Write the whole batch in one transaction, or nothing of it.
 
@@ -433,8 +441,37 @@ class FileBackup(Protocol):
 class SizeCap(Protocol):
     max_bytes: int  # 0: no cap; past it writes fail with -32012
 
-    def db_bytes(self) -> int:
-        """The store's bytes on disk, as the cap counts them."""
+    async def db_bytes(self) -> int:
+        """The store's bytes on disk, as the cap counts them (daemon.stats' db_bytes)."""
+        ...
+
+
+class FullText(Protocol):
+    """The store's full-text index (session.search, daemon.reindex)."""
+
+    async def problems(self) -> list[str]:
+        """What daemon.verify reports about the index ([]: it matches the events)."""
+        ...
+
+
+class Following(Protocol):
+    """A follower of a shared log: runs until cancelled; `wake` asks for one more round."""
+
+    def wake(self) -> None: ...
+    async def run(self) -> None: ...
+
+
+class SharedLog(Protocol):
+    """Other daemons commit to this store too: how this daemon follows their commits."""
+
+    def following(self, deliver: Callable[[list[Event], int], Awaitable[None]], *,
+                  cursor: int, at: Callable[[], int],
+                  deleted: Callable[[frozenset[str]], None],
+                  on_state: Callable[[bool], None]) -> Following:
+        """A follower that hands `deliver` every committed event past `cursor`, from any
+        host, in position order, with the position it reaches; `deleted` the sessions
+        other hosts deleted; `at` says where this daemon already is; `on_state(connected)`
+        is told when the database goes and comes back."""
         ...
 
 
@@ -455,13 +492,17 @@ class SqlAccess(Protocol):
 class Capabilities:
     """What a store can do beyond the Protocols; None where it cannot."""
 
-    engine: str  # "sqlite", "postgresql": which SQL `sql` speaks
+    # Which SQL `sql` speaks, for messages and logs: callers never compare it (they ask
+    # for a capability; tests/test_layering.py).
+    engine: str
     # Other daemons write this store too: a view this one cached may be stale, so the
     # writer decides on views read from the store, and reads are served from it.
     shared: bool = False
+    shared_log: SharedLog | None = None  # other daemons' commits, followed (lifecycle.py)
     integrity: IntegrityCheck | None = None
     backup: FileBackup | None = None
     size: SizeCap | None = None
+    full_text: FullText | None = None
     sql: SqlAccess | None = None
 
 

@@ -32,7 +32,7 @@ from sessiond_schemas.events import (
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
-from . import exports, forks, projection, search, text
+from . import exports, forks, projection, text
 from .commands import Commands
 from .eventstore import Store
 from .histories import unreadable_error
@@ -75,9 +75,9 @@ class Maintenance:
         problems += [rpc.VerifyProblem(session_id=sid, problem=f"stored history {problem}")
                      for sid, problem in sorted(self.writer.damaged.items())
                      if sid not in reported]
-        if caps.sql is not None and caps.engine == "sqlite":
+        if caps.full_text is not None:
             problems += [rpc.VerifyProblem(session_id=None, problem=text)
-                         for text in await caps.sql.on_reader(search.problems)]
+                         for text in await caps.full_text.problems()]
         return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems)
 
     async def _check_session(self, sid: str) -> list[str]:

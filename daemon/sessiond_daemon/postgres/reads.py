@@ -53,7 +53,7 @@ class Reads(ViewQueries):
         try:
             return list(await self._pool.fetch(sql, *args))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
 
     async def _one(self, sql: str, *args: Any) -> Any:
         rows = await self._all(sql, *args)
@@ -83,7 +83,7 @@ class Reads(ViewQueries):
                     # As SQLite's (sqlite/base.py): from the largest row, at most doubling.
                     chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
         return page
 
     # The shared read-model queries' driver (stores/models/queries.py).

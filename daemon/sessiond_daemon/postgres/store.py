@@ -26,7 +26,7 @@ One batch is one transaction on the writer's connection:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg
@@ -34,9 +34,9 @@ import msgspec
 import structlog
 
 from sessiond_schemas.errors import StorageError
-from sessiond_schemas.events import new_id
+from sessiond_schemas.events import Event, new_id
 
-from ..eventstore import Batch, Capabilities, Entry, Moved, Precondition, Store
+from ..eventstore import Batch, Capabilities, Entry, Following, Moved, Precondition, Store
 from ..stores import models
 from ..stores.schema import LOG_TABLES
 from . import executor, preconditions, schema
@@ -52,6 +52,15 @@ READ_TIMEOUT_S = 60.0
 
 CHANNEL: Final = "sessiond_events"  # the NOTIFY channel; the payload is a hint only
 _json = msgspec.json.Encoder()
+
+
+async def _kept_as_is(con: Any) -> None:
+    """The read pool's reset on release: nothing past what asyncpg always does (roll back
+    an open transaction, drop listeners). The readers set no session state (no SET, no
+    LISTEN, no advisory lock, no cursor outlives its transaction), so asyncpg's default
+    reset query (`pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`), one more
+    round trip on every release, would restore nothing (with it a pooled read took 2x
+    the wall time and 1.7x the daemon's CPU: bench/README.md, "The read pool's reset")."""
 
 
 class _Abort(Exception):
@@ -160,12 +169,34 @@ class PostgresStore(ModelReads):
         # This daemon's mark on the deletes it writes (the `deletions` rows): the follower
         # passes over its own, which the writer's bell has rung already.
         self.origin = new_id()
+        self.max_bytes = 0  # no cap (SizeCap): the server's own quotas and disks decide
 
     @property
     def capabilities(self) -> Capabilities:
-        """Nothing beyond the Protocols yet: no file to check, copy or cap, and no SQL
-        access for search (full-text search on PostgreSQL is still to do)."""
-        return Capabilities(engine="postgresql", shared=True)
+        """Shared by several daemons (their commits followed), and its size; no file to
+        check or copy, no cap, and no SQL access for search (full-text search on
+        PostgreSQL is still to do)."""
+        return Capabilities(engine="postgresql", shared=True, shared_log=self, size=self)
+
+    async def db_bytes(self) -> int:
+        """What the store's tables take in the database, their indexes and TOAST included
+        (not the rest of the database, which other applications may share): daemon.stats'
+        db_bytes. One catalog read, whatever the tables hold."""
+        row = await self._one(
+            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+            " WHERE c.relkind IN ('r', 'p', 'm')"
+            " AND c.relnamespace = current_schema()::regnamespace")
+        return int(row[0])
+
+    def following(self, deliver: Callable[[list[Event], int], Awaitable[None]], *,
+                  cursor: int, at: Callable[[], int],
+                  deleted: Callable[[frozenset[str]], None],
+                  on_state: Callable[[bool], None]) -> Following:
+        """The follower of every host's commits (following.py)."""
+        from .following import SharedLogFollower  # listener.py imports our CHANNEL
+
+        return SharedLogFollower(self, self.connect, deliver, cursor=cursor, at=at,
+                                 deleted=deleted, on_state=on_state)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -187,7 +218,7 @@ class PostgresStore(ModelReads):
             self._pool = await asyncpg.create_pool(
                 self.url, password=self.password, min_size=1, max_size=self._reader_count,
                 timeout=self.connect_timeout_s, command_timeout=READ_TIMEOUT_S,
-                server_settings=self.server_settings)
+                server_settings=self.server_settings, reset=_kept_as_is)
         except schema.SchemaTooNew:
             await self.close()
             raise
@@ -264,6 +295,12 @@ class PostgresStore(ModelReads):
             " $2::text[]) AS k(session_id, key) USING (session_id, key)",
             [k[0] for k in keys], [k[1] for k in keys]))
         return {(r[0], r[1]): bytes(r[2]) for r in rows}
+
+    async def idempotency_page(self, session_id: str, after: str,
+                               limit: int) -> list[tuple[str, bytes]]:
+        rows = await self._all("SELECT key, result FROM idempotency WHERE session_id = $1"
+                               " AND key > $2 ORDER BY key LIMIT $3", session_id, after, limit)
+        return [(r[0], bytes(r[1])) for r in rows]
 
     async def commit(self, batch: Batch) -> Moved | None:
         """Write the whole batch in one transaction, or nothing of it: None when written,

@@ -153,7 +153,8 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(engine="sqlite", integrity=self, backup=self, size=self, sql=self)
+        return Capabilities(engine="sqlite", integrity=self, backup=self, size=self,
+                            full_text=self, sql=self)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -322,6 +323,12 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
             return found
         return await self._on_writer(read)
 
+    async def idempotency_page(self, session_id: str, after: str,
+                               limit: int) -> list[tuple[str, bytes]]:
+        rows = await self._all("SELECT key, result FROM idempotency WHERE session_id = ?"
+                               " AND key > ? ORDER BY key LIMIT ?", (session_id, after, limit))
+        return [(r[0], bytes(r[1])) for r in rows]
+
     async def commit(self, batch: Batch) -> Moved | None:
         """Write a whole batch in one transaction (one fsync), or nothing of it. No session
         is ever stale (the file lock, host.DatabaseLock, makes the writer the only one):
@@ -466,9 +473,13 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         """SQLite's own check of the file: ["ok"] when sound."""
         return [r[0] for r in await self._all("PRAGMA integrity_check")]
 
-    def db_bytes(self) -> int:
+    async def db_bytes(self) -> int:
         """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""
         return self._file_bytes()
+
+    async def problems(self) -> list[str]:
+        """What daemon.verify finds wrong with the search index (search.problems)."""
+        return await self.on_reader(search.problems)
 
     async def backup(self, target: str) -> tuple[int, int]:
         """Copy the database online (SQLite's backup API: one consistent snapshot while
