@@ -7,15 +7,20 @@ them on one file; a PostgreSQL store implements the same Protocols, and
 - `EventStore`: the event log and the views (the writer's batch commit, the reads of
   streams and of the whole log by position, views and snapshots, idempotency).
 - The feature read models (`SessionQueries`, `CheckpointReads`, `GraphReads`, ...):
-  each kept by the store inside the commit, from the committed events.
+  each kept by the store inside the commit, from the committed events, by the rules of
+  stores/models (defined once), and read by its shared queries.
 - `Capabilities`: what only some stores can do (integrity check, file backup, size,
   full-text index, a log shared with other daemons). Callers ask `store.capabilities`
   instead of calling a driver's method or checking which engine they have.
 
-To add a store: implement `Store` in a package of its own (as `sqlite/` does: the log and
-views in store.py, one module per read model, each fed the batch's events inside the
-commit transaction); name it in `stores/registry.py` (an `Engine`: which --db URLs it
-claims, whether it needs a file lock, how it is made); subclass
+To add a store (docs/architecture.md, "To add a store"): in a package of its own, write
+the log (`EventStore` but the three view reads), an executor that runs the read models'
+row operations (`stores.models.ops_of`, `forget`) inside `commit`, `session_totals`,
+`sessions_with_process` and `process_output`; mix in `stores.models.queries.ModelQueries`
+and `stores.models.views.ViewQueries`, which serve every other member of `Store` over the
+store's `QueryDriver` (`dialect`, `_q_all`, `_q_page`). Name it in `stores/registry.py`
+(an `Engine`: which --db URLs it claims, whether it needs a file lock, how it is made);
+subclass
 `tests/store_contract.py`'s `StoreContract` with a fixture that gives a fresh store.
 Positions are gapless and in commit order; see `EventStore.commit` for what a store that
 several daemons share must check.

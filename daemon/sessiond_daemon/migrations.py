@@ -174,11 +174,11 @@ MIGRATIONS: Final[list[list[Step]]] = [
         ) WITHOUT ROWID""",
         "CREATE INDEX forks_by_source ON forks (source_id, session_id)",
     ],
-    # 5: bounded views (protocol 1.2). progress_steps (sqlite/progress.py: one row per
-    # progress.recorded, a fork's shared with its source's up to the fork point), which
+    # 5: bounded views (protocol 1.2). progress_steps (stores/models/progress.py: one row
+    # per progress.recorded, a fork's shared with its source's up to the fork point), which
     # progress.list pages, since the view no longer keeps the path; and runner_events
-    # (sqlite/runner.py: the turn events and the output lines that may name a resume id).
-    # Both are built here from the stored events.
+    # (stores/models/agents.py: the turn events and the output lines that may name a
+    # resume id). Both are built here from the stored events.
     [
         """CREATE TABLE progress_steps (
             session_id TEXT NOT NULL,
@@ -207,7 +207,7 @@ MIGRATIONS: Final[list[list[Step]]] = [
             type TEXT NOT NULL,
             PRIMARY KEY (session_id, version)
         ) WITHOUT ROWID""",
-        # adapters.RESUME_MARKS: the lines that may name a resume id.
+        # RESUME_MARKS (stores/models/agents.py): the lines that may name a resume id.
         """INSERT INTO runner_events (session_id, version, position, type)
             SELECT session_id, version, position, type FROM events
             WHERE type IN ('process.started', 'process.exited', 'process.detached')

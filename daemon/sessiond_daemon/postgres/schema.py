@@ -168,7 +168,7 @@ MIGRATIONS: Final[list[list[Step]]] = [
     # 2: bounded views (protocol 1.2), as SQLite's migration 5: progress_steps, which
     # progress.list pages (a fork's shared with its ancestors up to its fork point), and
     # runner_events, the turn events and the output lines that may name a resume id
-    # (adapters.RESUME_MARKS). Both built from the stored events.
+    # (RESUME_MARKS, stores/models/agents.py). Both built from the stored events.
     [
         """CREATE TABLE progress_steps (
             session_id TEXT COLLATE "C" NOT NULL,

@@ -374,9 +374,10 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
-        # The read models first: the pages they free make room for the search index's
-        # delete markers (FTS5 writes them) in a database at max_db_bytes.
-        executor.run(db, models.forget(batch.deletes))
+        if batch.deletes:
+            # The read models first: the pages they free make room for the search index's
+            # delete markers (FTS5 writes them) in a database at max_db_bytes.
+            executor.run(db, models.forget(batch.deletes))
         for sid in batch.deletes:
             for table in _LOG_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
