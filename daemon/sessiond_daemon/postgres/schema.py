@@ -224,7 +224,7 @@ MIGRATIONS: Final[list[list[Step]]] = [
     # by the position the log stood at (read under the counter row's lock); `origin` is
     # the daemon that deleted it (its own subscribers heard at once).
     [
-        """CREATE TABLE deletions (
+        """CREATE TABLE IF NOT EXISTS deletions (
             after_position BIGINT NOT NULL,
             session_id TEXT COLLATE "C" NOT NULL,
             origin TEXT COLLATE "C" NOT NULL,
