@@ -40,7 +40,7 @@ from sessiond_schemas.events import Event, new_id
 from ..eventstore import Batch, Capabilities, Entry, Following, Moved, Precondition, Store
 from ..stores import models
 from ..stores.schema import LOG_TABLES
-from . import executor, preconditions, schema
+from . import executor, preconditions, schema, search
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -171,13 +171,14 @@ class PostgresStore(ModelReads):
         # passes over its own, which the writer's bell has rung already.
         self.origin = new_id()
         self.max_bytes = 0  # no cap (SizeCap): the server's own quotas and disks decide
+        self._full_text = search.FullText(self)
 
     @property
     def capabilities(self) -> Capabilities:
-        """Shared by several daemons (their commits followed), and its size; no file to
-        check or copy, no cap, and no SQL access for search (full-text search on
-        PostgreSQL is still to do)."""
-        return Capabilities(engine="postgresql", shared=True, shared_log=self, size=self)
+        """Shared by several daemons (their commits followed), its size, and full-text
+        search (postgres/search.py); no file to check or copy, no cap."""
+        return Capabilities(engine="postgresql", shared=True, shared_log=self, size=self,
+                            full_text=self._full_text)
 
     async def db_bytes(self) -> int:
         """What the store's tables take in the database, their indexes and TOAST included
@@ -370,6 +371,9 @@ class PostgresStore(ModelReads):
             for table in LOG_TABLES:  # the read models' rows went by their ops
                 await con.execute(f"DELETE FROM {table} WHERE session_id = ANY($1::text[])",
                                   batch.deletes)
+            # After the events: their delete waits for a reindex range that holds them
+            # (FOR SHARE) to commit, so this statement sees and takes that range's rows too.
+            await search.forget(con, batch.deletes)
         if batch.views:
             new = {sid for sid in batch.views if sid not in stored or sid in batch.deletes}
             columns = _view_columns(batch.views)

@@ -1,7 +1,8 @@
 """The SQLite store: opening and migrating the file, the writer's batch commit, and the
 reads of the log. It implements `eventstore.Store`: the read models it keeps in the
 commit are the rules' row operations (stores/models), run by executor.py; their reads are
-stores/models/queries.py's; the views are sessions.py's; the search index is search.py's.
+stores/models/queries.py's; the views are sessions.py's; the search index is search.py's (the
+full_text capability).
 
 The write connection is a plain sqlite3 connection living on one thread of its own
 (`WriterThread`), so a whole batch transaction is one thread hop; aiosqlite would make it
@@ -28,7 +29,7 @@ import structlog
 from sessiond_schemas.errors import StorageError
 from sessiond_schemas.events import Event
 
-from .. import host, migrations, search
+from .. import host, migrations
 from ..eventstore import (
     EVENT_COLUMNS,
     Batch,
@@ -42,7 +43,7 @@ from ..eventstore import (
 from ..stores import models
 from ..stores.models.queries import ModelQueries
 from ..stores.models.views import state_decoder
-from . import executor, preconditions, sessions
+from . import executor, preconditions, search, sessions
 from .agents import AgentReads
 from .base import encode, encode_meta, marks, storage_error
 from .sessions import SessionViews
@@ -155,7 +156,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(engine="sqlite", integrity=self, backup=self, size=self,
-                            full_text=self, sql=self)
+                            full_text=search.FullText(self))
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -396,9 +397,10 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
-        # The read models first: the pages they free make room for the search index's
-        # delete markers (FTS5 writes them) in a database at max_db_bytes.
-        executor.run(db, models.forget(batch.deletes))
+        if batch.deletes:
+            # The read models first: the pages they free make room for the search index's
+            # delete markers (FTS5 writes them) in a database at max_db_bytes.
+            executor.run(db, models.forget(batch.deletes))
         for sid in batch.deletes:
             for table in _LOG_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
@@ -499,9 +501,6 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""
         return self._file_bytes()
 
-    async def problems(self) -> list[str]:
-        """What daemon.verify finds wrong with the search index (search.problems)."""
-        return await self.on_reader(search.problems)
 
     async def backup(self, target: str) -> tuple[int, int]:
         """Copy the database online (SQLite's backup API: one consistent snapshot while
