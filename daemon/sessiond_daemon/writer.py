@@ -316,46 +316,27 @@ class Writer:
         self.next_position = self.committed_position + 1
         await self.histories.catch_up()
         task_status.started()
-        # The commands of the batch last committed, answered as the writer next waits: on
-        # the next batch's commit, when commands are queued (so their answers go out while
-        # the SQLite thread commits it), else before it waits for more.
-        held: list[Command] = []
         async with self._receive:
-            try:
-                while True:
+            while True:
+                try:
+                    first = await self._receive.receive()
+                except anyio.EndOfStream:
+                    return
+                batch = [first]
+                while len(batch) < self.max_batch:
                     try:
-                        first = self._receive.receive_nowait()
-                    except anyio.WouldBlock:
-                        self._finish(held)
-                        held = []
-                        try:
-                            first = await self._receive.receive()
-                        except anyio.EndOfStream:
-                            return
-                    except anyio.EndOfStream:
-                        return
-                    batch = [first]
-                    while len(batch) < self.max_batch:
-                        try:
-                            batch.append(self._receive.receive_nowait())
-                        except (anyio.WouldBlock, anyio.EndOfStream):
-                            break
-                    # Shielded: a cancelled writer must not leave a half-run transaction
-                    # queued on the connection's thread.
-                    self._busy_since = time.monotonic()
-                    with anyio.CancelScope(shield=True):
-                        await self._process(batch, held)
-                    held = batch
-                    self._busy_since = None
-            finally:
-                self._finish(held)
+                        batch.append(self._receive.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                # Shielded: a cancelled writer must not leave a half-run transaction
+                # queued on the connection's thread.
+                self._busy_since = time.monotonic()
+                with anyio.CancelScope(shield=True):
+                    await self._process(batch)
+                self._busy_since = None
 
-    async def _process(self, commands: list[Command], held: Sequence[Command] = ()) -> None:
-        """Decide and commit a batch; whatever fails, fails only the commands it concerns.
-        The caller answers `commands` (`_finish`) once this returns. `held`, the batch
-        committed before, is answered here: its waiters run once the writer first waits
-        (on the SQLite thread), not before this batch is decided and handed to it."""
-        self._finish(held)
+    async def _process(self, commands: list[Command]) -> None:
+        """Decide and commit a batch; whatever fails, fails only the commands it concerns."""
         try:
             try:
                 await self._attempt(commands)
@@ -389,6 +370,7 @@ class Writer:
             await self._resync()
         finally:
             self.commands += len(commands)
+            self._finish(commands)
 
     async def _attempt(self, commands: list[Command]) -> None:
         """Decide `commands` and commit them in one transaction; on a failed commit nothing
@@ -773,7 +755,7 @@ class Writer:
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def _finish(self, commands: Sequence[Command]) -> None:
+    def _finish(self, commands: list[Command]) -> None:
         for cmd in commands:
             cmd.done.set()
 

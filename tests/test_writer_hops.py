@@ -1,12 +1,9 @@
-"""The writer and the SQLite thread (issue 31 §2, §4): a batch costs one hop to read
-what it needs and one to commit, whatever its size; the next batch is handed to the
-thread before the last one is answered, so the answers go out while it commits; none
-before its own batch is on disk."""
+"""The writer and the SQLite thread (issue 31 §2): a batch costs one hop to read what it
+needs and one to commit, whatever its size."""
 
 from __future__ import annotations
 
 import os
-import sqlite3
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -56,48 +53,6 @@ def creating(state: Any) -> Plan:
 
 def appending(state: Any) -> Plan:
     return Plan([message(state.message_count)], lambda s, events: {"version": s.version})
-
-
-async def test_the_next_batch_commits_before_the_last_is_answered(short_dir: str) -> None:
-    db = os.path.join(short_dir, "w.db")
-    order: list[tuple[str, str]] = []
-    store = GatedStore(db, order)
-    await store.open()
-    writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
-
-    async def submit(sid: str) -> None:
-        await writer.submit(Command(session_id=sid, plan=appending, meta=EventMeta()))
-        order.append(("answered", sid))
-
-    try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(writer.run)
-            for sid in "abc":  # views in the writer's cache: deciding them reads nothing
-                await writer.submit(Command(session_id=sid, plan=creating, meta=EventMeta()))
-            order.clear()
-            store.armed = True
-            async with anyio.create_task_group() as clients:
-                clients.start_soon(submit, "a")
-                await store.first_started.wait()  # a's batch is committing, held
-                clients.start_soon(submit, "b")
-                clients.start_soon(submit, "c")
-                await anyio.wait_all_tasks_blocked()  # b and c are queued behind it
-                store.gate.set()
-            writer.close()
-    finally:
-        await store.close()
-    # b and c, queued while a committed, are one batch, handed over before a's answer
-    # runs; a is answered only once its commit has returned, b and c once theirs has.
-    assert order.index(("committed", "a")) < order.index(("commit", "b,c"))
-    assert order.index(("commit", "b,c")) < order.index(("answered", "a"))
-    assert order.index(("committed", "b,c")) < min(order.index(("answered", "b")),
-                                                   order.index(("answered", "c")))
-    con = sqlite3.connect(db)
-    try:
-        assert con.execute("SELECT session_id, version FROM events WHERE position > 3"
-                           " ORDER BY position").fetchall() == [("a", 2), ("b", 2), ("c", 2)]
-    finally:
-        con.close()
 
 
 async def test_a_batch_reads_its_views_in_one_hop(short_dir: str) -> None:
