@@ -179,7 +179,7 @@ class ReplyBudget:
                            resample: Callable[[], None]) -> None:
         """Wait while the total is past the mark and this connection holds more than its
         share: it is not read meanwhile (its requests wait in the socket)."""
-        while self._over(holding):
+        while self.over(holding):
             if not holding.paused:
                 holding.paused = True
                 if not self._reached:
@@ -202,7 +202,8 @@ class ReplyBudget:
             log.info("server.memory_budget_resumed", peer_pid=pid, peer_uid=uid,
                      held_bytes=holding.held)
 
-    def _over(self, holding: Holding) -> bool:
+    def over(self, holding: Holding) -> bool:
+        """Whether `holding`'s connection must not be read now (see room_to_read)."""
         if holding.closed:
             return False
         if holding.held > self.limit // CONNECTION_SHARE:
