@@ -211,7 +211,7 @@ class Server:
             try:
                 structlog.contextvars.bind_contextvars(peer_pid=peer.pid, peer_uid=peer.uid)
                 log.debug("rpc.connected")
-                await self._serve_link(link, writer, peer)
+                holding = await self._serve_link(link, writer, peer)
             finally:
                 log.debug("rpc.disconnected")
                 writer.close()
@@ -219,6 +219,8 @@ class Server:
                     await writer.wait_closed()
         finally:
             self.connections -= 1
+        # Its transport let go of the answers it held only now.
+        self.budget.transport_closed(holding)
 
     async def _refuse(self, sock: socket.socket, peer: Peer) -> None:
         """Answer a connection that may not be served (its peer, or too many) and close it."""
@@ -242,10 +244,12 @@ class Server:
         """Count live subscriptions: the socket's, and the HTTP face's live tails."""
         self.subscriptions += delta
 
-    async def _serve_link(self, link: _Link, writer: asyncio.StreamWriter, peer: Peer) -> None:
+    async def _serve_link(self, link: _Link, writer: asyncio.StreamWriter,
+                          peer: Peer) -> Holding:
         """Serve a connection's lines: each is taken where it is read (in the transport's
         callback: no reading task, no stream reader) and answered in a task of its own;
-        this task only waits for the connection to end, and for room when a line must."""
+        this task only waits for the connection to end, and for room when a line must.
+        Returns what it held of the daemon's reply budget (given back by then)."""
         gate_size = self.limits.max_inflight
         gate = anyio.Semaphore(gate_size)
         conn: Connection
@@ -419,6 +423,8 @@ class Server:
                         await asyncio.wait(set(requests))
                 budget.leave(holding)
                 self._open.discard(conn)
+                link.release()
+        return holding
 
     def _too_large(self, transport: asyncio.WriteTransport, head: bytes, size: int) -> None:
         """Answer a line over max_request_bytes (discarded as it came): -32600 under the
@@ -626,6 +632,15 @@ class _Link(asyncio.streams.FlowControlMixin, asyncio.Protocol):
         """Take no more lines (the connection is being closed)."""
         self._stopped = True
         self._wake()
+
+    def release(self) -> None:
+        """Let go of the server's callbacks once the connection is over: they hold the
+        link (a reference cycle), and with it its transport and any answers still in it,
+        which would wait for the garbage collector instead of being freed at once."""
+        self.stop()
+        self._ready = None
+        self._take, self._too_large = _refuse_line, _ignore_too_large
+        self._buffer = bytearray()
 
     async def next_wait(self) -> bool:
         """Wait until a line waits for room (True: wait for it, then call again) or no
