@@ -4,6 +4,7 @@
     python -m bench.peers                       # 3 rounds, 4,000 appends a figure
     python -m bench.peers --quick               # 1 round, 800 appends
     python -m bench.peers --trees old=/tmp/old-9b19302,new=.   # sessiond of two trees
+    python -m bench.peers --trees old=OLD,server=NEW:OLD        # a tree's daemon, another's client
 
 The workload: appends of ~200 B messages, durable (acknowledged means on disk), each
 writer its own conversation. W1: one writer, sequential appends. W2: 16 writers at once.
@@ -18,6 +19,8 @@ writer its own conversation. W1: one writer, sequential appends. W2: 16 writers 
 - raw sqlite3, in-process group commit (WAL, synchronous=FULL): one process, a thread per
   writer handing its row to one committer thread, which inserts whatever is queued in one
   transaction and wakes the writers after COMMIT. The ceiling for W2; W1 is context.
+- P1 (sessiond only): one `Client` calling daemon.ping in a loop, the serving path and the
+  client's round trip alone (no writer, no SQLite): where the socket levers show.
 
 Each round runs every variant once, the order reversed every other round; printed are
 each round's figures, then medians with min-max, and the ratios the issue's targets are
@@ -65,8 +68,8 @@ def report(start: float, end: float, appends: int, cpu: float, **extra: object) 
 
 # --- workers (each its own process) ----------------------------------------------------
 
-def client_worker(socket_path: str, appends: int) -> None:
-    """One sessiond writer: connect, say ready, wait for go, append, report."""
+def client_worker(socket_path: str, appends: int, what: str = "append") -> None:
+    """One sessiond writer: connect, say ready, wait for go, append (or ping), report."""
     from sessiond import Client
 
     with Client(socket_path) as c:
@@ -75,7 +78,10 @@ def client_worker(socket_path: str, appends: int) -> None:
         print("ready", flush=True)
         sys.stdin.readline()
         cpu0, t0 = self_cpu_s(), time.monotonic()
-        for i in range(appends):
+        if what == "ping":  # the serving path alone: no writer, no SQLite
+            for _ in range(appends):
+                c.ping()
+        for i in range(appends if what == "append" else 0):
             c.append_message(sid, "user" if i % 2 else "assistant", f"{i} {CONTENT}")
         t1, cpu1 = time.monotonic(), self_cpu_s()
     report(t0, t1, appends, cpu1 - cpu0)
@@ -210,9 +216,12 @@ def result(proc: subprocess.Popen[str]) -> dict[str, float]:
 
 
 def sessiond_figure(directory: str, name: str, tree: str | None, writers: int,
-                    appends: int) -> Figure:
-    """A fresh daemon of `tree`; `writers` client processes of the same tree."""
-    env = tree_env(tree)
+                    appends: int, what: str = "append") -> Figure:
+    """A fresh daemon of `tree`; `writers` client processes of the same tree (a tree
+    DAEMON_DIR:CLIENT_DIR: the daemon of one, the client of the other)."""
+    daemon_tree, _, client_tree = (tree or "").partition(":")
+    env = tree_env(daemon_tree or None)
+    client_env = tree_env(client_tree or daemon_tree or None)
     home = tempfile.mkdtemp(dir=directory)
     sock, db = os.path.join(home, "d.sock"), os.path.join(home, "d.db")
     daemon = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--socket", sock,
@@ -220,7 +229,7 @@ def sessiond_figure(directory: str, name: str, tree: str | None, writers: int,
     try:
         wait_for(sock, daemon)
         per = appends // writers
-        procs = [worker(["client", sock, str(per)], env, subprocess.PIPE)
+        procs = [worker(["client", sock, str(per), what], client_env, subprocess.PIPE)
                  for _ in range(writers)]
         for p in procs:
             assert p.stdout is not None
@@ -240,7 +249,8 @@ def sessiond_figure(directory: str, name: str, tree: str | None, writers: int,
     span = max(r["end"] for r in results) - min(r["start"] for r in results)
     # The daemon's CPU is read from the last writer ready to the last report: a little
     # more than the appends' span (the reports), never less.
-    return Figure(name, writers, total / span, daemon_cpu / total * 1e6,
+    return Figure(name, writers if what == "append" else 0, total / span,
+                  daemon_cpu / total * 1e6,
                   sum(r["cpu"] for r in results) / total * 1e6)
 
 
@@ -301,28 +311,43 @@ def summary(figures: list[Figure], sessiond: list[str]) -> list[str]:
             client = spread([f.client_us for f in fs], ".0f") if variant in sessiond else ""
             out.append(f"| {w} | {variant} | {spread([f.rate for f in fs], ',.0f')} "
                        f"| {spread([f.cpu_us for f in fs], '.0f')} | {client} | {fs[0].note} |")
+    for variant in sessiond:
+        fs = [f for f in figures if f.variant == variant and f.writers == 0]
+        if fs:
+            out.append(f"| P1: 1 client, daemon.ping | {variant} "
+                       f"| {spread([f.rate for f in fs], ',.0f')} pings/s "
+                       f"| {spread([f.cpu_us for f in fs], '.0f')} "
+                       f"| {spread([f.client_us for f in fs], '.0f')} | |")
     out += ["", "| ratio | " + " | ".join(sessiond) + " | target |",
             "| --- | " + " | ".join("---" for _ in sessiond) + " | --- |"]
     for label, den, writers, target in (
             ("W1 / SQLiteSession", "SQLiteSession", 1, ">= 1.0x"),
             ("W2 / SQLiteSession", "SQLiteSession", 16, ">= 3x"),
             ("W2 / raw group commit", "raw", 16, ">= 0.6x")):
+        if not rates(den, writers):
+            continue
         cells = [f"{med(s, writers) / med(den, writers):.2f}x" for s in sessiond]
         out.append(f"| {label} | " + " | ".join(cells) + f" | {target} |")
     for writers, target in ((1, "<= 150 us"), (16, "<= 55 us")):
+        if not all(cpu(s, writers) for s in sessiond):
+            continue
         cells = [f"{statistics.median(cpu(s, writers)):.0f} us" for s in sessiond]
         out.append(f"| daemon CPU/append, {writers} writer{'s' if writers > 1 else ''} | "
                    + " | ".join(cells) + f" | {target} |")
-    if len(sessiond) == 2:
-        a, b = sessiond
-        for writers in WRITERS:
-            ra = [f for f in figures if f.variant == a and f.writers == writers]
+    base = sessiond[0]
+    for b in sessiond[1:]:  # each beside the first, in the same rounds
+        for writers in (0, *WRITERS):
+            ra = [f for f in figures if f.variant == base and f.writers == writers]
             rb = [f for f in figures if f.variant == b and f.writers == writers]
+            if not ra or not rb:
+                continue
             gain = statistics.median(f.rate for f in rb) / statistics.median(f.rate for f in ra)
             cpu = (statistics.median(f.cpu_us for f in rb)
                    / statistics.median(f.cpu_us for f in ra))
-            out.append(f"| {b} / {a}, {writers} writer{'s' if writers > 1 else ''} "
-                       f"| appends/s {gain:.2f}x | daemon CPU {cpu:.2f}x | |")
+            what = ("P1 (pings)" if not writers
+                    else f"{writers} writer{'s' if writers > 1 else ''}")
+            out.append(f"| {b} / {base}, {what} | rate {gain:.2f}x | daemon CPU {cpu:.2f}x "
+                       "| |")
     return out
 
 
@@ -334,13 +359,13 @@ def main() -> None:
     p.add_argument("--appends", type=int, help="appends a figure (default 4,000)")
     p.add_argument("--trees", help="sessiond of these source trees, NAME=DIR,NAME=DIR"
                                    " (default: the installed one)")
-    p.add_argument("--only", help="figures to run: W1, W2 (default both)")
+    p.add_argument("--only", help="figures to run: P1, W1, W2 (default all)")
     p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         kind, *rest = args.worker
         if kind == "client":
-            client_worker(rest[0], int(rest[1]))
+            client_worker(rest[0], int(rest[1]), rest[2])
         elif kind == "SQLiteSession":
             sqlitesession_worker(rest[0], int(rest[1]), int(rest[2]))
         else:
@@ -350,7 +375,8 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     trees: dict[str, str | None] = (dict(t.split("=", 1) for t in args.trees.split(","))
                                     if args.trees else {"sessiond": None})
-    only = {w.strip().upper() for w in args.only.split(",")} if args.only else {"W1", "W2"}
+    only = ({w.strip().upper() for w in args.only.split(",")} if args.only
+            else {"P1", "W1", "W2"})
     writers_run = [w for w in WRITERS if f"W{1 if w == 1 else 2}" in only]
     print(f"bench.peers: {appends:,} appends a figure, {rounds} rounds; load {load()}",
           flush=True)
@@ -363,6 +389,13 @@ def main() -> None:
             ("raw", lambda w: peer_figure(directory, "raw", w, appends)),
         ]
         for r in range(rounds):
+            if "P1" in only:
+                for name, tree in trees.items() if r % 2 == 0 else list(trees.items())[::-1]:
+                    f = sessiond_figure(directory, name, tree, 1, appends, "ping")
+                    figures.append(f)
+                    print(f"  round {r + 1} P1 {name:<14} {f.rate:8,.0f} pings/s     "
+                          f"CPU/ping {f.cpu_us:4.0f} us, client {f.client_us:.0f} us",
+                          flush=True)
             for writers in writers_run:
                 for name, run in runs if r % 2 == 0 else runs[::-1]:
                     f = run(writers)
