@@ -16,17 +16,26 @@ from typing import Final
 
 import structlog
 
-from . import search
+from .stores.models.search_text import INDEXED_TYPES
+from .stores.schema import OWNER_UID, owner_sql
 
 log = structlog.get_logger("sessiond.store")
 
-OWNER_UID: Final = "{owner_uid}"  # in a migration's SQL: the migrating daemon's uid
-
-
-def owner_sql(sql: str) -> str:
-    """A migration's statement with OWNER_UID filled in (a number: nothing to quote)."""
-    return sql.replace(OWNER_UID, str(os.getuid()))
-
+# The search index's text function (sqlite/search.py registers it on every connection).
+SEARCH_FUNCTION: Final = "sessiond_search_text"
+_TYPES_SQL: Final = ", ".join(f"'{t}'" for t in INDEXED_TYPES)
+# Migration 4's search statements: the view, the FTS5 index, its backfill from the events
+# already stored.
+SEARCH_MIGRATION: Final[list[str]] = [
+    f"""CREATE VIEW search_source AS SELECT position,
+        {SEARCH_FUNCTION}(0, type, data) AS body, {SEARCH_FUNCTION}(1, type, data) AS tags
+        FROM events WHERE type IN ({_TYPES_SQL})""",
+    # No prefix index: prefix='2 3' made a common 3-letter prefix 15x faster (B13) but
+    # cost about 30 us per appended message, past the 10% the appends may pay (B13a).
+    """CREATE VIRTUAL TABLE search USING fts5(body, tags, content='search_source',
+        content_rowid='position', tokenize='unicode61 remove_diacritics 2')""",
+    "INSERT INTO search(search) VALUES ('rebuild')",
+]
 
 # A step is a statement, or a function of the connection for what SQL cannot say alone.
 Step = str | Callable[[sqlite3.Connection], None]
@@ -152,10 +161,10 @@ MIGRATIONS: Final[list[list[Step]]] = [
             PRIMARY KEY (app_name, user_id, key)
         ) WITHOUT ROWID""",
     ],
-    # 4: full-text search (search.py: the FTS5 index over the events, backfilled from those
+    # 4: full-text search (sqlite/search.py: the FTS5 index over the events, backfilled from those
     # stored) and forks (forks.py: each fork's source; a source's forks by id).
     [
-        *search.MIGRATION,
+        *SEARCH_MIGRATION,
         """CREATE TABLE forks (
             session_id TEXT PRIMARY KEY,
             source_id TEXT NOT NULL,
@@ -165,11 +174,11 @@ MIGRATIONS: Final[list[list[Step]]] = [
         ) WITHOUT ROWID""",
         "CREATE INDEX forks_by_source ON forks (source_id, session_id)",
     ],
-    # 5: bounded views (protocol 1.2). progress_steps (sqlite/progress.py: one row per
-    # progress.recorded, a fork's shared with its source's up to the fork point), which
+    # 5: bounded views (protocol 1.2). progress_steps (stores/models/progress.py: one row
+    # per progress.recorded, a fork's shared with its source's up to the fork point), which
     # progress.list pages, since the view no longer keeps the path; and runner_events
-    # (sqlite/runner.py: the turn events and the output lines that may name a resume id).
-    # Both are built here from the stored events.
+    # (stores/models/agents.py: the turn events and the output lines that may name a
+    # resume id). Both are built here from the stored events.
     [
         """CREATE TABLE progress_steps (
             session_id TEXT NOT NULL,
@@ -198,7 +207,7 @@ MIGRATIONS: Final[list[list[Step]]] = [
             type TEXT NOT NULL,
             PRIMARY KEY (session_id, version)
         ) WITHOUT ROWID""",
-        # adapters.RESUME_MARKS: the lines that may name a resume id.
+        # RESUME_MARKS (stores/models/agents.py): the lines that may name a resume id.
         """INSERT INTO runner_events (session_id, version, position, type)
             SELECT session_id, version, position, type FROM events
             WHERE type IN ('process.started', 'process.exited', 'process.detached')
@@ -339,8 +348,3 @@ def _backup(con: sqlite3.Connection, target: str) -> None:
     finally:
         dest.close()
     os.replace(tmp, target)
-
-
-SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
-                         "graph_checkpoints", "graph_blobs", "graph_writes", "progress_steps",
-                         "runner_events", "forks", "sessions")
