@@ -27,7 +27,7 @@ from typing import Any, Final
 
 import structlog
 
-from ..stores.schema import OWNER_UID, owner_sql
+from ..stores.schema import OWNER_UID, SchemaTooNew, owner_sql
 from . import search
 
 # A migration step: a statement, or a function run on the migrating connection inside the
@@ -240,10 +240,6 @@ MIGRATIONS: Final[list[list[Step]]] = [
 ]
 
 LATEST: Final = len(MIGRATIONS)
-
-
-class SchemaTooNew(Exception):
-    """The database was migrated by a newer sessiond: refused, nothing changed."""
 
 
 async def schema_version(con: Any) -> int:

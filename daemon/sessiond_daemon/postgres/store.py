@@ -39,7 +39,7 @@ from sessiond_schemas.events import Event, new_id
 
 from ..eventstore import Batch, Capabilities, Entry, Following, Moved, Precondition, Store
 from ..stores import models
-from ..stores.schema import LOG_TABLES
+from ..stores.schema import LOG_TABLES, SchemaTooNew
 from . import executor, preconditions, schema, search
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
@@ -221,7 +221,7 @@ class PostgresStore(ModelReads):
                 self.url, password=self.password, min_size=1, max_size=self._reader_count,
                 timeout=self.connect_timeout_s, command_timeout=READ_TIMEOUT_S,
                 server_settings=self.server_settings, reset=_kept_as_is)
-        except schema.SchemaTooNew:
+        except SchemaTooNew:
             await self.close()
             raise
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
