@@ -78,4 +78,5 @@ def test_a_query_s_prefixes_are_its_words_as_indexed() -> None:
     assert prefixes('Deplo* AND "login te"* NOT ab * x body:ÉTÉ* kab') == [
         "deplo", "te", "ab", "ete"]
     assert prefixes("bash_3*") == ["3"]
+    assert prefixes('"not a prefix*" x NEAR(y* "q""uote"*)') == ["y", "uote"]
     assert prefixes("no prefix here") == []

@@ -25,8 +25,9 @@ from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession
 WINDOW: Final = 5_000  # matching events ranked per query, newest first
 SNIPPET_CHARS: Final = 1_000  # a snippet is ~12 tokens; a token may be long: cut there
 _WORD: Final = re.compile(r"[^\W_]+")
-# A prefix term: a bareword or a quoted phrase, then `*` (FTS5 lets a space come between).
-_PREFIX: Final = re.compile(r'([^\W_]+)"?\s*\*')
+# A query's pieces as FTS5 reads them: a quoted string ("" a quote inside), a bareword, a
+# `*` (after a string or a bareword, with spaces between or not: a prefix), anything else.
+_PIECES: Final = re.compile(r'"((?:[^"]|"")*)"?|([^\W_]+)|(\*)|\S')
 
 
 def fold(token: str) -> str:
@@ -41,11 +42,15 @@ def fold(token: str) -> str:
 def prefixes(text: str) -> list[str]:
     """The prefixes of a query's prefix terms (`deplo*`), as the index holds its words:
     each one's words are what the store merges to answer it."""
-    found = []
-    for word in _PREFIX.findall(text):
-        folded = _WORD.findall(fold(word))
-        if folded:
-            found.append(folded[-1])
+    found, last = [], None  # last: the last token of the piece before
+    for quoted, bare, star in _PIECES.findall(text):
+        if star:
+            if last:
+                found.append(last)
+            last = None
+            continue
+        words = _WORD.findall(fold(quoted.replace('""', '"') if quoted else bare))
+        last = words[-1] if words else None
     return found
 
 
