@@ -250,6 +250,14 @@ class EventStore(Protocol):
         """The stored first results of these (session_id, idempotency_key) pairs."""
         ...
 
+    async def prefetch(
+        self, session_ids: list[str], keys: list[tuple[str, str]],
+    ) -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+        """What the writer reads before it decides a batch, in one read: the views of
+        these sessions (None: no such session; a view that does not decode is left out,
+        for `load_entry` to report) and, as `idempotent_results`, these keys' results."""
+        ...
+
     async def idempotency_page(self, session_id: str, after: str,
                                limit: int) -> list[tuple[str, bytes]]:
         """A session's stored first results, (key, result) by key past `after`, at most

@@ -25,6 +25,7 @@ One batch is one transaction on the writer's connection:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
@@ -296,6 +297,17 @@ class PostgresStore(ModelReads):
             " $2::text[]) AS k(session_id, key) USING (session_id, key)",
             [k[0] for k in keys], [k[1] for k in keys]))
         return {(r[0], r[1]): bytes(r[2]) for r in rows}
+
+    async def prefetch(
+        self, session_ids: list[str], keys: list[tuple[str, str]],
+    ) -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+        """The views of these sessions and the results of these keys (the writer of a
+        shared store reads its views as it decides, with `load_entry`)."""
+        views: dict[str, Entry | None] = {}
+        for sid in session_ids:
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                views[sid] = await self.load_entry(sid)
+        return views, await self.idempotent_results(keys)
 
     async def idempotency_page(self, session_id: str, after: str,
                                limit: int) -> list[tuple[str, bytes]]:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 import anyio
+import msgspec
 import structlog
 
 from sessiond_schemas.errors import StorageError
@@ -311,17 +312,39 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         A stored result is an acknowledgement: none is given from a file that is no longer
         at our path (the retry of a write that landed in a deleted file would be answered
         with that write's result, and the write lost at the next start)."""
-        def read() -> dict[tuple[str, str], bytes]:
-            self._check_identity()
-            found = {}
-            for start in range(0, len(keys), 400):
-                chunk = keys[start:start + 400]
-                pairs = ", ".join("(?, ?)" for _ in chunk)
-                for sid, key, result in self._w.execute(
-                        "SELECT session_id, key, result FROM idempotency WHERE (session_id, key)"
-                        f" IN (VALUES {pairs})", [x for pair in chunk for x in pair]):
-                    found[(sid, key)] = bytes(result)
-            return found
+        return await self._on_writer(self._idempotent_rows, keys)
+
+    def _idempotent_rows(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+        self._check_identity()
+        found = {}
+        for start in range(0, len(keys), 400):
+            chunk = keys[start:start + 400]
+            pairs = ", ".join("(?, ?)" for _ in chunk)
+            for sid, key, result in self._w.execute(
+                    "SELECT session_id, key, result FROM idempotency WHERE (session_id, key)"
+                    f" IN (VALUES {pairs})", [x for pair in chunk for x in pair]):
+                found[(sid, key)] = bytes(result)
+        return found
+
+    async def prefetch(
+        self, session_ids: list[str], keys: list[tuple[str, str]],
+    ) -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+        """The views of these sessions and the results of these keys, in one hop (a batch
+        of sessions not in the writer's cache was a hop each)."""
+        def read() -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+            results = self._idempotent_rows(keys) if keys else {}
+            views: dict[str, Entry | None] = dict.fromkeys(session_ids)
+            for start in range(0, len(session_ids), 500):
+                chunk = session_ids[start:start + 500]
+                for sid, state, last_hash, last_position in self._w.execute(
+                        "SELECT session_id, state, last_hash, last_position FROM sessions"
+                        f" WHERE session_id IN ({marks(len(chunk))})", chunk):
+                    try:
+                        views[sid] = Entry(state_decoder.decode(state), last_hash,
+                                           last_position)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        del views[sid]  # load_entry reports it, and the writer rebuilds it
+            return views, results
         return await self._on_writer(read)
 
     async def idempotency_page(self, session_id: str, after: str,
