@@ -493,12 +493,14 @@ class SqlAccess(Protocol):
 @dataclass(frozen=True)
 class SearchBudget:
     """What one session.search query may cost (docs/reliability.md, "Budgets"): its terms
-    and prefix terms, checked before it runs (-32602); while it runs, its time and (on
+    and prefix terms, checked before it runs (-32602), as are the indexed events its prefix
+    terms' words are in (estimated by the store from its index); while it runs, its time and (on
     SQLite, counted by the progress handler) VM steps (-32012); and it stops when its
     client goes (`gone`) or its request is cancelled (`stop`)."""
 
     max_terms: int = 64
     max_prefixes: int = 8
+    max_prefix_matches: int = 100_000
     max_steps: int = 500_000_000
     timeout_s: float = 10.0
     gone: Callable[[], bool] = lambda: False

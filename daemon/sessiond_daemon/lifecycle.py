@@ -431,6 +431,7 @@ def _service_limits(config: Config) -> Limits:
                   default_ttl_s=dict(config.default_ttl_s),
                   search_max_terms=config.search_max_terms,
                   search_max_prefixes=config.search_max_prefixes,
+                  search_max_prefix_matches=config.search_max_prefix_matches,
                   search_max_steps=config.search_max_steps,
                   search_timeout_s=config.search_timeout_s)
 
