@@ -155,6 +155,30 @@ def drop_from_index(daemon: Daemon, position: int) -> None:
     con.close()
 
 
+# Message text as agents write it: under FTS5's unicode61, symbols (emoji), ligatures,
+# superscripts, fractions, roman numerals and private-use characters are part of a word,
+# and no compatibility decomposition (NFKD) applies to them.
+_TEXTS = {
+    "emoji": "✅done, deploy🚀",
+    "ligature": "the conﬁguration ﬁle",
+    "superscript": "complexity n² here",
+    "roman": "chapter Ⅻ notes",
+    "accents": "Crème brûlée Ǆemal ǅ İstanbul ﬀ Ωmega ΆΈ",
+}
+_QUERIES = ["done", "deploy", "configuration", "file", "n2", "xii", "conﬁguration",
+            "creme", "brulee", "istanbul", "dzemal", "ff", "ωmega", "αε", "✅done"]
+
+
+def _fts5_matches() -> dict[str, set[str]]:
+    """What FTS5 itself (unicode61 remove_diacritics 2, the SQLite store's index) matches."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE VIRTUAL TABLE t USING fts5(name UNINDEXED, body,"
+               " tokenize='unicode61 remove_diacritics 2')")
+    db.executemany("INSERT INTO t (name, body) VALUES (?, ?)", _TEXTS.items())
+    return {q: {r[0] for r in db.execute("SELECT name FROM t WHERE t MATCH ?", (f'"{q}"',))}
+            for q in _QUERIES}
+
+
 class TestSearch:
     async def test_results_equal_a_brute_force_scan(self, client: AsyncClient) -> None:
         """Every query form and filter: the same sessions and matching events as a scan of
@@ -223,6 +247,32 @@ class TestSearch:
         with pytest.raises(InvalidParamsError) as err:
             await client.search("x", cursor="nonsense")
         assert err.value.data["path"] == "$.cursor"
+
+    async def test_a_deeply_nested_query_is_invalid_params(self, client: AsyncClient) -> None:
+        """FTS5 refuses 98 nested parentheses ("fts5: parser stack overflow", -32602): so
+        does the PostgreSQL store's parse (it recursed until RecursionError, -32603), and
+        both take 97."""
+        await client.create_session("s")
+        await client.append_message("s", "user", "a")
+        for depth in (98, 450):
+            with pytest.raises(InvalidParamsError) as err:
+                await client.search("(" * depth + "a" + ")" * depth)
+            assert err.value.data["path"] == "$.query"
+            assert "parser stack overflow" in err.value.message
+        assert (await client.search("(" * 97 + "a" + ")" * 97)).sessions
+        assert (await client.search("a")).sessions  # and the daemon goes on
+
+    async def test_search_finds_what_fts5_finds(self, client: AsyncClient) -> None:
+        """Text as agents write it (emoji, ligatures, superscripts, roman numerals): the
+        PostgreSQL store's tokens are unicode61's (remove_diacritics 2), not NFKD's, so
+        both stores match what FTS5 itself matches ('file' does not find 'ﬁle')."""
+        for name, text in _TEXTS.items():
+            await client.create_session(name)
+            await client.append_message(name, "assistant", text)
+        expected = _fts5_matches()
+        got = {q: {s.session_id for s in (await client.search(f'"{q}"')).sessions}
+               for q in _QUERIES}
+        assert got == expected
 
     async def test_reindex_rebuilds_and_verify_finds_a_stale_index(
             self, daemon: Daemon, client: AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -515,3 +565,25 @@ class TestPostgresSearch:
                 got = {s.session_id: s.matches for s in await everything(client, q)}
                 assert got == {sid: len(p) for sid, p in expected[q].items()}, q
             assert (await client.verify()).ok
+
+
+def test_the_unicode61_tables_are_fts5s() -> None:
+    """stores/models/unicode61.py's tables are what this FTS5 measures, and its tokens of
+    random text (every kind of code point) are the ones FTS5 indexes."""
+    from sessiond_daemon.stores.models import unicode61, unicode61_tables
+
+    assert unicode61.measure() == (unicode61_tables.SEPARATORS, unicode61_tables.FOLD)
+    rng = random.Random(61)
+    pools = [range(0x20, 0x80), range(0x80, 0x800), range(0x800, 0xD800),
+             range(0xE000, 0x10000), range(0x10000, 0x110000)]
+    texts = ["".join(chr(rng.choice(rng.choice(pools))) for _ in range(rng.randint(1, 30)))
+             for _ in range(3_000)]
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE VIRTUAL TABLE t USING fts5(body, tokenize='unicode61 remove_diacritics 2')")
+    db.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, 'instance')")
+    db.executemany("INSERT INTO t (rowid, body) VALUES (?, ?)", enumerate(texts, 1))
+    theirs: dict[int, list[tuple[int, str]]] = {}
+    for term, doc, offset in db.execute("SELECT term, doc, offset FROM v"):
+        theirs.setdefault(doc, []).append((offset, term))
+    for i, text in enumerate(texts, 1):
+        assert unicode61.tokens(text) == [t for _, t in sorted(theirs.get(i, []))], text

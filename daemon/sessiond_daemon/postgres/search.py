@@ -8,8 +8,9 @@ session, the body and tags text (ts_headline cuts snippets from them) and `doc`,
 tsvector of both, which the GIN index covers.
 
 The tsvector is built here, not by to_tsvector, so that a document holds the tokens
-FTS5's unicode61 tokenizer would make (runs of letters and digits, lower-cased, diacritics
-removed: `bash_3` is `bash` and `3`, `me/bot` is `me` and `bot`), and the query is parsed
+FTS5's unicode61 tokenizer would make (stores/models/unicode61.py: its token characters,
+lower-cased, diacritics removed: `bash_3` is `bash` and `3`, `me/bot` is `me` and `bot`,
+`ﬁle` is not `file`), and the query is parsed
 here from the same FTS5 syntax (`to_tsquery_text`) into the same lexemes: the two stores
 find the same events. The tags come first, then the body 128 positions on, with weights
 B and A (a column filter `body:`/`tags:` is a weight; no phrase or NEAR spans the two).
@@ -24,7 +25,6 @@ import itertools
 import math
 import re
 import time
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -37,8 +37,8 @@ from sessiond_daemon.eventstore import EVENT_COLUMNS, SearchBudget, SearchQuery,
 from sessiond_daemon.postgres.errors import RETRYABLE, storage_error
 from sessiond_daemon.stores.models import search as model
 from sessiond_daemon.stores.models.conversation import relink
-from sessiond_daemon.stores.models.search import fold
 from sessiond_daemon.stores.models.search_text import INDEXED_TYPES, text_of
+from sessiond_daemon.stores.models.unicode61 import tokens
 from sessiond_schemas.errors import InvalidParamsError, StorageError
 from sessiond_schemas.rpc import SearchHit, SearchResult
 
@@ -62,7 +62,6 @@ MIGRATION: Final[list[str]] = [
 
 # --- the tokens: unicode61's, as a tsvector literal ----------------------------------------
 
-_WORD = re.compile(r"[^\W_]+")
 TAGS_AT: Final = 1
 GAP: Final = 128  # positions between the tags and the body: more than NEAR's widest
 MAX_NEAR: Final = GAP - 2
@@ -74,16 +73,7 @@ MAX_POSITION: Final = 16_383  # PostgreSQL's: later words all sit at this one
 MAX_POSITIONS: Final = 256  # per word, PostgreSQL's
 MAX_WORD_BYTES: Final = 2_046  # a longer word is not indexed (PostgreSQL cannot)
 MAX_DOC_BYTES: Final = 900_000  # distinct words' bytes per document (PostgreSQL: < 1 MiB)
-
-
-def tokens(text: str | None) -> list[str]:
-    """The tokens of a text, in order, as the index and the query both see them."""
-    if not text:
-        return []
-    if text.isascii():
-        return _WORD.findall(text.lower())
-    text = unicodedata.normalize("NFC", text)
-    return [t for w in _WORD.findall(text) for t in _WORD.findall(fold(w))]
+MAX_DEPTH: Final = 97  # nested parentheses: FTS5's parser (a 100-entry stack) refuses 98
 
 
 def tsvector(body: str | None, tags: str | None) -> str:
@@ -156,6 +146,17 @@ class _Parser:
             else:
                 self.items.append((kind, m.group()))
         self.at = 0
+        self.depth = 0  # the parentheses open here
+
+    def group(self, weights: str) -> Any:
+        """`( … )` once its `(` is taken; deeper than FTS5 parses is refused as FTS5 does."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _Bad("fts5: parser stack overflow")
+        node = self.or_(weights)
+        self.expect(")")
+        self.depth -= 1
+        return node
 
     def peek(self, k: int = 0) -> tuple[str, str]:
         i = self.at + k
@@ -214,16 +215,12 @@ class _Parser:
         """`( … )`, `col: ( … )`, or phrases and NEAR groups side by side (an AND)."""
         if self.peek() == ("op", "("):
             self.take()
-            node = self.or_(weights)
-            self.expect(")")
-            return node
+            return self.group(weights)
         at = self.at
         filtered = self.column_filter(weights)
         if self.peek() == ("op", "(") and self.at != at:
             self.take()
-            node = self.or_(filtered)
-            self.expect(")")
-            return node
+            return self.group(filtered)
         node = self.nearset(filtered)
         while self._starts_nearset():
             node = _join("&", node, self.nearset(self.column_filter(weights)))
@@ -440,8 +437,11 @@ def to_tsquery_text(text: str) -> str | None:
     """The tsquery (as its text) of an FTS5 query, or None when it has no token (FTS5
     then matches nothing); -32602 naming `$.query` when it does not parse."""
     try:
-        node = _Parser(text).parse()
-        rendered = None if node is None else _render(node)
+        try:
+            node = _Parser(text).parse()
+            rendered = None if node is None else _render(node)
+        except RecursionError:  # deeper than Python's stack, short of MAX_DEPTH
+            raise _Bad("fts5: parser stack overflow") from None
         if rendered is not None and len(rendered) > MAX_TSQUERY:
             raise _Bad(f"the query's NEAR groups expand past what the PostgreSQL store's"
                        f" search takes ({len(rendered):,} characters of tsquery, more than"

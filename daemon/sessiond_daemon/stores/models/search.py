@@ -12,31 +12,21 @@ from __future__ import annotations
 
 import base64
 import re
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
 
+from sessiond_daemon.stores.models.unicode61 import tokens
 from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession
 
 WINDOW: Final = 5_000  # matching events ranked per query, newest first
 SNIPPET_CHARS: Final = 1_000  # a snippet is ~12 tokens; a token may be long: cut there
-_WORD: Final = re.compile(r"[^\W_]+")
 # A query's pieces as FTS5 reads them: a quoted string ("" a quote inside), a bareword, a
 # `*` (after a string or a bareword, with spaces between or not: a prefix), anything else.
 _PIECES: Final = re.compile(r'"((?:[^"]|"")*)"?|([^\W_]+)|(\*)|\S')
-
-
-def fold(token: str) -> str:
-    """A token as unicode61 (remove_diacritics 2) indexes it: lower case, no diacritics."""
-    if token.isascii():
-        return token.lower()
-    bare = "".join(c for c in unicodedata.normalize("NFKD", token)
-                   if not unicodedata.combining(c))
-    return unicodedata.normalize("NFC", bare).lower()
 
 
 def prefixes(text: str) -> list[str]:
@@ -49,7 +39,7 @@ def prefixes(text: str) -> list[str]:
                 found.append(last)
             last = None
             continue
-        words = _WORD.findall(fold(quoted.replace('""', '"') if quoted else bare))
+        words = tokens(quoted.replace('""', '"') if quoted else bare)
         last = words[-1] if words else None
     return found
 
