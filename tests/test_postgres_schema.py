@@ -41,6 +41,27 @@ async def test_a_new_database_is_migrated_to_latest(pg_url: str) -> None:
         await again.close()
 
 
+async def test_tables_names_every_table_the_migrations_create(pg_url: str) -> None:
+    """schema.TABLES (what daemon.stats' db_bytes counts) is what the migrations make."""
+    import asyncpg
+
+    from sessiond_daemon.postgres import schema
+    from sessiond_daemon.postgres.store import PostgresStore
+
+    store = PostgresStore(pg_url)
+    await store.open()
+    await store.close()
+    con = await asyncpg.connect(pg_url)
+    try:
+        made = {r[0] for r in await con.fetch(
+            "SELECT relname FROM pg_class WHERE relkind IN ('r', 'p', 'm')"
+            " AND relnamespace = current_schema()::regnamespace")}
+    finally:
+        await con.close()
+    assert made == set(schema.TABLES)
+    assert len(schema.TABLES) == len(made)
+
+
 async def test_concurrent_opens_migrate_once(pg_url: str) -> None:
     """Daemons starting at once: one migrates, the others wait on the advisory lock, then
     find the schema current. None fails (without the lock, the second CREATE TABLE would)."""

@@ -44,6 +44,29 @@ async def test_db_bytes_is_what_the_store_takes(client: AsyncClient, daemon: Dae
     assert (await client.stats()).db_bytes >= before + 1_000_000
 
 
+async def test_db_bytes_on_postgres_counts_only_the_stores_tables(
+        client: AsyncClient, store_kind: str, db_url: str) -> None:
+    """db_bytes is the store's tables, not every table of its schema: another
+    application's table in the same schema (public, the default) is not counted."""
+    if store_kind != "postgresql":
+        pytest.skip("SQLite's db_bytes is its file")
+    import asyncpg
+
+    before = (await client.stats()).db_bytes
+    con = await asyncpg.connect(db_url)
+    try:
+        await con.execute("CREATE TABLE another_app (b bytea)")
+        await con.execute("INSERT INTO another_app SELECT decode(repeat(md5(i::text), 64),"
+                          " 'hex') FROM generate_series(1, 20000) i")
+        theirs = await con.fetchval("SELECT pg_total_relation_size('another_app')")
+        after = (await client.stats()).db_bytes
+    finally:
+        await con.execute("DROP TABLE IF EXISTS another_app")
+        await con.close()
+    assert theirs > 1_000_000
+    assert after - before < theirs, (before, after, theirs)
+
+
 async def test_a_scrape_serves_what_needs_no_database_when_it_cannot_be_read(
         short_dir: str, db_url: str) -> None:
     """db_bytes is a read of the database on PostgreSQL: when the store cannot answer it

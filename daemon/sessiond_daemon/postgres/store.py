@@ -185,9 +185,8 @@ class PostgresStore(ModelReads):
         (not the rest of the database, which other applications may share): daemon.stats'
         db_bytes. One catalog read, whatever the tables hold."""
         row = await self._one(
-            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
-            " WHERE c.relkind IN ('r', 'p', 'm')"
-            " AND c.relnamespace = current_schema()::regnamespace")
+            "SELECT COALESCE(SUM(pg_total_relation_size(to_regclass(t))), 0)"
+            " FROM unnest($1::text[]) AS t", list(schema.TABLES))
         return int(row[0])
 
     def following(self, deliver: Callable[[list[Event], int], Awaitable[None]], *,
