@@ -587,3 +587,108 @@ def test_the_unicode61_tables_are_fts5s() -> None:
         theirs.setdefault(doc, []).append((offset, term))
     for i, text in enumerate(texts, 1):
         assert unicode61.tokens(text) == [t for _, t in sorted(theirs.get(i, []))], text
+
+
+async def _relink_racing(client: AsyncClient, db_url: str, monkeypatch: pytest.MonkeyPatch,
+                         write: Callable[[], Any], *, after_first_op: bool) -> None:
+    """daemon.reindex on PostgreSQL with `write` (a client call) made while its relink of
+    the forks runs: at its first op (after the first page of session.forked events was
+    read), before that op or after it; the relink goes on once `write` returned or waits
+    for a lock (one the relink holds)."""
+    import asyncpg
+    from conftest import POLL_S
+
+    from sessiond_daemon.postgres import executor
+    from sessiond_daemon.stores.models.ops import DeleteWhere
+
+    real = executor.run
+    raced: list[bool] = []
+    go = anyio.Event()
+    writing = anyio.Event()
+
+    async def hooked(con: Any, ops: Any, shift: int = 0) -> None:
+        first = not raced and bool(ops) and ops[0] == DeleteWhere("forks", ())
+        if first:
+            raced.append(True)
+        if first and not after_first_op:
+            writing.set()
+            await go.wait()
+        await real(con, ops, shift)
+        if first and after_first_op:
+            writing.set()
+            await go.wait()
+
+    async def waiting_for_a_lock() -> bool:
+        con = await asyncpg.connect(db_url)
+        try:
+            return bool(await con.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"))
+        finally:
+            await con.close()
+
+    monkeypatch.setattr(executor, "run", hooked)
+    done = anyio.Event()
+
+    async def write_then_note() -> None:
+        await write()
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.reindex)
+        await writing.wait()
+        tg.start_soon(write_then_note)
+        while not done.is_set() and not await waiting_for_a_lock():
+            await anyio.sleep(POLL_S)
+        go.set()
+    assert raced == [True]
+
+
+class TestRelinkOnPostgres:
+    """daemon.reindex's relink of the forks on PostgreSQL runs on a connection of its own:
+    it must be ordered with every host's commits (as SQLite's, on its writer's thread)."""
+
+    @pytest.fixture(autouse=True)
+    def _postgres_only(self, store_kind: str) -> None:
+        if store_kind != "postgresql":
+            pytest.skip("SQLite's relink runs on the writer's thread")
+
+    async def test_a_fork_made_meanwhile_keeps_its_link(
+            self, client: AsyncClient, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A fork committed between the relink's read of a page and its delete of the
+        links lost its link: its source's delete then succeeded, orphaning the fork."""
+        await client.create_session("src")
+        await client.append_message("src", "user", "shared")
+
+        async def fork() -> None:
+            await client.fork("src", new_session_id="f1")
+
+        await _relink_racing(client, db_url, monkeypatch, fork, after_first_op=False)
+        assert (await client.forks("src")).count == 1
+        with pytest.raises(InvalidTransitionError):
+            await client.delete_session("src")
+        assert (await client.verify()).ok
+
+    async def test_a_fork_deleted_meanwhile_stays_unlinked(
+            self, client: AsyncClient, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A fork deleted while the relink runs (here: its event in the second page) had
+        its link written back: session.forks listed a session that no longer exists and
+        the source's delete was refused until the next reindex."""
+        from sessiond_daemon.postgres import search as pg_search
+
+        monkeypatch.setattr(pg_search, "RELINK_PAGE", 1)
+        await client.create_session("src")
+        await client.append_message("src", "user", "shared")
+        await client.fork("src", new_session_id="f0")
+        await client.fork("src", new_session_id="f1")
+        deleted: list[bool] = []
+
+        async def delete() -> None:
+            deleted.append(await client.delete_session("f1"))
+
+        await _relink_racing(client, db_url, monkeypatch, delete, after_first_op=True)
+        assert deleted == [True]
+        forks = await client.forks("src")
+        assert [f.session_id for f in forks.forks] == ["f0"], forks
+        assert await client.delete_session("f0")
+        assert await client.delete_session("src")

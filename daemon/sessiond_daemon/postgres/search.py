@@ -634,6 +634,7 @@ async def _query(con: Any, q: SearchQuery, tsquery: str, budget: SearchBudget) -
     return model.result(ranked, hits, views, complete)
 
 
+RELINK_PAGE = 500  # session.forked events read at once by relink_forks
 _POLL_S: Final = 0.05  # how often a running query looks whether its client is still there
 
 
@@ -707,15 +708,22 @@ class FullText:
         await self._own(lambda con: rebuild_range(con, after, upto))
 
     async def relink_forks(self) -> int:
-        """The fork links again, from the session.forked events (the forks rule's ops)."""
+        """The fork links again, from the session.forked events (the forks rule's ops),
+        ordered with every host's commits as SQLite's runs on its writer's thread: each
+        commit starts by locking its sessions' rows (store.py's _LOCK, a ROW SHARE lock
+        of the table), which EXCLUSIVE waits for and then holds off until this transaction
+        ends (reads go on). So no fork is committed between a page's read and the links'
+        delete (its link would be lost), and no delete of a fork between its event's read
+        and its link's insert (the link would come back for a session that is gone)."""
         from sessiond_daemon.postgres import executor  # it runs this module's insert
 
         async def run(con: Any) -> int:
+            await con.execute("LOCK TABLE sessions IN EXCLUSIVE MODE")
             first, after = True, 0
             while True:
                 rows = await con.fetch(f"SELECT {EVENT_COLUMNS} FROM events WHERE"
                                        " type = 'session.forked' AND position > $1"
-                                       " ORDER BY position LIMIT 500", after)
+                                       " ORDER BY position LIMIT $2", after, RELINK_PAGE)
                 if rows or first:
                     await executor.run(con, relink([event_from_row(r) for r in rows],
                                                    first=first))
