@@ -180,6 +180,10 @@ class Writer:
         self.wake_follower: Callable[[], None] | None = None
         self.transactions = 0
         self.commands = 0
+        self.rechecks = 0  # shared store: decisions taken again on the stored view
+        self._rechecks = 0
+        self._from_cache: set[str] = set()
+        self._viewed = False
         self._rate: deque[tuple[float, int]] = deque()
         self._busy_since: float | None = None  # monotonic start of the batch in hand
         self.window = CommitWindow()  # batch sizes and commit times, for daemon.stats
@@ -308,7 +312,8 @@ class Writer:
             moved = await self._attempt_once(commands)
             if moved is None:
                 return
-            log.info("writer.store_moved", stale=len(moved.stale), head=moved.head)
+            log.info("writer.store_moved", stale=len(moved.stale), head=moved.head,
+                     rechecked=self._rechecks > 0)
             for sid in moved.stale:
                 self._cache.pop(sid, None)
             self.next_position = moved.head + 1
@@ -319,6 +324,15 @@ class Writer:
             " retry", {"detail": "store moved", "retry_after_ms": 50}))
 
     async def _attempt_once(self, commands: list[Command]) -> Moved | None:
+        self._rechecks = 0
+        # Shared store: the sessions decided on a cached view (another host may have moved
+        # them) and, of those, the ones a command was refused or answered on without a
+        # commit. The commit's version check catches a stale view that writes; a refusal or
+        # an answer without events it never sees, so those are decided again on the stored
+        # view (one read each) before anything is answered: a right expected_version is
+        # never refused for a view this host had not seen move.
+        self._from_cache = set()
+        suspects: set[str] = set()
         batch = Batch()
         built: list[_Built] = []
         batch.on_renumber = lambda shift: self._renumbered(batch, built, shift)
@@ -335,6 +349,7 @@ class Writer:
         first_position = self.next_position
         for cmd in commands:
             numbered = self.next_position
+            self._viewed = False  # set when the command is answered with the view alone
             try:
                 await self._decide(cmd, batch, overlay, repeats, built)
             except SessiondError as exc:
@@ -344,6 +359,14 @@ class Writer:
             if cmd.error is not None:
                 cmd.result = None
                 self.next_position = numbered  # a refused command leaves no gap
+            if cmd.session_id in self._from_cache and (cmd.error is not None
+                                                       or self._viewed):
+                suspects.add(cmd.session_id)
+        if suspects:
+            self.next_position = first_position
+            self._rechecks = len(suspects)
+            self.rechecks += len(suspects)
+            return Moved(frozenset(suspects), first_position - 1)
         if not (batch.events or batch.deletes):
             return None
         try:
@@ -493,6 +516,7 @@ class Writer:
         elif not plan.events:  # the plan found nothing to record: answer with the view
             if entry is None:
                 raise InternalError("a plan with no events for a missing session")
+            self._viewed = True
             cmd.result = _json.encode(plan.result(entry.state, []))
             return
         else:
@@ -587,11 +611,15 @@ class Writer:
         return events, typed
 
     async def _load(self, session_id: str) -> Entry | None:
-        # On a shared store another daemon may have written or deleted the session since
-        # we cached it: decide on the stored view (the commit still checks it under lock).
-        entry = None if self.shared else self._cache.get(session_id)
+        # On a shared store too the cached view is decided on: another daemon may have
+        # written or deleted the session since, and then the commit's version check under
+        # the row lock says so (Moved: decided again on the stored view); a refusal or an
+        # answer decided on it is checked again (see _attempt_once).
+        entry = self._cache.get(session_id)
         if entry is not None:
             self._cache.move_to_end(session_id)
+            if self.shared:
+                self._from_cache.add(session_id)
             return entry
         try:
             entry = await self.store.load_entry(session_id)

@@ -4,6 +4,7 @@ read runs its cursor in a transaction of its own), so no transaction spans the w
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,12 +53,14 @@ class Reads:
     """Read queries over the pool `_pool` (an asyncpg.Pool, set by open)."""
 
     _pool: Any
+    reads: Counter[str]  # statements run, by what ran them (the fleet tests count them)
 
     @staticmethod
     def _state(data: bytes) -> SessionState:
         return _state_decoder.decode(data)
 
     async def _all(self, sql: str, *args: Any) -> list[Any]:
+        self.reads["pool"] += 1
         try:
             return list(await self._pool.fetch(sql, *args))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
@@ -75,6 +78,7 @@ class Reads:
         if not max_bytes:
             page.extend(await self._all(sql, *args))
             return page
+        self.reads["pool"] += 1
         try:
             async with self._pool.acquire() as con, con.transaction(readonly=True):
                 cursor = await con.cursor(sql, *args)

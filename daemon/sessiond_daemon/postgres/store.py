@@ -25,6 +25,7 @@ One batch is one transaction on the writer's connection:
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -139,6 +140,9 @@ class PostgresStore(ModelReads):
         self.migrated: list[int] = []  # the migrations this open applied
         self.last_commit_s = 0.0
         self.moved = 0  # batches refused because another daemon moved a session
+        # Statements run outside a commit, by what ran them ("pool": the readers; "view",
+        # "keys", "head": the writer's): a daemon that only writes reads none per write.
+        self.reads: Counter[str] = Counter()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -213,10 +217,12 @@ class PostgresStore(ModelReads):
 
     async def last_position(self) -> int:
         """The position of the last committed event (the counter row)."""
+        self.reads["head"] += 1
         return int(await self._run(
             lambda c: c.fetchval("SELECT position FROM log_head WHERE id = 1")))
 
     async def load_entry(self, session_id: str) -> Entry | None:
+        self.reads["view"] += 1
         row = await self._run(lambda c: c.fetchrow(
             "SELECT s.state, s.last_hash, (SELECT position FROM events e WHERE"
             " e.session_id = s.session_id ORDER BY version DESC LIMIT 1)"
@@ -238,6 +244,7 @@ class PostgresStore(ModelReads):
         whichever daemon stored them."""
         if not keys:
             return {}
+        self.reads["keys"] += 1
         rows = await self._run(lambda c: c.fetch(
             "SELECT i.session_id, i.key, i.result FROM idempotency i JOIN unnest($1::text[],"
             " $2::text[]) AS k(session_id, key) USING (session_id, key)",

@@ -1,0 +1,82 @@
+"""What a host reads on a shared database: nothing per write (it decides on its cached view;
+the commit's version check under the row lock catches a view another host moved), one
+view read when a decision it would refuse or answer without a commit was taken on a view
+another host had moved, and nothing at all after its own commits while nobody on it
+subscribes or tails (the shared log is followed only for them)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pg
+import pytest
+from conftest import daemon_config, running_daemon
+
+from sessiond import AsyncClient
+from sessiond_daemon import lifecycle
+from sessiond_daemon.config import Config
+from sessiond_daemon.eventstore import Store
+from sessiond_schemas.errors import VersionConflictError
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from pg.database()
+
+
+class Stores:
+    """A store factory that keeps the stores it made (to read their counters)."""
+
+    def __init__(self) -> None:
+        self.made: list[Store] = []
+
+    def __call__(self, config: Config) -> Store:
+        self.made.append(lifecycle.default_store(config))
+        return self.made[-1]
+
+    def reads(self, i: int) -> dict[str, int]:
+        return dict(getattr(self.made[i], "reads"))  # noqa: B009 (PostgresStore's counter)
+
+
+def _configs(short_dir: str, pg_url: str) -> list[Config]:
+    configs = [daemon_config(os.path.join(short_dir, name), db=pg_url) for name in "ab"]
+    for config in configs:
+        os.makedirs(os.path.dirname(config.socket or ""), exist_ok=True)
+    return configs
+
+
+async def test_a_host_decides_on_its_cached_view(pg_url: str, short_dir: str) -> None:
+    stores = Stores()
+    a_conf, b_conf = _configs(short_dir, pg_url)
+    async with (running_daemon(a_conf, stores) as a, running_daemon(b_conf, stores) as b,
+                AsyncClient(a.socket) as on_a, AsyncClient(b.socket) as on_b):
+        sid = (await on_a.create_session()).session_id
+        version = (await on_a.append_message(sid, "user", "a0")).version
+        before = stores.reads(0)
+        for i in range(20):
+            version = (await on_a.append_message(sid, "user", f"a{i}")).version
+        assert stores.reads(0).get("view", 0) == before.get("view", 0)  # none per write
+        # b moves the session: a's cached view is stale. An append decided on it is caught
+        # by the commit (Moved: one view read, decided again), never refused.
+        version = (await on_b.append_message(sid, "user", "b0")).version
+        reads = stores.reads(0).get("view", 0)
+        result = await on_a.append_message(sid, "user", "after b")
+        assert result.version == version + 1
+        assert stores.reads(0)["view"] == reads + 1
+        # b moves it again: a right expected_version is accepted by a (whose cached view
+        # is one behind: checked again on the stored view before refusing), a wrong one
+        # is refused with the stored version.
+        version = (await on_b.append_message(sid, "user", "b1")).version
+        ok = await on_a.call("message.append", session_id=sid, role="user", content="right",
+                             expected_version=version)
+        assert ok["version"] == version + 1
+        await on_b.append_message(sid, "user", "b2")
+        with pytest.raises(VersionConflictError) as refused:
+            await on_a.call("message.append", session_id=sid, role="user", content="wrong",
+                            expected_version=version)
+        assert refused.value.data == {"expected": version, "actual": version + 2}
+        stored = await on_b.read_events(sid)
+        assert [e.version for e in stored.events] == list(range(1, version + 3))
