@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import anyio
 import pg
 import pytest
-from conftest import daemon_config, running_daemon
+from conftest import daemon_config, eventually, running_daemon
 
 from sessiond import AsyncClient
 from sessiond_daemon import lifecycle
@@ -80,3 +81,37 @@ async def test_a_host_decides_on_its_cached_view(pg_url: str, short_dir: str) ->
         assert refused.value.data == {"expected": version, "actual": version + 2}
         stored = await on_b.read_events(sid)
         assert [e.version for e in stored.events] == list(range(1, version + 3))
+
+
+async def test_no_reads_after_its_own_commits_without_subscribers(pg_url: str,
+                                                                  short_dir: str) -> None:
+    """Both hosts write, each batch of a's lands after some of b's (a gap a's writer
+    cannot ring itself): with nobody subscribed on a, a reads nothing for them. A
+    subscription on a then sees b's events, from the head on, and a follows again."""
+    stores = Stores()
+    a_conf, b_conf = _configs(short_dir, pg_url)
+    async with (running_daemon(a_conf, stores) as a, running_daemon(b_conf, stores) as b,
+                AsyncClient(a.socket) as on_a, AsyncClient(b.socket) as on_b):
+        mine = (await on_a.create_session()).session_id
+        theirs = (await on_b.create_session()).session_id
+        await on_a.append_message(mine, "user", "warm")
+        before = sum(stores.reads(0).values())
+        for i in range(15):
+            await on_b.append_message(theirs, "user", f"b{i}")
+            await on_a.append_message(mine, "user", f"a{i}")
+        await on_b.append_message(theirs, "user", "last of b")
+        assert sum(stores.reads(0).values()) == before, stores.reads(0)
+        # A subscriber on a: b's events after it come through a's follower, live.
+        seen: list[str] = []
+        async with on_a.subscribe(session_id=theirs) as sub:
+            async def follow() -> None:
+                async for event in sub:
+                    seen.append(event.data["content"])
+                    return
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                await eventually(lambda: sub.caught_up, "the subscription")
+                await on_b.append_message(theirs, "user", "seen on a")
+        assert seen == ["seen on a"]
+        assert sum(stores.reads(0).values()) > before  # the follower read it

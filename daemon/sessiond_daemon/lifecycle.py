@@ -214,8 +214,11 @@ class Daemon:
         if not isinstance(store, PostgresStore):
             return
         follower = Follower(store, writer.deliver, cursor=writer.committed_position,
-                            at=lambda: writer.committed_position)
-        writer.wake_follower = follower.wake
+                            at=lambda: writer.committed_position,
+                            needed=lambda: writer.watchers > 0)
+        writer.wake_follower = follower.hint
+        writer.resume_follower = follower.resume
+        writer.idle_follower = follower.idle
 
         lost = False  # "back" only after a loss: the first connection is not a return
 
@@ -230,7 +233,8 @@ class Daemon:
                 log.info("daemon.database_back")
                 self.notifier.notify(f"STATUS=serving, {self.server.connections} connections")
 
-        listener = Listener(store.connect, follower.wake, on_state=database)
+        listener = Listener(store.connect, follower.wake, on_state=database,
+                            on_hint=follower.hint)
 
         async def follow() -> None:
             with scope:

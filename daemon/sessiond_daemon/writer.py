@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,7 +178,13 @@ class Writer:
         # Fleet mode (a store several daemons share): wakes the follower of the shared log
         # (lifecycle), which rings the bells for batches that do not follow on from
         # `committed_position` (another host's events come between); see `deliver`.
-        self.wake_follower: Callable[[], None] | None = None
+        self.wake_follower: Callable[[int], None] | None = None  # given the batch's end
+        # Those who follow the bells on this host (subscriptions, HTTP tails: `watch`).
+        # While there are none, the shared log is not followed at all: this host's batches
+        # are rung even past a gap (nobody holds a bell to miss the events in it).
+        self.watchers = 0
+        self.resume_follower: Callable[[], Awaitable[None]] | None = None
+        self.idle_follower: Callable[[], None] | None = None
         self.transactions = 0
         self.commands = 0
         self.rechecks = 0  # shared store: decisions taken again on the stored view
@@ -218,6 +225,32 @@ class Writer:
             return None
         entry = self._cache.get(session_id)
         return entry.state if entry is not None else None
+
+    async def watch(self) -> None:
+        """Say that bells will be followed from now on (call before taking the mark: a
+        subscription's `committed_position` and `bell`, a tail's bell). In fleet mode the
+        first one resumes the follower of the shared log (one read of its head)."""
+        self.watchers += 1
+        if self.resume_follower is not None:
+            try:
+                await self.resume_follower()
+            except BaseException:
+                self.unwatch()
+                raise
+
+    def unwatch(self) -> None:
+        """The end of a `watch`."""
+        self.watchers -= 1
+        if self.watchers == 0 and self.idle_follower is not None:
+            self.idle_follower()
+
+    @asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        await self.watch()
+        try:
+            yield
+        finally:
+            self.unwatch()
 
     @property
     def queue_depth(self) -> int:
@@ -433,11 +466,12 @@ class Writer:
     def _ring(self, batch: Batch) -> None:
         """Ring the batch for subscribers. In fleet mode a batch that does not follow on
         from what was rung is left to the follower, which reads it with the other hosts'
-        events before it, in position order; its deletes are rung now."""
+        events before it, in position order; its deletes are rung now. With nobody
+        watching, nobody misses those events: the batch is rung at once, past the gap."""
         events = batch.events
-        if (self.wake_follower is not None and events
+        if (self.wake_follower is not None and events and self.watchers
                 and events[0].position != self.committed_position + 1):
-            self.wake_follower()
+            self.wake_follower(events[-1].position)
             events = []
         self._ring_bell(events, frozenset(batch.deletes),
                         events[-1].position if events else self.committed_position)
