@@ -117,6 +117,43 @@ _EVENTS: Final = """
     SELECT position - $1 + 1, pg_notify($11, position::text) FROM head"""
 
 
+class _Counted:
+    """The writer's connection as a commit uses it, counting the statements it sends (each
+    one round trip) and those sent while the counter row is locked."""
+
+    __slots__ = ("_con", "locked_at", "locked_from", "sent")
+
+    def __init__(self, con: Any) -> None:
+        self._con = con
+        self.sent = 0
+        self.locked_from = 0  # statements sent before the one that moves the counter row
+        self.locked_at = 0.0  # perf_counter when that statement was sent (0: not yet)
+
+    def lock(self) -> None:
+        """The next statement moves the counter row: the lock is held from it to COMMIT."""
+        self.locked_from, self.locked_at = self.sent, time.perf_counter()
+
+    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent += 1
+        return await self._con.fetch(*args, **kwargs)
+
+    async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent += 1
+        return await self._con.fetchrow(*args, **kwargs)
+
+    async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent += 1
+        return await self._con.fetchval(*args, **kwargs)
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent += 1
+        return await self._con.execute(*args, **kwargs)
+
+    async def executemany(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent += 1  # one round trip: asyncpg pipelines the rows
+        return await self._con.executemany(*args, **kwargs)
+
+
 class PostgresStore(ModelReads):
     """The writer's connection (only the writer task uses it) and a pool for reads."""
 
@@ -143,6 +180,10 @@ class PostgresStore(ModelReads):
         # Statements run outside a commit, by what ran them ("pool": the readers; "view",
         # "keys", "head": the writer's): a daemon that only writes reads none per write.
         self.reads: Counter[str] = Counter()
+        # The commits' own timing since the start (daemon.stats `store_commits`, B12).
+        self.figures: dict[str, float] = dict.fromkeys(
+            ("commits", "events", "round_trips", "locked_round_trips", "locked_s",
+             "commit_s", "moved"), 0.0)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -258,11 +299,13 @@ class PostgresStore(ModelReads):
         want = bases(batch)
         try:
             con = await self._writer()
+            counted = _Counted(con)
             try:
                 async with con.transaction():
-                    await self._write(con, batch, want)
+                    await self._write(counted, batch, want)
             except _Abort as abort:
                 self.moved += 1
+                self.figures["moved"] += 1
                 return Moved(abort.stale, await self._head(con))
             except asyncpg.UniqueViolationError as exc:
                 if exc.constraint_name not in ("events_session_version", "sessions_pkey"):
@@ -270,20 +313,30 @@ class PostgresStore(ModelReads):
                     raise
                 # Another daemon created one of these sessions at the same moment.
                 self.moved += 1
+                self.figures["moved"] += 1
                 return Moved(frozenset(sid for sid, v in want.items() if v == 0),
                              await self._head(con))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
             if isinstance(exc, RETRYABLE):
                 self._drop_writer()
             raise storage_error(exc) from exc
-        self.last_commit_s = time.perf_counter() - started
+        ended = time.perf_counter()
+        self.last_commit_s = ended - started
+        f = self.figures
+        f["commits"] += 1
+        f["events"] += len(batch.events)
+        f["round_trips"] += counted.sent + 2  # BEGIN and COMMIT besides
+        if counted.locked_at:
+            f["locked_round_trips"] += counted.sent - counted.locked_from + 1  # COMMIT too
+            f["locked_s"] += ended - counted.locked_at
+        f["commit_s"] += self.last_commit_s
         return None
 
     @staticmethod
     async def _head(con: Any) -> int:
         return int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
 
-    async def _write(self, con: Any, batch: Batch, want: dict[str, int]) -> None:
+    async def _write(self, con: _Counted, batch: Batch, want: dict[str, int]) -> None:
         touched = sorted({*want, *batch.deletes})
         stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
         # A delete too is decided from a version (a client's expected_version): checked.
@@ -313,6 +366,7 @@ class PostgresStore(ModelReads):
                 [(v.session_id, v.version, _json.encode(v)) for v in batch.snapshots])
         ev = batch.events
         if ev:
+            con.lock()
             first = await con.fetchval(
                 _EVENTS, len(ev), [e.session_id for e in ev], [e.version for e in ev],
                 [e.event_id for e in ev], [e.type for e in ev],
