@@ -105,7 +105,8 @@ _IDEMPOTENCY: Final = """
 # from here to COMMIT, so everything that needs no position comes before.
 _EVENTS: Final = """
     WITH head AS (
-        UPDATE log_head SET position = position + $1 WHERE id = 1 RETURNING position),
+        UPDATE log_head SET position = position + $1 WHERE id = 1
+        RETURNING position, extract(epoch FROM clock_timestamp()) AS locked_at),
     ins AS (
         INSERT INTO events (position, session_id, version, event_id, type, schema_version,
             recorded_at, data, meta, hash)
@@ -114,7 +115,7 @@ _EVENTS: Final = """
         FROM head, unnest($2::text[], $3::bigint[], $4::text[], $5::text[], $6::int[],
             $7::text[], $8::bytea[], $9::bytea[], $10::text[]) WITH ORDINALITY
             AS e(sid, ver, eid, typ, sv, rec, dat, met, hsh, n))
-    SELECT position - $1 + 1, pg_notify($11, position::text) FROM head"""
+    SELECT position - $1 + 1, locked_at, pg_notify($11, position::text) FROM head"""
 
 
 class _Counted:
@@ -127,11 +128,13 @@ class _Counted:
         self._con = con
         self.sent = 0
         self.locked_from = 0  # statements sent before the one that moves the counter row
-        self.locked_at = 0.0  # perf_counter when that statement was sent (0: not yet)
+        # When the server took the counter row's lock (its clock, seconds since the epoch;
+        # held to COMMIT's answer, taken on this host's clock: the same on one machine).
+        self.locked_at = 0.0
 
     def lock(self) -> None:
         """The next statement moves the counter row: the lock is held from it to COMMIT."""
-        self.locked_from, self.locked_at = self.sent, time.perf_counter()
+        self.locked_from = self.sent
 
     async def fetch(self, *args: Any, **kwargs: Any) -> Any:
         self.sent += 1
@@ -321,6 +324,7 @@ class PostgresStore(ModelReads):
                 self._drop_writer()
             raise storage_error(exc) from exc
         ended = time.perf_counter()
+        locked_to = time.time()
         self.last_commit_s = ended - started
         f = self.figures
         f["commits"] += 1
@@ -328,7 +332,7 @@ class PostgresStore(ModelReads):
         f["round_trips"] += counted.sent + 2  # BEGIN and COMMIT besides
         if counted.locked_at:
             f["locked_round_trips"] += counted.sent - counted.locked_from + 1  # COMMIT too
-            f["locked_s"] += ended - counted.locked_at
+            f["locked_s"] += max(0.0, locked_to - counted.locked_at)
         f["commit_s"] += self.last_commit_s
         return None
 
@@ -367,12 +371,13 @@ class PostgresStore(ModelReads):
         ev = batch.events
         if ev:
             con.lock()
-            first = await con.fetchval(
+            first, con.locked_at, _ = await con.fetchrow(
                 _EVENTS, len(ev), [e.session_id for e in ev], [e.version for e in ev],
                 [e.event_id for e in ev], [e.type for e in ev],
                 [e.schema_version for e in ev], [e.recorded_at for e in ev],
                 [_json.encode(e.data) for e in ev], [_json.encode(e.meta) for e in ev],
                 [e.hash for e in ev], CHANNEL)
+            con.locked_at = float(con.locked_at)
             batch.renumber(int(first))  # the writer's results follow (idempotency too)
             await projections.project(con, batch)
         if batch.idempotency:

@@ -52,7 +52,8 @@ class StatsResult(msgspec.Struct, kw_only=True):
     connections_closed_by_budget: int | None = None
     # A shared store's (PostgreSQL's) commit totals since the daemon started: commits,
     # events, round_trips (statements sent, BEGIN and COMMIT included), locked_round_trips
-    # and locked_s (from the statement that moves the counter row to COMMIT's answer),
+    # (from the statement that moves the counter row to COMMIT) and locked_s (from the
+    # server taking that row's lock to COMMIT's answer),
     # commit_s, moved (batches decided again). None on SQLite and from older daemons.
     store_commits: dict[str, float] | None = None
 
