@@ -17,16 +17,9 @@ from typing import Final
 import structlog
 
 from . import search
+from .stores.schema import OWNER_UID, owner_sql
 
 log = structlog.get_logger("sessiond.store")
-
-OWNER_UID: Final = "{owner_uid}"  # in a migration's SQL: the migrating daemon's uid
-
-
-def owner_sql(sql: str) -> str:
-    """A migration's statement with OWNER_UID filled in (a number: nothing to quote)."""
-    return sql.replace(OWNER_UID, str(os.getuid()))
-
 
 # A step is a statement, or a function of the connection for what SQL cannot say alone.
 Step = str | Callable[[sqlite3.Connection], None]
@@ -339,8 +332,3 @@ def _backup(con: sqlite3.Connection, target: str) -> None:
     finally:
         dest.close()
     os.replace(tmp, target)
-
-
-SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
-                         "graph_checkpoints", "graph_blobs", "graph_writes", "progress_steps",
-                         "runner_events", "forks", "sessions")

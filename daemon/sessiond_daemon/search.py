@@ -3,8 +3,9 @@ the session.search query.
 
 The index (`search`) is a read model of the events: an FTS5 table whose external content
 is the view `search_source`, one row per event of an indexed type (rowid = position),
-with two columns computed from the event by `text_of` (registered in SQLite as
-`sessiond_search_text`, so the view, the writer and a rebuild compute the same text):
+with two columns computed from the event by `text_of` (the index's read-model rule,
+stores/models/search_text.py, whose rows the writer's commit inserts; registered in SQLite
+as `sessiond_search_text`, so the view, the writer and a rebuild compute the same text):
   body: message content, the task, errors;
   tags: tool_call_id, actor, model, adapter and metadata values.
 Messages taken out of a conversation (message.pop, message.clear) stay searchable, as
@@ -25,15 +26,14 @@ from typing import Any, Final
 import msgspec
 
 from sessiond_schemas.errors import InvalidParamsError, SessiondError, StorageError
-from sessiond_schemas.events import Event
 from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession
 
-from .eventstore import Batch, SqlAccess, Store
+from .eventstore import SqlAccess, Store
+from .stores.models.search_text import INDEXED_TYPES, text_of
+
+__all__ = ["INDEXED_TYPES", "text_of"]  # the index's rule (stores/models/search_text.py)
 
 FUNCTION: Final = "sessiond_search_text"
-INDEXED_TYPES: Final = ("message.appended", "session.created", "session.forked",
-                        "metadata.updated", "session.status_changed", "result.recorded",
-                        "problem.recorded")
 _TYPES_SQL: Final = ", ".join(f"'{t}'" for t in INDEXED_TYPES)
 
 # Migration 4's statements (daemon/sessiond_daemon/migrations.py): the view, the index,
@@ -51,49 +51,6 @@ MIGRATION: Final[list[str]] = [
 
 _decode = msgspec.json.Decoder(dict[str, Any])
 _json = msgspec.json.Encoder()
-
-
-def _values(value: Any, out: list[str]) -> None:
-    """Every scalar in a JSON value, as text, in document order (keys are not included)."""
-    if isinstance(value, dict):
-        for v in value.values():
-            _values(v, out)
-    elif isinstance(value, list):
-        for v in value:
-            _values(v, out)
-    elif isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        out.append(str(value))
-
-
-def _join(*parts: Any) -> str | None:
-    text = " ".join(p for p in parts if isinstance(p, str) and p)
-    return text or None
-
-
-def text_of(event_type: str, data: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(body, tags) of one event: what the index holds for it."""
-    meta: list[str] = []
-    if event_type == "message.appended":
-        _values(data.get("metadata", {}), meta)
-        return data.get("content"), _join(data.get("tool_call_id"), *meta)
-    if event_type in ("session.created", "session.forked"):
-        d = data.get("state", {}) if event_type == "session.forked" else data
-        if not isinstance(d, dict):
-            return None, None
-        _values(d.get("metadata", {}), meta)
-        return (_join(d.get("task"), d.get("error")),
-                _join(d.get("actor_name"), d.get("model"), d.get("adapter"), *meta))
-    if event_type == "metadata.updated":
-        _values(data.get("patch", {}), meta)
-        return None, _join(*meta)
-    if event_type in ("session.status_changed", "result.recorded"):
-        return _join(data.get("error")), None
-    if event_type == "problem.recorded":
-        _values(data, meta)
-        return _join(*meta), None
-    return None, None
 
 
 def _sql_text(column: int, event_type: str, data: bytes | str) -> str | None:
@@ -126,22 +83,6 @@ def sql_of(store: Store) -> SqlAccess:
 
 
 # --- the writer's side (inside the batch transaction) --------------------------------------
-
-
-def project(db: sqlite3.Connection, batch: Batch) -> None:
-    """The store's projection (sqlite/store.py PROJECTIONS): index the batch's events."""
-    index(db, batch.events)
-
-
-def index(db: sqlite3.Connection, events: list[Event]) -> None:
-    """Add a batch's events of indexed types to the index."""
-    rows = []
-    for e in events:
-        if e.type in INDEXED_TYPES:
-            body, tags = text_of(e.type, e.data)
-            rows.append((e.position, body, tags))
-    if rows:
-        db.executemany("INSERT INTO search (rowid, body, tags) VALUES (?, ?, ?)", rows)
 
 
 def forget_session(db: sqlite3.Connection, session_id: str) -> None:

@@ -13,9 +13,11 @@ from sessiond_schemas.events import EventMeta
 
 from . import forks, search
 from .commands import Commands
-from .eventstore import SqlAccess, Store, client_gone
+from .eventstore import EVENT_COLUMNS, SqlAccess, Store, client_gone, event_from_row
 from .forks import StateAt
 from .service import normalise_time
+from .sqlite import executor
+from .stores.models.conversation import relink as relink_forks
 
 log = structlog.get_logger("sessiond.search")
 REINDEX_RANGE = 50_000  # positions per transaction: about a second of work
@@ -82,12 +84,13 @@ class SearchAndFork:
             done = upto
 
         def relink(con: sqlite3.Connection) -> int:
-            con.execute("DELETE FROM forks")
-            con.execute(
-                "INSERT INTO forks (session_id, source_id, version, forked_at, position)"
-                " SELECT session_id, json_extract(data, '$.from.session_id'),"
-                " json_extract(data, '$.from.version'), recorded_at, position FROM events"
-                " WHERE type = 'session.forked'")
+            cur = con.execute(f"SELECT {EVENT_COLUMNS} FROM events"
+                              " WHERE type = 'session.forked' ORDER BY position")
+            first = True
+            while (rows := cur.fetchmany(500)) or first:
+                executor.run(con, relink_forks([event_from_row(r) for r in rows],
+                                               first=first))
+                first = False
             return int(con.execute("SELECT COUNT(*) FROM forks").fetchone()[0])
         linked = await self.sql.on_writer(relink)
         result = rpc.ReindexResult(indexed=await self.sql.on_reader(search.count),

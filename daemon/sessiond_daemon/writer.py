@@ -42,9 +42,10 @@ from sessiond_schemas.export import canonical, chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
+from .core.hooks import NO_METRICS, Hooks
+from .core.window import CommitWindow
 from .eventstore import Batch, Entry, EventStore, Moved
 from .histories import Histories, check_import, damaged_error
-from .metrics import NO_METRICS, CommitWindow, Hooks
 
 log = structlog.get_logger("sessiond.writer")
 

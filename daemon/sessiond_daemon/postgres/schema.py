@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import structlog
 
-from ..migrations import OWNER_UID, owner_sql
+from ..stores.schema import OWNER_UID, owner_sql
 
 log = structlog.get_logger("sessiond.store")
 
@@ -216,11 +216,6 @@ MIGRATIONS: Final[list[list[str]]] = [
 ]
 
 LATEST: Final = len(MIGRATIONS)
-
-# A session's rows, in the order a delete removes them (the view last).
-SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
-                         "graph_checkpoints", "graph_blobs", "graph_writes", "progress_steps",
-                         "runner_events", "forks", "sessions")
 
 
 class SchemaTooNew(Exception):

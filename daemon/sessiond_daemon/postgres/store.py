@@ -13,8 +13,9 @@ One batch is one transaction on the writer's connection:
    position = position + n RETURNING position`), inserts the events numbered from it
    and queues one NOTIFY. The writer's numbering is only provisional: the batch is
    renumbered (`Batch.renumber`), and the writer rebuilds the results that quote
-   positions, inside the transaction; then the read models (projections.py, which
-   point at positions) and the idempotency results; then COMMIT. The counter's row
+   positions, inside the transaction; then the read models (the rules' row operations,
+   stores/models, built before the positions were taken and shifted to them by
+   executor.py) and the idempotency results; then COMMIT. The counter's row
    lock orders commits, so positions are gapless and in commit order: a reader of
    `position > cursor` never skips an event that commits late, and a rollback gives its
    positions back (Commanded EventStore's design; a sequence or bigserial would leave
@@ -36,7 +37,9 @@ import structlog
 from sessiond_schemas.errors import StorageError
 
 from ..eventstore import Batch, Capabilities, Entry, Moved, Store
-from . import forks, projections, schema
+from ..stores import models
+from ..stores.schema import LOG_TABLES
+from . import executor, schema
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -341,6 +344,10 @@ class PostgresStore(ModelReads):
         return int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
 
     async def _write(self, con: _Counted, batch: Batch, want: dict[str, int]) -> None:
+        # The read models' ops, before any lock is taken; they point at the writer's
+        # numbering, which the commit's may shift.
+        ops = models.ops_of(batch.events, batch.payloads)
+        numbered = batch.events[0].position if batch.events else 0
         touched = sorted({*want, *batch.deletes})
         stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
         # A delete too is decided from a version (a client's expected_version): checked.
@@ -352,8 +359,8 @@ class PostgresStore(ModelReads):
         if stale:
             raise _Abort(sorted(stale))
         if batch.deletes:
-            await forks.keep_payloads_of_deleted(con, batch.deletes)
-            for table in schema.SESSION_TABLES:
+            await executor.run(con, models.forget(batch.deletes))
+            for table in LOG_TABLES:  # the read models' rows went by their ops
                 await con.execute(f"DELETE FROM {table} WHERE session_id = ANY($1::text[])",
                                   batch.deletes)
         if batch.views:
@@ -379,7 +386,7 @@ class PostgresStore(ModelReads):
                 [e.hash for e in ev], CHANNEL)
             con.locked_at = float(con.locked_at)
             batch.renumber(int(first))  # the writer's results follow (idempotency too)
-            await projections.project(con, batch)
+            await executor.run(con, ops, batch.events[0].position - numbered)
         if batch.idempotency:
             items = batch.idempotency
             await con.execute(_IDEMPOTENCY, [i[0] for i in items], [i[1] for i in items],

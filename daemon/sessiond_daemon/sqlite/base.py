@@ -1,6 +1,7 @@
 """The SQLite store's read side: the read connections, paged queries, and driver errors.
 
-The read-model mixins (views.py, graphs.py) and the store (store.py) build on this.
+The store (store.py), its views (sessions.py) and the shared read-model queries
+(stores/models/queries.py, through `_q_all` / `_q_page`) build on this.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sessiond_schemas.errors import StorageError
 from sessiond_schemas.events import EventMeta
 
 from ..eventstore import Page
+from ..stores.models.sql import SQLITE, render
 
 T = TypeVar("T")
 
@@ -60,6 +62,7 @@ class SqliteReads:
 
     _readers: list[aiosqlite.Connection]
     _next_reader: Iterator[int]
+    dialect = SQLITE
 
     def __init__(self, readers: int) -> None:
         self._reader_count = readers
@@ -101,6 +104,13 @@ class SqliteReads:
                 # `limit` large rows into memory at once.
                 chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
         return page
+
+    # The shared read-model queries' driver (stores/models/queries.py).
+    async def _q_all(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        return await self._all(render(sql, SQLITE), args)
+
+    async def _q_page(self, sql: str, args: tuple[Any, ...], max_bytes: int) -> Page[Any]:
+        return await self._page(render(sql, SQLITE), args, max_bytes)
 
     async def on_reader(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn` with a read connection on that connection's thread (several statements,

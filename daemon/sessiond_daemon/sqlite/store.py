@@ -1,7 +1,7 @@
 """The SQLite store: opening and migrating the file, the writer's batch commit, and the
-reads of the log. It implements `eventstore.Store`; the read models it keeps in the
-commit are in this package, one module per feature (sessions, conversation, graphs,
-agents), with search.py's and forks.py's own SQL.
+reads of the log. It implements `eventstore.Store`: the read models it keeps in the
+commit are the rules' row operations (stores/models), run by executor.py; their reads are
+stores/models/queries.py's; the views are sessions.py's; the search index is search.py's.
 
 The write connection is a plain sqlite3 connection living on one thread of its own
 (`WriterThread`), so a whole batch transaction is one thread hop; aiosqlite would make it
@@ -27,35 +27,30 @@ import structlog
 from sessiond_schemas.errors import StorageError
 from sessiond_schemas.events import Event
 
-from .. import forks, host, migrations, search
+from .. import host, migrations, search
 from ..eventstore import (
     EVENT_COLUMNS,
     Batch,
     Capabilities,
     Entry,
-    ForkRow,
     Moved,
     Page,
     event_from_row,
     repage,
 )
-from ..migrations import SESSION_TABLES
-from . import agents, conversation, graphs, progress, runner, sessions
+from ..stores import models
+from ..stores.models.queries import ModelQueries
+from ..stores.models.views import state_decoder
+from . import executor, sessions
 from .agents import AgentReads
 from .base import encode, encode_meta, marks, storage_error
-from .conversation import ConversationReads
-from .graphs import GraphIndex
-from .progress import ProgressReads
-from .runner import RunnerReads
-from .sessions import SessionViews, state_decoder
+from .sessions import SessionViews
 
 log = structlog.get_logger("sessiond.store")
 T = TypeVar("T")
 
-# What the commit keeps besides the events, views and idempotency results, in this order.
-PROJECTIONS: tuple[Callable[[sqlite3.Connection, Batch], None], ...] = (
-    search.project, graphs.project, agents.project, conversation.project, progress.project,
-    runner.project)
+# A deleted session's rows that are the log's (the read models' go by their ops first).
+_LOG_TABLES = ("idempotency", "snapshots")
 
 
 class WriterThread:
@@ -139,8 +134,7 @@ async def _connect(path: str, synchronous: str, *, query_only: bool) -> aiosqlit
     return db
 
 
-class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, ProgressReads,
-                  RunnerReads):
+class SqliteStore(SessionViews, AgentReads, ModelQueries):
     """The write connection (only the writer task uses it) and a few read connections."""
 
     def __init__(self, path: str, durability: str = "full", readers: int = 2,
@@ -364,13 +358,12 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
+        # The read models first: the pages they free make room for the search index's
+        # delete markers (FTS5 writes them) in a database at max_db_bytes.
+        executor.run(db, models.forget(batch.deletes))
         for sid in batch.deletes:
-            # The read models first: the pages they free make room for the search index's
-            # delete markers (FTS5 writes them) in a database at max_db_bytes.
-            forks.keep_shared_payloads(db, sid)
-            for table in SESSION_TABLES:
-                if table not in ("events", "sessions"):
-                    db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
+            for table in _LOG_TABLES:
+                db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
             search.forget_session(db, sid)  # reads the session's events
             db.execute("DELETE FROM events WHERE session_id = ?", (sid,))
             db.execute("DELETE FROM sessions WHERE session_id = ?", (sid,))
@@ -385,8 +378,7 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
                     for e in batch.events
                 ],
             )
-            for project in PROJECTIONS:
-                project(db, batch)
+            executor.run(db, models.ops_of(batch.events, batch.payloads))
         sessions.write_views(db, batch)
         if batch.idempotency:
             db.executemany(
@@ -458,22 +450,6 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
                 " AND session_id != ?", (*chunk, session_id))
             found += [r[0] for r in rows]
         return found
-
-    # --- forks (forks.py's SQL) ----------------------------------------------------------
-
-    async def hash_at(self, session_id: str, version: int) -> str | None:
-        return await self.on_reader(lambda con: forks.hash_at_sql(con, session_id, version))
-
-    async def fork_ancestry(self, session_id: str, limit: int) -> list[str]:
-        return await self.on_reader(lambda con: forks.ancestry_sql(con, session_id, limit))
-
-    async def fork_count(self, session_id: str) -> int:
-        return await self.on_reader(lambda con: forks.count_sql(con, session_id))
-
-    async def forks_page(self, source_id: str, after: str,
-                         limit: int) -> tuple[int, list[ForkRow]]:
-        n, rows = await self.on_reader(lambda con: forks.page_sql(con, source_id, after, limit))
-        return n, [ForkRow(session_id=r[0], version=r[1], forked_at=r[2]) for r in rows]
 
     # --- capabilities: integrity, backup, size, SQL access --------------------------------
 
