@@ -22,6 +22,7 @@ a store that several daemons share must check.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -89,6 +90,11 @@ class Batch:
     # Told the shift when a store gives the events other positions than the writer's
     # (`renumber`): the writer rebuilds the results that quote positions.
     on_renumber: Callable[[int], None] | None = None
+    # For a store that numbers the batch inside one statement (PostgreSQL's one-call
+    # commit): each idempotency result (session_id, key) as a Template, which that
+    # statement fills with the positions it takes. A key without one: the store commits
+    # the batch in its multi-statement way (numbers first, then results).
+    templates: dict[tuple[str, str], Template] = field(default_factory=dict)
 
     def renumber(self, first: int) -> None:
         """Number the events from `first` on (a store that takes positions in the commit
@@ -108,7 +114,52 @@ class Batch:
         self.events = [e for e in self.events if e.session_id != session_id]
         self.views.pop(session_id, None)
         self.idempotency = [i for i in self.idempotency if i[0] != session_id]
+        self.templates = {k: t for k, t in self.templates.items() if k[0] != session_id}
         self.snapshots = [v for v in self.snapshots if v.session_id != session_id]
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A result that quotes positions of its batch's events, as text around them:
+    `parts[0]`, the position of the batch's event `events[0]` (its index in the batch),
+    `parts[1]`, ... (one part more than events)."""
+
+    parts: tuple[str, ...]
+    events: tuple[int, ...]
+
+    def fill(self, first: int) -> bytes:
+        """The result with the batch numbered from `first`."""
+        out = [self.parts[0]]
+        for part, index in zip(self.parts[1:], self.events, strict=True):
+            out += [str(first + index), part]
+        return "".join(out).encode()
+
+
+# The positions a result is built with to find where it quotes them: the batch's event i
+# at TEMPLATE_MARK + i, then at TEMPLATE_OTHER + i (no position of a real log comes near).
+TEMPLATE_MARK: Final = 10**15
+TEMPLATE_OTHER: Final = 2 * 10**15
+_DIGITS: Final = re.compile(r"\d+")
+
+
+def template(marked: bytes, other: bytes, count: int) -> Template | None:
+    """The template of a result built twice, with the batch's event i at position
+    TEMPLATE_MARK + i (`marked`) and at TEMPLATE_OTHER + i (`other`), of a batch of
+    `count` events; None when the two do not line up (a number that moved with the
+    positions but is not one of them)."""
+    text = marked.decode()
+    parts: list[str] = []
+    events: list[int] = []
+    at = 0
+    for m in _DIGITS.finditer(text):
+        index = int(m.group()) - TEMPLATE_MARK
+        if 0 <= index < count:
+            parts.append(text[at:m.start()])
+            events.append(index)
+            at = m.end()
+    parts.append(text[at:])
+    t = Template(tuple(parts), tuple(events))
+    return t if t.fill(TEMPLATE_OTHER) == other else None
 
 
 @dataclass(frozen=True, slots=True)

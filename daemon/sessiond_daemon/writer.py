@@ -44,7 +44,16 @@ from sessiond_schemas.state import SessionState
 from . import projection
 from .core.hooks import NO_METRICS, Hooks
 from .core.window import CommitWindow
-from .eventstore import Batch, Entry, EventStore, Moved
+from .eventstore import (
+    TEMPLATE_MARK,
+    TEMPLATE_OTHER,
+    Batch,
+    Entry,
+    EventStore,
+    Moved,
+    Template,
+    template,
+)
 from .histories import Histories, check_import, damaged_error
 
 log = structlog.get_logger("sessiond.writer")
@@ -129,6 +138,7 @@ class _Built:
     build: Callable[[SessionState, list[Event]], Any] | None = None
     state: SessionState | None = None
     events: list[Event] = field(default_factory=list)
+    template: Template | None = None  # shared stores: the result with its positions open
 
 
 class _BatchFailed(Exception):
@@ -403,6 +413,8 @@ class Writer:
             return Moved(frozenset(suspects), first_position - 1)
         if not (batch.events or batch.deletes):
             return None
+        if self.shared and batch.events:
+            self._templates(batch, built)
         try:
             moved = await self.store.commit(batch)
         except Exception as exc:
@@ -428,6 +440,34 @@ class Writer:
         self._ring(batch)
         return None
 
+    @staticmethod
+    def _templates(batch: Batch, built: list[_Built]) -> None:
+        """A shared store numbers the batch in its commit: each result that quotes
+        positions, built again with marked positions, becomes a Template the commit fills
+        (the keyed ones go into the batch: the store stores them filled in the same
+        statement)."""
+        first, count = batch.events[0].position, len(batch.events)
+        ids = {e.event_id for e in batch.events}
+        for b in built:
+            if b.build is None or b.state is None or not b.events \
+                    or b.events[-1].event_id not in ids:  # a session a later delete took
+                continue
+            state = b.state
+
+            def at(base: int, events: list[Event] = b.events) -> list[Event]:
+                return [msgspec.structs.replace(e, position=base + e.position - first)
+                        for e in events]
+
+            try:
+                b.template = template(_json.encode(b.build(state, at(TEMPLATE_MARK))),
+                                      _json.encode(b.build(state, at(TEMPLATE_OTHER))),
+                                      count)
+            except Exception:  # built once already: a second build that fails is a bug
+                log.exception("writer.template_failed", session_id=b.cmd.session_id)
+                b.template = None
+            if b.key is not None and b.template is not None:
+                batch.templates[b.key] = b.template
+
     def _renumbered(self, batch: Batch, built: list[_Built], shift: int) -> None:
         """The store numbered the batch `shift` past the writer's numbering: build again
         the results that quote positions, and the idempotency results among them. Runs
@@ -439,7 +479,10 @@ class Writer:
             assert b.state is not None
             b.events = [msgspec.structs.replace(e, position=e.position + shift)
                         for e in b.events]
-            b.cmd.result = _json.encode(b.build(b.state, b.events))
+            if b.template is not None:
+                b.cmd.result = b.template.fill(batch.events[0].position)
+            else:
+                b.cmd.result = _json.encode(b.build(b.state, b.events))
             if b.key is not None:
                 results[b.key] = b.cmd.result
         for b in built:

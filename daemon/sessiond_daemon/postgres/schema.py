@@ -27,6 +27,7 @@ from typing import Any, Final
 import structlog
 
 from ..stores.schema import OWNER_UID, owner_sql
+from . import onecall
 
 log = structlog.get_logger("sessiond.store")
 
@@ -212,6 +213,10 @@ MIGRATIONS: Final[list[list[str]]] = [
     # host to start the new release; uids are taken to mean the same user on every host).
     [
         f"UPDATE idempotency SET key = '{OWNER_UID}:' || key",
+    ],
+    # 6: the commit as one server-side function (onecall.py): one round trip per batch.
+    [
+        onecall.CREATE,
     ],
 ]
 

@@ -38,8 +38,9 @@ from sessiond_schemas.errors import StorageError
 
 from ..eventstore import Batch, Capabilities, Entry, Moved, Store
 from ..stores import models
+from ..stores.models.ops import Op
 from ..stores.schema import LOG_TABLES
-from . import executor, schema
+from . import executor, onecall, schema
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -187,6 +188,9 @@ class PostgresStore(ModelReads):
         # "keys", "head": the writer's): a daemon that only writes reads none per write.
         self.reads: Counter[str] = Counter()
         # The commits' own timing since the start (daemon.stats `store_commits`, B12).
+        # Commit a batch the function takes in one statement (migration 6, onecall.py).
+        self.one_call = True
+        self._locked_at = 0.0
         self.figures: dict[str, float] = dict.fromkeys(
             ("commits", "events", "round_trips", "locked_round_trips", "locked_s",
              "commit_s", "moved"), 0.0)
@@ -303,12 +307,23 @@ class PostgresStore(ModelReads):
         `Moved` when another daemon wrote first (see the module's docstring)."""
         started = time.perf_counter()
         want = bases(batch)
+        # The read models' ops, before any lock is taken; they point at the writer's
+        # numbering, which the commit's may shift.
+        ops = models.ops_of(batch.events, batch.payloads)
+        numbered = batch.events[0].position if batch.events else 0
+        args = self._one_call(batch, want, ops, numbered) if self.one_call else None
         try:
             con = await self._writer()
             counted = _Counted(con)
             try:
-                async with con.transaction():
-                    await self._write(counted, batch, want)
+                if args is not None:
+                    moved = await self._call(con, batch, args)
+                    if moved is not None:
+                        return moved
+                    counted.sent, counted.locked_at = -1, self._locked_at  # one, no BEGIN
+                else:
+                    async with con.transaction():
+                        await self._write(counted, batch, want, ops, numbered)
             except _Abort as abort:
                 self.moved += 1
                 self.figures["moved"] += 1
@@ -322,6 +337,13 @@ class PostgresStore(ModelReads):
                 self.figures["moved"] += 1
                 return Moved(frozenset(sid for sid, v in want.items() if v == 0),
                              await self._head(con))
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != onecall.RACED:
+                    raise
+                self.moved += 1  # another host created one of the batch's new sessions
+                self.figures["moved"] += 1
+                return Moved(frozenset(str(exc.detail or "").split(",")),
+                             await self._head(con))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
             if isinstance(exc, RETRYABLE):
                 self._drop_writer()
@@ -332,22 +354,65 @@ class PostgresStore(ModelReads):
         f = self.figures
         f["commits"] += 1
         f["events"] += len(batch.events)
-        f["round_trips"] += counted.sent + 2  # BEGIN and COMMIT besides
+        one = counted.sent < 0
+        f["round_trips"] += 1 if one else counted.sent + 2  # BEGIN and COMMIT besides
         if counted.locked_at:
-            f["locked_round_trips"] += counted.sent - counted.locked_from + 1  # COMMIT too
+            f["locked_round_trips"] += 1 if one else counted.sent - counted.locked_from + 1
             f["locked_s"] += max(0.0, locked_to - counted.locked_at)
         f["commit_s"] += self.last_commit_s
+        return None
+
+    def _one_call(self, batch: Batch, want: dict[str, int], ops: list[Op],
+                  numbered: int) -> list[Any] | None:
+        """The arguments of sessiond_commit for this batch (onecall.py); None when it is
+        one the function does not take (deletes, ops other than inserts, a keyed result
+        without its template)."""
+        if batch.deletes or not batch.events or any(
+                (sid, key) not in batch.templates for sid, key, _ in batch.idempotency):
+            return None
+        rows = onecall.ops_json(ops, numbered)
+        if rows is None:
+            return None
+        r_no: list[int] = []
+        r_part: list[str] = []
+        r_event: list[int | None] = []
+        for no, (sid, key, _) in enumerate(batch.idempotency, 1):
+            t = batch.templates[(sid, key)]
+            r_no += [no] * len(t.parts)
+            r_part += t.parts
+            r_event += [*t.events, None]
+        views = _view_columns(batch.views) if batch.views else [[] for _ in range(16)]
+        ev, snaps = batch.events, batch.snapshots
+        sids = sorted(want)
+        return [
+            sids, [want[s] for s in sids],
+            [i[0] for i in batch.idempotency], [i[1] for i in batch.idempotency],
+            *views[:14], self.host_name, *views[14:],
+            [v.session_id for v in snaps], [v.version for v in snaps],
+            [_json.encode(v) for v in snaps],
+            [e.session_id for e in ev], [e.version for e in ev], [e.event_id for e in ev],
+            [e.type for e in ev], [e.schema_version for e in ev], [e.recorded_at for e in ev],
+            [_json.encode(e.data) for e in ev], [_json.encode(e.meta) for e in ev],
+            [e.hash for e in ev],
+            _json.encode(rows).decode(), r_no, r_part, r_event, CHANNEL]
+
+    async def _call(self, con: Any, batch: Batch, args: list[Any]) -> Moved | None:
+        """The batch in one statement: sessiond_commit, its own transaction."""
+        first, stale, locked_at = await con.fetchrow(onecall.CALL, *args)
+        if stale:
+            self.moved += 1
+            self.figures["moved"] += 1
+            return Moved(frozenset(stale), int(first))
+        self._locked_at = float(locked_at)
+        batch.renumber(int(first))  # the results are filled from their templates
         return None
 
     @staticmethod
     async def _head(con: Any) -> int:
         return int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
 
-    async def _write(self, con: _Counted, batch: Batch, want: dict[str, int]) -> None:
-        # The read models' ops, before any lock is taken; they point at the writer's
-        # numbering, which the commit's may shift.
-        ops = models.ops_of(batch.events, batch.payloads)
-        numbered = batch.events[0].position if batch.events else 0
+    async def _write(self, con: _Counted, batch: Batch, want: dict[str, int],
+                     ops: list[Op], numbered: int) -> None:
         touched = sorted({*want, *batch.deletes})
         stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
         # A delete too is decided from a version (a client's expected_version): checked.
