@@ -131,7 +131,7 @@ class Client(SyncCaller, Methods):
                           out: TextIO | None = None) -> ExportDocument:
         """Read every page of session.export; with `out` (a text file) write the export
         document there as the pages come, never holding it whole. -> ExportDocument."""
-        document, cursor = ExportDocument(out), None
+        document, cursor = ExportDocument(out, session_id), None
         while True:
             cursor = document.add(self._run(export_page(session_id, cursor)))
             if cursor is None:

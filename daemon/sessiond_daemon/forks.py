@@ -7,7 +7,9 @@ starts from; its hash chain goes on from the source's hash. What it shares is re
 the source: time travel at or below the fork point, and the message and checkpoint
 indexes (rows pointing at the source's events, written with the session.forked event by
 the conversation's read model, stores/models/conversation.py).
-So a source with forks cannot be deleted (or replaced by an import) while they exist.
+So a source with forks cannot be deleted (or replaced by an import) while they exist:
+the writer's plans say so as preconditions (eventstore.HasVersion for a fork's source,
+HasNoForks for a delete or a replace), which every store checks inside its commit.
 """
 
 from __future__ import annotations
@@ -15,19 +17,19 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-import anyio
 import msgspec
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import (
     InvalidParamsError,
     InvalidTransitionError,
+    SessiondError,
     SessionExistsError,
     SessionImportError,
+    SessionNotFoundError,
     StorageError,
 )
 from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
@@ -38,7 +40,7 @@ from .stores.models import sql
 
 if TYPE_CHECKING:
     from .commands import Commands
-    from .eventstore import ForkReads
+    from .eventstore import ForkReads, HasVersion
 
 # A session's view at a version (Service.state_at): what a fork starts from.
 StateAt = Callable[[str, int], Awaitable[SessionState]]
@@ -60,16 +62,6 @@ async def hash_at(store: ForkReads, session_id: str, version: int) -> str | None
 
 async def count(store: ForkReads, session_id: str) -> int:
     return await store.fork_count(session_id)
-
-
-async def refuse_if_forked(store: ForkReads, session_id: str, what: str) -> None:
-    """A source's history is shared by its forks: it stays while they do (-32003)."""
-    n = await count(store, session_id)
-    if n:
-        raise InvalidTransitionError(
-            f"session {session_id} cannot be {what}: {n} fork(s) share its history"
-            " (session.forks lists them); delete them first",
-            {"session_id": session_id, "forks": n})
 
 
 async def link_problems(store: ForkReads, state: SessionState,
@@ -95,28 +87,6 @@ async def link_problems(store: ForkReads, state: SessionState,
 
 # --- the methods ---------------------------------------------------------------------------
 
-_guards: dict[str, tuple[anyio.Lock, int]] = {}
-
-
-@asynccontextmanager
-async def guard(session_id: str) -> AsyncIterator[None]:
-    """Hold a session as a source: a fork of it (from reading it to committing the fork)
-    and its deletion (from counting its forks to committing) never interleave. One daemon
-    holds the database (its lock file), so a lock in the process is enough."""
-    lock, users = _guards.get(session_id, (anyio.Lock(), 0))
-    _guards[session_id] = (lock, users + 1)
-    try:
-        async with lock:
-            yield
-    finally:
-        lock, users = _guards[session_id]
-        if users == 1:
-            del _guards[session_id]
-        else:
-            _guards[session_id] = (lock, users - 1)
-
-
-
 def _fork_id(source: str, key: str, uid: int | None) -> str:
     """The id a keyed fork gets when none is given: the caller's retry finds the same
     session. It is the caller's: another uid with the same key gets another id (the
@@ -130,14 +100,19 @@ def _fork_id(source: str, key: str, uid: int | None) -> str:
 
 async def fork(commands: Commands, store: ForkReads, state_at: StateAt,
                p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
-    """session.fork: a new session whose history is the source's up to at_version."""
-    async with guard(p.session_id):
-        return await _fork(commands, store, state_at, p, meta)
+    """session.fork: a new session whose history is the source's up to at_version.
 
+    The plan is made from reads of the source; its commit requires the source to hold
+    that version with that hash still (a HasVersion precondition, checked by the store
+    under its locks), so a fork and a delete of its source, on this daemon or another,
+    never both happen. A source gone by then is -32001 and nothing is written."""
+    from .writer import Import, source_gone  # here: the writer imports the store, which
+    # imports us
 
-async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
-                p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
-    from .writer import Import  # here: the writer imports the store, which imports us
+    def source_refused(source: HasVersion, found: int) -> SessiondError:
+        return SessionNotFoundError(
+            f"fork source {source_gone(source, found)} before the fork was written;"
+            " nothing was written", {"session_id": source.session_id})
 
     current = await commands.state(p.session_id)
     at = p.at_version if p.at_version is not None else current.version
@@ -162,9 +137,14 @@ async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
             f"session {p.session_id} is {limit} forks from its first session: a fork of it"
             f" would pass max_fork_depth ({limit})",
             {"detail": "fork chain too deep", "limit": limit, "path": "$.session_id"})
-    state = await state_at(p.session_id, at)
-    prev = await hash_at(store, p.session_id, at)
+    try:
+        state = await state_at(p.session_id, at)
+        prev = await hash_at(store, p.session_id, at)
+    except StorageError:
+        await _still_there(commands, p.session_id)
+        raise
     if prev is None:
+        await _still_there(commands, p.session_id)
         raise InvalidParamsError(f"session {p.session_id} has no event at version {at}",
                                  {"detail": "no such version", "path": "$.at_version"})
     key = p.idempotency_key
@@ -180,9 +160,17 @@ async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
     def plan(existing: SessionState | None) -> Import:
         if existing is not None:
             raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
-        return Import([event], {})
+        return Import([event], {}, source_refused=source_refused)
 
     return await commands.submit(sid, meta, plan, idempotency_key=key)
+
+
+async def _still_there(commands: Commands, session_id: str) -> None:
+    """-32001 when the session was deleted while a fork read it (the store says: the
+    writer's cache may not have heard yet)."""
+    if await commands.store.state_json(session_id) is None:
+        raise SessionNotFoundError(f"session {session_id} not found",
+                                   {"session_id": session_id})
 
 
 async def forks_of(store: ForkReads, p: rpc.SessionForksParams,

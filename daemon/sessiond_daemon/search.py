@@ -73,10 +73,11 @@ async def register_async(db: Any) -> None:
 def sql_of(store: Store) -> SqlAccess:
     """The SQLite connections of a store, where the index lives."""
     caps = store.capabilities
-    if caps.sql is None or caps.engine != "sqlite":
+    if caps.sql is None or caps.full_text is None:
+        names = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
         raise StorageError(
             f"full-text search (session.search, daemon.reindex) is not available on"
-            f" {'PostgreSQL' if caps.engine == 'postgresql' else caps.engine} yet: its index is"
+            f" {names.get(caps.engine, caps.engine)} yet: its index is"
             " built by the SQLite store only (README.md); every other method is served",
             {"detail": "no search index", "engine": caps.engine})
     return caps.sql

@@ -24,8 +24,10 @@ from sessiond_schemas.bounds import bound_message, json_out_of_bounds
 from sessiond_schemas.errors import (
     InternalError,
     InvalidParamsError,
+    InvalidTransitionError,
     OverloadedError,
     SessiondError,
+    SessionImportError,
     SessionNotFoundError,
     ShuttingDownError,
     StorageError,
@@ -50,7 +52,10 @@ from .eventstore import (
     Batch,
     Entry,
     EventStore,
+    HasNoForks,
+    HasVersion,
     Moved,
+    Precondition,
     Template,
     template,
 )
@@ -81,21 +86,73 @@ class Plan:
         return self.paths[index] if self.paths is not None and index < len(self.paths) else "$"
 
 
+def forked_error(session_id: str, forks: int, what: str) -> InvalidTransitionError:
+    """A source's history is shared by its forks: it stays while they do (-32003)."""
+    return InvalidTransitionError(
+        f"session {session_id} cannot be {what}: {forks} fork(s) share its history"
+        " (session.forks lists them); delete them first",
+        {"session_id": session_id, "forks": forks})
+
+
+def source_gone(p: HasVersion, found: int) -> str:
+    """What happened to a fork's source between the fork's plan and its commit."""
+    if found == 0:
+        return f"session {p.session_id} was deleted"
+    return (f"session {p.session_id}'s history at version {p.version} is not the one read"
+            " (it was deleted and created again)")
+
+
 @dataclass(slots=True)
 class Delete:
-    """A plan that removes the session entirely."""
+    """A plan that removes the session entirely. It requires that the session has no
+    forks (they share its history): -32003 when it has."""
 
     result: Any
+
+    def requires(self, session_id: str, exists: bool) -> list[Precondition]:
+        return [HasNoForks(session_id)]
+
+    def refusal(self, p: Precondition, found: int) -> SessiondError:
+        assert isinstance(p, HasNoForks)
+        return forked_error(p.session_id, found, "deleted")
 
 
 @dataclass(slots=True)
 class Import:
     """A plan that stores another daemon's events as they are: ids, versions, times and
-    hashes kept, new positions given. With `replace`, the session's old history goes first."""
+    hashes kept, new positions given. With `replace`, the session's old history goes first.
+
+    It requires what it stands on: a history that starts with `session.forked` (a fork,
+    or an imported one), its source as the event names it; a replace, that the session
+    it replaces has no forks. `source_refused` makes the error when the source is gone
+    (default: -32007, as for an import)."""
 
     events: list[Event]
     payloads: dict[str, bytes]  # checkpoint event_id -> payload
     replace: bool = False
+    source_refused: Callable[[HasVersion, int], SessiondError] | None = None
+
+    def requires(self, session_id: str, exists: bool) -> list[Precondition]:
+        needs: list[Precondition] = []
+        if self.replace and exists:
+            needs.append(HasNoForks(session_id))
+        first = self.events[0] if self.events else None
+        if first is not None and first.type == "session.forked":
+            source = first.data.get("from")
+            source = source if isinstance(source, dict) else {}
+            sid, version, at = source.get("session_id"), source.get("version"), source.get("hash")
+            if isinstance(sid, str) and isinstance(version, int) and isinstance(at, str):
+                needs.append(HasVersion(sid, version, at))  # else the import refuses it
+        return needs
+
+    def refusal(self, p: Precondition, found: int) -> SessiondError:
+        if isinstance(p, HasNoForks):
+            return forked_error(p.session_id, found, "replaced by an import")
+        if self.source_refused is not None:
+            return self.source_refused(p, found)
+        reason = (f"its fork source {source_gone(p, found)} before the import was written;"
+                  " nothing was written")
+        return SessionImportError(f"import failed: {reason}", {"reason": reason})
 
 
 Planner = Callable[[SessionState | None], Plan | Delete | Import]
@@ -139,6 +196,15 @@ class _Built:
     state: SessionState | None = None
     events: list[Event] = field(default_factory=list)
     template: Template | None = None  # shared stores: the result with its positions open
+
+
+@dataclass(slots=True)
+class _Requirement:
+    """A precondition of the batch, with the command whose plan requires it."""
+
+    cmd: Command
+    plan: Delete | Import
+    precondition: Precondition
 
 
 class _BatchFailed(Exception):
@@ -352,22 +418,37 @@ class Writer:
         of the batch stays (positions, cache) and _BatchFailed says why. When the store
         moved under us (another host wrote: `Moved`), forget what it names and decide the
         batch again, a few times at most."""
-        for _ in range(MAX_MOVES):
-            moved = await self._attempt_once(commands)
+        moves = 0
+        while moves < MAX_MOVES:
+            owners: list[_Requirement] = []
+            moved = await self._attempt_once(commands, owners)
             if moved is None:
                 return
-            log.info("writer.store_moved", stale=len(moved.stale), head=moved.head,
-                     rechecked=self._rechecks > 0)
+            # A precondition the store found false fails the command that required it
+            # (nothing was written); the others are decided again without it.
+            refused = [o for o in owners if o.precondition in moved.refused]
+            for o in refused:
+                o.cmd.result = None
+                o.cmd.error = o.plan.refusal(o.precondition, moved.refused[o.precondition])
+            if moved.stale or not refused:
+                moves += 1
+            log.info("writer.store_moved", stale=len(moved.stale), refused=len(refused),
+                     head=moved.head, rechecked=self._rechecks > 0)
             for sid in moved.stale:
                 self._cache.pop(sid, None)
             self.next_position = moved.head + 1
+            failed = {id(o.cmd) for o in refused}
+            commands = [cmd for cmd in commands if id(cmd) not in failed]
             for cmd in commands:
                 cmd.result = cmd.error = None
+            if not commands:
+                return
         raise _BatchFailed(StorageError(
             "storage error: other writers kept changing these sessions; nothing was written,"
             " retry", {"detail": "store moved", "retry_after_ms": 50}))
 
-    async def _attempt_once(self, commands: list[Command]) -> Moved | None:
+    async def _attempt_once(self, commands: list[Command],
+                            owners: list[_Requirement]) -> Moved | None:
         self._rechecks = 0
         # Shared store: the sessions decided on a cached view (another host may have moved
         # them) and, of those, the ones a command was refused or answered on without a
@@ -395,7 +476,7 @@ class Writer:
             numbered = self.next_position
             self._viewed = False  # set when the command is answered with the view alone
             try:
-                await self._decide(cmd, batch, overlay, repeats, built)
+                await self._decide(cmd, batch, overlay, repeats, built, owners)
             except SessiondError as exc:
                 cmd.error = exc
             except Exception:  # a bug: answer -32603, keep the writer alive
@@ -527,6 +608,13 @@ class Writer:
         self.committed_position = upto
         bell.rung.set()
 
+    def deleted_elsewhere(self, deleted: frozenset[str]) -> None:
+        """Fleet mode: the follower read that other hosts deleted these sessions. Ring
+        them (their subscriptions end) and forget their cached views."""
+        for sid in deleted:
+            self._cache.pop(sid, None)
+        self._ring_bell([], deleted, self.committed_position)
+
     async def deliver(self, events: list[Event], upto: int) -> None:
         """Fleet mode: the follower read the shared log up to `upto` (every host's events,
         in position order; positions missing were deleted). Ring what is past
@@ -541,7 +629,8 @@ class Writer:
         self._ring_bell(fresh, frozenset(), upto)
 
     async def _decide(self, cmd: Command, batch: Batch, overlay: dict[str, Entry | object],
-                      repeats: dict[tuple[str, str], bytes], built: list[_Built]) -> None:
+                      repeats: dict[tuple[str, str], bytes], built: list[_Built],
+                      owners: list[_Requirement]) -> None:
         sid = cmd.session_id
         pending = overlay.get(sid)
         entry: Entry | None
@@ -574,8 +663,13 @@ class Writer:
                 {"expected": cmd.expected_version, "actual": actual},
             )
         plan = cmd.plan(entry.state if entry else None)
+        needs: list[Precondition] = []
+        if isinstance(plan, Delete | Import):
+            needs = plan.requires(sid, entry is not None or damage is not None)
+            self._check_in_batch(plan, needs, batch)
         if isinstance(plan, Delete):
             self._delete(sid, batch, overlay, repeats)
+            self._require(cmd, plan, needs, batch, owners)
             cmd.result = _json.encode(plan.result)
             return
         if damage is not None and not (isinstance(plan, Import) and plan.replace):
@@ -615,6 +709,8 @@ class Writer:
                                 state, events))
             payloads = {events[i].event_id: payload for i, payload in plan.payloads.items()}
         # Everything is decided; nothing below can fail, so the command joins whole.
+        if isinstance(plan, Import):
+            self._require(cmd, plan, needs, batch, owners)
         new_entry = Entry(state, events[-1].hash, events[-1].position)
         batch.payloads.update(payloads)
         batch.events.extend(events)
@@ -625,6 +721,26 @@ class Writer:
         if key is not None:
             batch.idempotency.append((sid, key, result))
             repeats[(sid, key)] = result
+
+    @staticmethod
+    def _check_in_batch(plan: Delete | Import, needs: list[Precondition], batch: Batch) -> None:
+        """The preconditions against the batch itself (the store checks them against what
+        is committed before it): a fork of a session this batch deletes has no source; a
+        session this batch forks has forks."""
+        for p in needs:
+            if isinstance(p, HasVersion) and p.session_id in batch.deletes:
+                raise plan.refusal(p, 0)
+            if isinstance(p, HasNoForks):
+                forks = sum(1 for _, q in batch.requires
+                            if isinstance(q, HasVersion) and q.session_id == p.session_id)
+                if forks:
+                    raise plan.refusal(p, forks)
+
+    @staticmethod
+    def _require(cmd: Command, plan: Delete | Import, needs: list[Precondition],
+                 batch: Batch, owners: list[_Requirement]) -> None:
+        batch.requires.extend((cmd.session_id, p) for p in needs)
+        owners.extend(_Requirement(cmd, plan, p) for p in needs)
 
     @staticmethod
     def _delete(sid: str, batch: Batch, overlay: dict[str, Entry | object],

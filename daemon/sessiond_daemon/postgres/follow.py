@@ -9,21 +9,29 @@ delete took away, not one to wait for. Wake-ups that come while it reads are fol
 one more round. `at` tells where the daemon already is (its writer rings its own
 batches at once when they follow on), so those are not read again.
 
+A delete leaves no event: each deleted session has a row in `deletions`, placed after
+the position the log stood at when it committed (read under the counter row's lock, so
+in commit order with every batch). With the same read as the head the follower takes
+the ones placed at or past its cursor, tells the new ones (`deleted`), and remembers
+those still at or past it, so each delete is told once. A delete placed below the head
+is committed (the counter moved past it only after), so none is missed.
+
 It follows only as much as someone needs (`needed`: a subscription or an HTTP tail on
 this host). While nobody does, it reads nothing: wake-ups are dropped, and the writer rings
-its own batches even past a gap (no one holds a bell to miss the other hosts' events).
-The first one to need it again calls `resume` before taking its mark: one read of the
-head, an empty ring up to it (what came before is in the store, where a catch-up reads
-it), and the follower is live again. A NOTIFY's payload is the last position of a
-committed batch: every position up to it is committed, so it is the head to read up to
-(`hint`), and a hint at or below the cursor (this host's own batch, rung already) costs
-nothing.
+its own batches even past a gap (no one holds a bell to miss the other hosts' events; a
+session another host changed or deleted is caught by the commit's version check). The
+first one to need it again calls `resume` before taking its mark: one read of the head, an
+empty ring up to it (what came before is in the store, where a catch-up reads it), and
+the follower is live again. A NOTIFY's payload is the last position of a committed batch:
+every position up to it is committed, so it is the head to read up to (`hint`), and a
+hint at or below the cursor (this host's own batch, rung already) costs nothing. A
+delete's NOTIFY is a plain wake-up (`wake`: a round that reads the head and the deletes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import anyio
 import structlog
@@ -40,17 +48,32 @@ class LogReads(Protocol):
                          types: frozenset[str] | None, limit: int) -> list[Event]: ...
 
 
+class DeletionReads(LogReads, Protocol):
+    async def head_and_deletions(self, after: int) -> tuple[int, list[tuple[int, str]]]:
+        """The head, and (position the log stood at, session id) of the sessions other
+        daemons deleted at or past `after`."""
+        ...
+
+
 class Follower:
+    """`deleted` (with a store that records deletes, DeletionReads): told the sessions
+    other daemons deleted, each delete once, before the events that come after it (the
+    daemon drops its subscriptions to them: lifecycle.py)."""
+
     def __init__(self, store: LogReads,
                  deliver: Callable[[list[Event], int], Awaitable[None]], *,
                  cursor: int = 0, page: int = 1000,
                  at: Callable[[], int] | None = None,
+                 deleted: Callable[[frozenset[str]], None] | None = None,
                  needed: Callable[[], bool] | None = None) -> None:
         self.store = store
         self.deliver = deliver
         self.cursor = cursor  # the last position delivered (or passed, by `at`)
         self.page = page
         self._at = at
+        self._deleted = deleted
+        # Deletes told whose place is at or past the cursor: read again until it passes.
+        self._told: set[tuple[int, str]] = set()
         self._needed = needed  # None: always (a follower of its own, as in the tests)
         self.active = needed is None  # following now (resumed since last needed)
         self.head = cursor  # the committed head at the last read
@@ -61,7 +84,8 @@ class Follower:
         self.rounds = 0  # catch-up rounds run (each reads the store at least once)
 
     def wake(self) -> None:
-        """Ask for one more round that reads the head (the listener's poll, a reconnect)."""
+        """Ask for one more round that reads the head (the listener's poll, a reconnect,
+        a delete's NOTIFY)."""
         if self._following():
             self._poll = True
             self._woken.set()
@@ -90,6 +114,7 @@ class Follower:
             await self.deliver([], head)
             self.cursor = max(self.cursor, head)
             self.head = head
+            self._told.clear()
             self.active = True
 
     async def run(self) -> None:
@@ -110,12 +135,14 @@ class Follower:
                 log.exception("store.follow_crashed", cursor=self.cursor)
 
     async def catch_up(self, hint: int = 0) -> int:
-        """Deliver everything committed past the cursor (up to `hint` when one is given,
-        else to the head read now); return how many events."""
-        if hint <= self._catch_cursor():
-            self.head = await self.store.head()
-        else:
+        """Deliver everything committed past the cursor (up to `hint` when one is given
+        and no deletes are followed, else to the head read now); return how many events."""
+        if self._deleted is not None:
+            await self._catch_deletes(cast(DeletionReads, self.store), self._deleted)
+        elif hint > self._catch_cursor():
             self.head = max(self.head, hint)
+        else:
+            self.head = await self.store.head()
         self.rounds += 1
         delivered = 0
         while self._catch_cursor() < self.head:
@@ -129,6 +156,18 @@ class Follower:
                 delivered += len(fresh)
             self.cursor = max(self.cursor, upto)
         return delivered
+
+    async def _catch_deletes(self, store: DeletionReads,
+                             deleted: Callable[[frozenset[str]], None]) -> None:
+        """Read the head and the deletes placed at or past the cursor (one statement);
+        tell the new ones. They come before this round's events: what the deleted
+        sessions had is gone from the log, and what comes after is another session's."""
+        start = self._catch_cursor()
+        self.head, found = await store.head_and_deletions(start)
+        new = [d for d in found if d not in self._told]
+        self._told = {d for d in self._told | set(new) if d[0] >= start}
+        if new:
+            deleted(frozenset(sid for _, sid in new))
 
     def _catch_cursor(self) -> int:
         if self._at is not None:

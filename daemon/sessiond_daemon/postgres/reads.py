@@ -44,6 +44,7 @@ class Reads(ViewQueries):
 
     _pool: Any
     reads: Counter[str]  # statements run, by what ran them (the fleet tests count them)
+    origin: str  # the daemon's mark on the deletes it writes (store.py)
     dialect = POSTGRES
 
     @staticmethod
@@ -55,7 +56,7 @@ class Reads(ViewQueries):
         try:
             return list(await self._pool.fetch(sql, *args))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
 
     async def _one(self, sql: str, *args: Any) -> Any:
         rows = await self._all(sql, *args)
@@ -86,7 +87,7 @@ class Reads(ViewQueries):
                     # As SQLite's (sqlite/base.py): from the largest row, at most doubling.
                     chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
         return page
 
     # The shared read-model queries' driver (stores/models/queries.py).
@@ -102,6 +103,19 @@ class Reads(ViewQueries):
         """The last committed position: every event at or below it is committed and
         readable (positions are taken in commit order from this very row)."""
         return int((await self._one("SELECT position FROM log_head WHERE id = 1"))[0])
+
+    async def head_and_deletions(self, after: int) -> tuple[int, list[tuple[int, str]]]:
+        """`head`, and the sessions other daemons deleted after position `after` or later,
+        as (the position the log stood at, session id), in that order. One statement, one
+        snapshot: a delete placed below the head read is committed (it held the counter
+        row until it was), so it is among them."""
+        row = await self._one(
+            "SELECT (SELECT position FROM log_head WHERE id = 1), ARRAY(SELECT after_position"
+            " FROM deletions WHERE after_position >= $1 AND origin <> $2 ORDER BY"
+            " after_position, session_id), ARRAY(SELECT session_id FROM deletions WHERE"
+            " after_position >= $1 AND origin <> $2 ORDER BY after_position, session_id)",
+            after, self.origin)
+        return int(row[0]), list(zip(map(int, row[1]), row[2], strict=True))
 
     async def read_after(self, after: int, upto: int, session_id: str | None,
                          types: frozenset[str] | None, limit: int) -> list[Event]:

@@ -214,7 +214,19 @@ MIGRATIONS: Final[list[list[str]]] = [
     [
         f"UPDATE idempotency SET key = '{OWNER_UID}:' || key",
     ],
-    # 6: the commit as one server-side function (onecall.py): one round trip per batch.
+    # 6: deletes in the shared log, for the other hosts' subscribers (store.py, follow.py):
+    # a delete leaves no event, so each deleted session gets a row, placed in commit order
+    # by the position the log stood at (read under the counter row's lock); `origin` is
+    # the daemon that deleted it (its own subscribers heard at once).
+    [
+        """CREATE TABLE deletions (
+            after_position BIGINT NOT NULL,
+            session_id TEXT COLLATE "C" NOT NULL,
+            origin TEXT COLLATE "C" NOT NULL,
+            PRIMARY KEY (after_position, session_id)
+        )""",
+    ],
+    # 7: the commit as one server-side function (onecall.py): one round trip per batch.
     [
         onecall.CREATE,
     ],

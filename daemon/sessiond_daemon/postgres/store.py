@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg
@@ -35,12 +35,13 @@ import msgspec
 import structlog
 
 from sessiond_schemas.errors import StorageError
+from sessiond_schemas.events import Event, new_id
 
-from ..eventstore import Batch, Capabilities, Entry, Moved, Store
+from ..eventstore import Batch, Capabilities, Entry, Following, Moved, Precondition, Store
 from ..stores import models
 from ..stores.models.ops import Op
 from ..stores.schema import LOG_TABLES
-from . import executor, onecall, schema
+from . import executor, onecall, preconditions, schema
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -55,11 +56,22 @@ CHANNEL: Final = "sessiond_events"  # the NOTIFY channel; the payload is a hint 
 _json = msgspec.json.Encoder()
 
 
+async def _kept_as_is(con: Any) -> None:
+    """The read pool's reset on release: nothing past what asyncpg always does (roll back
+    an open transaction, drop listeners). The readers set no session state (no SET, no
+    LISTEN, no advisory lock, no cursor outlives its transaction), so asyncpg's default
+    reset query (`pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`), one more
+    round trip on every release, would restore nothing (with it a pooled read took 2x
+    the wall time and 1.7x the daemon's CPU: bench/README.md, "The read pool's reset")."""
+
+
 class _Abort(Exception):
     """Roll the batch's transaction back and answer `stale`."""
 
-    def __init__(self, stale: Sequence[str] = ()) -> None:
+    def __init__(self, stale: Sequence[str] = (),
+                 refused: Mapping[Precondition, int] | None = None) -> None:
         self.stale = frozenset(stale)
+        self.refused = dict(refused or {})
 
 
 def bases(batch: Batch) -> dict[str, int]:
@@ -161,6 +173,20 @@ class _Counted:
         return await self._con.executemany(*args, **kwargs)
 
 
+# Each deleted session, placed in the log's commit order: after the position the log
+# stands at, read under the counter row's lock (no commit moves it until this one is
+# done), and the wake-up (a delete-only batch has no events statement to send it).
+# A delete's NOTIFY names no new position (the head does not move): its payload is not a
+# number, so a listener takes it as a plain wake-up (a round that reads the deletes).
+_DELETIONS: Final = """
+    WITH head AS (SELECT position FROM log_head WHERE id = 1 FOR UPDATE),
+    ins AS (
+        INSERT INTO deletions (after_position, session_id, origin)
+        SELECT head.position, d.sid, $2 FROM head, unnest($1::text[]) AS d(sid)
+        ON CONFLICT DO NOTHING)
+    SELECT pg_notify($3, 'deleted ' || position) FROM head"""
+
+
 class PostgresStore(ModelReads):
     """The writer's connection (only the writer task uses it) and a pool for reads."""
 
@@ -194,12 +220,38 @@ class PostgresStore(ModelReads):
         self.figures: dict[str, float] = dict.fromkeys(
             ("commits", "events", "round_trips", "locked_round_trips", "locked_s",
              "commit_s", "moved"), 0.0)
+        # This daemon's mark on the deletes it writes (the `deletions` rows): the follower
+        # passes over its own, which the writer's bell has rung already.
+        self.origin = new_id()
+        self.max_bytes = 0  # no cap (SizeCap): the server's own quotas and disks decide
 
     @property
     def capabilities(self) -> Capabilities:
-        """Nothing beyond the Protocols yet: no file to check, copy or cap, and no SQL
-        access for search (full-text search on PostgreSQL is still to do)."""
-        return Capabilities(engine="postgresql", shared=True)
+        """Shared by several daemons (their commits followed), and its size; no file to
+        check or copy, no cap, and no SQL access for search (full-text search on
+        PostgreSQL is still to do)."""
+        return Capabilities(engine="postgresql", shared=True, shared_log=self, size=self)
+
+    async def db_bytes(self) -> int:
+        """What the store's tables take in the database, their indexes and TOAST included
+        (not the rest of the database, which other applications may share): daemon.stats'
+        db_bytes. One catalog read, whatever the tables hold."""
+        row = await self._one(
+            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+            " WHERE c.relkind IN ('r', 'p', 'm')"
+            " AND c.relnamespace = current_schema()::regnamespace")
+        return int(row[0])
+
+    def following(self, deliver: Callable[[list[Event], int], Awaitable[None]], *,
+                  cursor: int, at: Callable[[], int],
+                  deleted: Callable[[frozenset[str]], None],
+                  on_state: Callable[[bool], None],
+                  needed: Callable[[], bool] | None = None) -> Following:
+        """The follower of every host's commits (following.py)."""
+        from .following import SharedLogFollower  # listener.py imports our CHANNEL
+
+        return SharedLogFollower(self, self.connect, deliver, cursor=cursor, at=at,
+                                 deleted=deleted, on_state=on_state, needed=needed)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -221,7 +273,7 @@ class PostgresStore(ModelReads):
             self._pool = await asyncpg.create_pool(
                 self.url, password=self.password, min_size=1, max_size=self._reader_count,
                 timeout=self.connect_timeout_s, command_timeout=READ_TIMEOUT_S,
-                server_settings=self.server_settings)
+                server_settings=self.server_settings, reset=_kept_as_is)
         except schema.SchemaTooNew:
             await self.close()
             raise
@@ -302,6 +354,12 @@ class PostgresStore(ModelReads):
             [k[0] for k in keys], [k[1] for k in keys]))
         return {(r[0], r[1]): bytes(r[2]) for r in rows}
 
+    async def idempotency_page(self, session_id: str, after: str,
+                               limit: int) -> list[tuple[str, bytes]]:
+        rows = await self._all("SELECT key, result FROM idempotency WHERE session_id = $1"
+                               " AND key > $2 ORDER BY key LIMIT $3", session_id, after, limit)
+        return [(r[0], bytes(r[1])) for r in rows]
+
     async def commit(self, batch: Batch) -> Moved | None:
         """Write the whole batch in one transaction, or nothing of it: None when written,
         `Moved` when another daemon wrote first (see the module's docstring)."""
@@ -327,7 +385,7 @@ class PostgresStore(ModelReads):
             except _Abort as abort:
                 self.moved += 1
                 self.figures["moved"] += 1
-                return Moved(abort.stale, await self._head(con))
+                return Moved(abort.stale, await self._head(con), abort.refused)
             except asyncpg.UniqueViolationError as exc:
                 if exc.constraint_name not in ("events_session_version", "sessions_pkey"):
                     log.error("store.integrity_error", error=str(exc))
@@ -365,9 +423,9 @@ class PostgresStore(ModelReads):
     def _one_call(self, batch: Batch, want: dict[str, int], ops: list[Op],
                   numbered: int) -> list[Any] | None:
         """The arguments of sessiond_commit for this batch (onecall.py); None when it is
-        one the function does not take (deletes, ops other than inserts, a keyed result
-        without its template)."""
-        if batch.deletes or not batch.events or any(
+        one the function does not take (deletes, preconditions, ops other than inserts, a
+        keyed result without its template)."""
+        if batch.deletes or batch.requires or not batch.events or any(
                 (sid, key) not in batch.templates for sid, key, _ in batch.idempotency):
             return None
         rows = onecall.ops_json(ops, numbered)
@@ -413,7 +471,10 @@ class PostgresStore(ModelReads):
 
     async def _write(self, con: _Counted, batch: Batch, want: dict[str, int],
                      ops: list[Op], numbered: int) -> None:
-        touched = sorted({*want, *batch.deletes})
+        # The sessions the preconditions name are locked with the touched ones, in one
+        # session_id order: a fork (its source) and a delete of it wait for each other.
+        named = {p.session_id for _, p in batch.requires}
+        touched = sorted({*want, *batch.deletes, *named})
         stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
         # A delete too is decided from a version (a client's expected_version): checked.
         stale = {sid for sid, version in want.items() if stored.get(sid, 0) != version}
@@ -421,8 +482,9 @@ class PostgresStore(ModelReads):
             keyed = [i for i in batch.idempotency if i[0] not in batch.deletes]
             stale |= {r[0] for r in await con.fetch(
                 _KEYS, [i[0] for i in keyed], [i[1] for i in keyed])}
-        if stale:
-            raise _Abort(sorted(stale))
+        refused = await preconditions.refused(con, batch, stored) if batch.requires else {}
+        if stale or refused:
+            raise _Abort(sorted(stale), refused)
         if batch.deletes:
             await executor.run(con, models.forget(batch.deletes))
             for table in LOG_TABLES:  # the read models' rows went by their ops
@@ -440,6 +502,8 @@ class PostgresStore(ModelReads):
                 "INSERT INTO snapshots (session_id, version, state) VALUES ($1, $2, $3)"
                 " ON CONFLICT (session_id, version) DO UPDATE SET state = excluded.state",
                 [(v.session_id, v.version, _json.encode(v)) for v in batch.snapshots])
+        if batch.deletes:  # late: the counter row stays locked from here to COMMIT
+            await con.execute(_DELETIONS, sorted(set(batch.deletes)), self.origin, CHANNEL)
         ev = batch.events
         if ev:
             con.lock()

@@ -25,7 +25,12 @@ T = TypeVar("T")
 _json = msgspec.json.Encoder()
 
 
-def storage_error(exc: sqlite3.Error) -> StorageError:
+def storage_error(exc: sqlite3.Error, *, read: bool = False) -> StorageError:
+    """A driver error as the contract's -32012: a failed write says nothing was written,
+    a failed read says it was a read (the same code and words as the PostgreSQL store's)."""
+    if read:
+        return StorageError(f"storage error while reading: {exc} (a read: nothing was"
+                            " changed)", {"detail": str(exc), "read": True})
     return StorageError(f"storage error: {exc}; nothing was written", {"detail": str(exc)})
 
 
@@ -73,17 +78,29 @@ class SqliteReads:
         return self._readers[next(self._next_reader)]
 
     async def _one(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
-        async with self._r().execute(sql, args) as cur:
-            return await cur.fetchone()
+        try:
+            async with self._r().execute(sql, args) as cur:
+                return await cur.fetchone()
+        except sqlite3.Error as exc:
+            raise storage_error(exc, read=True) from exc
 
     async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        async with self._r().execute(sql, args) as cur:
-            return list(await cur.fetchall())
+        try:
+            async with self._r().execute(sql, args) as cur:
+                return list(await cur.fetchall())
+        except sqlite3.Error as exc:
+            raise storage_error(exc, read=True) from exc
 
     async def _page(self, sql: str, args: tuple[Any, ...], max_bytes: int) -> Page[Any]:
         """The rows of a paged query, stopping before the row that would pass `max_bytes`
         (0: no budget). The first row always comes, however large. Rows are fetched a few
         at a time, guessed from the sizes seen, so a page never holds much past its budget."""
+        try:
+            return await self._paged(sql, args, max_bytes)
+        except sqlite3.Error as exc:
+            raise storage_error(exc, read=True) from exc
+
+    async def _paged(self, sql: str, args: tuple[Any, ...], max_bytes: int) -> Page[Any]:
         page: Page[Any] = Page()
         async with self._r().execute(sql, args) as cur:
             if not max_bytes:
@@ -120,5 +137,5 @@ class SqliteReads:
             # aiosqlite's own thread for this connection (private, and untyped, API)
             result: T = await db._execute(fn, db._conn)  # type: ignore[no-untyped-call]
         except sqlite3.Error as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
         return result

@@ -12,7 +12,7 @@ from ..eventstore import (
     Entry,
 )
 from ..stores.models.views import ViewQueries
-from .base import SqliteReads, encode, storage_error
+from .base import SqliteReads, encode
 
 
 def write_views(db: sqlite3.Connection, batch: Batch) -> None:
@@ -53,12 +53,9 @@ class SessionViews(SqliteReads, ViewQueries):
         (SUM would raise "integer overflow"); a gauge is a float anyway."""
         if column not in ("status", "namespace", "actor_name"):
             raise ValueError(f"not a grouping column: {column}")
-        try:
-            rows = await self._all(
-                f"SELECT {column}, COUNT(*), TOTAL(input_tokens), TOTAL(output_tokens),"
-                f" TOTAL(estimated_cost) FROM sessions GROUP BY {column}")
-        except sqlite3.Error as exc:
-            raise storage_error(exc) from exc
+        rows = await self._all(
+            f"SELECT {column}, COUNT(*), TOTAL(input_tokens), TOTAL(output_tokens),"
+            f" TOTAL(estimated_cost) FROM sessions GROUP BY {column}")
         return [(r[0], int(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
 
     async def sessions_with_process(self) -> list[str]:

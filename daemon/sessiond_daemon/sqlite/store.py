@@ -41,7 +41,7 @@ from ..eventstore import (
 from ..stores import models
 from ..stores.models.queries import ModelQueries
 from ..stores.models.views import state_decoder
-from . import executor, sessions
+from . import executor, preconditions, sessions
 from .agents import AgentReads
 from .base import encode, encode_meta, marks, storage_error
 from .sessions import SessionViews
@@ -153,7 +153,8 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(engine="sqlite", integrity=self, backup=self, size=self, sql=self)
+        return Capabilities(engine="sqlite", integrity=self, backup=self, size=self,
+                            full_text=self, sql=self)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -322,12 +323,19 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
             return found
         return await self._on_writer(read)
 
+    async def idempotency_page(self, session_id: str, after: str,
+                               limit: int) -> list[tuple[str, bytes]]:
+        rows = await self._all("SELECT key, result FROM idempotency WHERE session_id = ?"
+                               " AND key > ? ORDER BY key LIMIT ?", (session_id, after, limit))
+        return [(r[0], bytes(r[1])) for r in rows]
+
     async def commit(self, batch: Batch) -> Moved | None:
-        """Write a whole batch in one transaction (one fsync), or nothing of it. Never
-        `Moved`: the file lock (host.DatabaseLock) makes the writer the only one."""
+        """Write a whole batch in one transaction (one fsync), or nothing of it. No session
+        is ever stale (the file lock, host.DatabaseLock, makes the writer the only one):
+        `Moved` only says which preconditions do not hold, and then nothing is written."""
         started = time.perf_counter()
         try:
-            await self._on_writer(self._commit, batch)
+            moved = await self._on_writer(self._commit, batch)
         except sqlite3.IntegrityError as exc:
             # The writer decides versions and ids alone, so this is a bug, not a race.
             log.error("store.integrity_error", error=str(exc))
@@ -335,14 +343,20 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         except sqlite3.Error as exc:
             raise storage_error(exc) from exc
         self.last_commit_s = time.perf_counter() - started  # what the writer waited for
-        return None
+        return moved
 
-    def _commit(self, batch: Batch) -> None:
+    def _commit(self, batch: Batch) -> Moved | None:
         con = self._w
         self._check_identity(look=False)
         self._keep_under_cap(before_commit=True)
         con.execute("BEGIN IMMEDIATE")
         try:
+            if batch.requires:
+                refused = preconditions.refused(con, batch)
+                if refused:
+                    con.execute("ROLLBACK")
+                    return Moved(frozenset(), int(con.execute(
+                        "SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0]), refused)
             self._write(con, batch)
             con.execute("COMMIT")
         except BaseException:
@@ -355,6 +369,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
             self._keep_under_cap(before_commit=False)
         except sqlite3.Error as exc:  # committed already: the next commit tries again
             log.warning("store.checkpoint_failed", error=str(exc))
+        return None
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
@@ -457,9 +472,13 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         """SQLite's own check of the file: ["ok"] when sound."""
         return [r[0] for r in await self._all("PRAGMA integrity_check")]
 
-    def db_bytes(self) -> int:
+    async def db_bytes(self) -> int:
         """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""
         return self._file_bytes()
+
+    async def problems(self) -> list[str]:
+        """What daemon.verify finds wrong with the search index (search.problems)."""
+        return await self.on_reader(search.problems)
 
     async def backup(self, target: str) -> tuple[int, int]:
         """Copy the database online (SQLite's backup API: one consistent snapshot while

@@ -31,6 +31,12 @@ EXPIRING_SQL: Final = (
     " ORDER BY expires_at, session_id LIMIT ?")
 
 
+# daemon.stats' (sessions, events): the views' versions less the forks' fork points.
+COUNTS: Final = ("SELECT (SELECT COUNT(*) FROM sessions),"
+                 " (SELECT COALESCE(SUM(version), 0) FROM sessions)"
+                 " - (SELECT COALESCE(SUM(version), 0) FROM forks)")
+
+
 def list_sessions_sql(f: SessionFilters, limit: int,
                       cursor: str | None) -> tuple[str, tuple[Any, ...]]:
     """The session.list query: newest first, resumed after the cursor's (created_at, id)."""
@@ -138,7 +144,8 @@ class ViewQueries:
         return repage(rows, [bytes(r[0]) for r in rows])
 
     async def counts(self) -> tuple[int, int]:
-        """(sessions, events), counted from the views."""
-        rows = await self._q_all("SELECT COUNT(*), COALESCE(SUM(version), 0) FROM sessions",
-                                 ())
+        """(sessions, events stored), counted from the views and the fork index: a fork's
+        versions up to its fork point are its source's events, not stored again. One pass
+        over each, never over the events."""
+        rows = await self._q_all(COUNTS, ())
         return int(rows[0][0]), int(rows[0][1])
