@@ -218,8 +218,8 @@ class PostgresStore(ModelReads):
         self.one_call = True
         self._locked_at = 0.0
         self.figures: dict[str, float] = dict.fromkeys(
-            ("commits", "events", "round_trips", "locked_round_trips", "locked_s",
-             "commit_s", "moved"), 0.0)
+            ("commits", "one_call", "events", "round_trips", "locked_round_trips",
+             "locked_s", "commit_s", "moved"), 0.0)
         # This daemon's mark on the deletes it writes (the `deletions` rows): the follower
         # passes over its own, which the writer's bell has rung already.
         self.origin = new_id()
@@ -413,6 +413,7 @@ class PostgresStore(ModelReads):
         f["commits"] += 1
         f["events"] += len(batch.events)
         one = counted.sent < 0
+        f["one_call"] += one
         f["round_trips"] += 1 if one else counted.sent + 2  # BEGIN and COMMIT besides
         if counted.locked_at:
             f["locked_round_trips"] += 1 if one else counted.sent - counted.locked_from + 1

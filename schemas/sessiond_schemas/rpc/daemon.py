@@ -51,6 +51,7 @@ class StatsResult(msgspec.Struct, kw_only=True):
     connections_paused: int | None = None
     connections_closed_by_budget: int | None = None
     # A shared store's (PostgreSQL's) commit totals since the daemon started: commits,
+    # one_call (those committed in one statement),
     # events, round_trips (statements sent, BEGIN and COMMIT included), locked_round_trips
     # (from the statement that moves the counter row to COMMIT) and locked_s (from the
     # server taking that row's lock to COMMIT's answer),
