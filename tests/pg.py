@@ -191,3 +191,23 @@ async def await_until(ready: Callable[[], Awaitable[Any]], what: str) -> Any:
         while not (value := await ready()):
             await anyio.sleep(0.01)
     return value
+
+
+class Stores:
+    """A store factory for running_daemon that keeps the stores it made, to read the
+    PostgreSQL store's own counters (`reads`, `figures`) of each daemon."""
+
+    def __init__(self) -> None:
+        self.made: list[Any] = []
+
+    def __call__(self, config: Any) -> Any:
+        from sessiond_daemon import lifecycle
+
+        self.made.append(lifecycle.default_store(config))
+        return self.made[-1]
+
+    def reads(self, i: int) -> dict[str, int]:
+        return dict(self.made[i].reads)
+
+    def figures(self, i: int) -> dict[str, float]:
+        return dict(self.made[i].figures)

@@ -14,11 +14,9 @@ from typing import Any
 import pg
 import pytest
 from conftest import Daemon, daemon_config, running_daemon
+from pg import Stores
 
 from sessiond import AsyncClient
-from sessiond_daemon import lifecycle
-from sessiond_daemon.config import Config
-from sessiond_daemon.eventstore import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -28,18 +26,6 @@ TYPED = {"type": "json", "data": "e30="}
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     yield from pg.database()
-
-
-class Stores:
-    def __init__(self) -> None:
-        self.made: list[Store] = []
-
-    def __call__(self, config: Config) -> Store:
-        self.made.append(lifecycle.default_store(config))
-        return self.made[-1]
-
-    def figures(self, i: int) -> dict[str, float]:
-        return dict(getattr(self.made[i], "figures"))  # noqa: B009 (PostgresStore's)
 
 
 def _positions(daemon: Daemon, sid: str) -> dict[int, int]:

@@ -13,11 +13,10 @@ import anyio
 import pg
 import pytest
 from conftest import daemon_config, eventually, running_daemon
+from pg import Stores
 
 from sessiond import AsyncClient
-from sessiond_daemon import lifecycle
 from sessiond_daemon.config import Config
-from sessiond_daemon.eventstore import Store
 from sessiond_schemas.errors import VersionConflictError
 
 pytestmark = pytest.mark.anyio
@@ -26,20 +25,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     yield from pg.database()
-
-
-class Stores:
-    """A store factory that keeps the stores it made (to read their counters)."""
-
-    def __init__(self) -> None:
-        self.made: list[Store] = []
-
-    def __call__(self, config: Config) -> Store:
-        self.made.append(lifecycle.default_store(config))
-        return self.made[-1]
-
-    def reads(self, i: int) -> dict[str, int]:
-        return dict(getattr(self.made[i], "reads"))  # noqa: B009 (PostgresStore's counter)
 
 
 def _configs(short_dir: str, pg_url: str) -> list[Config]:
