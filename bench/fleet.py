@@ -65,8 +65,8 @@ from .daemon import DaemonProcess, cpu_s
 WRITERS = 16
 DEFAULT_DSN = os.environ.get("SESSIOND_TEST_POSTGRES",
                              "postgresql://postgres@127.0.0.1:5432/test")
-_FIGURES = ("commits", "events", "round_trips", "locked_round_trips", "locked_s", "commit_s",
-            "moved", "transactions", "commands")
+_FIGURES = ("commits", "events", "round_trips", "locked_round_trips", "locked_s",
+            "locked_in_statement_s", "commit_s", "moved", "transactions", "commands")
 
 
 class FleetDaemon(DaemonProcess):
@@ -208,6 +208,8 @@ async def appends_per_s(sockets: list[str], seconds: float, writers: int,
                 "round_trips_per_commit": round(d["round_trips"] / c, 2),
                 "locked_round_trips_per_commit": round(d["locked_round_trips"] / c, 2),
                 "lock_held_ms_per_commit": round(1000 * d["locked_s"] / c, 3),
+                "lock_in_statement_ms_per_commit": round(
+                    1000 * d["locked_in_statement_s"] / c, 3),
                 "lock_share_of_window": round(d["locked_s"] / took, 3),
                 "commit_ms": round(1000 * d["commit_s"] / c, 3),
                 "moved": int(d["moved"])}
@@ -362,11 +364,11 @@ async def run(dsn: str, seconds: float, samples: int, *, per_daemon: bool,
                     results["fleet"][key] = r | {"tree": label, "shape": shape, "daemons": n}
                     print(f"B12 {key}: {r}", file=sys.stderr)
         raw: dict[str, Any] = {}
-        for n in HOSTS:
-            got = results["fleet"].get(f"new_in_all_{n}", {})
-            for b in sorted({max(1, round(got.get("events_per_commit", 1))), 16}):
-                raw[f"{n}x{b}"] = await raw_counter_row(await dbs.new(), n, b, seconds)
-                print(f"B12 raw {n}x{b}: {raw[f'{n}x{b}']}", file=sys.stderr)
+        sizes = {(r["daemons"], max(1, round(r.get("events_per_commit", 1))))
+                 for r in results["fleet"].values()} | {(n, 16) for n in HOSTS}
+        for n, b in sorted(sizes):  # the raw design at each batch size the daemons reached
+            raw[f"{n}x{b}"] = await raw_counter_row(await dbs.new(), n, b, seconds)
+            print(f"B12 raw {n}x{b}: {raw[f'{n}x{b}']}", file=sys.stderr)
         results["raw_counter_row"] = raw
         root = tempfile.mkdtemp(prefix="b12-sqlite-")
         try:
@@ -392,7 +394,8 @@ def report(results: dict[str, Any]) -> None:
     fleet, raw = results["fleet"], results["raw_counter_row"]
     print(f"B12 fleet mode: {results['seconds_each']} s per figure")
     cols = ("daemons", "writers", "appends/s", "vs 1", "ev/commit", "rt/commit",
-            "rt locked", "lock ms/commit", "lock share", "daemon µs/app", "pg µs/app",
+            "rt locked", "lock ms/commit (in stmt)", "lock share", "daemon µs/app",
+            "pg µs/app",
             "vs raw", "refused")
     print("  " + " | ".join(cols))
     for r in fleet.values():
@@ -404,7 +407,9 @@ def report(results: dict[str, Any]) -> None:
               f" {_ratio(r['appends_per_s'], one.get('appends_per_s'))} |"
               f" {r.get('events_per_commit', '-')} | {r.get('round_trips_per_commit', '-')} |"
               f" {r.get('locked_round_trips_per_commit', '-')} |"
-              f" {r.get('lock_held_ms_per_commit', '-')} | {r.get('lock_share_of_window', '-')} |"
+              f" {r.get('lock_held_ms_per_commit', '-')}"
+              f" ({r.get('lock_in_statement_ms_per_commit', '-')}) |"
+              f" {r.get('lock_share_of_window', '-')} |"
               f" {r.get('daemon_cpu_us_per_append', '-')} |"
               f" {r.get('postgresql_cpu_us_per_append', '-')} |"
               f" {_ratio(r['appends_per_s'], floor)} (raw {n}x{b}) | {r['refused']}")

@@ -58,7 +58,7 @@ CREATE OR REPLACE FUNCTION sessiond_commit(
     e_sid text[], e_ver bigint[], e_eid text[], e_typ text[], e_sv int[], e_rec text[],
     e_dat bytea[], e_met bytea[], e_hsh text[],
     ops jsonb, r_no int[], r_part text[], r_event int[], channel text,
-    OUT first bigint, OUT stale text[], OUT locked_at float8)
+    OUT first bigint, OUT stale text[], OUT locked_at float8, OUT held float8)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     n int := coalesce(array_length(e_sid, 1), 0);
@@ -168,11 +168,12 @@ BEGIN
         GROUP BY k.no, k.sid, k.key;
     END IF;
     PERFORM pg_notify(channel, top::text);
+    held := extract(epoch FROM clock_timestamp()) - locked_at;  -- to here; then the flush
 END
 $fn$
 """
 
-CALL: Final = ("SELECT first, stale, locked_at FROM sessiond_commit("
+CALL: Final = ("SELECT first, stale, locked_at, held FROM sessiond_commit("
                + ", ".join(f"${i}::{t}" for i, t in enumerate(_TYPES, 1)) + ")")
 
 

@@ -219,7 +219,7 @@ class PostgresStore(ModelReads):
         self._locked_at = 0.0
         self.figures: dict[str, float] = dict.fromkeys(
             ("commits", "one_call", "events", "round_trips", "locked_round_trips",
-             "locked_s", "commit_s", "moved"), 0.0)
+             "locked_s", "locked_in_statement_s", "commit_s", "moved"), 0.0)
         # This daemon's mark on the deletes it writes (the `deletions` rows): the follower
         # passes over its own, which the writer's bell has rung already.
         self.origin = new_id()
@@ -457,12 +457,13 @@ class PostgresStore(ModelReads):
 
     async def _call(self, con: Any, batch: Batch, args: list[Any]) -> Moved | None:
         """The batch in one statement: sessiond_commit, its own transaction."""
-        first, stale, locked_at = await con.fetchrow(onecall.CALL, *args)
+        first, stale, locked_at, held = await con.fetchrow(onecall.CALL, *args)
         if stale:
             self.moved += 1
             self.figures["moved"] += 1
             return Moved(frozenset(stale), int(first))
         self._locked_at = float(locked_at)
+        self.figures["locked_in_statement_s"] += float(held)
         batch.renumber(int(first))  # the results are filled from their templates
         return None
 

@@ -54,7 +54,8 @@ class StatsResult(msgspec.Struct, kw_only=True):
     # one_call (those committed in one statement),
     # events, round_trips (statements sent, BEGIN and COMMIT included), locked_round_trips
     # (from the statement that moves the counter row to COMMIT) and locked_s (from the
-    # server taking that row's lock to COMMIT's answer),
+    # server taking that row's lock to COMMIT's answer), locked_in_statement_s (of that,
+    # the one-call statement's part before the flush),
     # commit_s, moved (batches decided again). None on SQLite and from older daemons.
     store_commits: dict[str, float] | None = None
 
