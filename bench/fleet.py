@@ -354,6 +354,13 @@ async def run(dsn: str, seconds: float, samples: int, *, per_daemon: bool,
     if baseline:
         trees.append(("old", baseline))
     shapes = [("in_all", False), *([("per_daemon", True)] if per_daemon else [])]
+    raw: dict[str, Any] = results.setdefault("raw_counter_row", {})
+
+    async def floor(n: int, b: int) -> None:
+        if f"{n}x{b}" not in raw:
+            raw[f"{n}x{b}"] = await raw_counter_row(await dbs.new(), n, b, seconds)
+            print(f"B12 raw {n}x{b}: {raw[f'{n}x{b}']}", file=sys.stderr)
+
     try:
         for shape, each in shapes:
             for n in HOSTS:
@@ -363,13 +370,10 @@ async def run(dsn: str, seconds: float, samples: int, *, per_daemon: bool,
                                         tree)
                     results["fleet"][key] = r | {"tree": label, "shape": shape, "daemons": n}
                     print(f"B12 {key}: {r}", file=sys.stderr)
-        raw: dict[str, Any] = {}
-        sizes = {(r["daemons"], max(1, round(r.get("events_per_commit", 1))))
-                 for r in results["fleet"].values()} | {(n, 16) for n in HOSTS}
-        for n, b in sorted(sizes):  # the raw design at each batch size the daemons reached
-            raw[f"{n}x{b}"] = await raw_counter_row(await dbs.new(), n, b, seconds)
-            print(f"B12 raw {n}x{b}: {raw[f'{n}x{b}']}", file=sys.stderr)
-        results["raw_counter_row"] = raw
+                    if label == "new":  # the raw design at the batch size reached, next to it
+                        await floor(n, max(1, round(r.get("events_per_commit", 1))))
+        for n in HOSTS:
+            await floor(n, 16)
         root = tempfile.mkdtemp(prefix="b12-sqlite-")
         try:
             results["sqlite_1_daemon"] = await with_daemons(
