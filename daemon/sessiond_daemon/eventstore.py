@@ -128,6 +128,9 @@ class Batch:
     # statement fills with the positions it takes. A key without one: the store commits
     # the batch in its multi-statement way (numbers first, then results).
     templates: dict[tuple[str, str], Template] = field(default_factory=dict)
+    # Whether every result of the batch that quotes positions has its template (so none
+    # has to be built again once the positions are known, after the commit).
+    templated: bool = False
 
     def renumber(self, first: int) -> None:
         """Number the events from `first` on (a store that takes positions in the commit

@@ -529,6 +529,7 @@ class Writer:
         statement)."""
         first, count = batch.events[0].position, len(batch.events)
         ids = {e.event_id for e in batch.events}
+        batch.templated = True
         for b in built:
             if b.build is None or b.state is None or not b.events \
                     or b.events[-1].event_id not in ids:  # a session a later delete took
@@ -546,7 +547,9 @@ class Writer:
             except Exception:  # built once already: a second build that fails is a bug
                 log.exception("writer.template_failed", session_id=b.cmd.session_id)
                 b.template = None
-            if b.key is not None and b.template is not None:
+            if b.template is None:
+                batch.templated = False
+            elif b.key is not None:
                 batch.templates[b.key] = b.template
 
     def _renumbered(self, batch: Batch, built: list[_Built], shift: int) -> None:

@@ -425,8 +425,9 @@ class PostgresStore(ModelReads):
                   numbered: int) -> list[Any] | None:
         """The arguments of sessiond_commit for this batch (onecall.py); None when it is
         one the function does not take (deletes, preconditions, ops other than inserts, a
-        keyed result without its template)."""
-        if batch.deletes or batch.requires or not batch.events or any(
+        result that quotes positions without its template: the results are filled after
+        the statement, when nothing can be rolled back)."""
+        if batch.deletes or batch.requires or not batch.events or not batch.templated or any(
                 (sid, key) not in batch.templates for sid, key, _ in batch.idempotency):
             return None
         rows = onecall.ops_json(ops, numbered)
