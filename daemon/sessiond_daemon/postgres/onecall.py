@@ -30,7 +30,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from sessiond_daemon.postgres.executor import NOT_KEPT
 from sessiond_daemon.stores.models.ops import Insert, Op
+from sessiond_daemon.stores.models.sql import conflict_sql
 from sessiond_daemon.stores.models.tables import TABLES
 
 # The function's parameters' types, in order (the call casts each: no overload guessing).
@@ -47,7 +49,7 @@ _TYPES: Final = (
 # Raised by the function when a view it was to create was created by another host first.
 RACED: Final = "SD001"
 
-CREATE: Final = r"""
+_CREATE: Final = r"""
 CREATE OR REPLACE FUNCTION sessiond_commit(
     want_sids text[], want_versions bigint[], key_sids text[], keys text[],
     v_sid text[], v_ver bigint[], v_st text[], v_ns text[], v_actor text[], v_src text[],
@@ -60,14 +62,12 @@ CREATE OR REPLACE FUNCTION sessiond_commit(
     ops jsonb, r_no int[], r_part text[], r_event int[], channel text,
     OUT first bigint, OUT stale text[], OUT locked_at float8, OUT held float8)
 LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
 DECLARE
     n int := coalesce(array_length(e_sid, 1), 0);
     top bigint;
     raced text[];
     op jsonb;
-    cols text;
-    exprs text;
-    conflict text;
 BEGIN
     -- 1. The touched sessions, locked in session_id order, checked against the bases.
     SELECT array_agg(w.sid ORDER BY w.sid) INTO stale
@@ -128,34 +128,14 @@ BEGIN
     SELECT first + e.i - 1, e.sid, e.ver, e.eid, e.typ, e.sv, e.rec, e.dat, e.met, e.hsh
     FROM unnest(e_sid, e_ver, e_eid, e_typ, e_sv, e_rec, e_dat, e_met, e_hsh)
         WITH ORDINALITY AS e(sid, ver, eid, typ, sv, rec, dat, met, hsh, i);
-    -- The read models' rows: {"t": table, "c": columns, "e": event column, "x": the
-    -- conflict clause's key columns (none: plain), "u": columns to update ([] with keys:
-    -- first write wins), "w": update only from a later event, "r": rows}.
+    -- The read models' rows: {"k": "table:keep", "r": rows}, one static INSERT each
+    -- (generated from stores/models' tables and conflict rules: `_branches`).
     FOR op IN SELECT * FROM jsonb_array_elements(ops) LOOP
-        SELECT string_agg(quote_ident(c), ', ' ORDER BY o),
-               string_agg(CASE WHEN c = op->>'e' THEN format('%s + r.%I', first, c)
-                               ELSE format('r.%I', c) END, ', ' ORDER BY o)
-        INTO cols, exprs
-        FROM jsonb_array_elements_text(op->'c') WITH ORDINALITY AS x(c, o);
-        conflict := '';
-        IF jsonb_array_length(op->'x') > 0 THEN
-            SELECT ' ON CONFLICT (' || string_agg(quote_ident(c), ', ') || ')'
-            INTO conflict FROM jsonb_array_elements_text(op->'x') AS x(c);
-            IF jsonb_array_length(op->'u') = 0 THEN
-                conflict := conflict || ' DO NOTHING';
-            ELSE
-                SELECT conflict || ' DO UPDATE SET '
-                    || string_agg(format('%I = excluded.%I', c, c), ', ')
-                INTO conflict FROM jsonb_array_elements_text(op->'u') AS x(c);
-                IF (op->>'w')::boolean THEN
-                    conflict := conflict || format(' WHERE %I.position < excluded.position',
-                                                   op->>'t');
-                END IF;
-            END IF;
-        END IF;
-        EXECUTE format('INSERT INTO %I (%s) SELECT %s FROM jsonb_populate_recordset('
-                       'NULL::%I, $1) AS r%s', op->>'t', cols, exprs, op->>'t', conflict)
-        USING op->'r';
+        CASE op->>'k'
+@BRANCHES@
+        ELSE
+            RAISE EXCEPTION 'sessiond_commit: no read-model insert %', op->>'k';
+        END CASE;
     END LOOP;
     -- Keyed results: part, then the position of the batch's event r_event, ...
     IF coalesce(array_length(key_sids, 1), 0) > 0 THEN
@@ -173,6 +153,30 @@ END
 $fn$
 """
 
+KEEPS: Final = ("error", "first", "latest", "newer")
+
+
+def _branches() -> str:
+    """One static INSERT per read-model table and keep (stores/models: its columns, its
+    conflict rule, written once in sql.py), the event column given as an index."""
+    out = []
+    for name, t in TABLES.items():
+        if name in NOT_KEPT:
+            continue
+        picked = ", ".join(f"first + r.{c}" if c == t.event_column else f"r.{c}"
+                           for c in t.columns)
+        for keep in KEEPS:
+            out.append(f"        WHEN '{name}:{keep}' THEN\n"
+                       f"            INSERT INTO {name} ({', '.join(t.columns)}) SELECT {picked}"
+                       f" FROM jsonb_populate_recordset(NULL::{name}, op->'r') AS r"
+                       f"{conflict_sql(name, keep)};")
+    return "\n".join(out)
+
+
+# The function, as migration 7 creates it. It is generated from the read models' tables:
+# a change to them (stores/models/tables.py) needs a migration that creates it again.
+CREATE: Final = _CREATE.replace("@BRANCHES@", _branches())
+
 CALL: Final = ("SELECT first, stale, locked_at, held FROM sessiond_commit("
                + ", ".join(f"${i}::{t}" for i, t in enumerate(_TYPES, 1)) + ")")
 
@@ -188,16 +192,15 @@ def ops_json(ops: Sequence[Op], numbered: int) -> list[dict[str, Any]] | None:
     for op in ops:
         if type(op) is not Insert:
             return None
-        if op.table == "search":  # no full-text index on PostgreSQL yet (executor.NOT_KEPT)
+        if op.table in NOT_KEPT:
             continue
         t = TABLES[op.table]
-        rows: dict[tuple[Any, ...], dict[str, Any]] | list[dict[str, Any]]
         e = t.event_index
         dicts = [{c: (r[k] - numbered if k == e else _json_value(r[k]))
                   for k, c in enumerate(t.columns)} for r in op.rows]
-        if op.keep == "error" or not t.key:
-            rows = dicts
-        else:  # one statement: a key once (executemany's outcome: the first or the last)
+        rows: list[dict[str, Any]] = dicts
+        if op.keep != "error" and t.key:
+            # One statement: a key once (executemany's outcome: the first or the last).
             by_key: dict[tuple[Any, ...], dict[str, Any]] = {}
             for d in dicts:
                 k = tuple(d[c] for c in t.key)
@@ -206,9 +209,5 @@ def ops_json(ops: Sequence[Op], numbered: int) -> list[dict[str, Any]] | None:
                 else:
                     by_key[k] = d
             rows = list(by_key.values())
-        update = [c for c in t.columns if c not in t.key] if op.keep in ("latest", "newer") \
-            else []
-        out.append({"t": op.table, "c": list(t.columns), "e": t.event_column,
-                    "x": [] if op.keep == "error" else list(t.key), "u": update,
-                    "w": op.keep == "newer", "r": rows})
+        out.append({"k": f"{op.table}:{op.keep}", "r": rows})
     return out
