@@ -94,7 +94,8 @@ STATUSES = ("completed", "failed", "active", "paused")
 def build(path: str, sessions: int, messages: int, seed: int = 13) -> dict[str, int]:
     """Fill a migrated, empty database: `sessions` sessions sharing `messages` messages,
     with Zipf-distributed words; hashes are placeholders (verify is not part of B13)."""
-    from sessiond_daemon import search
+    from sessiond_daemon.sqlite import search
+    from sessiond_daemon.stores.models.search_text import text_of
 
     rng = random.Random(seed)
     weights = [1 / (i + 1) for i in range(len(VOCABULARY))]
@@ -117,7 +118,7 @@ def build(path: str, sessions: int, messages: int, seed: int = 13) -> dict[str, 
                    "status": "active"}
         events.append((position, sid, 1, f"e{position:012}", "session.created", 1, t0,
                        json.dumps(created), "{}", "0" * 64))
-        index.append((position, *search.text_of("session.created", created)))
+        index.append((position, *text_of("session.created", created)))
         phrase_at = rng.randrange(per) if rng.random() < 0.01 else -1
         for m in range(per):
             position += 1

@@ -206,6 +206,20 @@ class StoreContract:
         many = [(f"s{i}", f"k{i}") for i in range(1000)] + [("a", "k1")]
         assert await store.idempotent_results(many) == {("a", "k1"): b"1"}
 
+    async def test_prefetch_reads_views_and_keys(self, store: Store, log: Log) -> None:
+        """The writer's one read before a batch: views (None for a missing session) and
+        stored key results, as load_entry and idempotent_results give them."""
+        await store.commit(log.batch(("a", [created(), message(0)]), ("b", [created()]),
+                                     key="k1"))
+        sids = ["a", "nope", "b", *(f"x{i}" for i in range(600))]
+        views, found = await store.prefetch(sids, [("a", "k1"), ("a", "k2")])
+        assert set(views) == set(sids)
+        assert views["a"] == await store.load_entry("a") and views["a"] is not None
+        assert views["b"] == await store.load_entry("b") and views["b"] is not None
+        assert views["nope"] is None and views["x599"] is None
+        assert found == {("a", "k1"): b"2"}  # the key's result: a's version then
+        assert await store.prefetch([], []) == ({}, {})
+
     async def test_a_session_s_results_by_page(self, store: Store, log: Log) -> None:
         await store.commit(log.batch(("a", [created()]), ("b", [created()]), key="k1"))
         for n, key in enumerate(("k3", "k2")):

@@ -45,11 +45,7 @@ def _allowed(path: Path) -> bool:
 
 # Offences another branch removes, each with why it is here for now. An entry that no
 # longer matches fails the test (remove it), so none outlives its reason.
-PENDING = {
-    "search_fork.py: an import of a store package: from .sqlite":
-        "daemon.reindex relinks forks with the SQLite executor; pgsearch's branch makes it"
-        " the full_text capability's relink_forks() on both stores (remove at its merge)",
-}
+PENDING: dict[str, str] = {}
 
 
 def test_no_engine_check_outside_the_registry() -> None:

@@ -8,13 +8,16 @@ points at its event by position."""
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pg
 import pytest
-from conftest import Daemon
+from conftest import Daemon, daemon_config, running_daemon
 
 from sessiond import AsyncClient
 from sessiond_daemon.stores.models.tables import TABLES
@@ -251,6 +254,43 @@ class TestRunner:
         line = daemon.sql("SELECT position FROM events WHERE session_id = ? AND type ="
                           " 'process.output' ORDER BY version", "r")
         assert len(line) == 3 and outputs == [line[1][0]]  # only the line with a mark
+
+
+class TestPositionsTakenInTheCommit:
+    @pytest.fixture
+    def pg_url(self) -> Iterator[str]:
+        yield from pg.database()
+
+    @pytest.mark.postgresql
+    async def test_rows_point_at_the_events_as_the_shared_log_numbered_them(
+            self, short_dir: str, pg_url: str) -> None:
+        """Two daemons on one PostgreSQL database: each numbers its batch after the last
+        position it knows, the commit takes others (Batch.renumber), and every index row
+        a rule built from the writer's numbering points at its event as committed."""
+        configs = [daemon_config(os.path.join(short_dir, n), db=pg_url) for n in "ab"]
+        for config in configs:
+            os.makedirs(os.path.dirname(config.socket or ""), exist_ok=True)
+        async with (running_daemon(configs[0]) as a, running_daemon(configs[1]) as b,
+                    AsyncClient(a.socket) as on_a, AsyncClient(b.socket) as on_b):
+            await on_a.create_session("x")
+            for i in range(3):
+                await on_b.append_message("x", "user", f"b{i}")
+                await on_a.append_message("x", "user", f"a{i}")
+                await on_b.record_progress("x", f"n{i}")
+                await on_a.append_events("x", [{"type": "state.updated", "data": {
+                    "scope": "app", "app_name": "p", "delta": {"k": i}}}])
+                await on_b.fork("x", new_session_id=f"x{i}")
+            assert message_rows(a, "x") == list(enumerate(
+                positions(a, "x", "message.appended")))
+            assert [r[0] for r in a.sql("SELECT position FROM progress_steps WHERE"
+                                        " session_id = 'x' ORDER BY version")] == \
+                positions(a, "x", "progress.recorded")
+            assert a.sql("SELECT position FROM scoped_state") == [
+                (positions(a, "x", "state.updated")[-1],)]
+            assert [r[0] for r in a.sql("SELECT position FROM forks ORDER BY session_id")] \
+                == [positions(a, f"x{i}", "session.forked")[0] for i in range(3)]
+            assert [m.content for m in (await on_a.list_messages("x2")).messages] == [
+                "b0", "a0", "b1", "a1", "b2", "a2"]
 
 
 class TestOneDefinition:

@@ -7,15 +7,20 @@ them on one file; a PostgreSQL store implements the same Protocols, and
 - `EventStore`: the event log and the views (the writer's batch commit, the reads of
   streams and of the whole log by position, views and snapshots, idempotency).
 - The feature read models (`SessionQueries`, `CheckpointReads`, `GraphReads`, ...):
-  each kept by the store inside the commit, from the committed events.
+  each kept by the store inside the commit, from the committed events, by the rules of
+  stores/models (defined once), and read by its shared queries.
 - `Capabilities`: what only some stores can do (integrity check, file backup, size,
   full-text index, a log shared with other daemons). Callers ask `store.capabilities`
   instead of calling a driver's method or checking which engine they have.
 
-To add a store: implement `Store` in a package of its own (as `sqlite/` does: the log and
-views in store.py, one module per read model, each fed the batch's events inside the
-commit transaction); name it in `stores/registry.py` (an `Engine`: which --db URLs it
-claims, whether it needs a file lock, how it is made); subclass
+To add a store (docs/architecture.md, "To add a store"): in a package of its own, write
+the log (`EventStore` but the three view reads), an executor that runs the read models'
+row operations (`stores.models.ops_of`, `forget`) inside `commit`, `session_totals`,
+`sessions_with_process` and `process_output`; mix in `stores.models.queries.ModelQueries`
+and `stores.models.views.ViewQueries`, which serve every other member of `Store` over the
+store's `QueryDriver` (`dialect`, `_q_all`, `_q_page`). Name it in `stores/registry.py`
+(an `Engine`: which --db URLs it claims, whether it needs a file lock, how it is made);
+subclass
 `tests/store_contract.py`'s `StoreContract` with a fixture that gives a fresh store.
 Positions are gapless and in commit order; see `EventStore.commit` for what a store that
 several daemons share must check.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import re
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -34,6 +40,7 @@ import msgspec
 
 from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.events import Event, EventMeta, MessageAppended
+from sessiond_schemas.rpc import SearchResult
 from sessiond_schemas.state import (
     Message,
     ProgressStep,
@@ -297,6 +304,14 @@ class EventStore(Protocol):
         """The stored first results of these (session_id, idempotency_key) pairs."""
         ...
 
+    async def prefetch(
+        self, session_ids: list[str], keys: list[tuple[str, str]],
+    ) -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+        """What the writer reads before it decides a batch, in one read: the views of
+        these sessions (None: no such session; a view that does not decode is left out,
+        for `load_entry` to report) and, as `idempotent_results`, these keys' results."""
+        ...
+
     async def idempotency_page(self, session_id: str, after: str,
                                limit: int) -> list[tuple[str, bytes]]:
         """A session's stored first results, (key, result) by key past `after`, at most
@@ -495,14 +510,6 @@ class SizeCap(Protocol):
         ...
 
 
-class FullText(Protocol):
-    """The store's full-text index (session.search, daemon.reindex)."""
-
-    async def problems(self) -> list[str]:
-        """What daemon.verify reports about the index ([]: it matches the events)."""
-        ...
-
-
 class Following(Protocol):
     """A follower of a shared log: runs until cancelled; `wake` asks for one more round,
     `hint(position)` one up to a position known committed (this host's batch). It follows
@@ -533,8 +540,8 @@ class SharedLog(Protocol):
 
 
 class SqlAccess(Protocol):
-    """Run a function on a driver connection: search and reindex, which are SQL of one
-    engine (`Capabilities.engine`). The connection's type is the driver's."""
+    """Run a function on a driver connection (a store's own full-text implementation uses
+    it). The connection's type is the driver's."""
 
     async def on_reader(self, fn: Callable[[Any], T]) -> T:
         """`fn` on a read connection (several statements, one hop)."""
@@ -545,12 +552,79 @@ class SqlAccess(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SearchBudget:
+    """What one session.search query may cost (docs/reliability.md, "Budgets"): its terms
+    and prefix terms, checked before it runs (-32602); while it runs, its time and (on
+    SQLite, counted by the progress handler) VM steps (-32012); and it stops when its
+    client goes (`gone`) or its request is cancelled (`stop`)."""
+
+    max_terms: int = 64
+    max_prefixes: int = 8
+    max_steps: int = 500_000_000
+    timeout_s: float = 10.0
+    gone: Callable[[], bool] = lambda: False
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    """One session.search, its params checked: the query text (FTS5's syntax), the
+    filters, and where the page starts (`after`, the decoded cursor)."""
+
+    text: str
+    statuses: tuple[str, ...] = ()
+    namespace: str | None = None
+    actor_name: str | None = None
+    since: str | None = None
+    until: str | None = None
+    limit: int = 20
+    hits: int = 3
+    mark: tuple[str, str] = ("\u00ab", "\u00bb")
+    after: tuple[float, str] | None = None
+    window: int = 5_000  # the newest matching events ranked (stores/models/search.py)
+
+
+class FullText(Protocol):
+    """A store's full-text index of the events (the search read model,
+    stores/models/search.py) and its query: session.search, daemon.reindex, and the
+    index's part of daemon.verify."""
+
+    async def search(self, query: SearchQuery, budget: SearchBudget) -> SearchResult:
+        """The query's page, within the budget (-32602 for a query the store cannot parse,
+        -32012 when the budget stops it)."""
+        ...
+
+    async def clear(self) -> int:
+        """Empty the index (daemon.reindex's first step); return the last position, up to
+        which `rebuild_range` must run (the writer indexes what comes after)."""
+        ...
+
+    async def rebuild_range(self, after: int, upto: int) -> None:
+        """Index the events with after < position <= upto the index does not hold, in one
+        transaction of their own (the writer's batches go on between ranges)."""
+        ...
+
+    async def relink_forks(self) -> int:
+        """Rebuild the fork links from the session.forked events; return how many."""
+        ...
+
+    async def count(self) -> int:
+        """The documents the index holds."""
+        ...
+
+    async def problems(self) -> list[str]:
+        """What daemon.verify finds wrong with the index: an event of an indexed type
+        missing from it, or a document whose event is gone."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a store can do beyond the Protocols; None where it cannot."""
 
-    # Which SQL `sql` speaks, for messages and logs: callers never compare it (they ask
-    # for a capability; tests/test_layering.py).
+    # Which engine, for messages and logs: callers never compare it (they ask for a
+    # capability; tests/test_layering.py).
     engine: str
     # Other daemons write this store too: a view this one cached may be stale, so the
     # writer decides on views read from the store, and reads are served from it.
@@ -559,8 +633,7 @@ class Capabilities:
     integrity: IntegrityCheck | None = None
     backup: FileBackup | None = None
     size: SizeCap | None = None
-    full_text: FullText | None = None
-    sql: SqlAccess | None = None
+    full_text: FullText | None = None  # session.search, daemon.reindex, verify's part
 
 
 # The columns of a stored event that event_from_row reads, in its order (every store

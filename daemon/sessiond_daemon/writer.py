@@ -247,6 +247,7 @@ class Writer:
         self.snapshot_every = snapshot_every
         self._send, self._receive = anyio.create_memory_object_stream[Command](max_queue)
         self._cache: OrderedDict[str, Entry] = OrderedDict()
+        self._prefetched: dict[str, Entry | None] = {}  # the batch's views read before it
         self.next_position = 1
         # Position of the last committed event, and the bell the next commit rings: read
         # together (no await between) they tell a subscriber where the store ends.
@@ -465,8 +466,17 @@ class Writer:
         # First results of idempotency keys: those stored before this batch (read in one
         # hop for the whole batch), then those decided in it.
         keyed = [(c.session_id, key) for c in commands if (key := scoped_key(c)) is not None]
+        # The views not in the cache, read with the keys: one hop for the batch, not one
+        # a session. (A shared store's writer reads each view it does not hold as it
+        # decides: `_load`.)
+        self._prefetched = {}
+        missing = [] if self.shared else list(dict.fromkeys(
+            c.session_id for c in commands if c.session_id not in self._cache))
         try:
-            repeats = await self.store.idempotent_results(keyed) if keyed else {}
+            if missing:
+                self._prefetched, repeats = await self.store.prefetch(missing, keyed)
+            else:
+                repeats = await self.store.idempotent_results(keyed) if keyed else {}
         except SessiondError as exc:
             raise _BatchFailed(exc) from exc
         except Exception as exc:
@@ -487,6 +497,7 @@ class Writer:
             if cmd.session_id in self._from_cache and (cmd.error is not None
                                                        or self._viewed):
                 suspects.add(cmd.session_id)
+        self._prefetched = {}
         if suspects:
             self.next_position = first_position
             self._rechecks = len(suspects)
@@ -819,7 +830,10 @@ class Writer:
                 self._from_cache.add(session_id)
             return entry
         try:
-            entry = await self.store.load_entry(session_id)
+            if session_id in self._prefetched:  # read with the batch's other views
+                entry = self._prefetched.pop(session_id)
+            else:
+                entry = await self.store.load_entry(session_id)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             # The stored view does not read back: fold it again from its events. Not
             # cached: the cache holds only what is committed (the next write commits it).

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from sessiond_daemon.postgres import search
 from sessiond_daemon.stores.models.ops import Insert, Op
 from sessiond_daemon.stores.models.sql import POSTGRES, insert_sql, steps
 from sessiond_daemon.stores.models.tables import TABLES
 
-# The read-model tables this store does not keep (no full-text index on PostgreSQL yet).
-NOT_KEPT: Final = frozenset({"search"})
+# The full-text index's rows go to this store's own table (postgres/search.py: the rule's
+# (position, body, tags) and the tsvector built from them).
+FULL_TEXT: Final = "search"
 
 
 def _shifted(op: Insert, shift: int) -> list[tuple[Any, ...]]:
@@ -29,7 +31,8 @@ async def run(con: Any, ops: Sequence[Op], shift: int = 0) -> None:
     """Apply the ops in order, on an asyncpg connection in a transaction."""
     for op in ops:
         if type(op) is Insert:
-            if op.table in NOT_KEPT:
+            if op.table == FULL_TEXT:
+                await search.insert(con, _shifted(op, shift))
                 continue
             await con.executemany(insert_sql(op.table, op.keep, POSTGRES), _shifted(op, shift))
             continue

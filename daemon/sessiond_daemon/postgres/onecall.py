@@ -30,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from sessiond_daemon.postgres.executor import NOT_KEPT
+from sessiond_daemon.postgres import search
+from sessiond_daemon.postgres.executor import FULL_TEXT
 from sessiond_daemon.stores.models.ops import Insert, Op
 from sessiond_daemon.stores.models.sql import conflict_sql
 from sessiond_daemon.stores.models.tables import TABLES
@@ -159,9 +160,16 @@ KEEPS: Final = ("error", "first", "latest", "newer")
 def _branches() -> str:
     """One static INSERT per read-model table and keep (stores/models: its columns, its
     conflict rule, written once in sql.py), the event column given as an index."""
-    out = []
+    # The full-text index's rows: this store's own table (postgres/search.py), each row's
+    # session from its event, the tsvector built by the writer (search.tsvector).
+    out = [f"        WHEN '{FULL_TEXT}:error' THEN\n"
+           "            INSERT INTO search_index (position, session_id, body, tags, doc)"
+           " SELECT first + r.position, e.session_id, r.body, r.tags, r.doc::tsvector"
+           " FROM jsonb_to_recordset(op->'r') AS r(position bigint, body text, tags text,"
+           " doc text) JOIN events e ON e.position = first + r.position"
+           " ON CONFLICT (position) DO NOTHING;"]
     for name, t in TABLES.items():
-        if name in NOT_KEPT:
+        if name == FULL_TEXT:
             continue
         picked = ", ".join(f"first + r.{c}" if c == t.event_column else f"r.{c}"
                            for c in t.columns)
@@ -192,7 +200,12 @@ def ops_json(ops: Sequence[Op], numbered: int) -> list[dict[str, Any]] | None:
     for op in ops:
         if type(op) is not Insert:
             return None
-        if op.table in NOT_KEPT:
+        if op.table == FULL_TEXT:
+            if op.keep != "error":
+                return None
+            out.append({"k": f"{FULL_TEXT}:error", "r": [
+                {"position": r[0] - numbered, "body": r[1], "tags": r[2],
+                 "doc": search.tsvector(r[1], r[2])} for r in op.rows]})
             continue
         t = TABLES[op.table]
         e = t.event_index

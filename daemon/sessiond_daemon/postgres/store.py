@@ -25,6 +25,7 @@ One batch is one transaction on the writer's connection:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -41,7 +42,7 @@ from ..eventstore import Batch, Capabilities, Entry, Following, Moved, Precondit
 from ..stores import models
 from ..stores.models.ops import Op
 from ..stores.schema import LOG_TABLES
-from . import executor, onecall, preconditions, schema
+from . import executor, onecall, preconditions, schema, search
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -224,13 +225,14 @@ class PostgresStore(ModelReads):
         # passes over its own, which the writer's bell has rung already.
         self.origin = new_id()
         self.max_bytes = 0  # no cap (SizeCap): the server's own quotas and disks decide
+        self._full_text = search.FullText(self)
 
     @property
     def capabilities(self) -> Capabilities:
-        """Shared by several daemons (their commits followed), and its size; no file to
-        check or copy, no cap, and no SQL access for search (full-text search on
-        PostgreSQL is still to do)."""
-        return Capabilities(engine="postgresql", shared=True, shared_log=self, size=self)
+        """Shared by several daemons (their commits followed), its size, and full-text
+        search (postgres/search.py); no file to check or copy, no cap."""
+        return Capabilities(engine="postgresql", shared=True, shared_log=self, size=self,
+                            full_text=self._full_text)
 
     async def db_bytes(self) -> int:
         """What the store's tables take in the database, their indexes and TOAST included
@@ -353,6 +355,17 @@ class PostgresStore(ModelReads):
             " $2::text[]) AS k(session_id, key) USING (session_id, key)",
             [k[0] for k in keys], [k[1] for k in keys]))
         return {(r[0], r[1]): bytes(r[2]) for r in rows}
+
+    async def prefetch(
+        self, session_ids: list[str], keys: list[tuple[str, str]],
+    ) -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+        """The views of these sessions and the results of these keys (the writer of a
+        shared store reads its views as it decides, with `load_entry`)."""
+        views: dict[str, Entry | None] = {}
+        for sid in session_ids:
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                views[sid] = await self.load_entry(sid)
+        return views, await self.idempotent_results(keys)
 
     async def idempotency_page(self, session_id: str, after: str,
                                limit: int) -> list[tuple[str, bytes]]:
@@ -493,6 +506,9 @@ class PostgresStore(ModelReads):
             for table in LOG_TABLES:  # the read models' rows went by their ops
                 await con.execute(f"DELETE FROM {table} WHERE session_id = ANY($1::text[])",
                                   batch.deletes)
+            # After the events: their delete waits for a reindex range that holds them
+            # (FOR SHARE) to commit, so this statement sees and takes that range's rows too.
+            await search.forget(con, batch.deletes)
         if batch.views:
             new = {sid for sid in batch.views if sid not in stored or sid in batch.deletes}
             columns = _view_columns(batch.views)

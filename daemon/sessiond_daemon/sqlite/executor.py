@@ -10,12 +10,18 @@ from collections.abc import Sequence
 from sessiond_daemon.stores.models.ops import Insert, Op
 from sessiond_daemon.stores.models.sql import SQLITE, insert_sql, steps
 
+# (table, keep) -> its INSERT: a plain dict, cheaper per append than insert_sql's cache.
+_INSERTS: dict[tuple[str, str], str] = {}
+
 
 def run(db: sqlite3.Connection, ops: Sequence[Op]) -> None:
     """Apply the ops in order. The writer's positions are final here (one writer)."""
     for op in ops:
         if type(op) is Insert:  # the common case, without a generator
-            db.executemany(insert_sql(op.table, op.keep, SQLITE), op.rows)
+            sql = _INSERTS.get((op.table, op.keep))
+            if sql is None:
+                sql = _INSERTS[(op.table, op.keep)] = insert_sql(op.table, op.keep, SQLITE)
+            db.executemany(sql, op.rows)
             continue
         plan = steps(op, SQLITE)
         try:

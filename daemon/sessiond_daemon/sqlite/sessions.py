@@ -14,17 +14,31 @@ from ..eventstore import (
 from ..stores.models.views import ViewQueries
 from .base import SqliteReads, encode
 
+_VIEW_COLUMNS = ("session_id", "version", "status", "namespace", "actor_name", "source", "task",
+                 "created_at", "updated_at", "message_count", "input_tokens", "output_tokens",
+                 "estimated_cost", "last_position", "last_hash", "state", "expires_at")
+# The columns some index of `sessions` holds (session.list's five, the expiry sweep's).
+_INDEXED = ("status", "namespace", "actor_name", "created_at", "expires_at")
+# A view is an upsert of the columns no index holds, then an UPDATE of the indexed ones
+# only where one differs. Not INSERT OR REPLACE, which deletes the row and inserts it
+# again: that rewrote the row's entry in each index at every commit, a WAL page each; and
+# an UPDATE that sets an indexed column rewrites its indexes even to the same value.
+VIEW_UPSERT = (
+    f"INSERT INTO sessions ({', '.join(_VIEW_COLUMNS)})"
+    f" VALUES ({', '.join('?' for _ in _VIEW_COLUMNS)}) ON CONFLICT (session_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _VIEW_COLUMNS[1:] if c not in _INDEXED))
+VIEW_INDEXED = (
+    "UPDATE sessions SET " + ", ".join(f"{c} = ?{i}" for i, c in enumerate(_INDEXED, 2))
+    + " WHERE session_id = ?1 AND ("
+    + " OR ".join(f"{c} IS NOT ?{i}" for i, c in enumerate(_INDEXED, 2)) + ")")
+
 
 def write_views(db: sqlite3.Connection, batch: Batch) -> None:
     """The batch's views and snapshots (after its events)."""
     if batch.views:
-        db.executemany(
-            "INSERT OR REPLACE INTO sessions (session_id, version, status, namespace,"
-            " actor_name, source, task, created_at, updated_at, message_count, input_tokens,"
-            " output_tokens, estimated_cost, last_position, last_hash, state, expires_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [_view_row(entry) for entry in batch.views.values()],
-        )
+        rows = [_view_row(entry) for entry in batch.views.values()]
+        db.executemany(VIEW_UPSERT, rows)
+        db.executemany(VIEW_INDEXED, [(r[0], r[2], r[3], r[4], r[7], r[16]) for r in rows])
     if batch.snapshots:
         db.executemany(
             "INSERT OR REPLACE INTO snapshots (session_id, version, state) VALUES (?, ?, ?)",

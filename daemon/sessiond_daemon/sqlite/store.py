@@ -1,7 +1,8 @@
 """The SQLite store: opening and migrating the file, the writer's batch commit, and the
 reads of the log. It implements `eventstore.Store`: the read models it keeps in the
 commit are the rules' row operations (stores/models), run by executor.py; their reads are
-stores/models/queries.py's; the views are sessions.py's; the search index is search.py's.
+stores/models/queries.py's; the views are sessions.py's; the search index is search.py's (the
+full_text capability).
 
 The write connection is a plain sqlite3 connection living on one thread of its own
 (`WriterThread`), so a whole batch transaction is one thread hop; aiosqlite would make it
@@ -22,12 +23,13 @@ from typing import Any, TypeVar
 
 import aiosqlite
 import anyio
+import msgspec
 import structlog
 
 from sessiond_schemas.errors import StorageError
 from sessiond_schemas.events import Event
 
-from .. import host, migrations, search
+from .. import host, migrations
 from ..eventstore import (
     EVENT_COLUMNS,
     Batch,
@@ -41,7 +43,7 @@ from ..eventstore import (
 from ..stores import models
 from ..stores.models.queries import ModelQueries
 from ..stores.models.views import state_decoder
-from . import executor, preconditions, sessions
+from . import executor, preconditions, search, sessions
 from .agents import AgentReads
 from .base import encode, encode_meta, marks, storage_error
 from .sessions import SessionViews
@@ -154,7 +156,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(engine="sqlite", integrity=self, backup=self, size=self,
-                            full_text=self, sql=self)
+                            full_text=search.FullText(self))
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -310,17 +312,39 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         A stored result is an acknowledgement: none is given from a file that is no longer
         at our path (the retry of a write that landed in a deleted file would be answered
         with that write's result, and the write lost at the next start)."""
-        def read() -> dict[tuple[str, str], bytes]:
-            self._check_identity()
-            found = {}
-            for start in range(0, len(keys), 400):
-                chunk = keys[start:start + 400]
-                pairs = ", ".join("(?, ?)" for _ in chunk)
-                for sid, key, result in self._w.execute(
-                        "SELECT session_id, key, result FROM idempotency WHERE (session_id, key)"
-                        f" IN (VALUES {pairs})", [x for pair in chunk for x in pair]):
-                    found[(sid, key)] = bytes(result)
-            return found
+        return await self._on_writer(self._idempotent_rows, keys)
+
+    def _idempotent_rows(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+        self._check_identity()
+        found = {}
+        for start in range(0, len(keys), 400):
+            chunk = keys[start:start + 400]
+            pairs = ", ".join("(?, ?)" for _ in chunk)
+            for sid, key, result in self._w.execute(
+                    "SELECT session_id, key, result FROM idempotency WHERE (session_id, key)"
+                    f" IN (VALUES {pairs})", [x for pair in chunk for x in pair]):
+                found[(sid, key)] = bytes(result)
+        return found
+
+    async def prefetch(
+        self, session_ids: list[str], keys: list[tuple[str, str]],
+    ) -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+        """The views of these sessions and the results of these keys, in one hop (a batch
+        of sessions not in the writer's cache was a hop each)."""
+        def read() -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+            results = self._idempotent_rows(keys) if keys else {}
+            views: dict[str, Entry | None] = dict.fromkeys(session_ids)
+            for start in range(0, len(session_ids), 500):
+                chunk = session_ids[start:start + 500]
+                for sid, state, last_hash, last_position in self._w.execute(
+                        "SELECT session_id, state, last_hash, last_position FROM sessions"
+                        f" WHERE session_id IN ({marks(len(chunk))})", chunk):
+                    try:
+                        views[sid] = Entry(state_decoder.decode(state), last_hash,
+                                           last_position)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        del views[sid]  # load_entry reports it, and the writer rebuilds it
+            return views, results
         return await self._on_writer(read)
 
     async def idempotency_page(self, session_id: str, after: str,
@@ -373,9 +397,10 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
-        # The read models first: the pages they free make room for the search index's
-        # delete markers (FTS5 writes them) in a database at max_db_bytes.
-        executor.run(db, models.forget(batch.deletes))
+        if batch.deletes:
+            # The read models first: the pages they free make room for the search index's
+            # delete markers (FTS5 writes them) in a database at max_db_bytes.
+            executor.run(db, models.forget(batch.deletes))
         for sid in batch.deletes:
             for table in _LOG_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
@@ -476,9 +501,6 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""
         return self._file_bytes()
 
-    async def problems(self) -> list[str]:
-        """What daemon.verify finds wrong with the search index (search.problems)."""
-        return await self.on_reader(search.problems)
 
     async def backup(self, target: str) -> tuple[int, int]:
         """Copy the database online (SQLite's backup API: one consistent snapshot while

@@ -1,11 +1,14 @@
 """The neutral row operations the read-model rules emit and each store's executor runs
 inside its commit, in list order (after the batch's events are inserted).
 
+(Plain slotted dataclasses, not frozen: one is built per model per batch, and a frozen
+one's __init__ costs twice as much; nothing changes an op once a rule returned it.)
+
 Rows point at events by the position the writer numbered them with
 (`batch.events[i].position`): only an `Insert`'s rows carry one, in their table's
 `event_column`. A store that takes positions in the commit (`Batch.renumber`) adds the
-shift to that column; no other op carries a position. See /work/wt/models-ops.md's
-successor, docs/architecture.md ("To add a read model").
+shift to that column; no other op carries a position. docs/architecture.md ("To add a
+read model") says where a new one goes.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Literal
 Keep = Literal["error", "first", "latest", "newer"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Insert:
     """Rows into a table, in its TABLES columns order, applied in order."""
 
@@ -31,7 +34,7 @@ class Insert:
     keep: Keep = "error"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeleteWhere:
     """The rows whose columns equal `where`'s values (and, if given, whose `at_least`
     column is at least its value); every row when neither is given (a rebuild)."""
@@ -41,7 +44,7 @@ class DeleteWhere:
     at_least: tuple[str, int] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CopyRows:
     """A session's rows with version <= upto_version, copied as the target's (columns in
     `blank` as empty bytes)."""
@@ -54,7 +57,7 @@ class CopyRows:
     blank: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ForkShares:
     """A fork's conversation as its source's was at the fork point: the messages (those the
     source re-appended after it found by walking up through sources) and the checkpoint
@@ -67,7 +70,7 @@ class ForkShares:
     message_count: int  # claimed by the fork's view: filters stored rows, sizes nothing
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HandOnPayloads:
     """Before these (session_id, checkpoint_id) checkpoint rows are replaced by a new save:
     a fork row sharing one's payload gets the bytes, so forks still find them."""
@@ -75,7 +78,7 @@ class HandOnPayloads:
     rows: list[tuple[str, str]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ForgetSessions:
     """Before deleted sessions' log rows go: their payloads shared by other sessions' rows
     are handed on, then their rows leave every read-model table keyed by session."""

@@ -283,3 +283,21 @@ class ModelQueries:
                                  " LIMIT ?", (source_id, after, limit))
         return await self.fork_count(source_id), [
             ForkRow(session_id=r[0], version=int(r[1]), forked_at=r[2]) for r in rows]
+
+
+if TYPE_CHECKING:
+    from sessiond_daemon.eventstore import (
+        CheckpointReads,
+        ForkReads,
+        GraphReads,
+        MessageReads,
+        ProgressReads,
+        RunnerReads,
+        ScopedStateReads,
+    )
+
+    def _serves_the_read_models(q: ModelQueries) -> tuple[
+            MessageReads, CheckpointReads, ProgressReads, RunnerReads, ScopedStateReads,
+            GraphReads, ForkReads]:
+        """mypy checks here that ModelQueries implements the read-model Protocols."""
+        return q, q, q, q, q, q, q
