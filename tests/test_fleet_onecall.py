@@ -1,4 +1,4 @@
-"""The one-call commit (sessiond_commit, PostgreSQL migration 7) with two daemons on one
+"""The one-call commit (sessiond_commit, PostgreSQL migration 8) with two daemons on one
 database: keyed writes (their stored results quote the positions the statement took, and a
 repeat through the other host answers the same), graph writes, an import, a fork and a
 delete, with the hosts taking turns so that each batch lands after the other's (the

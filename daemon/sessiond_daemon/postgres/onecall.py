@@ -1,4 +1,4 @@
-"""One round trip per batch: the commit as one server-side function (PostgreSQL migration 6).
+"""One round trip per batch: the commit as one server-side function (PostgreSQL migration 8).
 
 `sessiond_commit(...)` runs in the statement's own transaction (the writer's connection
 sends it outside BEGIN/COMMIT: the call is the transaction, its answer comes after the
@@ -181,7 +181,7 @@ def _branches() -> str:
     return "\n".join(out)
 
 
-# The function, as migration 7 creates it. It is generated from the read models' tables:
+# The function, as migration 8 creates it. It is generated from the read models' tables:
 # a change to them (stores/models/tables.py) needs a migration that creates it again.
 CREATE: Final = _CREATE.replace("@BRANCHES@", _branches())
 

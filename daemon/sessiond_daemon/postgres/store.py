@@ -215,7 +215,7 @@ class PostgresStore(ModelReads):
         # "keys", "head": the writer's): a daemon that only writes reads none per write.
         self.reads: Counter[str] = Counter()
         # The commits' own timing since the start (daemon.stats `store_commits`, B12).
-        # Commit a batch the function takes in one statement (migration 6, onecall.py).
+        # Commit a batch the function takes in one statement (migration 8, onecall.py).
         self.one_call = True
         self._locked_at = 0.0
         self.figures: dict[str, float] = dict.fromkeys(
