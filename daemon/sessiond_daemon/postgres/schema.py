@@ -28,7 +28,7 @@ from typing import Any, Final
 import structlog
 
 from ..stores.schema import OWNER_UID, SchemaTooNew, owner_sql
-from . import search
+from . import onecall, search
 
 # A migration step: a statement, or a function run on the migrating connection inside the
 # migration's transaction (a backfill whose values only Python computes).
@@ -236,6 +236,10 @@ MIGRATIONS: Final[list[list[Step]]] = [
     [
         *search.MIGRATION,
         search.backfill,
+    ],
+    # 8: the commit as one server-side function (onecall.py): one round trip per batch.
+    [
+        onecall.CREATE,
     ],
 ]
 
