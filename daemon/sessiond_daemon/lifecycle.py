@@ -225,11 +225,15 @@ class Daemon:
                 log.info("daemon.database_back")
                 self.notifier.notify(f"STATUS=serving, {self.server.connections} connections")
 
+        # Followed only while this host's subscriptions or HTTP tails need it (follow.py).
         follower = shared_log.following(writer.deliver, cursor=writer.committed_position,
                                         at=lambda: writer.committed_position,
                                         deleted=writer.deleted_elsewhere,
-                                        on_state=database)
-        writer.wake_follower = follower.wake
+                                        on_state=database,
+                                        needed=lambda: writer.watchers > 0)
+        writer.wake_follower = follower.hint
+        writer.resume_follower = follower.resume
+        writer.idle_follower = follower.idle
 
         async def follow() -> None:
             with scope:

@@ -29,7 +29,7 @@ import structlog
 
 from ..stores.models.tables import TABLES as MODEL_TABLES
 from ..stores.schema import LOG_TABLES, OWNER_UID, SchemaTooNew, owner_sql
-from . import search
+from . import onecall, search
 
 # A migration step: a statement, or a function run on the migrating connection inside the
 # migration's transaction (a backfill whose values only Python computes).
@@ -237,6 +237,10 @@ MIGRATIONS: Final[list[list[Step]]] = [
     [
         *search.MIGRATION,
         search.backfill,
+    ],
+    # 8: the commit as one server-side function (onecall.py): one round trip per batch.
+    [
+        onecall.CREATE,
     ],
 ]
 

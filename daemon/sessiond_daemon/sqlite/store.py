@@ -55,6 +55,19 @@ T = TypeVar("T")
 # A deleted session's rows that are the log's (the read models' go by their ops first).
 _LOG_TABLES = ("idempotency", "snapshots")
 
+# Positions are never handed out twice (docs/protocol.md). The last one handed out is the
+# newest event's, unless the sessions holding the newest events were deleted: then the
+# delete left it in meta (only such a commit writes it, so an append costs nothing more).
+_NEWEST = "SELECT COALESCE(MAX(position), 0) FROM events"
+_HIGH_WATER = "position_high_water"
+
+
+def head(db: sqlite3.Connection) -> int:
+    """The last position this database handed out (0: none)."""
+    return int(db.execute(
+        f"SELECT MAX(({_NEWEST}), COALESCE((SELECT CAST(value AS INTEGER) FROM meta"
+        " WHERE key = ?), 0))", (_HIGH_WATER,)).fetchone()[0])
+
 
 class WriterThread:
     """The write connection's thread: runs one call at a time, in the order given.
@@ -288,8 +301,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         return self._con
 
     async def last_position(self) -> int:
-        return await self._on_writer(lambda: int(self._w.execute(
-            "SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0]))
+        return await self._on_writer(lambda: head(self._w))
 
     async def load_entry(self, session_id: str) -> Entry | None:
         row = await self._on_writer(lambda: self._w.execute(
@@ -380,8 +392,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
                 refused = preconditions.refused(con, batch)
                 if refused:
                     con.execute("ROLLBACK")
-                    return Moved(frozenset(), int(con.execute(
-                        "SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0]), refused)
+                    return Moved(frozenset(), head(con), refused)
             self._write(con, batch)
             con.execute("COMMIT")
         except BaseException:
@@ -398,6 +409,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
+        top = head(db) if batch.deletes else 0
         if batch.deletes:
             # The read models first: the pages they free make room for the search index's
             # delete markers (FTS5 writes them) in a database at max_db_bytes.
@@ -426,6 +438,9 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
                 "INSERT INTO idempotency (session_id, key, result) VALUES (?, ?, ?)",
                 batch.idempotency,
             )
+        if top and int(db.execute(_NEWEST).fetchone()[0]) < top:  # the newest went
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                       (_HIGH_WATER, str(top)))
 
     # --- reads of the log ---------------------------------------------------------------
 
