@@ -4,6 +4,7 @@ and what happens when another daemon wrote the same sessions first."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pg
 import pytest
@@ -208,3 +209,59 @@ async def test_delete_takes_every_row_of_the_session(store: object) -> None:
     assert await store.idempotent_results([("gone", "k"), ("kept", "k")]) == {
         ("kept", "k"): b'{"version": 2}'}
     assert await store.last_position() == 5  # positions are never given back
+
+
+@pytest.mark.parametrize("path", ["one call", "multi-statement"])
+async def test_the_tsvector_is_built_before_the_counter_row_is_locked(
+        client: Any, store_kind: str, db_url: str, monkeypatch: pytest.MonkeyPatch,
+        path: str) -> None:
+    """postgres/search.py's tsvector (Python tokenizing up to max_message_bytes of text)
+    runs before the commit locks log_head, the one row every host's commit needs: on the
+    one-call path (an append) and on the multi-statement one (a fork: its preconditions
+    and shares; its session.forked task is indexed). Seen from another connection: while
+    tsvector() runs, log_head can be locked."""
+    if store_kind != "postgresql":
+        pytest.skip("the counter row is PostgreSQL's")
+    import asyncio
+    import threading
+
+    import asyncpg
+
+    from sessiond_daemon.postgres import search as pg_search
+
+    real = pg_search.tsvector
+    seen: list[bool] = []
+
+    async def locked() -> bool:
+        con = await asyncpg.connect(db_url)
+        try:
+            async with con.transaction():
+                await con.execute("SET LOCAL lock_timeout = '1ms'")
+                try:
+                    await con.execute("SELECT 1 FROM log_head WHERE id = 1 FOR UPDATE")
+                    return False
+                except asyncpg.LockNotAvailableError:
+                    return True
+        finally:
+            await con.close()
+
+    def probe() -> list[bool]:
+        out: list[bool] = []
+        t = threading.Thread(target=lambda: out.append(asyncio.run(locked())))
+        t.start()
+        t.join()
+        return out
+
+    def probing(body: str | None, tags: str | None) -> str:
+        seen.extend(probe())
+        return real(body, tags)
+
+    await client.create_session("big", task="a task to index " * 100)
+    monkeypatch.setattr(pg_search, "tsvector", probing)
+    if path == "one call":
+        await client.append_message("big", "user", "a message to index " * 1000)
+    else:
+        await client.fork("big", new_session_id="f1")
+    assert seen, "tsvector was not called"
+    assert probe() == [False]  # the probe sees the row free between commits
+    assert not any(seen), "the counter row was locked while the tsvector was built"

@@ -8,6 +8,7 @@ shifted here by what the commit's numbering moved them (`shift`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 from sessiond_daemon.postgres import search
@@ -25,6 +26,14 @@ def _shifted(op: Insert, shift: int) -> list[tuple[Any, ...]]:
         return op.rows
     i = TABLES[op.table].event_index
     return [(*r[:i], r[i] + shift, *r[i + 1:]) for r in op.rows]
+
+
+def documents(ops: list[Op]) -> list[Op]:
+    """The ops with the full-text rows' tsvectors built, as (position, body, tags, doc):
+    called before the commit takes its locks, so Python's tokenizing of a long message
+    does not hold the counter row every host's commit needs (search.insert uses them)."""
+    return [replace(op, rows=[(*r[:3], search.tsvector(r[1], r[2])) for r in op.rows])
+            if type(op) is Insert and op.table == FULL_TEXT else op for op in ops]
 
 
 async def run(con: Any, ops: Sequence[Op], shift: int = 0) -> None:

@@ -205,7 +205,8 @@ def ops_json(ops: Sequence[Op], numbered: int) -> list[dict[str, Any]] | None:
                 return None
             out.append({"k": f"{FULL_TEXT}:error", "r": [
                 {"position": r[0] - numbered, "body": r[1], "tags": r[2],
-                 "doc": search.tsvector(r[1], r[2])} for r in op.rows]})
+                 "doc": r[3] if len(r) > 3 else search.tsvector(r[1], r[2])}
+                for r in op.rows]})
             continue
         t = TABLES[op.table]
         e = t.event_index

@@ -465,11 +465,13 @@ _INSERT: Final = """
 
 
 async def insert(con: Any, rows: Sequence[tuple[Any, ...]]) -> None:
-    """The rule's rows (position, body, tags) into the index (executor.py runs this for
-    the rule's Insert, inside the commit, after the batch's events)."""
+    """The rule's rows (position, body, tags, and the tsvector if built already:
+    executor.documents) into the index (executor.py runs this for the rule's Insert,
+    inside the commit, after the batch's events)."""
     if rows:
         await con.execute(_INSERT, [r[0] for r in rows], [r[1] for r in rows],
-                          [r[2] for r in rows], [tsvector(r[1], r[2]) for r in rows])
+                          [r[2] for r in rows],
+                          [r[3] if len(r) > 3 else tsvector(r[1], r[2]) for r in rows])
 
 
 async def forget(con: Any, session_ids: Sequence[str]) -> None:

@@ -377,9 +377,9 @@ class PostgresStore(ModelReads):
         `Moved` when another daemon wrote first (see the module's docstring)."""
         started = time.perf_counter()
         want = bases(batch)
-        # The read models' ops, before any lock is taken; they point at the writer's
-        # numbering, which the commit's may shift.
-        ops = models.ops_of(batch.events, batch.payloads)
+        # The read models' ops, the documents' tsvectors built too, before any lock is
+        # taken; they point at the writer's numbering, which the commit's may shift.
+        ops = executor.documents(models.ops_of(batch.events, batch.payloads))
         numbered = batch.events[0].position if batch.events else 0
         args = self._one_call(batch, want, ops, numbered) if self.one_call else None
         try:
