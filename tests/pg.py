@@ -83,7 +83,11 @@ def empty(url: str) -> None:
 async def _empty(url: str) -> None:
     import asyncpg
 
-    con = await asyncpg.connect(url, timeout=5)
+    from sessiond_daemon.postgres import schema
+
+    # As the daemon's connections say: this code's schema (the fence lets it delete events).
+    con = await asyncpg.connect(url, timeout=5,
+                                server_settings={schema.SETTING: str(schema.LATEST)})
     try:
         tables = await con.fetch(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"

@@ -213,3 +213,67 @@ def _online() -> bool:
     out = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True, timeout=30)
     return any(line.split()[:2] == CLUSTER.split() and "online" in line
                for line in out.stdout.splitlines())
+
+
+@pytest.mark.fleet
+async def test_a_host_still_on_the_last_release_is_fenced_off_until_upgraded(
+        short_dir: str, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rolling upgrade (docs/upgrading.md): a host still serving the last release
+    (9b19302, schema 5) while another starts this one (PostgreSQL migrations 6 to 9). Only
+    starting hosts wait for the migration's lock; before the fence (migration 9) the old
+    host went on writing past migrations 6 and 7: its events never reached search_index
+    (verify reported them) and its deletes wrote no `deletions` rows. Now its writes fail,
+    retryable, saying to upgrade it, nothing of them written; upgraded, it writes again."""
+    from test_fleet import Host
+
+    from sessiond import StorageError
+
+    old = os.path.join(short_dir, "old")
+    os.mkdir(old)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    archive = subprocess.run(["git", "-C", repo, "archive", "9b19302"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
+    previous = Host(short_dir, 0, pg_url)
+    upgraded = Host(short_dir, 1, pg_url)
+    with monkeypatch.context() as m:
+        m.setenv("PYTHONPATH", ":".join(os.path.join(old, p) for p in
+                                        ("client", "daemon", "schemas", "")))
+        await previous.start()  # the last release: migrates to its schema (5)
+    try:
+        async with AsyncClient(previous.socket) as c:
+            await c.create_session("before")
+            await c.append_message("before", "user", "written before the upgrade")
+        await upgraded.start()  # this release: PostgreSQL migrations 6 to 9
+        async with AsyncClient(upgraded.socket) as c:
+            await c.create_session("new")
+        async with AsyncClient(previous.socket) as c:
+            for write in (c.create_session("during"),
+                          c.append_message("before", "user", "written by the old host"),
+                          c.delete_session("new")):
+                with pytest.raises(StorageError) as refused:
+                    await write
+                assert refused.value.data["retryable"] is True
+                assert "upgrade this host" in refused.value.message
+        async with AsyncClient(upgraded.socket) as c:
+            assert sorted(s.session_id for s in (await c.list_sessions()).sessions) == [
+                "before", "new"]
+            assert (await c.get_session("before")).version == 2
+            assert [s.session_id for s in (await c.search("written")).sessions] == ["before"]
+            report = await c.verify()
+            assert report.ok, report.problems
+        previous.stop()  # upgraded: this release, on the same socket
+        previous = Host(short_dir, 0, pg_url)
+        await previous.start()
+        async with AsyncClient(previous.socket) as c:
+            await c.create_session("during")
+            await c.append_message("during", "user", "written by the upgraded host")
+            assert await c.delete_session("new")
+        async with AsyncClient(upgraded.socket) as c:
+            found = await c.search("written")
+            assert sorted(s.session_id for s in found.sessions) == ["before", "during"]
+            report = await c.verify()
+            assert report.ok, report.problems
+    finally:
+        previous.stop()
+        upgraded.stop()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import pg
@@ -124,3 +125,89 @@ def test_a_daemon_refuses_a_newer_schema_with_its_reason(pg_url: str,
     assert refused.returncode == 78, refused.stderr
     assert "newer than this sessiond" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+async def test_past_a_newer_releases_fence_writes_fail_retryable_and_reads_go_on(
+        client: Any, store_kind: str, db_url: str) -> None:
+    """A newer release's migration moves the fence (schema.fence) past this code's schema:
+    this host's writes then fail, -32012 retryable, saying to upgrade it, and write
+    nothing; its reads go on."""
+    if store_kind != "postgresql":
+        pytest.skip("the fence is PostgreSQL's")
+    import asyncpg
+
+    from sessiond import StorageError
+    from sessiond_daemon.postgres import schema
+
+    await client.create_session("s")
+    con = await asyncpg.connect(db_url)
+    try:
+        for sql in schema.fence(schema.LATEST + 1):
+            await con.execute(sql)
+    finally:
+        await con.close()
+    for write in (client.append_message("s", "user", "past the fence"),
+                  client.create_session("t"), client.delete_session("s")):
+        with pytest.raises(StorageError) as refused:
+            await write
+        assert refused.value.data["retryable"] is True
+        assert f"migrated to schema {schema.LATEST + 1} by a newer sessiond" in (
+            refused.value.message)
+        assert "upgrade this host" in refused.value.message
+    assert (await client.get_session("s")).version == 1
+    assert [s.session_id for s in (await client.list_sessions()).sessions] == ["s"]
+
+
+async def test_the_fence_goes_up_before_the_migrations_it_guards(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migrating a schema-6 database: while migration 7 (the search index's backfill, the
+    long one) runs, an older release's write (a connection not saying it speaks this
+    schema) must already wait for the fence, not slip in unindexed; after, it is refused."""
+    import asyncpg
+
+    from sessiond_daemon.postgres import schema
+    from sessiond_daemon.postgres.store import PostgresStore
+
+    store = PostgresStore(pg_url)
+    await store.open()
+    await store.close()
+    con = await asyncpg.connect(pg_url)
+    try:
+        for sql in ("DROP TRIGGER events_fence ON events", "DROP FUNCTION sessiond_fence()",
+                    "DROP TABLE search_index",
+                    "UPDATE meta SET value = '6' WHERE key = 'schema_version'"):
+            await con.execute(sql)
+    finally:
+        await con.close()
+
+    async def old_host_write() -> str:
+        other = await asyncpg.connect(pg_url)
+        try:
+            await other.execute("SET lock_timeout = '200ms'")
+            await other.execute("DELETE FROM events WHERE false")  # the trigger still fires
+            return "written"
+        except asyncpg.LockNotAvailableError:
+            return "waits"
+        except asyncpg.CannotConnectNowError as exc:
+            return "refused: " + str(exc)
+        finally:
+            await other.close()
+
+    seen: list[str] = []
+    backfill = schema.MIGRATIONS[6][-1]
+    assert callable(backfill)
+
+    async def probing(con: Any) -> None:
+        seen.append(await old_host_write())
+        await backfill(con)
+
+    migrations = [list(m) for m in schema.MIGRATIONS]
+    migrations[6][-1] = probing
+    monkeypatch.setattr(schema, "MIGRATIONS", migrations)
+    again = PostgresStore(pg_url)
+    await again.open()
+    await again.close()
+    assert again.migrated == list(range(7, schema.LATEST + 1))
+    assert seen == ["waits"]
+    after = await old_host_write()
+    assert after.startswith("refused: this database was migrated to schema 9"), after

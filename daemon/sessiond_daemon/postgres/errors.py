@@ -21,6 +21,12 @@ def _timed_out(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.QueryCanceledError)
 
 
+def _fenced(exc: BaseException) -> bool:
+    """A write a newer release's fence refused (postgres/schema.py `fence`)."""
+    return (isinstance(exc, asyncpg.CannotConnectNowError)
+            and str(getattr(exc, "detail", "") or "").startswith("sessiond fence"))
+
+
 def storage_error(exc: BaseException, *, read: bool = False) -> StorageError:
     """A driver error as the contract's -32012. A lost connection may have lost the reply
     to a COMMIT the server made: the error says so, and that a retry under the same
@@ -43,6 +49,11 @@ def storage_error(exc: BaseException, *, read: bool = False) -> StorageError:
             " written and nothing acknowledged: retry it (with an idempotency key a retry"
             " never appends twice)",
             {"detail": str(exc), "retryable": True, "setting": "db_statement_timeout_s"})
+    if _fenced(exc):
+        return StorageError(
+            f"storage error: {exc}; nothing was written: retry it once this host runs the"
+            " release that migrated the database",
+            {"detail": str(exc), "retryable": True, "fenced": True})
     retryable = isinstance(exc, RETRYABLE)
     message = (f"storage error: the database connection failed ({exc}); the write was not"
                " acknowledged: retry it (with an idempotency key a retry never appends"

@@ -41,6 +41,42 @@ log = structlog.get_logger("sessiond.store")
 # constant, a signed int64 as pg_advisory_lock takes it).
 ADVISORY_LOCK: Final = 0x5E55_10D0_5C4E_3A01 - (1 << 63)
 
+# The setting by which a daemon's connections say which schema its code writes
+# (store.py's server_settings): the fence lets through only the writes of code that
+# knows the database's schema.
+SETTING: Final = "sessiond.schema"
+# The fence's error, as a host that must be upgraded gets it: "cannot connect now",
+# which every release takes for a retryable connection failure (postgres/errors.py).
+FENCED: Final = "57P03"
+
+
+def fence(at: int) -> list[str]:
+    """A fence at schema `at`: every statement inserting or deleting events fails unless
+    its connection says (SETTING) it writes schema `at` or newer. One check per statement
+    (FOR EACH STATEMENT), not per row. During a fleet's upgrade a host still on an older
+    release keeps serving; the first host to start the new release migrates, and from then
+    on the older hosts' writes fail, retryable, saying to upgrade them, instead of writing
+    past what the migrations added (docs/upgrading.md). A later migration that older code
+    must not write past calls this again with its own number: the fence moves."""
+    return [
+        f"""CREATE OR REPLACE FUNCTION sessiond_fence() RETURNS trigger
+        LANGUAGE plpgsql AS $fn$
+        BEGIN
+            IF coalesce(nullif(current_setting('{SETTING}', true), ''), '0') !~ '^[0-9]{{1,9}}$'
+                OR coalesce(nullif(current_setting('{SETTING}', true), ''), '0')::int < {at}
+            THEN
+                RAISE EXCEPTION 'this database was migrated to schema {at} by a newer'
+                    ' sessiond: upgrade this host (docs/upgrading.md)'
+                    USING ERRCODE = '{FENCED}', DETAIL = 'sessiond fence {at}';
+            END IF;
+            RETURN NULL;
+        END $fn$""",
+        "DROP TRIGGER IF EXISTS events_fence ON events",
+        "CREATE TRIGGER events_fence BEFORE INSERT OR DELETE ON events"
+        " FOR EACH STATEMENT EXECUTE FUNCTION sessiond_fence()",
+    ]
+
+
 MIGRATIONS: Final[list[list[Step]]] = [
     [
         """CREATE TABLE log_head (
@@ -242,9 +278,16 @@ MIGRATIONS: Final[list[list[Step]]] = [
     [
         onecall.CREATE,
     ],
+    # 9: the fence (see `fence`): hosts of a release before this one stop writing, as their
+    # writes would pass migrations 6 and 7 by (no search_index rows, no deletions rows).
+    # `migrate` puts it up first, with the first pending migration.
+    [
+        *fence(9),
+    ],
 ]
 
 LATEST: Final = len(MIGRATIONS)
+FENCE: Final = 9  # the migration whose fence is the latest (the one `migrate` puts up first)
 
 # Every table the migrations create (daemon.stats' db_bytes is theirs, not the schema's:
 # other applications may keep tables beside them). tests/test_postgres_schema.py checks it.
@@ -278,6 +321,12 @@ async def migrate(con: Any, where: str) -> list[int]:
             async with con.transaction():
                 await con.execute(
                     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                if number == current + 1 and 1 <= current < FENCE:
+                    # The fence first, in the first pending migration's transaction: an
+                    # older host's write waits for it (the trigger's lock on events), then
+                    # is refused; none is written past a migration it does not know.
+                    for sql in fence(FENCE):
+                        await con.execute(sql)
                 for step in MIGRATIONS[number - 1]:
                     if isinstance(step, str):
                         await con.execute(owner_sql(step))

@@ -203,7 +203,10 @@ class PostgresStore(ModelReads):
         # Every statement, the writer's and the readers', ends after this long (a lock
         # held from psql, say): the commit fails retryable instead of stopping every write
         # (and the watchdog with them). 0: none.
-        self.server_settings = {"statement_timeout": str(int(statement_timeout_s * 1000))}
+        # And which schema this code writes: past a newer release's migration, its fence
+        # refuses this host's writes (schema.fence).
+        self.server_settings = {"statement_timeout": str(int(statement_timeout_s * 1000)),
+                                schema.SETTING: str(schema.LATEST)}
         self._reader_count = readers
         self._con: Any = None  # asyncpg.Connection of the writer
         self._pool: Any = None  # asyncpg.Pool of the readers
