@@ -115,7 +115,10 @@ async def test_an_event_that_commits_late_is_not_skipped(pg_url: str, outcome: s
     store, reader = PostgresStore(pg_url), PostgresStore(pg_url)
     await store.open()
     await reader.open()
-    slow = await asyncpg.connect(pg_url)
+    from sessiond_daemon.postgres import schema
+
+    # Another daemon of this release (its connection says its schema: the fence's setting).
+    slow = await asyncpg.connect(pg_url, server_settings={schema.SETTING: str(schema.LATEST)})
     try:
         tx = slow.transaction()
         await tx.start()
