@@ -49,11 +49,13 @@ class _Subscription:
     # Live: caught up and a follower of the bells. Every event up to the writer's
     # committed_position has been considered then, rung or not for this subscription.
     live: bool = False
-    head: bytes = b""  # of its subscription.event notifications
+    head: bytes = b""  # of its subscription.event notifications, before the event
+    between: bytes = b""  # after one event, before the next one's
 
     def __post_init__(self) -> None:
         self.head = (b'{"jsonrpc":"2.0","method":"subscription.event","params":'
                      b'{"subscription":"' + self.id.encode() + b'","event":')
+        self.between = b"}}\n" + self.head
 
     def wants(self, event: Event) -> bool:
         return ((self.session_id is None or event.session_id == self.session_id)
@@ -229,11 +231,13 @@ class Subscriptions:
         if events:
             cursor = sub.cursor
             if sub.session_id is None and sub.types is None and events[0].position > cursor:
-                self._pending.extend(self._lines(sub, bell.encoded()))
+                sent = bell.encoded()
             else:
-                self._pending.extend(self._lines(sub, [
-                    event_json for event, event_json in zip(events, bell.encoded(), strict=True)
-                    if event.position > cursor and sub.wants(event)]))
+                sent = [event_json for event, event_json in zip(events, bell.encoded(),
+                                                                strict=True)
+                        if event.position > cursor and sub.wants(event)]
+            if sent:  # its notifications as one bytes: the events joined by head and tail
+                self._pending.append(sub.head + sub.between.join(sent) + b"}}\n")
             sub.cursor = max(cursor, events[-1].position)
         self._rung.append((sub, sub.session_id is not None and sub.session_id in bell.deleted))
 
@@ -242,7 +246,9 @@ class Subscriptions:
         session the batch deleted, and all of them if the consumer is too slow."""
         pending, rung = self._pending, self._rung
         self._pending, self._rung = [], []
-        if pending:
+        if len(pending) == 1:
+            self.out.write(pending[0])
+        elif pending:
             self.out.writelines(pending)
         waiting = self.out.transport.get_write_buffer_size()
         for sub, deleted in rung:
