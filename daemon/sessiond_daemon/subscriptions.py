@@ -103,8 +103,7 @@ class Subscriptions:
         if sub is None:
             raise InvalidParamsError(f"no subscription {p.subscription} on this connection",
                                      {"detail": "unknown subscription", "path": "$.subscription"})
-        sub.scope.cancel()
-        self._forget(sub)
+        self._end(sub)  # no event for it after this answer
         return rpc.UnsubscribeResult(ok=True)
 
     def cursors(self) -> list[int]:
@@ -169,16 +168,12 @@ class Subscriptions:
         self.out.write(_encoder.encode(
             rpc.Notification(jsonrpc="2.0", method=method, params=params)) + b"\n")
 
-    @staticmethod
-    def _lines(sub: _Subscription, events_json: list[bytes]) -> list[bytes]:
-        # subscription.event notifications spliced around each event's JSON (encoded once
-        # per batch, not once per subscriber). Subscription ids are ULIDs, so they need no
-        # escaping.
-        head = sub.head
-        return [head + e + b"}}\n" for e in events_json]
-
     def _send_events(self, sub: _Subscription, events_json: list[bytes]) -> None:
-        self.out.writelines(self._lines(sub, events_json))  # one write: one syscall
+        # subscription.event notifications spliced around each event's JSON (encoded once
+        # per batch, not once per subscriber), in one write: one syscall per batch.
+        # Subscription ids are ULIDs, so they need no escaping.
+        if events_json:
+            self.out.write(sub.head + sub.between.join(events_json) + b"}}\n")
 
     async def _run(self, sub: _Subscription) -> None:
         try:
