@@ -268,6 +268,24 @@ class StoreContract:
         assert [e.version for e in await store.read_events(
             session_id="b", from_version=1, after_position=0, limit=10, types=None)] == [1]
 
+    async def test_deleting_the_newest_events_keeps_the_head(self, store: Store,
+                                                             log: Log) -> None:
+        """Positions are never handed out twice: with the session holding the log's
+        newest events deleted, last_position and a refused batch's Moved.head still name
+        the last position handed out, not the newest event left."""
+        await store.commit(log.batch(("a", [created()])))
+        gone = log.batch(("b", [created(), message(0)]))
+        await store.commit(gone)
+        top = log.head
+        assert await store.commit(log.delete("b")) is None
+        assert await store.last_position() == top
+        refused = log.batch(("a", [message(0)]))
+        refused.requires = [("a", HasVersion("b", 2, gone.events[-1].hash))]
+        moved = await store.commit(refused)
+        assert moved is not None and moved.refused == {refused.requires[0][1]: 0}
+        assert moved.head == top
+        assert await store.last_position() == top
+
     # --- paging -------------------------------------------------------------------------
 
     async def test_pages_stop_at_their_byte_budget(self, store: Store, log: Log) -> None:

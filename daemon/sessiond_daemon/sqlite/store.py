@@ -43,6 +43,7 @@ from ..eventstore import (
 from ..stores import models
 from ..stores.models.queries import ModelQueries
 from ..stores.models.views import state_decoder
+from ..stores.schema import SchemaRefused
 from . import executor, preconditions, search, sessions
 from .agents import AgentReads
 from .base import encode, encode_meta, marks, storage_error
@@ -53,6 +54,19 @@ T = TypeVar("T")
 
 # A deleted session's rows that are the log's (the read models' go by their ops first).
 _LOG_TABLES = ("idempotency", "snapshots")
+
+# Positions are never handed out twice (docs/protocol.md). The last one handed out is the
+# newest event's, unless the sessions holding the newest events were deleted: then the
+# delete left it in meta (only such a commit writes it, so an append costs nothing more).
+_NEWEST = "SELECT COALESCE(MAX(position), 0) FROM events"
+_HIGH_WATER = "position_high_water"
+
+
+def head(db: sqlite3.Connection) -> int:
+    """The last position this database handed out (0: none)."""
+    return int(db.execute(
+        f"SELECT MAX(({_NEWEST}), COALESCE((SELECT CAST(value AS INTEGER) FROM meta"
+        " WHERE key = ?), 0))", (_HIGH_WATER,)).fetchone()[0])
 
 
 class WriterThread:
@@ -172,7 +186,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
                 await _connect(self.path, self.synchronous, query_only=True)
                 for _ in range(self._reader_count)
             ]
-        except migrations.SchemaRefused:
+        except SchemaRefused:
             await self.close()
             raise
         except sqlite3.DatabaseError as exc:
@@ -287,8 +301,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         return self._con
 
     async def last_position(self) -> int:
-        return await self._on_writer(lambda: int(self._w.execute(
-            "SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0]))
+        return await self._on_writer(lambda: head(self._w))
 
     async def load_entry(self, session_id: str) -> Entry | None:
         row = await self._on_writer(lambda: self._w.execute(
@@ -379,8 +392,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
                 refused = preconditions.refused(con, batch)
                 if refused:
                     con.execute("ROLLBACK")
-                    return Moved(frozenset(), int(con.execute(
-                        "SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0]), refused)
+                    return Moved(frozenset(), head(con), refused)
             self._write(con, batch)
             con.execute("COMMIT")
         except BaseException:
@@ -397,6 +409,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
+        top = head(db) if batch.deletes else 0
         if batch.deletes:
             # The read models first: the pages they free make room for the search index's
             # delete markers (FTS5 writes them) in a database at max_db_bytes.
@@ -425,6 +438,9 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
                 "INSERT INTO idempotency (session_id, key, result) VALUES (?, ?, ?)",
                 batch.idempotency,
             )
+        if top and int(db.execute(_NEWEST).fetchone()[0]) < top:  # the newest went
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                       (_HIGH_WATER, str(top)))
 
     # --- reads of the log ---------------------------------------------------------------
 
