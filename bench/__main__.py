@@ -193,7 +193,8 @@ class Bench:
             async with AsyncClient(d.socket) as c:
                 for fid, fn in (("B1", self.b1), ("B2", self.b2), ("B3", self.b3),
                                 ("B4", self.b4), ("B5", self.b5), ("B6", self.b6),
-                                ("B8", self.b8), ("B9", self.b9), ("B10", self.b10)):
+                                ("B8", self.b8), ("B8i", self.b8i), ("B9", self.b9),
+                                ("B10", self.b10)):
                     if self.wanted(fid):
                         await fn(c, d)
         finally:
@@ -372,6 +373,40 @@ class Bench:
                         f"{delivered:,} lines delivered; daemon CPU/append {per['bare']:.0f} us"
                         f" -> {per['followed']:.0f} us; subscriber process "
                         f"{per['subscribers']:.0f} us/append on the same 2 cores"))
+
+    async def b8i(self, c: AsyncClient, d: DaemonProcess) -> None:
+        # B1 with 200 idle followers: subscriptions of another session (4 connections of
+        # 50), which no append touches. Rounds without and with them alternate.
+        n = self.sizes.b1_appends
+        idle = (await c.create_session()).session_id
+        bare, followed = [], []
+        cpu = {"bare": 0.0, "followed": 0.0}
+        for _ in range(3):
+            cpu0 = d.cpu_s()
+            bare.append(await self._appends(d, n))
+            cpu["bare"] += d.cpu_s() - cpu0
+            subs = subprocess.Popen([sys.executable, "-m", "bench.subscribers", d.socket, "4",
+                                     idle, "50"], stdout=subprocess.PIPE)
+            try:
+                assert subs.stdout is not None and subs.stdout.readline().startswith(b"ready")
+                while (await c.stats()).subscriptions < 200:
+                    await anyio.sleep(0.01)
+                cpu0 = d.cpu_s()
+                followed.append(await self._appends(d, n))
+                cpu["followed"] += d.cpu_s() - cpu0
+            finally:
+                subs.terminate()
+                subs.communicate(timeout=60)
+            while (await c.stats()).subscriptions:
+                await anyio.sleep(0.01)
+        rate, base = statistics.median(followed), statistics.median(bare)
+        per = {k: v / (3 * n) * 1e6 for k, v in cpu.items()}
+        self.add(Figure("B8i", "B1 with 200 idle subscriptions of another session", rate,
+                        "appends/s", base, rate / base, ">= 95% of B1 (interleaved rounds)",
+                        rate / base >= 0.95,
+                        f"daemon CPU/append {per['bare']:.0f} us -> {per['followed']:.0f} us;"
+                        " bare rounds " + ", ".join(f"{r:,.0f}" for r in bare)
+                        + "; followed " + ", ".join(f"{r:,.0f}" for r in followed)))
 
     async def b9(self, c: AsyncClient, d: DaemonProcess) -> None:
         n = self.sizes.b9_events

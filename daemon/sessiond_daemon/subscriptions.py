@@ -5,6 +5,12 @@ page; once at the end it takes each committed batch straight from the bell the
 writer rings, so following costs no store reads. Catch-up is paced by the
 consumer (drain); live sends are not awaited, and a consumer whose unread
 output passes `max_buffer` bytes is dropped with the position to resume from.
+
+A live subscription is a follower of the writer's bells (core/bells.py), indexed by its
+session: a commit calls only the subscriptions of the sessions it touched (and those of
+every session), synchronously as it rings, and each connection writes what they send in
+one write. A subscription of another session costs nothing per commit. Its task only
+waits to be cancelled (for the connection's task group to end it with the connection).
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError, OverloadedError, SessionNotFoundError
 from sessiond_schemas.events import Event, new_id
 
+from .core.bells import Bell
 from .eventstore import EventStore
-from .writer import Bell, Writer
+from .writer import Writer
 
 log = structlog.get_logger("sessiond.subscriptions")
 _encoder = msgspec.json.Encoder()
@@ -37,11 +44,26 @@ class _Subscription:
     session_id: str | None
     types: frozenset[str] | None
     cursor: int  # every event at or before this position has been considered
+    owner: Subscriptions
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    # Live: caught up and a follower of the bells. Every event up to the writer's
+    # committed_position has been considered then, rung or not for this subscription.
+    live: bool = False
+    head: bytes = b""  # of its subscription.event notifications, before the event
+    between: bytes = b""  # after one event, before the next one's
+
+    def __post_init__(self) -> None:
+        self.head = (b'{"jsonrpc":"2.0","method":"subscription.event","params":'
+                     b'{"subscription":"' + self.id.encode() + b'","event":')
+        self.between = b"}}\n" + self.head
 
     def wants(self, event: Event) -> bool:
         return ((self.session_id is None or event.session_id == self.session_id)
                 and (self.types is None or event.type in self.types))
+
+    def ring(self, bell: Bell) -> Subscriptions:
+        self.owner.take(self, bell)
+        return self.owner
 
 
 class Subscriptions:
@@ -55,6 +77,10 @@ class Subscriptions:
         self.max_subscriptions = max_subscriptions
         self._on_count = on_count  # tells the server's total (daemon.stats)
         self._active: dict[str, _Subscription] = {}
+        # What the subscriptions rung by the bell in hand send (one write: flush), and
+        # those rung, to end after it if it deleted their session or the consumer is slow.
+        self._pending: list[bytes] = []
+        self._rung: list[tuple[_Subscription, bool]] = []
 
     async def subscribe(self, p: rpc.EventsSubscribeParams) -> rpc.SubscribeResult:
         if len(self._active) >= self.max_subscriptions:
@@ -71,7 +97,7 @@ class Subscriptions:
             self.writer.unwatch()
             raise
         sub = _Subscription(new_id(), p.session_id, frozenset(p.types) if p.types else None,
-                            cursor)
+                            cursor, self)
         self._active[sub.id] = sub
         self._on_count(1)
         self.tg.start_soon(self._run, sub)
@@ -82,26 +108,37 @@ class Subscriptions:
         if sub is None:
             raise InvalidParamsError(f"no subscription {p.subscription} on this connection",
                                      {"detail": "unknown subscription", "path": "$.subscription"})
-        sub.scope.cancel()
-        self._forget(sub)
+        self._end(sub)  # no event for it after this answer
         return rpc.UnsubscribeResult(ok=True)
 
     def cursors(self) -> list[int]:
         """Where each live subscription is (for the lag metrics)."""
-        return [sub.cursor for sub in self._active.values()]
+        return [self._position(sub) for sub in self._active.values()]
 
     def close(self) -> None:
         """End every subscription (the client stopped sending); requests in flight go on."""
         for sub in list(self._active.values()):
-            sub.scope.cancel()
+            self._end(sub)
 
     def revoke(self, reason: str) -> None:
         """End every subscription at once, each with subscription.dropped giving `reason`
         (the peer lost its access): no event is sent after this."""
         for sub in list(self._active.values()):
-            sub.scope.cancel()
+            self._end(sub, reason)
+
+    def _position(self, sub: _Subscription) -> int:
+        """Every event at or before this position has been considered for `sub`."""
+        return max(sub.cursor, self.writer.committed_position) if sub.live else sub.cursor
+
+    def _end(self, sub: _Subscription, reason: str | None = None) -> None:
+        """End `sub` now: no event is sent for it after this (`reason`: say so in a
+        subscription.dropped, with the position to resume from)."""
+        if sub.live:
+            self.writer.followers.discard(sub.session_id, sub)
+        sub.scope.cancel()
+        if reason is not None and sub.id in self._active:
             self._drop(sub, reason)
-            self._forget(sub)
+        self._forget(sub)
 
     async def _start(self, p: rpc.EventsSubscribeParams) -> int:
         """The position after which events are sent."""
@@ -141,9 +178,8 @@ class Subscriptions:
         # subscription.event notifications spliced around each event's JSON (encoded once
         # per batch, not once per subscriber), in one write: one syscall per batch.
         # Subscription ids are ULIDs, so they need no escaping.
-        head = (b'{"jsonrpc":"2.0","method":"subscription.event","params":{"subscription":"'
-                + sub.id.encode() + b'","event":')
-        self.out.writelines([head + e + b"}}\n" for e in events_json])
+        if events_json:
+            self.out.write(sub.head + sub.between.join(events_json) + b"}}\n")
 
     async def _run(self, sub: _Subscription) -> None:
         try:
@@ -154,11 +190,12 @@ class Subscriptions:
                     return
                 self._notify("subscription.caught_up",
                              rpc.SubscriptionCaughtUp(subscription=sub.id, position=sub.cursor))
-                await self._follow(sub, bell)
+                self._go_live(sub, bell)
+                await anyio.sleep_forever()  # live: the bells call it (take), ended by _end
         except ConnectionError:
             pass  # the client went away
         finally:
-            self._forget(sub)
+            self._end(sub)
 
     async def _catch_up(self, sub: _Subscription) -> Bell:
         """Send stored events up to the end of the store; return the bell to follow from."""
@@ -175,27 +212,55 @@ class Subscriptions:
                 sub.cursor = page[-1].position if len(page) == PAGE else upto
                 await self.out.drain()  # catch-up goes at the consumer's pace
 
-    async def _follow(self, sub: _Subscription, bell: Bell) -> None:
-        while True:
-            await bell.rung.wait()
-            self._send_events(sub, [
-                event_json for event, event_json in zip(bell.events, bell.encoded(), strict=True)
-                if event.position > sub.cursor and sub.wants(event)])
-            if bell.events:
-                sub.cursor = max(sub.cursor, bell.events[-1].position)
-            if sub.session_id is not None and sub.session_id in bell.deleted:
-                self._drop(sub, "session deleted")
-                return
-            waiting = self.out.transport.get_write_buffer_size()
-            if waiting > self.max_buffer:
-                self._drop(sub, f"consumer too slow: {waiting} bytes unread, limit "
-                                f"{self.max_buffer}; resubscribe from last_position")
-                return
+    def _go_live(self, sub: _Subscription, bell: Bell) -> None:
+        """Send what the bells rung since `bell` hold for `sub`, then make it a follower
+        of the bell the writer rings next: no await in between, so none is missed."""
+        while bell.rung.is_set():
+            self.take(sub, bell)
+            self.flush()
+            if sub.id not in self._active:
+                return  # ended: its session was deleted, or the consumer is too slow
             assert bell.next is not None
             bell = bell.next
+        sub.live = True
+        self.writer.followers.add(sub.session_id, sub)
+
+    def take(self, sub: _Subscription, bell: Bell) -> None:
+        """`sub`'s part of a rung batch, sent at the flush (with the other subscriptions'
+        of this connection rung by the same bell)."""
+        events = bell.events
+        if events:
+            cursor = sub.cursor
+            if sub.session_id is None and sub.types is None and events[0].position > cursor:
+                sent = bell.encoded()
+            else:
+                sent = [event_json for event, event_json in zip(events, bell.encoded(),
+                                                                strict=True)
+                        if event.position > cursor and sub.wants(event)]
+            if sent:  # its notifications as one bytes: the events joined by head and tail
+                self._pending.append(sub.head + sub.between.join(sent) + b"}}\n")
+            sub.cursor = max(cursor, events[-1].position)
+        self._rung.append((sub, sub.session_id is not None and sub.session_id in bell.deleted))
+
+    def flush(self) -> None:
+        """Write what the rung subscriptions send, in one write; then end those whose
+        session the batch deleted, and all of them if the consumer is too slow."""
+        pending, rung = self._pending, self._rung
+        self._pending, self._rung = [], []
+        if len(pending) == 1:
+            self.out.write(pending[0])
+        elif pending:
+            self.out.writelines(pending)
+        waiting = self.out.transport.get_write_buffer_size()
+        for sub, deleted in rung:
+            if deleted:
+                self._end(sub, "session deleted")
+            elif waiting > self.max_buffer:
+                self._end(sub, f"consumer too slow: {waiting} bytes unread, limit "
+                               f"{self.max_buffer}; resubscribe from last_position")
 
     def _drop(self, sub: _Subscription, reason: str) -> None:
         log.info("subscription.dropped", subscription=sub.id,
                  reason=reason.split(":", maxsplit=1)[0])
         self._notify("subscription.dropped", rpc.SubscriptionDropped(
-            subscription=sub.id, reason=reason, last_position=sub.cursor))
+            subscription=sub.id, reason=reason, last_position=self._position(sub)))

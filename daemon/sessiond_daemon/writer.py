@@ -44,6 +44,7 @@ from sessiond_schemas.export import canonical, chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
+from .core.bells import Bell, Followers
 from .core.hooks import NO_METRICS, Hooks
 from .core.window import CommitWindow
 from .eventstore import (
@@ -215,26 +216,6 @@ class _BatchFailed(Exception):
         self.error = error
 
 
-class Bell:
-    """One committed batch, rung for subscribers: its events, the sessions it deleted, and
-    the bell of the batch after it. Old bells are freed once no subscriber holds them."""
-
-    __slots__ = ("_encoded", "deleted", "events", "next", "rung")
-
-    def __init__(self) -> None:
-        self.rung = anyio.Event()
-        self.events: list[Event] = []
-        self.deleted: frozenset[str] = frozenset()
-        self.next: Bell | None = None
-        self._encoded: list[bytes] | None = None
-
-    def encoded(self) -> list[bytes]:
-        """The events as JSON, encoded once however many subscribers send them."""
-        if self._encoded is None:
-            self._encoded = [_json.encode(e) for e in self.events]
-        return self._encoded
-
-
 class Writer:
     """Owns the write connection; the only code that appends events."""
 
@@ -252,7 +233,8 @@ class Writer:
         # Position of the last committed event, and the bell the next commit rings: read
         # together (no await between) they tell a subscriber where the store ends.
         self.committed_position = 0
-        self.bell = Bell()
+        self.followers = Followers()  # the live ones, called by each ring (core/bells.py)
+        self.bell = Bell(self.followers)
         # Fleet mode (a store several daemons share): wakes the follower of the shared log
         # (lifecycle), which rings the bells for batches that do not follow on from
         # `committed_position` (another host's events come between); see `deliver`.
@@ -618,9 +600,10 @@ class Writer:
     def _ring_bell(self, events: list[Event], deleted: frozenset[str], upto: int) -> None:
         bell = self.bell
         bell.events, bell.deleted = events, deleted
-        bell.next = self.bell = Bell()
+        bell.next = self.bell = Bell(self.followers)
         self.committed_position = upto
-        bell.rung.set()
+        bell.rung.set()  # for those walking the bells from a mark (catching up)
+        self.followers.ring(bell)  # the live followers of what it touched
 
     def deleted_elsewhere(self, deleted: frozenset[str]) -> None:
         """Fleet mode: the follower read that other hosts deleted these sessions. Ring
