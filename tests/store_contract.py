@@ -24,7 +24,7 @@ from sessiond_daemon import projection
 from sessiond_daemon.eventstore import Batch, Entry, Moved, SessionFilters, Store
 from sessiond_schemas.errors import InvalidParamsError, StorageError
 from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import canonical, chain_hash
 from sessiond_schemas.state import SessionState
 
 
@@ -57,7 +57,8 @@ class Log:
                               event_id=new_id(), type=kind,
                               schema_version=CURRENT_SCHEMA_VERSION,
                               recorded_at=f"2026-01-01T00:00:{self.clock:02d}.000000Z",
-                              data=data, meta=EventMeta(), hash="")
+                              data_json=msgspec.Raw(canonical(data)), meta=EventMeta(),
+                              hash="")
                 prev = chain_hash(prev, event)
                 events.append(msgspec.structs.replace(event, hash=prev))
             state = projection.fold(entry.state if entry else None, events)

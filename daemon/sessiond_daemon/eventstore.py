@@ -30,7 +30,7 @@ from typing import Any, Final, Protocol, TypeVar
 import msgspec
 
 from sessiond_schemas.errors import InvalidParamsError
-from sessiond_schemas.events import Event, EventMeta, MessageAppended
+from sessiond_schemas.events import Event, EventMeta, MessageAppended, moved
 from sessiond_schemas.state import (
     Message,
     ProgressStep,
@@ -96,8 +96,7 @@ class Batch:
         if not self.events or self.events[0].position == first:
             return
         shift = first - self.events[0].position
-        self.events = [msgspec.structs.replace(e, position=e.position + shift)
-                       for e in self.events]
+        self.events = [moved(e, position=e.position + shift) for e in self.events]
         for entry in self.views.values():
             entry.last_position += shift
         if self.on_renumber is not None:
@@ -411,15 +410,16 @@ class Capabilities:
 # keeps these columns under these names).
 EVENT_COLUMNS: Final = (
     "position, session_id, version, event_id, type, schema_version, recorded_at, data, meta, hash")
-_data_decoder = msgspec.json.Decoder(dict[str, Any])
 _meta_decoder = msgspec.json.Decoder(EventMeta)
 
 
 def event_from_row(r: Sequence[Any]) -> Event:
-    """An event from a row of EVENT_COLUMNS (data and meta as JSON text or bytes)."""
+    """An event from a row of EVENT_COLUMNS (data and meta as JSON text or bytes). The
+    data's bytes are kept as stored (what is served and hashed); `Event.data` types them
+    once, on first use."""
     return Event(
         position=r[0], session_id=r[1], version=r[2], event_id=r[3], type=r[4],
-        schema_version=r[5], recorded_at=r[6], data=_data_decoder.decode(r[7]),
+        schema_version=r[5], recorded_at=r[6], data_json=msgspec.Raw(r[7]),
         meta=_meta_decoder.decode(r[8]), hash=r[9],
     )
 

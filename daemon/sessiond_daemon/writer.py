@@ -19,7 +19,7 @@ import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
-from sessiond_schemas.bounds import bound_message, json_out_of_bounds
+from sessiond_schemas.bounds import bound_message, has_long_digits, json_out_of_bounds
 from sessiond_schemas.errors import (
     InternalError,
     InvalidParamsError,
@@ -31,13 +31,16 @@ from sessiond_schemas.errors import (
     VersionConflictError,
 )
 from sessiond_schemas.events import (
-    CURRENT_SCHEMA_VERSION,
     Event,
+    EventData,
     EventMeta,
+    encode_data,
+    moved,
     new_id,
     now,
+    typed_event,
 )
-from sessiond_schemas.export import canonical, chain_hash
+from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
@@ -50,16 +53,28 @@ log = structlog.get_logger("sessiond.writer")
 _json = msgspec.json.Encoder()
 MAX_MOVES = 8  # decisions of one batch when the store keeps moving under it (other hosts)
 
+
+
+@dataclass(frozen=True, slots=True)
+class Given:
+    """Event data a client (events.append) or an executor gave as JSON: its Struct, and
+    the canonical JSON of the object as given (unknown fields kept: what is stored and
+    hashed). `commands.given` makes one."""
+
+    data: EventData
+    json: bytes
+
+
 # An event's data in a plan: its type's Struct as a service built it (StatusChanged(...),
-# MessageAppended(...)), or a dict (what events.append was given: unknown fields kept).
-EventData = dict[str, Any] | msgspec.Struct
+# MessageAppended(...)), or Given (the Struct with the JSON it was given as).
+PlanData = EventData | Given
 
 
 @dataclass(slots=True)
 class Plan:
     """What a command will write: its events (type, data), and how to build its result."""
 
-    events: Sequence[tuple[str, EventData]]
+    events: Sequence[tuple[str, PlanData]]
     result: Callable[[SessionState, list[Event]], Any]
     payloads: dict[int, bytes] = field(default_factory=dict)  # event index -> checkpoint payload
     # Where each event's data sits in the params, for errors that name a field (-32602);
@@ -80,7 +95,8 @@ class Delete:
 @dataclass(slots=True)
 class Import:
     """A plan that stores another daemon's events as they are: ids, versions, times and
-    hashes kept, new positions given. With `replace`, the session's old history goes first."""
+    hashes kept, new positions given (their data_json canonical: what is stored). With
+    `replace`, the session's old history goes first."""
 
     events: list[Event]
     payloads: dict[str, bytes]  # checkpoint event_id -> payload
@@ -380,8 +396,7 @@ class Writer:
             if b.build is None:
                 continue
             assert b.state is not None
-            b.events = [msgspec.structs.replace(e, position=e.position + shift)
-                        for e in b.events]
+            b.events = [moved(e, position=e.position + shift) for e in b.events]
             b.cmd.result = _json.encode(b.build(b.state, b.events))
             if b.key is not None:
                 results[b.key] = b.cmd.result
@@ -482,10 +497,10 @@ class Writer:
         payloads: dict[str, bytes]
         if isinstance(plan, Import):
             check_import(plan.events)
-            events = [msgspec.structs.replace(e, position=self.next_position + i)
+            events = [moved(e, position=self.next_position + i)
                       for i, e in enumerate(plan.events)]
             self.next_position += len(events)
-            state, snapshots = self._fold_with_snapshots(None, events, None)
+            state, snapshots = self._fold_with_snapshots(None, events)
             result = _json.encode(state)
             payloads = plan.payloads
             if plan.replace and (entry is not None or damage is not None):
@@ -496,10 +511,10 @@ class Writer:
             cmd.result = _json.encode(plan.result(entry.state, []))
             return
         else:
-            events, typed = self._make_events(cmd, entry, plan)
+            events = self._make_events(cmd, entry, plan)
             try:
                 state, snapshots = self._fold_with_snapshots(
-                    entry.state if entry else None, events, typed)
+                    entry.state if entry else None, events)
             except projection.SumOutOfBounds as exc:
                 # A total would leave its bounds: the caller's numbers, refused by field.
                 base = entry.state.version if entry else 0
@@ -534,57 +549,48 @@ class Writer:
         batch.deletes.append(sid)
         overlay[sid] = _DELETED
 
-    def _fold_with_snapshots(
-            self, state: SessionState | None, events: list[Event],
-            typed: list[msgspec.Struct | None] | None,
-    ) -> tuple[SessionState, list[SessionState]]:
-        """Fold `events` (`typed`: their data's Structs, where at hand); also return the
-        view at each multiple of snapshot_every passed."""
+    def _fold_with_snapshots(self, state: SessionState | None, events: list[Event],
+                             ) -> tuple[SessionState, list[SessionState]]:
+        """Fold `events`; also return the view at each multiple of snapshot_every passed."""
         every, done, snapshots = self.snapshot_every, 0, []
         base = state.version if state is not None else 0
         for cut in range((base // every + 1) * every, base + len(events) + 1, every):
-            state = projection.fold(state, events[done:cut - base],
-                                    typed[done:cut - base] if typed is not None else None)
+            state = projection.fold(state, events[done:cut - base])
             snapshots.append(state)
             done = cut - base
         if done < len(events) or state is None:
-            state = projection.fold(state, events[done:],
-                                    typed[done:] if typed is not None else None)
+            state = projection.fold(state, events[done:])
         return state, snapshots
 
-    def _make_events(self, cmd: Command, entry: Entry | None,
-                     plan: Plan) -> tuple[list[Event], list[msgspec.Struct | None]]:
-        """The plan's events, numbered, timed and chained; and their data's Structs (None
-        where the plan gave a dict: the fold decodes those)."""
+    def _make_events(self, cmd: Command, entry: Entry | None, plan: Plan) -> list[Event]:
+        """The plan's events, numbered, timed and chained, each holding the Struct it was
+        built from (the fold reads it, nothing decodes it again)."""
         version = entry.state.version if entry else 0
         prev_hash = entry.last_hash if entry else ""
         recorded_at = now()
-        events, typed = [], []
+        events = []
         for index, (event_type, given) in enumerate(plan.events):
-            struct: msgspec.Struct | None
-            data: dict[str, Any]
-            if isinstance(given, msgspec.Struct):
-                struct, data = given, msgspec.to_builtins(given)
-            else:
-                struct, data = None, given
-            # Encoded once: the bounds scan and the hash both read these bytes.
-            data_json = canonical(data)
-            bad = json_out_of_bounds(data, plan.path(index), encoded=data_json)
-            if bad is not None:
-                path, value = bad
-                raise InvalidParamsError(f"{bound_message(path, value)}; nothing was written",
-                                         {"detail": "number out of bounds", "path": path})
+            data, data_json = ((given.data, given.json) if isinstance(given, Given)
+                               else (given, encode_data(given)))
+            # Encoded once: the bounds scan, the hash, the stored column and the
+            # subscribers' lines all use these bytes.
+            if has_long_digits(data_json):
+                bad = json_out_of_bounds(msgspec.json.decode(data_json), plan.path(index),
+                                         encoded=data_json)
+                if bad is not None:
+                    path, value = bad
+                    raise InvalidParamsError(
+                        f"{bound_message(path, value)}; nothing was written",
+                        {"detail": "number out of bounds", "path": path})
             version += 1
-            event = Event(
+            event = typed_event(
                 position=self.next_position, session_id=cmd.session_id, version=version,
-                event_id=new_id(), type=event_type, schema_version=CURRENT_SCHEMA_VERSION,
-                recorded_at=recorded_at, data=data, meta=cmd.meta, hash="",
-            )
+                event_id=new_id(), type=event_type, recorded_at=recorded_at, data=data,
+                data_json=data_json, meta=cmd.meta)
             prev_hash = chain_hash(prev_hash, event, data_json)
-            events.append(msgspec.structs.replace(event, hash=prev_hash))
-            typed.append(struct)
+            events.append(moved(event, hash=prev_hash))
             self.next_position += 1
-        return events, typed
+        return events
 
     async def _load(self, session_id: str) -> Entry | None:
         # On a shared store another daemon may have written or deleted the session since
@@ -626,3 +632,4 @@ class Writer:
     def _trim_rate(self, now_m: float) -> None:
         while self._rate and self._rate[0][0] < now_m - 10.0:
             self._rate.popleft()
+

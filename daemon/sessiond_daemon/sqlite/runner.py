@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from sessiond_schemas.events import Data
+
 from ..adapters import RESUME_MARKS
 from ..eventstore import Batch
 from .base import SqliteReads, marks
@@ -23,7 +25,7 @@ _dict_decoder = msgspec.json.Decoder(dict[str, Any])
 TURN_TYPES = ("process.started", "process.exited", "process.detached")
 
 
-def indexed(event_type: str, data: dict[str, Any]) -> bool:
+def indexed(event_type: str, data: dict[str, Any] | Data) -> bool:
     """Whether an event belongs in the runner index."""
     if event_type in TURN_TYPES:
         return True

@@ -42,7 +42,7 @@ from ..eventstore import (
 from ..migrations import SESSION_TABLES
 from . import agents, conversation, graphs, progress, runner, sessions
 from .agents import AgentReads
-from .base import encode, encode_meta, marks, storage_error
+from .base import encode_meta, marks, storage_error
 from .conversation import ConversationReads
 from .graphs import GraphIndex
 from .progress import ProgressReads
@@ -381,7 +381,7 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (e.position, e.session_id, e.version, e.event_id, e.type, e.schema_version,
-                     e.recorded_at, encode(e.data), encode_meta(e.meta), e.hash)
+                     e.recorded_at, e.data_json, encode_meta(e.meta), e.hash)
                     for e in batch.events
                 ],
             )
