@@ -1,4 +1,4 @@
-"""Prometheus metrics: the daemon's hooks (no-ops unless metrics are served) and their text.
+"""Prometheus metrics: the hooks of core/hooks.py counted, and the text of /metrics.
 
 The HTTP face (web/) serves the text at /metrics, with --metrics-listen or http_listen.
 
@@ -15,7 +15,6 @@ import hashlib
 import time
 import weakref
 from collections import Counter as Tally
-from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -27,12 +26,12 @@ from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import EVENT_TYPES, Event
 
 from .config import Config, ConfigError
+from .core.hooks import Hooks, Subscribed
 
 if TYPE_CHECKING:
     from .eventstore import Store
     from .executors import Executors
     from .server import Server
-    from .subscriptions import Subscriptions
     from .writer import Writer
 
 log = structlog.get_logger("sessiond.metrics")
@@ -68,59 +67,6 @@ def check_config(config: Config) -> None:
         require_client()
     except MetricsUnavailable as exc:
         raise ConfigError(str(exc)) from exc
-
-
-class CommitWindow:
-    """The last minute of commits (commands per batch, seconds per commit), for daemon.stats."""
-
-    __slots__ = ("_commits",)
-    SPAN_S = 60.0
-
-    def __init__(self) -> None:
-        self._commits: deque[tuple[float, int, float]] = deque()
-
-    def add(self, commands: int, seconds: float) -> None:
-        now_m = time.monotonic()
-        self._commits.append((now_m, commands, seconds))
-        self._trim(now_m)
-
-    def figures(self) -> dict[str, float]:
-        """Mean batch size, mean and max commit milliseconds over the last minute."""
-        self._trim(time.monotonic())
-        n = len(self._commits)
-        if not n:
-            return {"commit_batch_size": 0.0, "commit_latency_ms": 0.0,
-                    "commit_latency_max_ms": 0.0}
-        return {
-            "commit_batch_size": round(sum(c for _, c, _ in self._commits) / n, 2),
-            "commit_latency_ms": round(1000 * sum(s for _, _, s in self._commits) / n, 3),
-            "commit_latency_max_ms": round(1000 * max(s for _, _, s in self._commits), 3),
-        }
-
-    def _trim(self, now_m: float) -> None:
-        while self._commits and self._commits[0][0] < now_m - self.SPAN_S:
-            self._commits.popleft()
-
-
-class Hooks:
-    """What the daemon tells its metrics. These do nothing: metrics are off."""
-
-    __slots__ = ()
-
-    def clock(self) -> float:
-        return 0.0
-
-    def committed(self, commands: int, events: list[Event], seconds: float) -> None:
-        pass
-
-    def request(self, method: str, code: int, started: float) -> None:
-        pass
-
-    def connection(self, subscriptions: Subscriptions) -> None:
-        pass
-
-
-NO_METRICS = Hooks()
 
 
 MAX_LABEL_CHARS = 64  # a label value past this is cut, with a hash to keep it distinct
@@ -195,7 +141,7 @@ class Prometheus(Hooks):
         self._commit = Histogram("sessiond_commit_seconds", "Time to commit one transaction,"
                                  " its fsync included.", buckets=_SECONDS_BUCKETS, registry=r)
         self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
-        self._subscribers: weakref.WeakSet[Subscriptions] = weakref.WeakSet()
+        self._subscribers: weakref.WeakSet[Subscribed] = weakref.WeakSet()
         self._scraped: dict[str, Any] = {}
         self._lock = anyio.Lock()
         r.register(_ScrapeCollector(self))
@@ -226,7 +172,7 @@ class Prometheus(Hooks):
         children[0].inc()
         children[1].observe(time.perf_counter() - started)
 
-    def connection(self, subscriptions: Subscriptions) -> None:
+    def connection(self, subscriptions: Subscribed) -> None:
         self._subscribers.add(subscriptions)
 
     # --- scrape --------------------------------------------------------------------

@@ -38,9 +38,9 @@ from sessiond_schemas.events import EventMeta, new_id
 from . import access, host, text
 from .access import Grants
 from .budget import Holding, ReplyBudget
+from .core.hooks import NO_METRICS, Hooks
 from .eventstore import Store, client_gone, page_budget
 from .methods import ConnectionHandler, Handler, MethodTable
-from .metrics import NO_METRICS, Hooks
 from .service import VERSION, invalid_params
 from .subscriptions import Subscriptions
 from .writer import Writer

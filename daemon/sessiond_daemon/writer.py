@@ -44,9 +44,10 @@ from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
+from .core.hooks import NO_METRICS, Hooks
+from .core.window import CommitWindow
 from .eventstore import Batch, Entry, EventStore, Moved
 from .histories import Histories, check_import, damaged_error
-from .metrics import NO_METRICS, CommitWindow, Hooks
 
 log = structlog.get_logger("sessiond.writer")
 
