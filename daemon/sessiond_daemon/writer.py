@@ -19,7 +19,7 @@ import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
-from sessiond_schemas.bounds import bound_message, has_long_digits, json_out_of_bounds
+from sessiond_schemas.bounds import bound_message
 from sessiond_schemas.errors import (
     InternalError,
     InvalidParamsError,
@@ -47,7 +47,7 @@ from . import projection
 from .core.hooks import NO_METRICS, Hooks
 from .core.window import CommitWindow
 from .eventstore import Batch, Entry, EventStore, Moved
-from .histories import Histories, check_import, damaged_error
+from .histories import Histories, check_import, damaged_error, out_of_bounds
 
 log = structlog.get_logger("sessiond.writer")
 
@@ -575,14 +575,11 @@ class Writer:
                                else (given, encode_data(given)))
             # Encoded once: the bounds scan, the hash, the stored column and the
             # subscribers' lines all use these bytes.
-            if has_long_digits(data_json):
-                bad = json_out_of_bounds(msgspec.json.decode(data_json), plan.path(index),
-                                         encoded=data_json)
-                if bad is not None:
-                    path, value = bad
-                    raise InvalidParamsError(
-                        f"{bound_message(path, value)}; nothing was written",
-                        {"detail": "number out of bounds", "path": path})
+            bad = out_of_bounds(data_json, plan.path(index))
+            if bad is not None:
+                path, value = bad
+                raise InvalidParamsError(f"{bound_message(path, value)}; nothing was written",
+                                         {"detail": "number out of bounds", "path": path})
             version += 1
             event = typed_event(
                 position=self.next_position, session_id=cmd.session_id, version=version,
