@@ -117,8 +117,8 @@ def sequenced(s: SessionState, events: list[tuple[str, dict[str, Any]]]
 
 def given(event_type: str, data: dict[str, Any]) -> Given:
     """Event data given as a JSON object, typed (raises msgspec.ValidationError when it
-    does not fit) and encoded once, canonically, as given: unknown fields are kept."""
-    return Given(decode_data(event_type, data), canonical(data))
+    does not fit) and encoded as given (unknown fields kept), and canonically."""
+    return Given(decode_data(event_type, data), _json.encode(data), canonical(data))
 
 
 def utf8_size(text: str, limit: int) -> int:

@@ -35,6 +35,7 @@ from sessiond_schemas.events import (
     EventMeta,
     ForkSource,
     SessionForked,
+    canonical_json,
     moved,
     new_id,
     now,
@@ -339,7 +340,7 @@ async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
                          state=msgspec.to_builtins(state))
     event = typed_event(position=0, session_id=sid, version=at + 1, event_id=new_id(),
                         type="session.forked", recorded_at=now(), meta=event_meta, data=data)
-    event = moved(event, hash=chain_hash(prev, event, event.data_json))
+    event = moved(event, hash=chain_hash(prev, event, canonical_json(data)))
 
     def plan(existing: SessionState | None) -> Import:
         if existing is not None:

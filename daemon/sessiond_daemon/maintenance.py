@@ -240,7 +240,7 @@ def _history_mark(events: list[Event], meta: EventMeta) -> list[Event]:
         recorded_at=events[-1].recorded_at, meta=meta,
         data=ProcessDetached(pid=pid, turn=turn, alive=False, imported=True,
                              reason=IMPORTED_REASON))
-    return [moved(mark, hash=chain_hash(events[-1].hash, mark, mark.data_json))]
+    return [moved(mark, hash=chain_hash(events[-1].hash, mark))]
 
 
 _SESSION_ID = msgspec.json.Decoder(SessionId)
@@ -295,9 +295,8 @@ def _read_document(raw: Any) -> export.ExportDocument:
     if raw.get("checksum") != export.checksum(raw):
         raise _import_failed("checksum mismatch: the document was changed after export")
     try:
-        # Decoded from its canonical JSON: each event's data_json is then canonical, the
-        # bytes its hash covers and the store keeps (not encoded again).
-        doc = msgspec.json.decode(export.canonical(raw), type=export.ExportDocument)
+        # Each event's data_json is its data as the document gives it (keys in order).
+        doc = msgspec.json.decode(_json.encode(raw), type=export.ExportDocument)
     except msgspec.ValidationError as exc:
         raise _import_failed(f"corrupt document: {exc}") from exc
     if not doc.events:
@@ -315,7 +314,7 @@ def _read_document(raw: Any) -> export.ExportDocument:
         if e.version != expected:
             raise _import_failed(f"event at version {expected} is missing or out of order"
                                  f" (found version {e.version})")
-        prev = chain_hash(prev, e, e.data_json)
+        prev = chain_hash(prev, e)
         if e.hash != prev:
             raise _import_failed(f"hash chain broken at version {e.version}")
     try:

@@ -34,6 +34,7 @@ from sessiond_schemas.events import (
     Event,
     EventData,
     EventMeta,
+    canonical_json,
     encode_data,
     moved,
     new_id,
@@ -59,11 +60,12 @@ MAX_MOVES = 8  # decisions of one batch when the store keeps moving under it (ot
 @dataclass(frozen=True, slots=True)
 class Given:
     """Event data a client (events.append) or an executor gave as JSON: its Struct, and
-    the canonical JSON of the object as given (unknown fields kept: what is stored and
-    hashed). `commands.given` makes one."""
+    the object as given, encoded (unknown fields kept: what is stored), in its order and
+    canonically (what is hashed). `commands.given` makes one."""
 
     data: EventData
     json: bytes
+    canonical: bytes
 
 
 # An event's data in a plan: its type's Struct as a service built it (StatusChanged(...),
@@ -96,8 +98,8 @@ class Delete:
 @dataclass(slots=True)
 class Import:
     """A plan that stores another daemon's events as they are: ids, versions, times and
-    hashes kept, new positions given (their data_json canonical: what is stored). With
-    `replace`, the session's old history goes first."""
+    hashes kept, new positions given. With `replace`, the session's old history goes
+    first."""
 
     events: list[Event]
     payloads: dict[str, bytes]  # checkpoint event_id -> payload
@@ -571,10 +573,12 @@ class Writer:
         recorded_at = now()
         events = []
         for index, (event_type, given) in enumerate(plan.events):
-            data, data_json = ((given.data, given.json) if isinstance(given, Given)
-                               else (given, encode_data(given)))
-            # Encoded once: the bounds scan, the hash, the stored column and the
-            # subscribers' lines all use these bytes.
+            # Encoded here, or where it was given, twice: as stored (in its own order: the
+            # bounds scan, the stored column, events.read and the subscribers' lines use
+            # these bytes, never encoded again) and canonically, for the hash.
+            data, data_json, hash_json = (
+                (given.data, given.json, given.canonical) if isinstance(given, Given)
+                else (given, encode_data(given), canonical_json(given)))
             bad = out_of_bounds(data_json, plan.path(index))
             if bad is not None:
                 path, value = bad
@@ -585,7 +589,7 @@ class Writer:
                 position=self.next_position, session_id=cmd.session_id, version=version,
                 event_id=new_id(), type=event_type, recorded_at=recorded_at, data=data,
                 data_json=data_json, meta=cmd.meta)
-            prev_hash = chain_hash(prev_hash, event, data_json)
+            prev_hash = chain_hash(prev_hash, event, hash_json)
             events.append(moved(event, hash=prev_hash))
             self.next_position += 1
         return events

@@ -203,7 +203,7 @@ class ResultRecorded(Data, kw_only=True):
 
 class Record(Data, kw_only=True):
     """A problem or a decision: any object (`body`), kept whole in the view. Its JSON is
-    the body itself (`encode_data`, `decode_raw`), not {"body": ...}."""
+    the body itself (`encode_data`, `canonical_json`, `decode_raw`), not {"body": ...}."""
 
     body: dict[str, Any]
 
@@ -460,6 +460,7 @@ EventData: TypeAlias = (
     | TtlSet | SessionExpired | Unread
 )
 
+_plain = msgspec.json.Encoder()
 _canonical = msgspec.json.Encoder(order="sorted")
 _any = msgspec.json.Decoder()
 _DECODERS: Final = {t: msgspec.json.Decoder(kind) for t, kind in DATA_TYPES.items()
@@ -498,20 +499,26 @@ def decode_raw(event_type: str, raw: bytes | msgspec.Raw,
 
 
 def encode_data(data: EventData) -> bytes:
-    """The canonical JSON of event data (sorted keys, no spaces, UTF-8: what the hash
-    covers, what is stored). A Record's and an Unread's JSON is their body."""
-    if isinstance(data, (Record, Unread)):
-        return _canonical.encode(data.body)
-    return _canonical.encode(data)
+    """The JSON of event data as it is stored and served: fields in their Struct's order,
+    a free-form object's keys in the order they were given (a client's JSON keeps its
+    order). A Record's and an Unread's JSON is their body."""
+    return _plain.encode(data.body if isinstance(data, (Record, Unread)) else data)
+
+
+def canonical_json(data: EventData) -> bytes:
+    """The canonical JSON of event data (sorted keys, no spaces, UTF-8): what its hash
+    covers (export.chain_hash). The same bytes as the data's builtins give (the property
+    tests/test_typed_data.py holds)."""
+    return _canonical.encode(data.body if isinstance(data, (Record, Unread)) else data)
 
 
 class Event(msgspec.Struct, kw_only=True, frozen=True, dict=True):
     """One stored event, exactly as the contract's envelope shows it.
 
-    `data_json` is the data's JSON as stored (its JSON name is `data`): encoded as it is,
-    never again; canonical when this daemon wrote it (an older one may have stored the
-    same object with its keys in another order: `canonical_data`). `data` is that JSON
-    typed, decoded once, when first read (the writer hands over the Struct it encoded)."""
+    `data_json` is the data's JSON as stored (its JSON name is `data`): served and sent
+    to subscribers as it is, never encoded again; its keys in the order they were given
+    (the hash covers its canonical form: `canonical_data`). `data` is that JSON typed,
+    decoded once, when first read (the writer hands over the Struct it encoded)."""
 
     position: NonNegInt
     session_id: str
@@ -555,8 +562,8 @@ _event_decoder = msgspec.json.Decoder(Event)
 
 def event_from_builtins(value: Any) -> Event:
     """An event from its envelope as decoded JSON (a dict, `data` an object in it), as
-    msgspec.convert would make it; its data_json canonical."""
-    return _event_decoder.decode(_canonical.encode(value))
+    msgspec.convert would make it (keys kept in their order)."""
+    return _event_decoder.decode(_plain.encode(value))
 
 
 def moved(event: Event, **changes: Any) -> Event:

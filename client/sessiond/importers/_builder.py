@@ -229,8 +229,9 @@ class DocumentBuilder:
         event = Event(position=version, session_id=self.session_id, version=version,
                       event_id=new_id(), type=event_type, schema_version=CURRENT_SCHEMA_VERSION,
                       recorded_at=rfc3339(at),
-                      data_json=msgspec.Raw(export.canonical(plain(data))), meta=meta, hash="")
-        self._hash = export.chain_hash(self._hash, event, event.data_json)
+                      data_json=msgspec.Raw(msgspec.json.encode(plain(data))), meta=meta,
+                      hash="")
+        self._hash = export.chain_hash(self._hash, event)
         self.events.append(msgspec.structs.replace(event, hash=self._hash))
 
     def retime_last(self, at: str) -> None:
