@@ -147,7 +147,7 @@ class StoreContract:
         assert await store.first_position("a", 3) == 4
         assert await store.first_position("a", 9) is None
         assert await store.events_of_types("a", ("message.appended",)) == [
-            ("message.appended", e.data) for e in (b1.events[1], b2.events[0])]
+            ("message.appended", e.fields()) for e in (b1.events[1], b2.events[0])]
         assert await store.foreign_event_ids("b", [b1.events[0].event_id, "unknown"]) == [
             b1.events[0].event_id]
 
