@@ -25,8 +25,9 @@ TEXT = ("the agent ran the login test again after fixing the session cookie hand
         " the deploy script now retries the cache warmup before it reports success to ci ok")
 QUICK = {"appends": 3_000, "rounds": 3, "sessions": 1_000, "messages": 100_000}
 FULL = {"appends": 30_000, "rounds": 3, "sessions": 100_000, "messages": 10_000_000}
-NO_SEARCH = ("import sys; from sessiond_daemon import search, __main__;"
-             " search.index = lambda db, events: None; __main__.main(sys.argv[1:])")
+NO_SEARCH = ("import sys; from sessiond_daemon import __main__; from sessiond_daemon.stores"
+             " import models; models.RULES = tuple(r for r in models.RULES"
+             " if r is not models.search_rows); __main__.main(sys.argv[1:])")
 
 
 class _Daemon(DaemonProcess):
@@ -93,7 +94,8 @@ STATUSES = ("completed", "failed", "active", "paused")
 def build(path: str, sessions: int, messages: int, seed: int = 13) -> dict[str, int]:
     """Fill a migrated, empty database: `sessions` sessions sharing `messages` messages,
     with Zipf-distributed words; hashes are placeholders (verify is not part of B13)."""
-    from sessiond_daemon import search
+    from sessiond_daemon.sqlite import search
+    from sessiond_daemon.stores.models.search_text import text_of
 
     rng = random.Random(seed)
     weights = [1 / (i + 1) for i in range(len(VOCABULARY))]
@@ -116,7 +118,7 @@ def build(path: str, sessions: int, messages: int, seed: int = 13) -> dict[str, 
                    "status": "active"}
         events.append((position, sid, 1, f"e{position:012}", "session.created", 1, t0,
                        json.dumps(created), "{}", "0" * 64))
-        index.append((position, *search.text_of("session.created", created)))
+        index.append((position, *text_of("session.created", created)))
         phrase_at = rng.randrange(per) if rng.random() < 0.01 else -1
         for m in range(per):
             position += 1

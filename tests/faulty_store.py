@@ -9,14 +9,17 @@ methods, so they work on any store (SQLite, PostgreSQL):
     after writing the batch's rows, and must roll all of them back (a real driver error);
   - `report_moved(rule)`: for the batches `rule` answers with a `Moved`, the commit writes
     nothing and returns it, as a shared store does when another host wrote first;
-  - `fail_reads(name, exc, times)`: the read method `name` raises `exc` the next times.
+  - `fail_reads(name, exc, times)`: the read method `name` raises `exc` the next times;
+  - `before_reads(name, hook)`: the read method `name` awaits `hook()` first, each time
+    (a hook that writes through a client makes a write come between a read and the
+    write planned from it).
 `heal()` ends every fault. Everything else goes to the real store.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sessiond_daemon import lifecycle
@@ -33,6 +36,7 @@ class FaultyStore:
         self._midway: Callable[[Batch], bool] | None = None
         self._moved: Callable[[Batch], Moved | None] | None = None
         self._reads: dict[str, tuple[BaseException, int]] = {}
+        self._before: dict[str, Callable[[], Awaitable[None]]] = {}
         self.commits = 0  # commits asked for since the last rule was set
         self.failed = 0  # commits refused by a rule, or broken midway
 
@@ -50,15 +54,22 @@ class FaultyStore:
     def fail_reads(self, name: str, exc: BaseException, times: int = 1) -> None:
         self._reads[name] = (exc, times)
 
+    def before_reads(self, name: str, hook: Callable[[], Awaitable[None]]) -> None:
+        self._before[name] = hook
+
     def heal(self) -> None:
         self._commit_rule = self._midway = self._moved = None
         self._reads.clear()
+        self._before.clear()
 
     # --- the Protocol ----------------------------------------------------------------
 
     @property
     def capabilities(self) -> Capabilities:
-        return self.inner.capabilities
+        """The inner store's, but its size through this store (so `fail_reads("db_bytes")`
+        fails it, as a read of a database server can fail)."""
+        caps = self.inner.capabilities
+        return dataclasses.replace(caps, size=self) if caps.size is not None else caps
 
     async def commit(self, batch: Batch) -> Moved | None:
         self.commits += 1
@@ -77,6 +88,13 @@ class FaultyStore:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
+        if name in self._before:
+            hook = self._before[name]
+
+            async def after_hook(*args: Any, **kwargs: Any) -> Any:
+                await hook()
+                return await attr(*args, **kwargs)
+            return after_hook
         if name not in self._reads:
             return attr
 

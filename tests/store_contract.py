@@ -21,7 +21,15 @@ import msgspec
 import pytest
 
 from sessiond_daemon import projection
-from sessiond_daemon.eventstore import Batch, Entry, Moved, SessionFilters, Store
+from sessiond_daemon.eventstore import (
+    Batch,
+    Entry,
+    HasNoForks,
+    HasVersion,
+    Moved,
+    SessionFilters,
+    Store,
+)
 from sessiond_schemas.errors import InvalidParamsError, StorageError
 from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id
 from sessiond_schemas.export import canonical, chain_hash
@@ -199,6 +207,30 @@ class StoreContract:
         many = [(f"s{i}", f"k{i}") for i in range(1000)] + [("a", "k1")]
         assert await store.idempotent_results(many) == {("a", "k1"): b"1"}
 
+    async def test_prefetch_reads_views_and_keys(self, store: Store, log: Log) -> None:
+        """The writer's one read before a batch: views (None for a missing session) and
+        stored key results, as load_entry and idempotent_results give them."""
+        await store.commit(log.batch(("a", [created(), message(0)]), ("b", [created()]),
+                                     key="k1"))
+        sids = ["a", "nope", "b", *(f"x{i}" for i in range(600))]
+        views, found = await store.prefetch(sids, [("a", "k1"), ("a", "k2")])
+        assert set(views) == set(sids)
+        assert views["a"] == await store.load_entry("a") and views["a"] is not None
+        assert views["b"] == await store.load_entry("b") and views["b"] is not None
+        assert views["nope"] is None and views["x599"] is None
+        assert found == {("a", "k1"): b"2"}  # the key's result: a's version then
+        assert await store.prefetch([], []) == ({}, {})
+
+    async def test_a_session_s_results_by_page(self, store: Store, log: Log) -> None:
+        await store.commit(log.batch(("a", [created()]), ("b", [created()]), key="k1"))
+        for n, key in enumerate(("k3", "k2")):
+            await store.commit(log.batch(("a", [message(n)]), key=key))
+        # The result is the session's version after the write: k3 then k2 were written.
+        assert await store.idempotency_page("a", "", 2) == [("k1", b"1"), ("k2", b"3")]
+        assert await store.idempotency_page("a", "k2", 2) == [("k3", b"2")]
+        assert await store.idempotency_page("b", "", 10) == [("k1", b"1")]
+        assert await store.idempotency_page("c", "", 10) == []
+
     async def test_a_key_is_stored_once(self, store: Store, log: Log) -> None:
         await store.commit(log.batch(("a", [created()]), key="k"))
         again = log.batch(("a", [message(0)]), key="k")
@@ -356,7 +388,7 @@ class StoreContract:
         if caps.integrity is not None:
             assert await caps.integrity.integrity_check() == ["ok"]
         if caps.size is not None:
-            assert caps.size.db_bytes() > 0 and caps.size.max_bytes >= 0
+            assert await caps.size.db_bytes() > 0 and caps.size.max_bytes >= 0
         if caps.backup is not None:
             target = os.path.join(str(tmp_path), "copy")
             size, position = await caps.backup.backup(target)
@@ -387,3 +419,58 @@ class StoreContract:
         again = Log(head=moved.head, entries={"a": entry})
         assert await store.commit(again.batch(("a", [message(1)]))) is None
         assert await store.last_position() == 3
+
+    # --- preconditions (what a batch requires of the sessions it does not write) ------------
+
+    async def test_preconditions_hold_or_nothing_is_written(self, store: Store,
+                                                            log: Log) -> None:
+        """HasVersion holds while the session has that version with that hash (later
+        versions do not matter); HasNoForks while no fork has it as its source, those the
+        batch deletes not counted. A batch with one that does not hold writes nothing and
+        says which, with what the store found."""
+        first = log.batch(("a", [created(), message(0)]), ("b", [created()]))
+        await store.commit(first)
+        at2 = first.events[1].hash
+        fork = _fork_batch("f", "a", 2, at2, log.entries["a"].state, head=log.head)
+        fork.requires = [("f", HasVersion("a", 2, at2))]
+        assert await store.commit(fork) is None
+        log.head += 1
+        head = await store.last_position()
+        wrong = [HasVersion("a", 2, "not-the-hash"), HasVersion("a", 3, at2),
+                 HasVersion("gone", 2, at2), HasNoForks("a")]
+        for p, found in zip(wrong, [2, 2, 0, 1], strict=True):
+            batch = Log(head=log.head, entries=dict(log.entries)).batch(("b", [message(0)]))
+            batch.requires = [("b", HasVersion("a", 2, at2)), ("b", p)]
+            moved = await store.commit(batch)
+            assert moved is not None and moved.refused == {p: found}, p
+            assert not moved.stale and moved.head == head
+            assert await store.last_position() == head
+            entry = await store.load_entry("b")
+            assert entry is not None and entry.state.version == 1
+        # Deleting the fork and its source in one batch leaves no fork behind: it holds.
+        both = Batch(deletes=["f", "a"], bases={"f": 3, "a": 2},
+                     requires=[("f", HasNoForks("f")), ("a", HasNoForks("a"))])
+        assert await store.commit(both) is None
+        assert await store.load_entry("a") is None and await store.fork_count("a") == 0
+
+
+def fork_event(sid: str, source: str, version: int, source_hash: str, state: SessionState,
+               position: int) -> Event:
+    """A fork's session.forked of `source` at `version`, its view there `state`, chained
+    on from `source_hash` (as forks.fork builds it)."""
+    event = Event(position=position, session_id=sid, version=version + 1, event_id=new_id(),
+                  type="session.forked", schema_version=CURRENT_SCHEMA_VERSION,
+                  recorded_at="2026-01-01T00:01:00.000000Z", meta=EventMeta(), hash="",
+                  data={"from": {"session_id": source, "version": version,
+                                 "hash": source_hash},
+                        "state": msgspec.to_builtins(state)})
+    return msgspec.structs.replace(event, hash=chain_hash(source_hash, event))
+
+
+def _fork_batch(sid: str, source: str, version: int, source_hash: str, state: SessionState,
+                head: int) -> Batch:
+    """The batch of that fork, numbered after `head`."""
+    event = fork_event(sid, source, version, source_hash, state, head + 1)
+    view = projection.fold(None, [event])
+    return Batch(events=[event], views={sid: Entry(view, event.hash, event.position)},
+                 bases={sid: 0})

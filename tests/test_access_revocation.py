@@ -8,7 +8,7 @@ import json
 import os
 import socket
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -21,6 +21,7 @@ from test_security import peer_user, req
 from sessiond import AsyncClient
 from sessiond_daemon import lifecycle, migrations
 from sessiond_daemon.postgres import schema as pg_schema
+from sessiond_daemon.stores.schema import OWNER_UID
 from sessiond_schemas.errors import SessiondError
 
 pytestmark = pytest.mark.anyio
@@ -202,6 +203,12 @@ class TestKeysScopedToTheCaller:
             shutdown.set()
 
 
+def _scoping_migration(steps: Sequence[Sequence[object]]) -> int:
+    """The number of the migration that gave stored keys their owner's uid."""
+    return next(n for n, migration in enumerate(steps, 1)
+                if any(OWNER_UID in str(step) for step in migration))
+
+
 class TestKeysStoredBeforeTheScope:
     async def test_old_keys_belong_to_the_daemon_owner(self, short_dir: str,
                                                       db_url: str) -> None:
@@ -213,19 +220,20 @@ class TestKeysStoredBeforeTheScope:
             await client.create_session("s")
             first = await client.append_message("s", role="user", content="once",
                                                 idempotency_key="old")
-        # Back to the schema before: keys without their uid.
+        # Back to the schema before: keys without their uid, the version before the
+        # migration that scoped them (the later ones run again: each may).
         unscope = "UPDATE idempotency SET key = substr(key, length(?) + 1)"
         prefix = f"{os.getuid()}:"
         if db_url.startswith("postgresql"):
             pg.query(db_url, unscope, prefix)
             pg.query(db_url, "UPDATE meta SET value = ? WHERE key = 'schema_version'",
-                     str(pg_schema.LATEST - 1))
+                     str(_scoping_migration(pg_schema.MIGRATIONS) - 1))
         else:
             con = sqlite3.connect(db_url)
             with con:
                 con.execute(unscope, (prefix,))
                 con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
-                            (str(migrations.LATEST - 1),))
+                            (str(_scoping_migration(migrations.MIGRATIONS) - 1),))
             con.close()
         async with running_daemon(config) as d, AsyncClient(d.socket) as client:
             assert d.sql("SELECT key FROM idempotency") == [(f"{os.getuid()}:old",)]

@@ -11,17 +11,19 @@ import random
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
 import anyio
 import msgspec
 import pg
 import pytest
-from conftest import Daemon, daemon_config, running_daemon, wait_for_daemon
+from conftest import Daemon, daemon_config, eventually, running_daemon, wait_for_daemon
 from test_cli import ctl, ctl_json
 
 from sessiond import AsyncClient
+from sessiond_daemon.eventstore import SearchBudget, SearchQuery
 from sessiond_schemas import export
 from sessiond_schemas.errors import (
     InvalidParamsError,
@@ -118,8 +120,6 @@ class TestPostgresStatementTimeout:
             assert (await client.list_messages("s1")).messages[0].content == "hi"
 
 
-FTS = pytest.mark.sqlite_only(
-    "session.search is SQLite's FTS5; a PostgreSQL store answers -32012")
 WORDS = ["alpha", "alpine", "beta", "bet", "gamma", "game", "delta", "deli", "echo", "eco"]
 
 
@@ -133,14 +133,36 @@ async def wordy_sessions(client: AsyncClient, sessions: int = 20, each: int = 10
             for _ in range(each)])
 
 
+@asynccontextmanager
+async def index_locked(db_url: str) -> AsyncIterator[None]:
+    """PostgreSQL's search index locked from another connection for the block: a query
+    that reads it waits, so only its budget ends it."""
+    import asyncpg
+
+    blocker = await asyncpg.connect(db_url)
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("LOCK TABLE search_index IN ACCESS EXCLUSIVE MODE")
+        yield
+        await tx.rollback()
+    finally:
+        await blocker.close()
+
+
+def waiting_on_the_index(db_url: str) -> int:
+    """The server's backends waiting for the index's lock (a query still running)."""
+    return int(pg.query(db_url, "SELECT COUNT(*) FROM pg_locks WHERE NOT granted"
+                                " AND relation = 'search_index'::regclass")[0][0])
+
+
 class TestSearchBudget:
-    @FTS
     async def test_queries_past_the_budget_are_refused_or_stopped(
-            self, store_kind: str, short_dir: str) -> None:
+            self, store_kind: str, short_dir: str, db_url: str) -> None:
         """Too many terms or prefixes: -32602 before the query runs, naming the setting.
-        Past the VM steps it may take: -32012 naming the setting, and the daemon serves
-        the next query as before."""
-        config = daemon_config(short_dir)
+        Past the VM steps it may take (SQLite), or its time (PostgreSQL, behind a lock):
+        -32012 naming the setting, and the daemon serves the next query as before."""
+        config = daemon_config(short_dir, db=db_url)
         async with running_daemon(config) as d, AsyncClient(d.socket) as client:
             await wordy_sessions(client)
             whole = await client.search("a* b* g* d* e*", limit=100)
@@ -153,24 +175,32 @@ class TestSearchBudget:
             with pytest.raises(InvalidParamsError) as refused:
                 await client.search(" OR ".join(["alpha"] * 65))
             assert refused.value.data["setting"] == "search_max_terms"
-        config = daemon_config(short_dir, search_max_steps=20_000)
+        if store_kind == "sqlite":
+            setting, limit = "search_max_steps", 20_000
+        else:  # PostgreSQL counts no steps: its time bounds a query
+            setting, limit = "search_timeout_s", 0.5
+        config = daemon_config(short_dir, db=db_url, **{setting: limit})
         async with running_daemon(config) as d, AsyncClient(d.socket) as client:
-            with pytest.raises(StorageError) as stopped:
-                await client.search("a* b* g* d* e*", limit=100)
-            assert stopped.value.data["setting"] == "search_max_steps"
-            assert stopped.value.data["limit"] == 20_000
-            assert "search_max_steps" in stopped.value.message
+            async with (index_locked(db_url) if store_kind == "postgresql"
+                        else nullcontext()):
+                with pytest.raises(StorageError) as stopped:
+                    await client.search("a* b* g* d* e*", limit=100)
+            assert stopped.value.data["setting"] == setting
+            assert stopped.value.data["limit"] == limit
+            assert setting in stopped.value.message
             assert (await client.ping()).pong
             assert (await client.get_session("w3")).message_count == 100
+            if store_kind == "postgresql":  # the lock gone, the same query answers
+                assert len((await client.search("a* b* g* d* e*", limit=100)).sessions) == 20
 
-    @FTS
+    @pytest.mark.sqlite_only("SQLite's progress handler; PostgreSQL's watcher is tested below")
     async def test_a_query_whose_client_went_stops(self, store_kind: str,
                                                    short_dir: str) -> None:
         """The query stops at its progress handler once its client is gone (or its request
         cancelled), on the read connection's thread, instead of running on."""
         import sqlite3
 
-        from sessiond_daemon import search
+        from sessiond_daemon.sqlite import search
 
         config = daemon_config(short_dir)
         async with running_daemon(config) as d, AsyncClient(d.socket) as client:
@@ -178,22 +208,59 @@ class TestSearchBudget:
         con = sqlite3.connect(f"file:{config.db}?mode=ro", uri=True, isolation_level=None)
         search.register(con)
         try:
-            args: dict[str, Any] = {
-                "text": "a* b* g* d* e*", "statuses": (), "namespace": None,
-                "actor_name": None, "since": None, "until": None, "limit": 100, "hits": 3,
-                "mark": ("«", "»"), "cursor": None}
-            assert len(search.query(con, **args, budget=search.Budget()).sessions) == 20
+            q = SearchQuery(text="a* b* g* d* e*", limit=100)
+            assert len(search.query(con, q, SearchBudget()).sessions) == 20
             with pytest.raises(StorageError) as stopped:
-                search.query(con, **args, budget=search.Budget(gone=lambda: True))
+                search.query(con, q, SearchBudget(gone=lambda: True))
             assert "client went away" in stopped.value.message
-            cancelled = search.Budget()
+            cancelled = SearchBudget()
             cancelled.stop.set()
             with pytest.raises(StorageError):
-                search.query(con, **args, budget=cancelled)
+                search.query(con, q, cancelled)
             # The connection serves the next query: the handler is gone with its query.
-            assert len(search.query(con, **args).sessions) == 20
+            assert len(search.query(con, q).sessions) == 20
         finally:
             con.close()
+
+    @pytest.mark.postgresql
+    async def test_a_postgresql_query_whose_client_went_is_cancelled(
+            self, short_dir: str, pg_url: str) -> None:
+        """On PostgreSQL the query's watcher sees its client gone and cancels it on the
+        server (no backend waits on it after), and the pool serves the next query."""
+        from sessiond_daemon.postgres.store import PostgresStore
+
+        config = daemon_config(short_dir, db=pg_url)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as client:
+            await wordy_sessions(client, sessions=3, each=10)
+        store = PostgresStore(pg_url)
+        await store.open()
+        try:
+            full_text = store.capabilities.full_text
+            assert full_text is not None
+            q = SearchQuery(text="alpha", limit=100)
+            gone = False
+            failed: list[BaseException] = []
+
+            async def run() -> None:
+                try:
+                    await full_text.search(q, SearchBudget(gone=lambda: gone))
+                except StorageError as exc:
+                    failed.append(exc)
+
+            async with index_locked(pg_url), anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await eventually(lambda: waiting_on_the_index(pg_url) == 1,
+                                 "the query to wait on the lock")
+                gone = True
+                await eventually(lambda: failed, "the query to stop")
+                assert "client went away" in str(failed[0])
+                await eventually(lambda: waiting_on_the_index(pg_url) == 0,
+                                 "the server to cancel the query")
+                await eventually(lambda: waiting_on_the_index(pg_url) == 0,
+                                 "the server to cancel the query")
+            assert len((await full_text.search(q, SearchBudget())).sessions) == 3
+        finally:
+            await store.close()
 
     async def test_a_client_gone_is_told_from_one_that_stopped_sending(
             self, short_dir: str) -> None:
@@ -229,7 +296,6 @@ class TestSearchBudget:
         finally:
             server.close()
 
-    @FTS
     async def test_hits_carry_their_fields_not_their_events(
             self, store_kind: str, daemon: Daemon, client: AsyncClient) -> None:
         """A hit on a huge message: sequence and role come, the snippet is short."""

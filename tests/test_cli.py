@@ -332,11 +332,11 @@ class TestDatabaseOpenErrors:
         import asyncio
         import pwd
 
-        from sessiond_daemon.sqlite import SqliteStore
+        from sessiond_daemon.stores import registry
 
         def open_store() -> bytes:
             try:
-                asyncio.run(SqliteStore(path).open())
+                asyncio.run(registry.open_store(path).open())
                 return b"opened"
             except Exception as exc:
                 return str(exc).encode()

@@ -16,7 +16,14 @@ from conftest import Daemon, daemon_config, running_daemon
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessiond import AsyncClient, SessionExistsError, SessionImportError, SessionNotFoundError
+from sessiond import (
+    AsyncClient,
+    Client,
+    SessionExistsError,
+    SessionExportError,
+    SessionImportError,
+    SessionNotFoundError,
+)
 from sessiond_schemas.events import Event, EventMeta, TokensRecorded, event_from_builtins
 from sessiond_schemas.export import canonical, chain_hash, checksum
 
@@ -62,6 +69,26 @@ async def test_round_trip_into_a_fresh_daemon(daemon: Daemon, client: AsyncClien
     assert second["checksum"] != first["checksum"]
     second["exported_at"] = first["exported_at"]
     assert checksum(second) == first["checksum"]
+
+
+async def test_an_export_that_cannot_be_written_raises_session_export_error(
+        daemon: Daemon, client: AsyncClient) -> None:
+    """Writing the document to a full disk (/dev/full) raises SessionExportError naming
+    the session (an OSError too); the same from the blocking client."""
+    await client.create_session("ex")
+    await client.append_messages("ex", [{"role": "user", "content": f"m{i}"} for i in range(3)])
+    with open("/dev/full", "w", buffering=1) as full, \
+            pytest.raises(SessionExportError) as err:
+        await client.export_session_to("ex", full)
+    assert isinstance(err.value, OSError) and err.value.data["session_id"] == "ex"
+    assert "No space left" in err.value.message and "/dev/full" in err.value.message
+
+    def blocking() -> None:
+        with Client(daemon.socket) as c, open("/dev/full", "w", buffering=1) as full, \
+                pytest.raises(OSError) as again:
+            c.export_session_to("ex", full)
+        assert isinstance(again.value, SessionExportError)
+    await anyio.to_thread.run_sync(blocking)
 
 
 async def test_damaged_documents_are_refused_whole(daemon: Daemon, client: AsyncClient) -> None:

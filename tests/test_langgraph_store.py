@@ -348,9 +348,9 @@ class TestTTL:
 class TestSearch:
     async def test_query_ranks_current_values_under_the_prefix(
             self, store: SessiondStore, store_kind: str) -> None:
-        """search(query=...): session.search on SQLite, the client-side match on PostgreSQL
-        (no search index there); either way only current values under the prefix match,
-        the best first, and a filter still applies."""
+        """search(query=...): session.search on both stores (a daemon without a search
+        index gets the client-side match); either way only current values under the prefix
+        match, the best first, and a filter still applies."""
         await store.aput(("mem", "u1"), "a", {"text": "likes pizza and pasta", "n": 1})
         await store.aput(("mem", "u1"), "b", {"text": "likes sushi", "n": 2})
         await store.aput(("mem", "u1"), "c", {"text": "pizza pizza, but only on fridays", "n": 3})

@@ -19,7 +19,7 @@ from sessiond import (
     TooLargeError,
     VersionConflictError,
 )
-from sessiond_daemon.migrations import SESSION_TABLES
+from sessiond_daemon.stores.schema import SESSION_TABLES
 from sessiond_schemas import rpc
 
 pytestmark = pytest.mark.anyio

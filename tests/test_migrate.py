@@ -135,3 +135,48 @@ async def test_refusals(short_dir: str) -> None:
         assert code == 1 and "in use by another sessiond" in err  # a served SQLite file
     code, _, err = await run_migrate(db, db)
     assert code == 1 and "the same database" in err
+
+
+async def test_keyed_writes_retried_after_the_move_answer_their_first_result(
+        pg_url: str, short_dir: str) -> None:
+    """The stored first results of keyed writes are copied (either way): a retry on the
+    target answers the first result and writes nothing; the position it quotes is the
+    target's (which numbers the copy after what it held)."""
+    sqlite_db = os.path.join(short_dir, "local", "sessiond.db")
+    async with running_daemon(config_on(os.path.join(short_dir, "local"), sqlite_db)) as d, \
+            AsyncClient(d.socket) as client:
+        await client.create_session("k", idempotency_key="made")
+        first = [await client.append_message("k", "user", f"m{i}", idempotency_key=f"key-{i}")
+                 for i in range(3)]
+        popped = await client.pop_message("k", idempotency_key="pop")
+    fleet = config_on(os.path.join(short_dir, "fleet"), pg_url)
+    async with running_daemon(fleet) as d, AsyncClient(d.socket) as client:
+        await client.create_session("already-there")  # the copy's positions come after
+        await client.append_message("already-there", "user", "x")
+    code, report, err = await run_migrate(sqlite_db, pg_url)
+    assert code == 0 and report["results"] == 5, (report, err)
+
+    async def retried(client: AsyncClient) -> None:
+        positions = {e.version: e.position for e in (await client.read_events("k")).events}
+        for i, r in enumerate(first):
+            again = await client.append_message("k", "user", f"m{i}",
+                                                idempotency_key=f"key-{i}")
+            assert (again.session_id, again.version) == (r.session_id, r.version)
+            assert again.position == positions[r.version]
+        again_pop = await client.pop_message("k", idempotency_key="pop")
+        assert again_pop.message == popped.message and again_pop.version == popped.version
+        state = await client.get_session("k")
+        assert (state.version, state.message_count) == (5, 2)  # nothing written again
+        assert (await client.verify()).ok
+
+    async with running_daemon(fleet) as d, AsyncClient(d.socket) as client:
+        assert (await client.read_events("k")).events[0].position == 3  # moved
+        await retried(client)
+    again_code, again_report, err = await run_migrate(sqlite_db, pg_url)
+    assert (again_code, again_report["results"]) == (0, 0), err  # the target has them all
+    copy_db = os.path.join(short_dir, "copy", "sessiond.db")
+    code, report, err = await run_migrate(pg_url, copy_db)
+    assert code == 0 and report["results"] == 5, (report, err)
+    async with running_daemon(config_on(os.path.join(short_dir, "copy"), copy_db)) as d, \
+            AsyncClient(d.socket) as client:
+        await retried(client)

@@ -18,7 +18,7 @@ import pg
 import pytest
 from conftest import Daemon, eventually, wait_for_daemon, wait_until
 
-from sessiond import AsyncClient, InvalidParamsError, StorageError
+from sessiond import AsyncClient, InvalidParamsError
 from sessiond_daemon.migrations import LATEST
 
 pytestmark = pytest.mark.anyio
@@ -108,22 +108,12 @@ class TestNeverStarted:
 
 
 async def test_search_says_where_it_is_served(client: AsyncClient, store_kind: str) -> None:
-    """On SQLite search answers; on PostgreSQL it is -32012 saying search is not there
-    yet, as the README says plainly."""
+    """Search answers on both stores, as the README says plainly."""
     s = await client.create_session(task="find the needle")
-    if store_kind == "sqlite":
-        found = await client.search("needle")
-        assert [hit.session_id for hit in found.sessions] == [s.session_id]
-        return
-    with pytest.raises(StorageError) as refused:
-        await client.search("needle")
-    assert refused.value.message == (
-        "full-text search (session.search, daemon.reindex) is not available on PostgreSQL"
-        " yet: its index is built by the SQLite store only (README.md); every other method"
-        " is served")
-    assert refused.value.data["engine"] == "postgresql"
+    found = await client.search("needle")
+    assert [hit.session_id for hit in found.sessions] == [s.session_id]
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert "On PostgreSQL (fleet mode) there is no search yet" in readme
+    assert "Search works on both stores" in readme
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ import pytest
 from conftest import daemon_config, running_daemon
 
 from sessiond import AsyncClient
-from sessiond_schemas.errors import StorageError, VersionConflictError
+from sessiond_schemas.errors import VersionConflictError
 
 pytestmark = pytest.mark.anyio
 
@@ -52,7 +52,7 @@ async def test_two_daemons_share_one_database(pg_url: str, short_dir: str) -> No
         positions = [e.position for e in events.events]
         assert positions == list(range(1, len(positions) + 1))
         assert (await on_a.get_session(s.session_id)).version == third.version
-        # Full-text search is SQLite's FTS5 still: a clear -32012, the rest is served.
-        with pytest.raises(StorageError, match="full-text search"):
-            await on_a.call("session.search", query="from")
+        # Full-text search over the shared index: what b wrote, a finds.
+        [found] = (await on_a.search("from b")).sessions
+        assert found.session_id == s.session_id and found.matches == 1
     assert not os.path.exists("postgresql:")  # no SQLite file made of the URL

@@ -10,6 +10,7 @@ import pytest
 from store_contract import StoreContract
 
 from sessiond_daemon.eventstore import Store
+from sessiond_daemon.stores import registry
 
 pytestmark = pytest.mark.anyio
 
@@ -22,9 +23,7 @@ def pg_url() -> Iterator[str]:
 class TestPostgresStore(StoreContract):
     @pytest.fixture
     async def store(self, pg_url: str) -> AsyncIterator[Store]:
-        from sessiond_daemon.postgres.store import PostgresStore
-
-        store = PostgresStore(pg_url, host_name="host-a")
+        store = registry.open_store(pg_url, registry.Options(host_name="host-a"))
         await store.open()
         try:
             yield store
@@ -33,9 +32,7 @@ class TestPostgresStore(StoreContract):
 
     @pytest.fixture
     async def other(self, pg_url: str, store: Store) -> AsyncIterator[Store]:
-        from sessiond_daemon.postgres.store import PostgresStore
-
-        other = PostgresStore(pg_url, host_name="host-b")
+        other = registry.open_store(pg_url, registry.Options(host_name="host-b"))
         await other.open()
         try:
             yield other

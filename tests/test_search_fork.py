@@ -1,21 +1,25 @@
 """session.search against a brute-force scan of the same events, and session.fork, through
-the real client, socket and SQLite store."""
+the real client, socket and store (each test on a SQLite file and on PostgreSQL)."""
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
+import sqlite3
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
 import msgspec
+import pg
 import pytest
 from conftest import Daemon, daemon_config, eventually, running_daemon
 from test_cli import ctl, ctl_json
 from test_executors import TOOL, finished
 
 from sessiond import AsyncClient
+from sessiond_daemon.sqlite import search as sqlite_search
+from sessiond_daemon.stores.models import search as search_model
 from sessiond_schemas.errors import (
     InvalidParamsError,
     InvalidTransitionError,
@@ -25,9 +29,6 @@ from sessiond_schemas.errors import (
 from sessiond_schemas.events import Event
 
 pytestmark = pytest.mark.anyio
-FTS = pytest.mark.sqlite_only(
-    "session.search is SQLite's FTS5; a PostgreSQL store answers -32012"
-    " (tests/test_postgres_daemon.py)")
 
 WORDS = ["login", "logout", "test", "fixed", "broken", "deploy", "retry", "cache", "alpha",
          "beta"]
@@ -141,7 +142,19 @@ async def brute(client: AsyncClient, pick: Callable[[Doc], bool], *,
     return found
 
 
-@FTS
+def drop_from_index(daemon: Daemon, position: int) -> None:
+    """Take one document out of the search index behind the daemon's back."""
+    if daemon.db.startswith("postgresql"):
+        pg.query(daemon.db, "DELETE FROM search_index WHERE position = ?", position)
+        return
+    con = sqlite3.connect(daemon.db)
+    sqlite_search.register(con)
+    con.execute("INSERT INTO search (search, rowid, body, tags) SELECT 'delete', position,"
+                " body, tags FROM search_source WHERE position = ?", (position,))
+    con.commit()
+    con.close()
+
+
 class TestSearch:
     async def test_results_equal_a_brute_force_scan(self, client: AsyncClient) -> None:
         """Every query form and filter: the same sessions and matching events as a scan of
@@ -190,24 +203,15 @@ class TestSearch:
         assert (await client.search("zebra")).sessions == []
         assert (await client.verify()).ok
 
-    async def test_the_ranked_window_is_bounded(self, daemon: Daemon,
-                                                client: AsyncClient) -> None:
+    async def test_the_ranked_window_is_bounded(self, client: AsyncClient,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
         """Past `window` matching events, the newest are ranked and complete is false."""
-        import sqlite3
-
-        from sessiond_daemon import search
         for i in range(4):
             await client.create_session(f"w{i}")
             await client.append_message(f"w{i}", "user", "walrus")
         assert (await client.search("walrus")).complete is True
-        con = sqlite3.connect(f"file:{daemon.db}?mode=ro", uri=True, isolation_level=None)
-        search.register(con)
-        try:
-            cut = search.query(con, text="walrus", statuses=(), namespace=None,
-                               actor_name=None, since=None, until=None, limit=10, hits=3,
-                               mark=("[", "]"), cursor=None, window=3)
-        finally:
-            con.close()
+        monkeypatch.setattr(search_model, "WINDOW", 3)
+        cut = await client.search("walrus", mark=["[", "]"])
         assert cut.complete is False
         assert sorted(s.session_id for s in cut.sessions) == ["w1", "w2", "w3"]
 
@@ -230,15 +234,7 @@ class TestSearch:
         await client.create_session("r1", task="rebuild me")
         await client.append_message("r1", "user", "quokka")
         position = (await client.read_events("r1", from_version=2)).events[0].position
-        import sqlite3
-
-        from sessiond_daemon import search
-        con = sqlite3.connect(daemon.db)
-        search.register(con)
-        con.execute("INSERT INTO search (search, rowid, body, tags) SELECT 'delete', position,"
-                    " body, tags FROM search_source WHERE position = ?", (position,))
-        con.commit()
-        con.close()
+        drop_from_index(daemon, position)
         assert (await client.search("quokka")).sessions == []
         report = await client.verify()
         assert not report.ok and "not indexed" in report.problems[0].problem
@@ -376,7 +372,6 @@ class TestFork:
 
 
 class TestCli:
-    @FTS
     async def test_search_fork_and_the_tree(self, daemon: Daemon, client: AsyncClient) -> None:
         await client.create_session("c1", task="fix the login test", actor_name="me/bot")
         await client.append_message("c1", "assistant", "the login test passes now")
@@ -395,3 +390,128 @@ class TestCli:
         assert "fork tree" in tree and "c1 @ v2" in tree and child in tree
         bad = await ctl(daemon, "search", '"oops', check=False)
         assert bad.returncode == 1 and "query" in bad.stderr
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from pg.database()
+
+
+class TestPostgresSearch:
+    """What only the PostgreSQL store's search has to show: its parse of FTS5's syntax
+    finds what FTS5 finds, and migration 7 indexes the events stored before it."""
+
+    @pytest.mark.postgresql
+    async def test_the_parse_of_fts5_syntax_finds_what_fts5_finds(self, pg_url: str) -> None:
+        """The same documents in an FTS5 table and as postgres/search.py's tsvectors; a
+        few hundred queries of every form: the same documents match, or both refuse."""
+        import asyncpg
+
+        from sessiond_daemon.postgres import search as pg_search
+        from sessiond_schemas.errors import InvalidParamsError as Invalid
+
+        rng = random.Random(26)
+        vocab = ["alpha", "alps", "beta", "bet", "gamma", "Gämma", "delta", "x_y", "a1", "AND",
+                 "or", "near"]
+        docs = [(" ".join(rng.choice(vocab) for _ in range(rng.randint(0, 14))) or None,
+                 " ".join(rng.choice(vocab) for _ in range(rng.randint(0, 4))) or None)
+                for _ in range(120)]
+        con = sqlite3.connect(":memory:")
+        con.execute("CREATE VIRTUAL TABLE t USING fts5(body, tags,"
+                    " tokenize='unicode61 remove_diacritics 2')")
+        con.executemany("INSERT INTO t (rowid, body, tags) VALUES (?, ?, ?)",
+                        [(i, b, t) for i, (b, t) in enumerate(docs)])
+
+        def phrase() -> str:
+            words = [rng.choice([*vocab, "nothere", "al*"]) for _ in range(rng.randint(1, 3))]
+            text = f'"{" ".join(words)}"' if len(words) > 1 or rng.random() < 0.2 else words[0]
+            r = rng.random()
+            if r < 0.2:
+                text += "*"
+            elif r < 0.3:
+                text += " + " + rng.choice(vocab)
+            elif r < 0.35:
+                text = "^" + text
+            return text
+
+        def unit(depth: int) -> str:
+            r = rng.random()
+            if depth < 2 and r < 0.2:
+                return f"({expr(depth + 1)})"
+            if r < 0.3:
+                return (f"NEAR({' '.join(phrase() for _ in range(rng.randint(1, 4)))},"
+                        f" {rng.randint(0, 4)})")
+            if r < 0.35:
+                return f"NEAR({phrase()} {phrase()})"
+            if r < 0.45:
+                column = rng.choice(["body", "tags", "-tags", "{body tags}", "{tags}", "Body",
+                                     "nosuch"])
+                return f"{column}: " + (phrase() if rng.random() < 0.7
+                                        else f"({expr(depth + 1)})")
+            return phrase()
+
+        def expr(depth: int = 0) -> str:
+            out = unit(depth)
+            for _ in range(rng.randint(0, 2)):
+                out += rng.choice([" ", " AND ", " OR ", " NOT "]) + unit(depth)
+            return out
+
+        queries = [expr() for _ in range(800)] + [
+            "alpha", "alp*", '"alpha beta"', "alpha NOT beta gamma", "a OR b c", "x_y",
+            "gamma", "GAMMA", "body:(alpha NOT beta)", "NEAR(alpha beta)", '"" alpha',
+            "alpha AND", "(alpha", "alpha)", "nosuchcolumn: alpha", "alpha.beta", "NOT alpha",
+            "(alpha) beta", "alpha (beta OR gamma)", "alpha AND (beta OR gamma)", "al* + x_y",
+            "^alps", 'body: ^"x_y x_y"', "NEAR(a1 bet alps)", "NEAR(x_y a1 gamma, 1)"]
+        pg_con = await asyncpg.connect(pg_url)
+        try:
+            await pg_con.execute("CREATE TEMP TABLE d (id INT, doc TSVECTOR)")
+            await pg_con.executemany("INSERT INTO d VALUES ($1, $2::tsvector)",
+                                     [(i, pg_search.tsvector(b, t))
+                                      for i, (b, t) in enumerate(docs)])
+            compared = 0
+            for q in queries:
+                try:
+                    want: set[int] | None = {r[0] for r in con.execute(
+                        "SELECT rowid FROM t WHERE t MATCH ?", (q,))}
+                except sqlite3.OperationalError:
+                    want = None
+                try:
+                    tsquery = pg_search.to_tsquery_text(q)
+                except Invalid as exc:  # or what the PostgreSQL store says it cannot do
+                    assert want is None or "not supported" in exc.message, (q, exc.message)
+                    continue
+                assert want is not None, (q, "FTS5 refuses it, this parse does not")
+                got = set() if tsquery is None else {r[0] for r in await pg_con.fetch(
+                    "SELECT id FROM d WHERE doc @@ $1::tsquery", tsquery)}
+                assert got == want, (q, tsquery)
+                compared += 1
+            assert compared > 450
+            for bad in ['"unterminated', "AND", "nosuchcolumn: word", "a NEAR(", "a.b",
+                        "NEAR(a b, x)", "(alpha) beta"]:  # and FTS5's words for why
+                with pytest.raises(sqlite3.OperationalError) as theirs:
+                    con.execute("SELECT rowid FROM t WHERE t MATCH ?", (bad,))
+                with pytest.raises(Invalid) as ours:
+                    pg_search.to_tsquery_text(bad)
+                assert ours.value.data["detail"] == str(theirs.value), bad
+        finally:
+            await pg_con.close()
+
+    @pytest.mark.postgresql
+    async def test_migration_7_indexes_the_events_stored_before_it(
+            self, short_dir: str, pg_url: str) -> None:
+        """A database at schema 6 (no index) with sessions in it: the daemon of this
+        release migrates it, and search finds them as if they had been written now."""
+        url = pg_url
+        config = daemon_config(short_dir, db=url)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as client:
+            await build(client, seed=5)
+            expected = {q: await brute(client, pick) for q, pick in QUERIES}
+        pg.query(url, "DROP TABLE search_index")
+        pg.query(url, "UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+        async with running_daemon(config) as d, AsyncClient(d.socket) as client:
+            assert pg.query(url, "SELECT value FROM meta WHERE key = 'schema_version'") == [
+                ("7",)]
+            for q, _ in QUERIES:
+                got = {s.session_id: s.matches for s in await everything(client, q)}
+                assert got == {sid: len(p) for sid, p in expected[q].items()}, q
+            assert (await client.verify()).ok

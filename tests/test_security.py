@@ -23,7 +23,7 @@ from sessiond import AsyncClient
 from sessiond.importers._builder import DocumentBuilder
 from sessiond_daemon.commands import given
 from sessiond_daemon.processes import boot_id, start_time
-from sessiond_daemon.sqlite import SqliteStore
+from sessiond_daemon.stores import registry
 from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.errors import InvalidParamsError, SessiondError, SessionImportError
 from sessiond_schemas.events import EventMeta
@@ -171,7 +171,7 @@ def legacy_store_write(db: str, sessions: dict[str, dict[str, Any]]) -> None:
     """Write executor sessions as a daemon before this fix could have stored them (when
     events.append still took process.started): through the daemon's own writer."""
     async def write() -> None:
-        store = SqliteStore(db)
+        store = registry.open_store(db)
         await store.open()
         writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
         try:

@@ -11,6 +11,7 @@ from store_contract import Log, StoreContract, created, message
 
 from sessiond_daemon.eventstore import Store
 from sessiond_daemon.sqlite import SqliteStore
+from sessiond_daemon.stores import registry
 from sessiond_schemas.errors import StorageError
 
 pytestmark = pytest.mark.anyio
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 async def sqlite_store(short_dir: str) -> AsyncIterator[SqliteStore]:
     """A fresh store on a new file, opened; closed after the test."""
-    store = SqliteStore(os.path.join(short_dir, "s.db"))
+    store = registry.open_store(os.path.join(short_dir, "s.db"))
+    assert isinstance(store, SqliteStore)
     await store.open()
     try:
         yield store
@@ -36,7 +38,8 @@ class TestSqliteStore(StoreContract):
 async def test_capabilities_are_all_there(sqlite_store: SqliteStore) -> None:
     caps = sqlite_store.capabilities
     assert caps.engine == "sqlite"
-    assert caps.integrity is caps.backup is caps.size is caps.sql is sqlite_store
+    assert caps.integrity is caps.backup is caps.size is sqlite_store
+    assert caps.full_text is not None and caps.shared_log is None
 
 
 async def test_a_driver_error_midway_rolls_back_every_row(sqlite_store: SqliteStore) -> None:

@@ -261,7 +261,7 @@ class TestFleet:
 async def test_the_sweep_reads_the_expiry_index_only(daemon: Daemon) -> None:
     """The sweep's page is a range of the partial index sessions_by_expiry (a covering
     index): its cost is the due sessions, not the sessions table."""
-    from sessiond_daemon.sqlite.sessions import EXPIRING_SQL
+    from sessiond_daemon.stores.models.views import EXPIRING_SQL
 
     plan = daemon.sql("EXPLAIN QUERY PLAN " + EXPIRING_SQL, "2030", "", "", 500)
     assert [row[3] for row in plan] == [

@@ -11,14 +11,19 @@ import anyio
 import pytest
 from conftest import daemon_config, running_daemon
 from faulty_store import FaultyStore, faulty, for_session, touches
-from store_contract import Log, message
+from store_contract import Log, fork_event, message
 from structlog.testing import capture_logs
 
 from sessiond import AsyncClient
 from sessiond_daemon.eventstore import Moved
 from sessiond_daemon.sqlite import SqliteStore
-from sessiond_daemon.writer import Command, Plan, Writer
-from sessiond_schemas.errors import InternalError, SessiondError
+from sessiond_daemon.writer import Command, Delete, Import, Plan, Writer
+from sessiond_schemas.errors import (
+    InternalError,
+    InvalidTransitionError,
+    SessiondError,
+    SessionImportError,
+)
 from sessiond_schemas.events import EventMeta, MessageAppended, SessionCreated
 
 pytestmark = pytest.mark.anyio
@@ -119,6 +124,51 @@ async def test_the_writer_decides_again_when_the_store_moved(short_dir: str) -> 
         await store.close()
     assert reported and store.commits == 2
     assert result == b"[3,3]"  # version 3 after theirs, at position 3
+
+
+async def test_a_fork_and_a_delete_of_its_source_in_one_batch(short_dir: str) -> None:
+    """The store checks preconditions against what is committed; the writer checks them
+    against the batch itself: in one batch, a delete after a fork of the session is
+    -32003 (the fork is written), a fork after a delete of its source is refused (the
+    delete is written). One commit each: nothing else is held back."""
+    store = SqliteStore(os.path.join(short_dir, "w.db"))
+    await store.open()
+    writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
+    outcomes: dict[str, Any] = {}
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            submit = recorder(writer, outcomes)
+            for sid in ("s1", "s2"):
+                await submit(Command(session_id=sid, plan=creating(lambda s, ev: 1),
+                                     meta=EventMeta()))
+            entries = {sid: await store.load_entry(sid) for sid in ("s1", "s2")}
+
+            def forking(source: str) -> Command:
+                entry = entries[source]
+                assert entry is not None
+                event = fork_event(f"{source}-f", source, 1, entry.last_hash, entry.state, 0)
+                return Command(session_id=event.session_id, meta=EventMeta(),
+                               plan=lambda state: Import([event], {}))
+
+            def deleting(sid: str) -> Command:
+                return Command(session_id=sid, plan=lambda state: Delete(True),
+                               meta=EventMeta())
+
+            before = writer.transactions
+            async with anyio.create_task_group() as batch:  # one batch, four commands
+                for cmd in (forking("s1"), deleting("s1"), deleting("s2"), forking("s2")):
+                    batch.start_soon(submit, cmd)
+            assert writer.transactions == before + 1
+            writer.close()
+    finally:
+        await store.close()
+    assert outcomes["s1-f"] != b"" and not isinstance(outcomes["s1-f"], SessiondError)
+    assert isinstance(outcomes["s1"], InvalidTransitionError)
+    assert outcomes["s1"].data == {"session_id": "s1", "forks": 1}
+    assert outcomes["s2"] == b"true"
+    assert isinstance(outcomes["s2-f"], SessionImportError)
+    assert "s2 was deleted" in outcomes["s2-f"].message
 
 
 class TestOneCommandFailsAlone:

@@ -79,7 +79,7 @@ class AsyncCalls(AsyncCaller, Methods):
                           out: TextIO | None = None) -> ExportDocument:
         """Read every page of session.export; with `out` (a text file) write the export
         document there as the pages come, never holding it whole. -> ExportDocument."""
-        document, cursor = ExportDocument(out), None
+        document, cursor = ExportDocument(out, session_id), None
         while True:
             cursor = document.add(await self._run(export_page(session_id, cursor)))
             if cursor is None:

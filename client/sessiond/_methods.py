@@ -21,7 +21,7 @@ from typing import Any, Concatenate, Generic, Literal, ParamSpec, TextIO, TypeVa
 import msgspec
 
 from sessiond_schemas import rpc
-from sessiond_schemas.errors import InvalidParamsError
+from sessiond_schemas.errors import InvalidParamsError, SessionExportError
 from sessiond_schemas.events import Role, Status
 from sessiond_schemas.rpc.executors import Adapter
 from sessiond_schemas.state import ProgressStep, SessionState
@@ -99,13 +99,27 @@ class ExportDocument:
     document is `document` in memory, or, with `out`, written to that text file as the
     pages come (a page at a time in memory): the same JSON document either way."""
 
-    def __init__(self, out: TextIO | None = None) -> None:
+    def __init__(self, out: TextIO | None = None, session_id: str = "") -> None:
         self.out = out
+        self.session_id = session_id
         self.document: dict[str, Any] = {}
         self.events = self.checkpoints = 0
         self._list = ""  # the list `out` is in: "events", then "checkpoints"
 
     def add(self, page: dict[str, Any]) -> str | None:
+        """Take the next page; return the next page's cursor (None: done). A document that
+        cannot be written to `out` (disk full, a closed pipe) raises SessionExportError."""
+        try:
+            return self._add(page)
+        except OSError as exc:
+            where = getattr(self.out, "name", "its file")
+            raise SessionExportError(
+                f"cannot write the export of session {self.session_id} to {where}:"
+                f" {exc.strerror or exc} (the file holds part of it: export again)",
+                {"detail": str(exc), "session_id": self.session_id,
+                 "events_written": self.events}) from exc
+
+    def _add(self, page: dict[str, Any]) -> str | None:
         if "next_cursor" not in page:  # the whole document in one answer
             self.events, self.checkpoints = len(page["events"]), len(page["checkpoints"])
             if self.out is None:

@@ -7,7 +7,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, BinaryIO, TextIO, TypeVar, overload
+from typing import Any, TextIO, TypeVar, overload
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import MethodNotFoundError, SessiondError
@@ -28,6 +28,7 @@ from ._methods import (
 from ._wire import ConnectionLostError, connect_blocking, decode_replies, skew_error
 
 T = TypeVar("T")
+_RECEIVE = 1 << 16  # bytes asked of each receive (past 128 KiB, each is an mmap)
 
 
 class Client(SyncCaller, Methods):
@@ -41,21 +42,23 @@ class Client(SyncCaller, Methods):
         self.socket_path = socket_path or default_socket()
         self.timeout = timeout
         self._sock: socket.socket | None = None
-        self._file: BinaryIO | None = None
+        # What was received past the last line read (an answer's next piece, or a line
+        # for an earlier id): read from the socket itself, not through a makefile, whose
+        # readline runs socket.SocketIO's Python code on every call.
+        self._pending = bytearray()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
     def connect(self) -> None:
         """Connect to the daemon (the first call does it by itself)."""
-        sock = connect_blocking(self.socket_path, self.timeout)
-        self._sock, self._file = sock, sock.makefile("rb")
+        self._sock = connect_blocking(self.socket_path, self.timeout)
+        self._pending.clear()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
         if self._sock is not None:
             self._sock.close()
-        self._sock = self._file = None
+        self._sock = None
+        self._pending.clear()
 
     def __enter__(self) -> Client:
         self.connect()
@@ -79,19 +82,45 @@ class Client(SyncCaller, Methods):
 
     def _exchange(self, request_id: int, line: bytes) -> rpc.Response:
         """Send one request line and read until its answer (or the daemon's refusal)."""
-        assert self._sock is not None and self._file is not None
+        sock = self._sock
+        assert sock is not None
         try:
-            self._sock.sendall(line)
+            sock.sendall(line)
             while True:
-                answer = self._file.readline()
-                if not answer:
-                    raise ConnectionLostError("the daemon closed the connection")
-                for reply in decode_replies(answer):
+                for reply in decode_replies(self._line(sock)):
                     if reply.id == request_id or reply.id is None:
                         return reply  # id None: the daemon refused the connection itself
         except OSError as exc:
             self.close()
             raise ConnectionLostError(f"lost the daemon: {exc}") from exc
+
+    def _line(self, sock: socket.socket) -> bytes | bytearray:
+        """The next line the daemon sent, without its newline (the socket's timeout applies
+        to each receive)."""
+        pending = self._pending
+        if not pending:  # the usual case: the answer comes whole in one receive
+            data = sock.recv(_RECEIVE)
+            if not data:
+                raise ConnectionLostError("the daemon closed the connection")
+            end = data.find(b"\n")
+            if end == len(data) - 1:
+                return data[:-1]
+            pending += data
+            if end >= 0:
+                return self._take(end)
+        start = 0
+        while (end := pending.find(b"\n", start)) < 0:
+            start = len(pending)  # a large answer comes in pieces: look in what is new only
+            data = sock.recv(_RECEIVE)
+            if not data:
+                raise ConnectionLostError("the daemon closed the connection")
+            pending += data
+        return self._take(end)
+
+    def _take(self, end: int) -> bytearray:
+        line = self._pending[:end]
+        del self._pending[:end + 1]
+        return line
 
     def _skew(self, method: str, exc: MethodNotFoundError) -> MethodNotFoundError:
         """Name both releases in a method-not-found (the daemon may be older)."""
@@ -131,7 +160,7 @@ class Client(SyncCaller, Methods):
                           out: TextIO | None = None) -> ExportDocument:
         """Read every page of session.export; with `out` (a text file) write the export
         document there as the pages come, never holding it whole. -> ExportDocument."""
-        document, cursor = ExportDocument(out), None
+        document, cursor = ExportDocument(out, session_id), None
         while True:
             cursor = document.add(self._run(export_page(session_id, cursor)))
             if cursor is None:

@@ -14,6 +14,8 @@ from typing import Any
 
 from sessiond_schemas.events import DATA_TYPES
 
+from .stores.models.agents import RESUME_MARKS  # noqa: F401  (adapters.RESUME_MARKS)
+
 # The event types an executor may write through the jsonl adapter. Status, process and
 # checkpoint events belong to the daemon or have their own methods.
 JSONL_TYPES = frozenset({
@@ -22,13 +24,8 @@ JSONL_TYPES = frozenset({
     "plan.linked",
 })
 
-
-# Every adapter's resume id is named on a stdout line holding one of these (codex's
-# thread.started names `thread_id`, claude's lines `session_id`): the runner index
-# (sqlite/runner.py, postgres/projections.py) keeps only such lines, so session.inject
-# finds the id without reading the rest of the output. An adapter whose id comes another
-# way adds its mark here (and a migration indexes the old lines).
-RESUME_MARKS: tuple[str, ...] = ("thread_id", "session_id")
+# An adapter's resume id must come on a stdout line holding one of RESUME_MARKS, defined
+# with the runner index's rule (stores/models/agents.py): session.inject reads only those.
 
 
 @dataclass

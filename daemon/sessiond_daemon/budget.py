@@ -70,7 +70,8 @@ def _malloc_trim() -> Callable[[int], int] | None:
 class Holding:
     """One connection's reply bytes: built and waiting, and unsent in its transport."""
 
-    __slots__ = ("buffered", "building", "close", "closed", "paused", "peer", "waiting")
+    __slots__ = ("buffered", "building", "close", "closed", "most", "paused", "peer",
+                 "waiting")
 
     def __init__(self, peer: tuple[int, int], close: Callable[[str], None]) -> None:
         self.peer = peer  # (pid, uid): for the log
@@ -78,6 +79,7 @@ class Holding:
         self.building = 0  # reserved by requests in flight, for the answers they build
         self.waiting = 0  # answers built, not yet handed to the transport
         self.buffered = 0  # the transport's unsent bytes, when last sampled
+        self.most = 0  # the most it held unsent at once
         self.closed = False
         self.paused = False
 
@@ -106,6 +108,7 @@ class ReplyBudget:
         self._last_trim = 0.0
         self._trim_pending = False
         self._released = 0  # held by connections closed since the last trim
+        self._released_late = 0  # the most held by transports closed since the last trim
 
     @property
     def mark(self) -> int:
@@ -140,6 +143,8 @@ class ReplyBudget:
         if not holding.closed:
             holding.waiting += delta
             self.unsent += delta
+            if delta > 0:
+                holding.most = max(holding.most, holding.unsent)
             self._change(delta)
 
     def sample(self, holding: Holding, transport: asyncio.WriteTransport) -> None:
@@ -148,6 +153,8 @@ class ReplyBudget:
             size = transport.get_write_buffer_size()
             delta, holding.buffered = size - holding.buffered, size
             self.unsent += delta
+            if delta > 0:
+                holding.most = max(holding.most, holding.unsent)
             self._change(delta)
 
     def make_room(self, holding: Holding, size: int, *, built: bool) -> bool:
@@ -179,7 +186,7 @@ class ReplyBudget:
                            resample: Callable[[], None]) -> None:
         """Wait while the total is past the mark and this connection holds more than its
         share: it is not read meanwhile (its requests wait in the socket)."""
-        while self._over(holding):
+        while self.over(holding):
             if not holding.paused:
                 holding.paused = True
                 if not self._reached:
@@ -202,7 +209,8 @@ class ReplyBudget:
             log.info("server.memory_budget_resumed", peer_pid=pid, peer_uid=uid,
                      held_bytes=holding.held)
 
-    def _over(self, holding: Holding) -> bool:
+    def over(self, holding: Holding) -> bool:
+        """Whether `holding`'s connection must not be read now (see room_to_read)."""
         if holding.closed:
             return False
         if holding.held > self.limit // CONNECTION_SHARE:
@@ -227,6 +235,16 @@ class ReplyBudget:
                 or (self._released and not self.unsent)):
             self._schedule_trim()
 
+    def transport_closed(self, holding: Holding) -> None:
+        """A connection's transport is closed: the bytes it held are freed only now, some
+        perhaps after the trims `leave` called for. Counted as released by the most it
+        held unsent at once (the transport's buffer keeps the memory it grew to), they
+        call for a trim by the same rule."""
+        self._released_late += holding.most
+        holding.most = 0
+        if self._released_late >= TRIM_STEP or (self._released_late and not self.unsent):
+            self._schedule_trim()
+
     def _schedule_trim(self) -> None:
         """Give freed memory back to the OS soon (the bytes are freed once the tasks and
         transports holding them let go), at most once every TRIM_EVERY_S."""
@@ -243,7 +261,7 @@ class ReplyBudget:
     def _trim(self, again: int = TRIM_FOLLOW_UPS) -> None:
         self._trim_pending = False
         self._last_trim = time.monotonic()
-        self._high, self._released = self.unsent, 0
+        self._high, self._released, self._released_late = self.unsent, 0, 0
         trim = _malloc_trim()
         if trim is None:
             return

@@ -48,7 +48,7 @@ class Limits:
     max_fork_depth: int = 1000  # forks.DEFAULT_MAX_DEPTH
     # The config's default_ttl_s: namespace (or "prefix*") -> idle TTL of new sessions.
     default_ttl_s: Mapping[str, int] = field(default_factory=dict)
-    # session.search's cost budget (search.Budget; docs/reliability.md "Budgets")
+    # session.search's cost budget (eventstore.SearchBudget; docs/reliability.md "Budgets")
     search_max_terms: int = 64
     search_max_prefixes: int = 8
     search_max_steps: int = 500_000_000

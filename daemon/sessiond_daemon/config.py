@@ -15,7 +15,7 @@ from sessiond_schemas.paths import default_socket
 from sessiond_schemas.state import TtlSeconds
 
 from .access import Grant
-from .postgres import dsn
+from .stores import registry
 
 
 class ConfigError(Exception):
@@ -192,10 +192,9 @@ def load(path: str | None, overrides: dict[str, Any],
     config.socket = config.socket or default_socket(env)
     config.db = config.db or default_db(env)
     config.host_name = config.host_name or socket.gethostname()
-    if dsn.is_postgres(config.db):
-        try:
-            dsn.check_url(config.db)
-            dsn.password(config.db_password_file, env)  # readable now, not at the first connect
-        except dsn.DsnError as exc:
-            raise ConfigError(str(exc)) from exc
+    try:  # a URL that cannot work, or a password that cannot be read: now, not at connect
+        registry.check(config.db, registry.Options(password_file=config.db_password_file,
+                                                   env=env))
+    except registry.StoreUrlError as exc:
+        raise ConfigError(str(exc)) from exc
     return config

@@ -7,22 +7,30 @@ them on one file; a PostgreSQL store implements the same Protocols, and
 - `EventStore`: the event log and the views (the writer's batch commit, the reads of
   streams and of the whole log by position, views and snapshots, idempotency).
 - The feature read models (`SessionQueries`, `CheckpointReads`, `GraphReads`, ...):
-  each kept by the store inside the commit, from the committed events.
-- `Capabilities`: what only some stores can do (integrity check, file backup, size cap).
-  Callers ask `store.capabilities` instead of calling a driver's method.
+  each kept by the store inside the commit, from the committed events, by the rules of
+  stores/models (defined once), and read by its shared queries.
+- `Capabilities`: what only some stores can do (integrity check, file backup, size,
+  full-text index, a log shared with other daemons). Callers ask `store.capabilities`
+  instead of calling a driver's method or checking which engine they have.
 
-To add a store: implement `Store` in a package of its own (as `sqlite/` does: the log and
-views in store.py, one module per read model, each fed the batch's events inside the
-commit transaction); choose it in `lifecycle.default_store` (the store factory, from the
---db URL); subclass `tests/store_contract.py`'s `StoreContract` with a fixture that gives
-a fresh store. Positions are gapless and in commit order; see `EventStore.commit` for what
-a store that several daemons share must check.
+To add a store (docs/architecture.md, "To add a store"): in a package of its own, write
+the log (`EventStore` but the three view reads), an executor that runs the read models'
+row operations (`stores.models.ops_of`, `forget`) inside `commit`, `session_totals`,
+`sessions_with_process` and `process_output`; mix in `stores.models.queries.ModelQueries`
+and `stores.models.views.ViewQueries`, which serve every other member of `Store` over the
+store's `QueryDriver` (`dialect`, `_q_all`, `_q_page`). Name it in `stores/registry.py`
+(an `Engine`: which --db URLs it claims, whether it needs a file lock, how it is made);
+subclass
+`tests/store_contract.py`'s `StoreContract` with a fixture that gives a fresh store.
+Positions are gapless and in commit order; see `EventStore.commit` for what a store that
+several daemons share must check.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
@@ -38,6 +46,7 @@ from sessiond_schemas.events import (
     decode_raw,
     moved,
 )
+from sessiond_schemas.rpc import SearchResult
 from sessiond_schemas.state import (
     Message,
     ProgressStep,
@@ -79,6 +88,33 @@ class Entry:
     last_position: int
 
 
+@dataclass(frozen=True, slots=True)
+class HasVersion:
+    """A precondition: session `session_id` holds version `version` of its history, with
+    chain hash `hash` there (its view row exists, at that version or past it, and the
+    event at `version`, its own or an ancestor's below its fork point, has that hash).
+    A fork's source: the fork's plan read it there. History only grows, so a source
+    written since still holds it; a deleted one (or one deleted and created again under
+    the same id) does not."""
+
+    session_id: str
+    version: int
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class HasNoForks:
+    """A precondition: no stored fork has session `session_id` as its source (a fork this
+    same batch deletes does not count). A delete, a replace-import, a cleanup."""
+
+    session_id: str
+
+
+# What a batch requires of the store as committed before it; the store checks each one
+# inside its commit, under its own locks (`EventStore.commit`).
+Precondition = HasVersion | HasNoForks
+
+
 @dataclass(slots=True)
 class Batch:
     """Everything one group commit writes, in the order it is applied: deletes first, then
@@ -93,6 +129,10 @@ class Batch:
     # The stored version each touched session was decided from (0: no session). A store
     # shared by several writers checks them in the commit; see `EventStore.commit`.
     bases: dict[str, int] = field(default_factory=dict)
+    # (the session whose command requires it, the precondition): what the batch requires
+    # of the store as committed before it. The writer has already checked them against
+    # the batch itself (a fork of a session this batch deletes, say, never gets here).
+    requires: list[tuple[str, Precondition]] = field(default_factory=list)
     # Told the shift when a store gives the events other positions than the writer's
     # (`renumber`): the writer rebuilds the results that quote positions.
     on_renumber: Callable[[int], None] | None = None
@@ -115,6 +155,16 @@ class Batch:
         self.views.pop(session_id, None)
         self.idempotency = [i for i in self.idempotency if i[0] != session_id]
         self.snapshots = [v for v in self.snapshots if v.session_id != session_id]
+        self.requires = [r for r in self.requires if r[0] != session_id]
+
+    def sources(self) -> list[HasVersion]:
+        """The HasVersion preconditions, each once, by session id."""
+        found = {p for _, p in self.requires if isinstance(p, HasVersion)}
+        return sorted(found, key=lambda p: (p.session_id, p.version, p.hash))
+
+    def unforked(self) -> list[str]:
+        """The sessions the batch requires to have no forks, each once, in order."""
+        return sorted({p.session_id for _, p in self.requires if isinstance(p, HasNoForks)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +174,15 @@ class Moved:
     `stale`: sessions whose stored version is not the batch's base (or whose idempotency
     key another writer stored): the writer forgets their cached views and decides again.
     `head`: the store's last position now; the writer numbers its next attempt after it.
+    `refused`: the batch's preconditions that do not hold, each with what the store
+    found: for HasNoForks the number of forks, for HasVersion the session's stored
+    version (0: it is gone). The writer fails the commands that required them and
+    decides the others again.
     """
 
     stale: frozenset[str]
     head: int
+    refused: Mapping[Precondition, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +256,20 @@ class EventStore(Protocol):
         """The stored first results of these (session_id, idempotency_key) pairs."""
         ...
 
+    async def prefetch(
+        self, session_ids: list[str], keys: list[tuple[str, str]],
+    ) -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+        """What the writer reads before it decides a batch, in one read: the views of
+        these sessions (None: no such session; a view that does not decode is left out,
+        for `load_entry` to report) and, as `idempotent_results`, these keys' results."""
+        ...
+
+    async def idempotency_page(self, session_id: str, after: str,
+                               limit: int) -> list[tuple[str, bytes]]:
+        """A session's stored first results, (key, result) by key past `after`, at most
+        `limit` (`sessiond migrate` copies them)."""
+        ...
+
     async def commit(self, batch: Batch) -> Moved | None:
         """Write the whole batch in one transaction, or nothing of it.
 
@@ -212,8 +281,15 @@ class EventStore(Protocol):
         each one's stored version is `batch.bases[sid]` and that no idempotency key of
         the batch is stored; when not, it writes nothing and returns `Moved`, and the
         writer reloads the stale sessions and decides the batch again. A store with one
-        writer (SQLite: the file lock) keeps the writer's numbering and never returns
-        `Moved`.
+        writer (SQLite: the file lock) keeps the writer's numbering and never finds a
+        session stale.
+
+        Every store checks the batch's preconditions (`batch.requires`) inside the
+        transaction, before it writes anything, against what is committed: under the
+        locks that order it with every other writer (a shared store locks each
+        precondition's session row with the touched ones, in session_id order, and
+        checks in a later statement, so that what committed while it waited is seen).
+        When one fails, it writes nothing and returns `Moved` with `refused`.
         """
         ...
 
@@ -381,14 +457,35 @@ class FileBackup(Protocol):
 class SizeCap(Protocol):
     max_bytes: int  # 0: no cap; past it writes fail with -32012
 
-    def db_bytes(self) -> int:
-        """The store's bytes on disk, as the cap counts them."""
+    async def db_bytes(self) -> int:
+        """The store's bytes on disk, as the cap counts them (daemon.stats' db_bytes)."""
+        ...
+
+
+class Following(Protocol):
+    """A follower of a shared log: runs until cancelled; `wake` asks for one more round."""
+
+    def wake(self) -> None: ...
+    async def run(self) -> None: ...
+
+
+class SharedLog(Protocol):
+    """Other daemons commit to this store too: how this daemon follows their commits."""
+
+    def following(self, deliver: Callable[[list[Event], int], Awaitable[None]], *,
+                  cursor: int, at: Callable[[], int],
+                  deleted: Callable[[frozenset[str]], None],
+                  on_state: Callable[[bool], None]) -> Following:
+        """A follower that hands `deliver` every committed event past `cursor`, from any
+        host, in position order, with the position it reaches; `deleted` the sessions
+        other hosts deleted; `at` says where this daemon already is; `on_state(connected)`
+        is told when the database goes and comes back."""
         ...
 
 
 class SqlAccess(Protocol):
-    """Run a function on a driver connection: search and reindex, which are SQL of one
-    engine (`Capabilities.engine`). The connection's type is the driver's."""
+    """Run a function on a driver connection (a store's own full-text implementation uses
+    it). The connection's type is the driver's."""
 
     async def on_reader(self, fn: Callable[[Any], T]) -> T:
         """`fn` on a read connection (several statements, one hop)."""
@@ -399,18 +496,88 @@ class SqlAccess(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SearchBudget:
+    """What one session.search query may cost (docs/reliability.md, "Budgets"): its terms
+    and prefix terms, checked before it runs (-32602); while it runs, its time and (on
+    SQLite, counted by the progress handler) VM steps (-32012); and it stops when its
+    client goes (`gone`) or its request is cancelled (`stop`)."""
+
+    max_terms: int = 64
+    max_prefixes: int = 8
+    max_steps: int = 500_000_000
+    timeout_s: float = 10.0
+    gone: Callable[[], bool] = lambda: False
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    """One session.search, its params checked: the query text (FTS5's syntax), the
+    filters, and where the page starts (`after`, the decoded cursor)."""
+
+    text: str
+    statuses: tuple[str, ...] = ()
+    namespace: str | None = None
+    actor_name: str | None = None
+    since: str | None = None
+    until: str | None = None
+    limit: int = 20
+    hits: int = 3
+    mark: tuple[str, str] = ("\u00ab", "\u00bb")
+    after: tuple[float, str] | None = None
+    window: int = 5_000  # the newest matching events ranked (stores/models/search.py)
+
+
+class FullText(Protocol):
+    """A store's full-text index of the events (the search read model,
+    stores/models/search.py) and its query: session.search, daemon.reindex, and the
+    index's part of daemon.verify."""
+
+    async def search(self, query: SearchQuery, budget: SearchBudget) -> SearchResult:
+        """The query's page, within the budget (-32602 for a query the store cannot parse,
+        -32012 when the budget stops it)."""
+        ...
+
+    async def clear(self) -> int:
+        """Empty the index (daemon.reindex's first step); return the last position, up to
+        which `rebuild_range` must run (the writer indexes what comes after)."""
+        ...
+
+    async def rebuild_range(self, after: int, upto: int) -> None:
+        """Index the events with after < position <= upto the index does not hold, in one
+        transaction of their own (the writer's batches go on between ranges)."""
+        ...
+
+    async def relink_forks(self) -> int:
+        """Rebuild the fork links from the session.forked events; return how many."""
+        ...
+
+    async def count(self) -> int:
+        """The documents the index holds."""
+        ...
+
+    async def problems(self) -> list[str]:
+        """What daemon.verify finds wrong with the index: an event of an indexed type
+        missing from it, or a document whose event is gone."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a store can do beyond the Protocols; None where it cannot."""
 
-    engine: str  # "sqlite", "postgresql": which SQL `sql` speaks
+    # Which engine, for messages and logs: callers never compare it (they ask for a
+    # capability; tests/test_layering.py).
+    engine: str
     # Other daemons write this store too: a view this one cached may be stale, so the
     # writer decides on views read from the store, and reads are served from it.
     shared: bool = False
+    shared_log: SharedLog | None = None  # other daemons' commits, followed (lifecycle.py)
     integrity: IntegrityCheck | None = None
     backup: FileBackup | None = None
     size: SizeCap | None = None
-    sql: SqlAccess | None = None
+    full_text: FullText | None = None  # session.search, daemon.reindex, verify's part
 
 
 # The columns of a stored event that event_from_row reads, in its order (every store

@@ -5,8 +5,11 @@ A fork references its source's history instead of copying it. Its first event,
 source's hash there, and carries the source's view at that version, which the fold
 starts from; its hash chain goes on from the source's hash. What it shares is read from
 the source: time travel at or below the fork point, and the message and checkpoint
-indexes (rows pointing at the source's events, written with the session.forked event).
-So a source with forks cannot be deleted (or replaced by an import) while they exist.
+indexes (rows pointing at the source's events, written with the session.forked event by
+the conversation's read model, stores/models/conversation.py).
+So a source with forks cannot be deleted (or replaced by an import) while they exist:
+the writer's plans say so as preconditions (eventstore.HasVersion for a fork's source,
+HasNoForks for a delete or a replace), which every store checks inside its commit.
 """
 
 from __future__ import annotations
@@ -14,20 +17,19 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-import anyio
 import msgspec
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import (
     InvalidParamsError,
     InvalidTransitionError,
+    SessiondError,
     SessionExistsError,
     SessionImportError,
+    SessionNotFoundError,
     StorageError,
 )
 from sessiond_schemas.events import (
@@ -44,9 +46,11 @@ from sessiond_schemas.events import (
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
+from .stores.models import sql
+
 if TYPE_CHECKING:
     from .commands import Commands
-    from .eventstore import ForkReads
+    from .eventstore import ForkReads, HasVersion
 
 # A session's view at a version (Service.state_at): what a fork starts from.
 StateAt = Callable[[str, int], Awaitable[SessionState]]
@@ -54,166 +58,8 @@ StateAt = Callable[[str, int], Awaitable[SessionState]]
 _json = msgspec.json.Encoder()
 
 
-# --- the writer's side (inside the batch transaction) --------------------------------------
-
-
-def index(db: sqlite3.Connection, e: Event) -> None:
-    """Record the link, and give the fork the source's messages and checkpoints as they
-    were at the fork point (rows pointing at the source's events)."""
-    source, version = e.data["from"]["session_id"], e.data["from"]["version"]
-    db.execute("INSERT OR REPLACE INTO forks (session_id, source_id, version, forked_at,"
-               " position) VALUES (?, ?, ?, ?, ?)",
-               (e.session_id, source, version, e.recorded_at, e.position))
-    at = _position_at(db, source, version)
-    if at is None:
-        return  # the source is gone: verify reports it
-    count = int(e.data["state"].get("message_count", 0))
-    # The source's conversation now, cut at the fork point. A message the source took out
-    # and appended again after the fork point is missing here and found below. The claimed
-    # count only filters rows the store has: it never sizes anything (an imported or
-    # damaged view may claim 2^63 messages).
-    db.execute("INSERT INTO messages (session_id, sequence, position) SELECT ?, sequence,"
-               " position FROM messages WHERE session_id = ? AND sequence < ? AND position <= ?",
-               (e.session_id, source, count, at))
-    have = {r[0] for r in db.execute("SELECT sequence FROM messages WHERE session_id = ?"
-                                     " AND sequence < ?", (e.session_id, count))}
-    if len(have) < count:
-        db.executemany("INSERT INTO messages (session_id, sequence, position) VALUES (?, ?, ?)",
-                       [(e.session_id, seq, pos) for seq, pos
-                        in _find_messages(db, source, version, count, have).items()])
-    # The payloads are shared, not copied: the fork's rows hold an empty payload (no stored
-    # payload is empty: JSON is at least one byte) and the position of the source's
-    # checkpoint.saved, by which the payload is found (SHARED_PAYLOAD_SQL).
-    db.execute("INSERT OR REPLACE INTO checkpoints (session_id, checkpoint_id, position, version,"
-               " node_id, resume_from, created_at, size, payload) SELECT ?, checkpoint_id,"
-               " position, version, node_id, resume_from, created_at, size, X''"
-               " FROM checkpoints WHERE session_id = ? AND version <= ?",
-               (e.session_id, source, version))
-
-
-# How far a fork chain is walked: the bound of max_fork_depth. A chain longer than this,
-# or one that goes round (only data written behind the daemon's back can), reads as
-# damaged: every walk stops here rather than loop or recurse.
-WALK_LIMIT = 100_000
-
-# The session holding `version` of a session's history: walk up while the version is at
-# or below the fork point. One statement, bounded (a cycle yields WALK_LIMIT rows, then
-# stops); the deepest row is the holder, or WALK_LIMIT when the walk did not end.
-HOLDER_SQL = (
-    "WITH RECURSIVE up(session_id, depth) AS (SELECT ?, 0 UNION ALL"
-    " SELECT f.source_id, up.depth + 1 FROM forks f JOIN up ON f.session_id = up.session_id"
-    " WHERE f.version >= ? AND up.depth < ?) SELECT session_id, depth FROM up"
-    " ORDER BY depth DESC LIMIT 1")
-# A session and its sources, nearest first, at most `limit` of them.
-ANCESTRY_SQL = (
-    "WITH RECURSIVE up(session_id, depth) AS (SELECT ?, 0 UNION ALL"
-    " SELECT f.source_id, up.depth + 1 FROM forks f JOIN up ON f.session_id = up.session_id"
-    " WHERE up.depth + 1 < ?) SELECT session_id FROM up ORDER BY depth")
-
-# The payload a row with an empty one shares: the row holding it at the same position.
-SHARED_PAYLOAD_SQL = ("SELECT payload FROM checkpoints WHERE position = ? AND length(payload) > 0"
-                      " LIMIT 1")
-
-
-def keep_shared_payload(db: sqlite3.Connection, session_id: str, checkpoint_id: str) -> None:
-    """Before a session's checkpoint row is replaced (the same checkpoint_id saved again),
-    give its payload to one fork row that shares it, so the forks still find it there."""
-    db.execute(
-        "UPDATE checkpoints SET payload = (SELECT payload FROM checkpoints WHERE session_id = ?1"
-        " AND checkpoint_id = ?2) WHERE (session_id, checkpoint_id) = (SELECT session_id,"
-        " checkpoint_id FROM checkpoints WHERE length(payload) = 0 AND position = (SELECT"
-        " position FROM checkpoints WHERE session_id = ?1 AND checkpoint_id = ?2"
-        " AND length(payload) > 0) LIMIT 1)", (session_id, checkpoint_id))
-
-
-def keep_shared_payloads(db: sqlite3.Connection, session_id: str) -> None:
-    """Before a session's rows are deleted: the rows of other sessions that share one of
-    its payloads get it (a source with forks is never deleted, but a fork holding a
-    payload handed on by keep_shared_payload may be)."""
-    db.execute(
-        "UPDATE checkpoints SET payload = (SELECT o.payload FROM checkpoints o"
-        " WHERE o.session_id = ?1 AND o.position = checkpoints.position"
-        " AND length(o.payload) > 0) WHERE session_id != ?1 AND length(payload) = 0"
-        " AND position IN (SELECT position FROM checkpoints WHERE session_id = ?1"
-        " AND length(payload) > 0)", (session_id,))
-
-
-def _link(db: sqlite3.Connection, session_id: str) -> tuple[str, int] | None:
-    row = db.execute("SELECT source_id, version FROM forks WHERE session_id = ?",
-                     (session_id,)).fetchone()
-    return (row[0], int(row[1])) if row else None
-
-
-def _holder(db: sqlite3.Connection, session_id: str, version: int) -> str | None:
-    """The session whose own events hold `version` of this one's history: itself, or the
-    ancestor it was forked from when that version is at or below the fork point. None for
-    a chain that does not end within WALK_LIMIT (a cycle)."""
-    holder, depth = db.execute(HOLDER_SQL, (session_id, version, WALK_LIMIT)).fetchone()
-    return None if depth >= WALK_LIMIT else str(holder)
-
-
-def _position_at(db: sqlite3.Connection, session_id: str, version: int) -> int | None:
-    """Position of the event at `version` of a session's history."""
-    holder = _holder(db, session_id, version)
-    row = None if holder is None else db.execute(
-        "SELECT position FROM events WHERE session_id = ? AND version = ?",
-        (holder, version)).fetchone()
-    return int(row[0]) if row else None
-
-
-def _find_messages(db: sqlite3.Connection, session_id: str, version: int, count: int,
-                   have: set[int]) -> dict[int, int]:
-    """sequence -> position of the message each sequence below `count` not in `have` held
-    at `version`: the last message.appended with that sequence at or before it, walking up
-    through sources (at most WALK_LIMIT of them, never one twice)."""
-    found: dict[int, int] = {}
-    seen: set[str] = set()
-    while len(have) + len(found) < count and session_id not in seen \
-            and len(seen) < WALK_LIMIT:
-        seen.add(session_id)
-        here: dict[int, int] = {}
-        for data, position in db.execute(
-                "SELECT data, position FROM events WHERE session_id = ? AND version <= ?"
-                " AND type = 'message.appended' ORDER BY version", (session_id, version)):
-            seq = msgspec.json.decode(data)["sequence"]
-            if isinstance(seq, int) and 0 <= seq < count and seq not in have \
-                    and seq not in found:
-                here[seq] = position  # later ones win
-        found.update(here)  # a nearer session's message wins over its source's
-        link = _link(db, session_id)
-        if link is None:
-            break
-        session_id, version = link[0], min(version, link[1])
-    return found
-
-
-def hash_at_sql(con: sqlite3.Connection, session_id: str, version: int) -> str | None:
-    """The chain hash of a session's history at `version` (an ancestor's, below its fork)."""
-    holder = _holder(con, session_id, version)
-    row = None if holder is None else con.execute(
-        "SELECT hash FROM events WHERE session_id = ? AND version = ?",
-        (holder, version)).fetchone()
-    return str(row[0]) if row else None
-
-
-def ancestry_sql(con: sqlite3.Connection, session_id: str, limit: int) -> list[str]:
-    """The session and its sources, nearest first, at most `limit` of them."""
-    return [str(r[0]) for r in con.execute(ANCESTRY_SQL, (session_id, limit))]
-
-
-def count_sql(con: sqlite3.Connection, session_id: str) -> int:
-    return int(con.execute("SELECT COUNT(*) FROM forks WHERE source_id = ?",
-                           (session_id,)).fetchone()[0])
-
-
-def page_sql(con: sqlite3.Connection, source_id: str, after: str,
-             limit: int) -> tuple[int, list[Any]]:
-    """(how many forks `source_id` has, (session_id, version, forked_at) of those after
-    `after` by id)."""
-    rows = con.execute("SELECT session_id, version, forked_at FROM forks WHERE source_id = ?"
-                       " AND session_id > ? ORDER BY session_id LIMIT ?",
-                       (source_id, after, limit)).fetchall()
-    return count_sql(con, source_id), rows
+# How far a fork chain is walked (stores/models/sql.py): the bound of max_fork_depth.
+WALK_LIMIT = sql.WALK_LIMIT
 
 
 # --- reads ---------------------------------------------------------------------------------
@@ -226,16 +72,6 @@ async def hash_at(store: ForkReads, session_id: str, version: int) -> str | None
 
 async def count(store: ForkReads, session_id: str) -> int:
     return await store.fork_count(session_id)
-
-
-async def refuse_if_forked(store: ForkReads, session_id: str, what: str) -> None:
-    """A source's history is shared by its forks: it stays while they do (-32003)."""
-    n = await count(store, session_id)
-    if n:
-        raise InvalidTransitionError(
-            f"session {session_id} cannot be {what}: {n} fork(s) share its history"
-            " (session.forks lists them); delete them first",
-            {"session_id": session_id, "forks": n})
 
 
 async def link_problems(store: ForkReads, state: SessionState,
@@ -261,28 +97,6 @@ async def link_problems(store: ForkReads, state: SessionState,
 
 # --- the methods ---------------------------------------------------------------------------
 
-_guards: dict[str, tuple[anyio.Lock, int]] = {}
-
-
-@asynccontextmanager
-async def guard(session_id: str) -> AsyncIterator[None]:
-    """Hold a session as a source: a fork of it (from reading it to committing the fork)
-    and its deletion (from counting its forks to committing) never interleave. One daemon
-    holds the database (its lock file), so a lock in the process is enough."""
-    lock, users = _guards.get(session_id, (anyio.Lock(), 0))
-    _guards[session_id] = (lock, users + 1)
-    try:
-        async with lock:
-            yield
-    finally:
-        lock, users = _guards[session_id]
-        if users == 1:
-            del _guards[session_id]
-        else:
-            _guards[session_id] = (lock, users - 1)
-
-
-
 def _fork_id(source: str, key: str, uid: int | None) -> str:
     """The id a keyed fork gets when none is given: the caller's retry finds the same
     session. It is the caller's: another uid with the same key gets another id (the
@@ -296,14 +110,19 @@ def _fork_id(source: str, key: str, uid: int | None) -> str:
 
 async def fork(commands: Commands, store: ForkReads, state_at: StateAt,
                p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
-    """session.fork: a new session whose history is the source's up to at_version."""
-    async with guard(p.session_id):
-        return await _fork(commands, store, state_at, p, meta)
+    """session.fork: a new session whose history is the source's up to at_version.
 
+    The plan is made from reads of the source; its commit requires the source to hold
+    that version with that hash still (a HasVersion precondition, checked by the store
+    under its locks), so a fork and a delete of its source, on this daemon or another,
+    never both happen. A source gone by then is -32001 and nothing is written."""
+    from .writer import Import, source_gone  # here: the writer imports the store, which
+    # imports us
 
-async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
-                p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
-    from .writer import Import  # here: the writer imports the store, which imports us
+    def source_refused(source: HasVersion, found: int) -> SessiondError:
+        return SessionNotFoundError(
+            f"fork source {source_gone(source, found)} before the fork was written;"
+            " nothing was written", {"session_id": source.session_id})
 
     current = await commands.state(p.session_id)
     at = p.at_version if p.at_version is not None else current.version
@@ -328,9 +147,14 @@ async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
             f"session {p.session_id} is {limit} forks from its first session: a fork of it"
             f" would pass max_fork_depth ({limit})",
             {"detail": "fork chain too deep", "limit": limit, "path": "$.session_id"})
-    state = await state_at(p.session_id, at)
-    prev = await hash_at(store, p.session_id, at)
+    try:
+        state = await state_at(p.session_id, at)
+        prev = await hash_at(store, p.session_id, at)
+    except StorageError:
+        await _still_there(commands, p.session_id)
+        raise
     if prev is None:
+        await _still_there(commands, p.session_id)
         raise InvalidParamsError(f"session {p.session_id} has no event at version {at}",
                                  {"detail": "no such version", "path": "$.at_version"})
     key = p.idempotency_key
@@ -345,9 +169,17 @@ async def _fork(commands: Commands, store: ForkReads, state_at: StateAt,
     def plan(existing: SessionState | None) -> Import:
         if existing is not None:
             raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
-        return Import([event], {})
+        return Import([event], {}, source_refused=source_refused)
 
     return await commands.submit(sid, meta, plan, idempotency_key=key)
+
+
+async def _still_there(commands: Commands, session_id: str) -> None:
+    """-32001 when the session was deleted while a fork read it (the store says: the
+    writer's cache may not have heard yet)."""
+    if await commands.store.state_json(session_id) is None:
+        raise SessionNotFoundError(f"session {session_id} not found",
+                                   {"session_id": session_id})
 
 
 async def forks_of(store: ForkReads, p: rpc.SessionForksParams,

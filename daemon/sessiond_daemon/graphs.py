@@ -2,8 +2,9 @@
 
 A thread is a session. `graph.put` appends a graph.checkpoint event that carries the
 checkpoint and only the channel values that changed; `graph.put_writes` appends pending
-writes. The graph_* tables index those events (sqlite/graphs.py keeps them in step), so
-reading the latest checkpoint costs a few indexed reads, not a walk over the thread's history.
+writes. The graph_* tables index those events (stores/models/graphs.py keeps them in
+step), so reading the latest checkpoint costs a few indexed reads, not a walk over the
+thread's history.
 Prunes and run deletions are graph.pruned events: they leave the index, not the history.
 """
 

@@ -33,11 +33,10 @@ from .graphs import Graphs
 from .maintenance import Maintenance
 from .metrics import MetricsUnavailable, require_client
 from .metrics import install as install_metrics
-from .postgres import dsn
 from .search_fork import SearchAndFork
 from .server import Server, ServerLimits
 from .service import LiveFigures, Service
-from .sqlite import SqliteStore
+from .stores import registry
 from .systemd import Notifier, Watchdog
 from .writer import Writer
 
@@ -51,24 +50,27 @@ FD_RESERVE = 64  # descriptors besides connections: database, readers, executors
 
 
 # Builds the daemon's store from its config (not opened yet). Tests pass their own, e.g. a
-# store that fails on cue; a PostgreSQL store is chosen here by the --db URL.
+# store that fails on cue; the store registry chooses it by the --db URL.
 StoreFactory = Callable[[Config], Store]
 
 
-def default_store(config: Config) -> Store:
-    """The store `config.db` names: a SQLite file, or a PostgreSQL database (fleet mode)."""
-    assert config.db
-    if dsn.is_postgres(config.db):
-        from .postgres.store import PostgresStore  # asyncpg: the `fleet` extra
+def store_options(config: Config) -> registry.Options:
+    """What the daemon's config says about its store, besides the URL."""
+    return registry.Options(durability=config.durability, max_bytes=config.max_db_bytes,
+                            password_file=config.db_password_file,
+                            host_name=config.host_name or socket.gethostname(),
+                            statement_timeout_s=config.db_statement_timeout_s)
 
-        return PostgresStore(config.db, password=dsn.password(config.db_password_file),
-                             host_name=config.host_name or socket.gethostname(),
-                             statement_timeout_s=config.db_statement_timeout_s)
-    return SqliteStore(config.db, config.durability, max_bytes=config.max_db_bytes)
+
+def default_store(config: Config) -> Store:
+    """The store `config.db` names (stores/registry.py): a SQLite file, or a PostgreSQL
+    database (fleet mode)."""
+    assert config.db
+    return registry.open_store(config.db, store_options(config))
 
 
 class _Shared:
-    """A PostgreSQL database is shared by design: no state directory, no file lock."""
+    """A store shared by design (a database server): no state directory, no file lock."""
 
     def acquire(self) -> None:
         pass
@@ -78,9 +80,9 @@ class _Shared:
 
 
 def _database_lock(db: str) -> host.DatabaseLock | _Shared:
-    """The lock that makes this daemon the database's only one (SQLite), after making its
-    directory ours; nothing for a PostgreSQL database."""
-    if dsn.is_postgres(db):
+    """The lock that makes this daemon the database's only one (a store that needs a file
+    lock), after making its directory ours; nothing for a shared one."""
+    if not registry.kind_of(db).needs_file_lock:
         return _Shared()
     host.private_dir(os.path.dirname(os.path.abspath(db)), "state")
     return host.DatabaseLock(db)
@@ -171,8 +173,7 @@ class Daemon:
                 # 2. The writer: the only task that writes.
                 await core.start(self.writer.run)
                 following = anyio.CancelScope()
-                if dsn.is_postgres(config.db):
-                    self._follow_shared_log(core, following, store, self.writer)
+                self._follow_shared_log(core, following, store, self.writer)
                 try:
                     await self._serve(store, self.writer, shutdown, task_status)
                 finally:
@@ -204,18 +205,12 @@ class Daemon:
 
     def _follow_shared_log(self, core: TaskGroup, scope: anyio.CancelScope, store: Store,
                            writer: Writer) -> None:
-        """Fleet mode: one LISTEN connection wakes a follower of the shared log (and a poll
-        covers a lost one); the follower rings the writer's bells with every host's
-        events, so subscriptions see them all, in position order."""
-        from .postgres.follow import Follower
-        from .postgres.listener import Listener
-        from .postgres.store import PostgresStore
-
-        if not isinstance(store, PostgresStore):
+        """A store other daemons write too (fleet mode: `capabilities.shared_log`): its
+        follower rings the writer's bells with every host's events, so subscriptions see
+        them all, in position order. Nothing for a store this daemon alone writes."""
+        shared_log = store.capabilities.shared_log
+        if shared_log is None:
             return
-        follower = Follower(store, writer.deliver, cursor=writer.committed_position,
-                            at=lambda: writer.committed_position)
-        writer.wake_follower = follower.wake
 
         lost = False  # "back" only after a loss: the first connection is not a return
 
@@ -230,13 +225,15 @@ class Daemon:
                 log.info("daemon.database_back")
                 self.notifier.notify(f"STATUS=serving, {self.server.connections} connections")
 
-        listener = Listener(store.connect, follower.wake, on_state=database)
+        follower = shared_log.following(writer.deliver, cursor=writer.committed_position,
+                                        at=lambda: writer.committed_position,
+                                        deleted=writer.deleted_elsewhere,
+                                        on_state=database)
+        writer.wake_follower = follower.wake
 
         async def follow() -> None:
             with scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(follower.run)
-                    tg.start_soon(listener.run)
+                await follower.run()
 
         core.start_soon(follow)
 

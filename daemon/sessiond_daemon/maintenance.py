@@ -15,6 +15,7 @@ import structlog
 from sessiond_schemas import export, rpc
 from sessiond_schemas.errors import (
     InvalidParamsError,
+    InvalidTransitionError,
     SessiondError,
     SessionExistsError,
     SessionImportError,
@@ -35,7 +36,7 @@ from sessiond_schemas.events import (
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
-from . import exports, forks, projection, search, text
+from . import exports, forks, projection, text
 from .commands import Commands
 from .eventstore import Store
 from .histories import unreadable_error
@@ -78,9 +79,9 @@ class Maintenance:
         problems += [rpc.VerifyProblem(session_id=sid, problem=f"stored history {problem}")
                      for sid, problem in sorted(self.writer.damaged.items())
                      if sid not in reported]
-        if caps.sql is not None and caps.engine == "sqlite":
+        if caps.full_text is not None:
             problems += [rpc.VerifyProblem(session_id=None, problem=text)
-                         for text in await caps.sql.on_reader(search.problems)]
+                         for text in await caps.full_text.problems()]
         return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems)
 
     async def _check_session(self, sid: str) -> list[str]:
@@ -129,7 +130,9 @@ class Maintenance:
         if not statuses:
             return rpc.CleanupResult(deleted=0, session_ids=[])
         stale = await self.store.stale_sessions(statuses, cutoff, 10_000)
-        stale = [sid for sid in stale if not await forks.count(self.store, sid)]  # shared
+        # Sources of forks stay (their history is shared): not even tried here, and one
+        # forked after this count is kept by its delete's precondition, in the commit.
+        stale = [sid for sid in stale if not await forks.count(self.store, sid)]
         if p.dry_run:
             return rpc.CleanupResult(deleted=len(stale), session_ids=stale)
         deleted: list[str] = []
@@ -145,7 +148,7 @@ class Maintenance:
             try:
                 await self.commands.submit(sid, meta, plan)
                 deleted.append(sid)
-            except _NoLongerStale:
+            except (_NoLongerStale, InvalidTransitionError):  # resumed, or forked meanwhile
                 pass
 
         async with anyio.create_task_group() as tg:  # submitted together: group-committed
@@ -207,11 +210,8 @@ class Maintenance:
                 raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
             return Import(events + mark, by_event, replace=p.on_conflict == "replace")
 
-        try:
-            async with forks.guard(sid):
-                if p.on_conflict == "replace":
-                    await forks.refuse_if_forked(self.store, sid, "replaced by an import")
-                return await self.commands.submit(sid, meta, plan)
+        try:  # a replace requires the session has no forks; a fork, its source (-32003)
+            return await self.commands.submit(sid, meta, plan)
         except SessionExistsError:
             if p.on_conflict != "skip":
                 raise

@@ -198,10 +198,11 @@ class Prometheus(Hooks):
             "lag_max": max(lags, default=0),
             "lagging": sum(1 for lag in lags if lag > 0),
             "executors": len(self.executors.running) if self.executors else 0,
-            "db_bytes": size.db_bytes() if (size := self.store.capabilities.size) else 0,
             "position": writer.committed_position,
         }
-        try:
+        try:  # a store's size may be a read of the database too (PostgreSQL's)
+            size = self.store.capabilities.size
+            figures["db_bytes"] = await size.db_bytes() if size else 0
             figures["status"] = await self.store.session_totals("status")
             figures["namespace"] = top_labels(
                 await self.store.session_totals("namespace"), self.max_labels)
@@ -245,7 +246,8 @@ class _ScrapeCollector:
              "position"),
         ]
         for name, doc, key in plain:
-            yield GaugeMetricFamily(name, doc, value=f[key])
+            if key in f:  # db_bytes: not when the database could not be read
+                yield GaugeMetricFamily(name, doc, value=f[key])
         if "status" in f:
             g = GaugeMetricFamily("sessiond_sessions", "Stored sessions, by status.",
                                   labels=["status"])

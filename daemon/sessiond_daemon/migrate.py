@@ -17,9 +17,12 @@ A SQLite file is locked as a daemon locks it, so neither end may be served by a 
 on this host meanwhile. A PostgreSQL source may be served while it is copied (the copy is
 of what was committed when each page was read); a PostgreSQL target should not be written
 by daemons until the copy is done: a batch they commit first stops the copy, which can
-then be run again. Idempotency keys stay in each event's `meta`; the stored first results
-of keyed writes are not copied, so a retry against the copy of a write made before the
-move is not recognised.
+then be run again.
+
+The stored first results of keyed writes (idempotency keys) are copied too, after the
+events, those the target lacks: a retry against the copy of a write made before the move
+answers the first result and writes nothing. The `position` a result quotes is the
+target's, the position there of the write's last event (at the result's `version`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from sessiond_schemas.events import Event
 
 from . import host, logs, projection, text
 from .eventstore import Batch, Entry, Store
-from .postgres import dsn
+from .stores import registry
 
 log = structlog.get_logger("sessiond.migrate")
 PAGE = 500  # source events per target transaction
@@ -57,6 +60,7 @@ class Report:
     copied: int = 0  # events written to the target
     skipped: int = 0  # events the target already held
     diverged: list[str] = field(default_factory=list)  # sessions not copied: they differ
+    results: int = 0  # stored first results of keyed writes copied to the target
     # Sessions not copied (or copied only up to a version) and why: text the rule of
     # docs/protocol.md (Text) refuses, a history that does not fold, or one the target
     # refused. The others are copied all the same.
@@ -64,25 +68,21 @@ class Report:
 
 
 def open_store(url: str, password_file: str | None) -> Store:
-    """A store for a SQLite path or a postgresql:// URL (not opened yet)."""
-    if dsn.is_postgres(url):
-        from .postgres.store import PostgresStore
-
-        try:
-            dsn.check_url(url)
-            password = dsn.password(password_file)
-        except dsn.DsnError as exc:
-            raise MigrateError(str(exc)) from exc
-        return PostgresStore(url, password=password, host_name=None)  # sessions.host: unknown
-    from .sqlite import SqliteStore
-
-    return SqliteStore(url)
+    """A store for a SQLite path or a postgresql:// URL (not opened yet), from the store
+    registry; a shared store's `sessions.host` is left unknown."""
+    options = registry.Options(password_file=password_file, host_name=None)
+    try:
+        registry.check(url, options)
+        return registry.open_store(url, options)
+    except registry.StoreUrlError as exc:
+        raise MigrateError(str(exc)) from exc
 
 
 @contextmanager
 def _locked(*urls: str) -> Iterator[None]:
-    """Hold the SQLite files' daemon locks: no daemon here serves them during the copy."""
-    files = [u for u in urls if not dsn.is_postgres(u)]
+    """Hold the files' daemon locks (stores that need one: SQLite): no daemon here serves
+    them during the copy."""
+    files = [u for u in urls if registry.kind_of(u).needs_file_lock]
     for path in files:  # a new SQLite target's directory, private as the daemon makes it
         host.make_private_dirs(os.path.dirname(os.path.abspath(path)))
     locks = [host.DatabaseLock(path) for path in files]
@@ -116,9 +116,51 @@ class Copier:
             page = await self.source.read_events(session_id=None, from_version=0,
                                                  after_position=after, limit=PAGE, types=None)
             if not page:
-                return self.report
+                break
             await self._copy(list(page))
             after = page[-1].position
+        for sid, entry in self.entries.items():
+            if entry is not None and sid not in self.report.diverged:
+                await self._copy_results(sid, entry.state.version)
+        return self.report
+
+    async def _copy_results(self, sid: str, version: int) -> None:
+        """The stored first results of a session's keyed writes, those the target lacks,
+        a page per transaction; the position a result quotes is the target's (the event at
+        the result's version there). A result of a write past what was copied of the
+        session (one refused midway) is left out: its events are not in the target."""
+        after = ""
+        while page := await self.source.idempotency_page(sid, after, PAGE):
+            after = page[-1][0]
+            held = await self.target.idempotent_results([(sid, key) for key, _ in page])
+            batch = Batch()
+            for key, result in page:
+                if (sid, key) in held:
+                    continue
+                moved = await self._moved_result(sid, result, version)
+                if moved is not None:
+                    batch.idempotency.append((sid, key, moved))
+            if batch.idempotency:
+                if await self.target.commit(batch) is not None:
+                    raise MigrateError("another writer stored results of keyed writes in the"
+                                       " target during the copy; stop the daemons that use"
+                                       " it and run migrate again")
+                self.report.results += len(batch.idempotency)
+
+    async def _moved_result(self, sid: str, result: bytes, version: int) -> bytes | None:
+        """`result` with its `position` (a write's last event) moved to the target's; None
+        for a write past `version`, the last one copied."""
+        try:
+            doc = msgspec.json.decode(result)
+        except msgspec.DecodeError:
+            return result  # not ours to read: kept as it was stored
+        if not isinstance(doc, dict) or not isinstance(doc.get("version"), int):
+            return result
+        if doc["version"] > version:
+            return None
+        if isinstance(doc.get("position"), int):
+            doc["position"] = await self.target.first_position(sid, doc["version"])
+        return msgspec.json.encode(doc)
 
     async def _copy(self, events: list[Event]) -> None:
         """One page of the source's log into the target: one transaction; if the target
@@ -214,7 +256,7 @@ async def migrate(source_url: str, target_url: str,
     """Copy `source_url`'s store into `target_url`'s (see the module's docstring)."""
     if source_url == target_url:
         raise MigrateError("the source and the target are the same database")
-    if not dsn.is_postgres(source_url) and not os.path.isfile(source_url):
+    if not registry.kind_of(source_url).exists(source_url):
         raise MigrateError(f"no database at {source_url}")
     source, target = open_store(source_url, password_file), open_store(target_url,
                                                                        password_file)

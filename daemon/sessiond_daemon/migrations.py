@@ -16,17 +16,41 @@ from typing import Final
 
 import structlog
 
-from . import search
+from .stores.models.search_text import INDEXED_TYPES
+from .stores.schema import OWNER_UID, owner_sql
 
 log = structlog.get_logger("sessiond.store")
 
-OWNER_UID: Final = "{owner_uid}"  # in a migration's SQL: the migrating daemon's uid
-
-
-def owner_sql(sql: str) -> str:
-    """A migration's statement with OWNER_UID filled in (a number: nothing to quote)."""
-    return sql.replace(OWNER_UID, str(os.getuid()))
-
+_SESSION_COLUMNS: Final = (
+    "session_id, version, status, namespace, actor_name, source, task, created_at,"
+    " updated_at, message_count, input_tokens, output_tokens, estimated_cost,"
+    " last_position, last_hash, state, expires_at")
+# The indexes of `sessions` as migrations 1 and 7 made them (built again by 10).
+_SESSION_INDEXES: Final = (
+    "CREATE INDEX sessions_by_created ON sessions (created_at, session_id)",
+    "CREATE INDEX sessions_by_status ON sessions (status, created_at, session_id)",
+    "CREATE INDEX sessions_by_namespace ON sessions (namespace, created_at, session_id)",
+    "CREATE INDEX sessions_by_namespace_status"
+    " ON sessions (namespace, status, created_at, session_id)",
+    "CREATE INDEX sessions_by_actor ON sessions (actor_name, created_at, session_id)",
+    "CREATE INDEX sessions_by_expiry ON sessions (expires_at, session_id)"
+    " WHERE expires_at IS NOT NULL",
+)
+# The search index's text function (sqlite/search.py registers it on every connection).
+SEARCH_FUNCTION: Final = "sessiond_search_text"
+_TYPES_SQL: Final = ", ".join(f"'{t}'" for t in INDEXED_TYPES)
+# Migration 4's search statements: the view, the FTS5 index, its backfill from the events
+# already stored.
+SEARCH_MIGRATION: Final[list[str]] = [
+    f"""CREATE VIEW search_source AS SELECT position,
+        {SEARCH_FUNCTION}(0, type, data) AS body, {SEARCH_FUNCTION}(1, type, data) AS tags
+        FROM events WHERE type IN ({_TYPES_SQL})""",
+    # No prefix index: prefix='2 3' made a common 3-letter prefix 15x faster (B13) but
+    # cost about 30 us per appended message, past the 10% the appends may pay (B13a).
+    """CREATE VIRTUAL TABLE search USING fts5(body, tags, content='search_source',
+        content_rowid='position', tokenize='unicode61 remove_diacritics 2')""",
+    "INSERT INTO search(search) VALUES ('rebuild')",
+]
 
 # A step is a statement, or a function of the connection for what SQL cannot say alone.
 Step = str | Callable[[sqlite3.Connection], None]
@@ -152,10 +176,10 @@ MIGRATIONS: Final[list[list[Step]]] = [
             PRIMARY KEY (app_name, user_id, key)
         ) WITHOUT ROWID""",
     ],
-    # 4: full-text search (search.py: the FTS5 index over the events, backfilled from those
+    # 4: full-text search (sqlite/search.py: the FTS5 index over the events, backfilled from those
     # stored) and forks (forks.py: each fork's source; a source's forks by id).
     [
-        *search.MIGRATION,
+        *SEARCH_MIGRATION,
         """CREATE TABLE forks (
             session_id TEXT PRIMARY KEY,
             source_id TEXT NOT NULL,
@@ -165,11 +189,11 @@ MIGRATIONS: Final[list[list[Step]]] = [
         ) WITHOUT ROWID""",
         "CREATE INDEX forks_by_source ON forks (source_id, session_id)",
     ],
-    # 5: bounded views (protocol 1.2). progress_steps (sqlite/progress.py: one row per
-    # progress.recorded, a fork's shared with its source's up to the fork point), which
+    # 5: bounded views (protocol 1.2). progress_steps (stores/models/progress.py: one row
+    # per progress.recorded, a fork's shared with its source's up to the fork point), which
     # progress.list pages, since the view no longer keeps the path; and runner_events
-    # (sqlite/runner.py: the turn events and the output lines that may name a resume id).
-    # Both are built here from the stored events.
+    # (stores/models/agents.py: the turn events and the output lines that may name a
+    # resume id). Both are built here from the stored events.
     [
         """CREATE TABLE progress_steps (
             session_id TEXT NOT NULL,
@@ -198,7 +222,7 @@ MIGRATIONS: Final[list[list[Step]]] = [
             type TEXT NOT NULL,
             PRIMARY KEY (session_id, version)
         ) WITHOUT ROWID""",
-        # adapters.RESUME_MARKS: the lines that may name a resume id.
+        # RESUME_MARKS (stores/models/agents.py): the lines that may name a resume id.
         """INSERT INTO runner_events (session_id, version, position, type)
             SELECT session_id, version, position, type FROM events
             WHERE type IN ('process.started', 'process.exited', 'process.detached')
@@ -230,6 +254,38 @@ MIGRATIONS: Final[list[list[Step]]] = [
     # owner: they are given the uid of the daemon that migrates (OWNER_UID, filled in).
     [
         f"UPDATE idempotency SET key = '{OWNER_UID}:' || key",
+    ],
+    # 10: the views in a plain rowid table (they were WITHOUT ROWID). A WITHOUT ROWID row
+    # is a cell of an index B-tree, which keeps about 1 KB of it in the leaf and spills
+    # the rest (a view's ~1.7 KB state) to an overflow page: each commit wrote the leaf
+    # and the overflow page of every view it changed. A rowid table's leaf holds the
+    # whole row (16 views changed: 24.7 -> 13.1 WAL pages per commit, bench.levers).
+    # The id stays the key (its own index); the rows are copied, the indexes built again.
+    [
+        """CREATE TABLE sessions_rowid (
+            session_id TEXT PRIMARY KEY,
+            version INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            namespace TEXT NOT NULL,
+            actor_name TEXT,
+            source TEXT NOT NULL,
+            task TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            message_count INTEGER NOT NULL,
+            input_tokens INTEGER NOT NULL,
+            output_tokens INTEGER NOT NULL,
+            estimated_cost REAL NOT NULL,
+            last_position INTEGER NOT NULL,
+            last_hash TEXT NOT NULL,
+            state BLOB NOT NULL,
+            expires_at TEXT
+        )""",
+        f"INSERT INTO sessions_rowid ({_SESSION_COLUMNS}) SELECT {_SESSION_COLUMNS}"
+        " FROM sessions ORDER BY session_id",
+        "DROP TABLE sessions",
+        "ALTER TABLE sessions_rowid RENAME TO sessions",
+        *_SESSION_INDEXES,
     ],
 ]
 
@@ -339,8 +395,3 @@ def _backup(con: sqlite3.Connection, target: str) -> None:
     finally:
         dest.close()
     os.replace(tmp, target)
-
-
-SESSION_TABLES: Final = ("events", "messages", "checkpoints", "idempotency", "snapshots",
-                         "graph_checkpoints", "graph_blobs", "graph_writes", "progress_steps",
-                         "runner_events", "forks", "sessions")

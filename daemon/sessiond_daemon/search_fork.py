@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import sqlite3
-
 import msgspec
 import structlog
 
@@ -13,9 +10,11 @@ from sessiond_schemas.events import EventMeta
 
 from . import forks, search
 from .commands import Commands
-from .eventstore import SqlAccess, Store, client_gone
+from .eventstore import SearchBudget, SearchQuery, Store, client_gone
 from .forks import StateAt
 from .service import normalise_time
+from .stores.models import search as search_model
+from .stores.models.search import decode_cursor
 
 log = structlog.get_logger("sessiond.search")
 REINDEX_RANGE = 50_000  # positions per transaction: about a second of work
@@ -29,35 +28,21 @@ class SearchAndFork:
         self.commands = commands
         self.state_at = state_at  # a session's view at a version, what a fork starts from
 
-    @property
-    def sql(self) -> SqlAccess:
-        """Search and reindex are SQLite's FTS5: on another store they fail (-32012) when
-        called, and the daemon serves the rest."""
-        return search.sql_of(self.store)
-
     async def session_search(self, p: rpc.SessionSearchParams, meta: EventMeta) -> rpc.SearchResult:
         since = normalise_time(p.since, "$.since")
         until = normalise_time(p.until, "$.until")
-
         limits = self.commands.limits
-        budget = search.Budget(max_terms=limits.search_max_terms,
-                               max_prefixes=limits.search_max_prefixes,
-                               max_steps=limits.search_max_steps,
-                               timeout_s=limits.search_timeout_s, gone=client_gone.get())
+        budget = SearchBudget(max_terms=limits.search_max_terms,
+                              max_prefixes=limits.search_max_prefixes,
+                              max_steps=limits.search_max_steps,
+                              timeout_s=limits.search_timeout_s, gone=client_gone.get())
         search.check_terms(p.query, budget)  # refused before a read connection is taken
-        sql = self.sql
-
-        def run(con: sqlite3.Connection) -> rpc.SearchResult:
-            return search.query(con, text=p.query, statuses=tuple(p.status or ()),
-                                namespace=p.namespace, actor_name=p.actor_name, since=since,
-                                until=until, limit=p.limit, hits=p.hits, mark=p.mark,
-                                cursor=p.cursor, budget=budget)
-        try:
-            return await sql.on_reader(run)
-        finally:
-            # Cancelled (the client went, the daemon stops): the query on the reader's
-            # thread stops at its next progress call instead of running on.
-            budget.stop.set()
+        after = decode_cursor(p.cursor) if p.cursor is not None else None
+        query = SearchQuery(text=p.query, statuses=tuple(p.status or ()),
+                            namespace=p.namespace, actor_name=p.actor_name, since=since,
+                            until=until, limit=p.limit, hits=p.hits, mark=p.mark, after=after,
+                            window=search_model.WINDOW)
+        return await search.full_text_of(self.store).search(query, budget)
 
     async def session_fork(self, p: rpc.SessionForkParams, meta: EventMeta) -> msgspec.Raw:
         return await forks.fork(self.commands, self.store, self.state_at, p, meta)
@@ -72,25 +57,15 @@ class SearchAndFork:
         The index is emptied, then refilled a range of positions per transaction, so the
         writer's batches go on between ranges (a long single transaction would hold every
         write, and systemd's watchdog would restart the daemon). Meanwhile search finds
-        only what is refilled; deletes skip rows not yet back (search.forget_session)."""
-        top = await self.sql.on_writer(search.clear)
+        only what is refilled; deletes skip rows not yet back (sqlite/search.py forget_session)."""
+        full_text = search.full_text_of(self.store)
+        top = await full_text.clear()
         done = 0
         while done < top:
             upto = min(top, done + REINDEX_RANGE)
-            await self.sql.on_writer(functools.partial(search.rebuild_range, after=done,
-                                                       upto=upto))
+            await full_text.rebuild_range(done, upto)
             done = upto
-
-        def relink(con: sqlite3.Connection) -> int:
-            con.execute("DELETE FROM forks")
-            con.execute(
-                "INSERT INTO forks (session_id, source_id, version, forked_at, position)"
-                " SELECT session_id, json_extract(data, '$.from.session_id'),"
-                " json_extract(data, '$.from.version'), recorded_at, position FROM events"
-                " WHERE type = 'session.forked'")
-            return int(con.execute("SELECT COUNT(*) FROM forks").fetchone()[0])
-        linked = await self.sql.on_writer(relink)
-        result = rpc.ReindexResult(indexed=await self.sql.on_reader(search.count),
-                                   forks=linked)
+        linked = await full_text.relink_forks()
+        result = rpc.ReindexResult(indexed=await full_text.count(), forks=linked)
         log.info("search.reindexed", indexed=result.indexed, forks=result.forks)
         return result

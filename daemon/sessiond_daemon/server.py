@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import re
 import select
 import socket
 import struct
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
@@ -191,36 +192,49 @@ class Server:
     async def _connection(self, stream: SocketStream) -> None:
         # anyio's Unix stream re-registers its fd with epoll on every receive; an
         # asyncio transport registers once (py-spy: a quarter of a ping's samples). So the
-        # accepted socket moves to asyncio streams, inside our own task group.
+        # accepted socket moves to an asyncio transport, inside our own task group.
         raw = stream.extra(SocketAttribute.raw_socket)
         peer = peer_of(raw)
         sock = socket.socket(fileno=raw.detach())
-        reader, writer = await asyncio.open_unix_connection(
-            sock=sock, limit=self.limits.max_request_bytes + 1)
-        if self.limits.max_reply_buffer < 64 << 10:  # below asyncio's high-water mark:
-            writer.transport.set_write_buffer_limits(high=self.limits.max_reply_buffer)
+        if not self._allowed(peer) or self.connections >= self.limits.max_connections:
+            await self._refuse(sock, peer)
+            return
+        self.connections += 1  # counted before any wait: the next accept sees it
+        try:
+            loop = asyncio.get_running_loop()
+            _, link = await loop.connect_accepted_socket(
+                partial(_Link, self.limits.max_request_bytes, loop), sock)
+            assert link.transport is not None
+            writer = asyncio.StreamWriter(link.transport, link, None, loop)
+            if self.limits.max_reply_buffer < 64 << 10:  # below asyncio's high-water mark:
+                link.transport.set_write_buffer_limits(high=self.limits.max_reply_buffer)
+            try:
+                structlog.contextvars.bind_contextvars(peer_pid=peer.pid, peer_uid=peer.uid)
+                log.debug("rpc.connected")
+                holding = await self._serve_link(link, writer, peer)
+            finally:
+                log.debug("rpc.disconnected")
+                writer.close()
+                with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
+                    await writer.wait_closed()
+        finally:
+            self.connections -= 1
+        # Its transport let go of the answers it held only now.
+        self.budget.transport_closed(holding)
+
+    async def _refuse(self, sock: socket.socket, peer: Peer) -> None:
+        """Answer a connection that may not be served (its peer, or too many) and close it."""
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
         try:
             if not self._allowed(peer):
                 log.warning("rpc.peer_refused", uid=peer.uid, pid=peer.pid)
-                refused = PermissionDeniedError(f"uid {peer.uid} may not use this daemon",
-                                                {"uid": peer.uid})
-                await self._send_quietly(writer, _encoder.encode(self._error(None, refused)))
-                await self._linger(reader, writer)
-                return
-            if self.connections >= self.limits.max_connections:
-                full = OverloadedError("too many connections; retry later",
-                                       {"retry_after_ms": 100})
-                await self._send_quietly(writer, _encoder.encode(self._error(None, full)))
-                await self._linger(reader, writer)
-                return
-            self.connections += 1
-            structlog.contextvars.bind_contextvars(peer_pid=peer.pid, peer_uid=peer.uid)
-            log.debug("rpc.connected")
-            try:
-                await self._read_loop(reader, writer, peer)
-            finally:
-                self.connections -= 1
-                log.debug("rpc.disconnected")
+                refused: SessiondError = PermissionDeniedError(
+                    f"uid {peer.uid} may not use this daemon", {"uid": peer.uid})
+            else:
+                refused = OverloadedError("too many connections; retry later",
+                                          {"retry_after_ms": 100})
+            await self._send_quietly(writer, _encoder.encode(self._error(None, refused)))
+            await self._linger(reader, writer)
         finally:
             writer.close()
             with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
@@ -230,12 +244,19 @@ class Server:
         """Count live subscriptions: the socket's, and the HTTP face's live tails."""
         self.subscriptions += delta
 
-    async def _read_loop(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         peer: Peer) -> None:
+    async def _serve_link(self, link: _Link, writer: asyncio.StreamWriter,
+                          peer: Peer) -> Holding:
+        """Serve a connection's lines: each is taken where it is read (in the transport's
+        callback: no reading task, no stream reader) and answered in a task of its own;
+        this task only waits for the connection to end, and for room when a line must.
+        Returns what it held of the daemon's reply budget (given back by then)."""
         gate_size = self.limits.max_inflight
         gate = anyio.Semaphore(gate_size)
         conn: Connection
         budget = self.budget
+        limits = self.limits
+        transport = link.transport
+        assert transport is not None
 
         def shut(reason: str) -> None:
             """End the connection at once: its requests are cancelled, answers not yet
@@ -245,10 +266,11 @@ class Server:
             if reason.startswith("access revoked"):
                 # What was written last (the reason) is sent if the client reads; the
                 # connection is cut a moment later in any case.
-                writer.transport.close()
-                loop.call_later(1.0, writer.transport.abort)
+                transport.close()
+                loop.call_later(1.0, transport.abort)
             else:
-                writer.transport.abort()
+                transport.abort()
+            link.stop()
             tg.cancel_scope.cancel()
             for other in requests:
                 if other is not asyncio.current_task():
@@ -260,7 +282,7 @@ class Server:
 
         async def run(line: bytes, slot: Slot, share: int) -> None:
             """Answer a line on its slot; `share`: what its answer may weigh, reserved in
-            the daemon's budget (by the read loop) while it is built."""
+            the daemon's budget (when the line was taken) while it is built."""
             try:
                 try:
                     reply = await self.handle_line(line, conn, slot)
@@ -279,30 +301,32 @@ class Server:
                         return
                     budget.wait(holding, size)
                     try:
-                        if holding.waiting > max(size, 2 * self.limits.max_reply_buffer):
+                        if holding.waiting > max(size, 2 * limits.max_reply_buffer):
                             # Answers pile up for a client that reads none of them (pages
                             # can pass their budget: one item always comes whole). Its
                             # requests are dropped and it is closed.
                             log.warning("rpc.client_not_reading",
                                         waiting_bytes=holding.waiting,
-                                        limit=self.limits.max_reply_buffer)
+                                        limit=limits.max_reply_buffer)
                             shut("not reading")
                             return
                         # Past max_reply_buffer unsent bytes this answer waits (holding
                         # its max_inflight slot) until the client reads.
-                        await self._room_to_reply(writer)
-                        if holding.closed or writer.transport.is_closing():
+                        if transport.get_write_buffer_size() > limits.max_reply_buffer:
+                            await self._room_to_reply(writer)
+                        if holding.closed or transport.is_closing():
                             return  # closed meanwhile (by the budget, or by the client)
                         # One write() call per line keeps lines whole.
-                        writer.write(reply + b"\n")
+                        transport.write(reply + b"\n")
                     finally:
                         budget.wait(holding, -size)
-                        budget.sample(holding, writer.transport)
+                        budget.sample(holding, transport)
                     # The transport has the line now (a copy): held twice while the
                     # client does not read, otherwise.
                     del reply
-                    await writer.drain()
-                    budget.sample(holding, writer.transport)
+                    if link.paused_writing:
+                        await writer.drain()
+                        budget.sample(holding, transport)
             except ConnectionError:
                 pass  # the client went away; its answer has nowhere to go
             finally:
@@ -321,19 +345,71 @@ class Server:
                 log.error("rpc.request_task_failed", error_id=new_id(),
                           exc_info=task.exception())
 
+        # The line taken next has a slot already when its wait for room acquired one.
+        held: list[Slot] = []
+
+        def ready() -> bool:
+            """Back-pressure: past max_reply_buffer unsent bytes, or max_inflight requests,
+            or while the daemon's reply budget is nearly spent and this connection holds
+            more than its share, no line is taken (and the socket is not read)."""
+            if transport.get_write_buffer_size() > limits.max_reply_buffer \
+                    or budget.over(holding):
+                return False
+            if not held:
+                try:
+                    gate.acquire_nowait()
+                except anyio.WouldBlock:
+                    return False
+                held.append(Slot(gate, gate_size))
+            return True
+
+        def take(line: bytes) -> bool:
+            """Start answering a line (ready() said there is room); False once this
+            connection was closed by the budget."""
+            slot = held.pop()
+            # The answer's share of max_page_bytes (as handle_line will give it at most) is
+            # reserved now, so that the lines taken next see it in the budget.
+            share = max(1, limits.max_page_bytes // max(1, slot.in_use))
+            if not budget.make_room(holding, share, built=False):
+                slot.release()
+                return False  # this connection held the most: it was closed
+            budget.reserve(holding, share)
+            task = loop.create_task(run(line, slot, share), context=context.copy())
+            requests.add(task)
+            task.add_done_callback(finished)
+            return True
+
+        async def room() -> None:
+            """Wait until ready() may say yes (ConnectionError: the client went away)."""
+            await self._room_to_reply(writer)
+            await budget.room_to_read(holding, partial(budget.sample, holding, transport))
+            if not held:
+                await gate.acquire()
+                held.append(Slot(gate, gate_size))
+
         client_gone.set(_gone(writer))  # copied into each request task's context
+        context = contextvars.copy_context()
         async with anyio.create_task_group() as tg:
             conn = Connection(peer, Subscriptions(
                 self.store, self.writer, writer, tg,
-                max_buffer=self.limits.max_subscription_buffer,
-                max_subscriptions=self.limits.max_subscriptions,
+                max_buffer=limits.max_subscription_buffer,
+                max_subscriptions=limits.max_subscriptions,
                 on_count=self.count_subscriptions), holding)
             self.metrics.connection(conn.subscriptions)
             budget.join(holding)
             self._open.add(conn)
             try:
-                await self._read_lines(reader, writer, gate, gate_size, requests, loop,
-                                       finished, run, holding)
+                try:
+                    link.start(ready, take, partial(self._too_large, transport))
+                    while await link.next_wait():
+                        await room()
+                except ConnectionError:
+                    pass
+                finally:
+                    link.stop()
+                    for slot in held:
+                        slot.release()
+                    held.clear()
                 # The client stopped sending: its subscriptions end; requests in flight
                 # still get their answers before the connection closes.
                 conn.subscriptions.close()
@@ -347,69 +423,22 @@ class Server:
                         await asyncio.wait(set(requests))
                 budget.leave(holding)
                 self._open.discard(conn)
+                link.release()
+        return holding
 
-    async def _read_lines(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                          gate: anyio.Semaphore, gate_size: int, requests: set[asyncio.Task[None]],
-                          loop: asyncio.AbstractEventLoop,
-                          finished: Callable[[asyncio.Task[None]], None],
-                          run: Callable[[bytes, Slot, int], Coroutine[Any, Any, None]],
-                          holding: Holding) -> None:
-        """Read the client's lines until it stops, each answered in a task of its own."""
-        budget = self.budget
-        while True:
-            try:
-                line = await reader.readuntil(b"\n")  # the reader's limit is max_request_bytes
-            except asyncio.LimitOverrunError:
-                # Too long: discard the rest of the line as it comes (never holding
-                # more than the limit), answer it, and go on with the next line. The
-                # answer carries the request's id when the line begins with it.
-                limit, size, head, end = self.limits.max_request_bytes, 0, b"", False
-                with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-                    while not end:
-                        try:
-                            chunk = await reader.readuntil(b"\n")
-                            end = True
-                        except asyncio.LimitOverrunError as more:
-                            chunk = await reader.readexactly(max(more.consumed, 1))
-                        head, size = head or chunk[:200], size + len(chunk)
-                found = _LEADING_ID.match(head)
-                request_id = msgspec.json.decode(found.group(1)) if found else None
-                log.warning("rpc.request_too_large", limit=limit, size=size)
-                reply = _encoder.encode(_failure(
-                    request_id, INVALID_REQUEST, "request too large",
-                    {"detail": f"a line may hold at most {limit} bytes"
-                               " (max_request_bytes)",
-                     "limit": limit, "size": size, "setting": "max_request_bytes"}))
-                await self._send_quietly(writer, reply)
-                if not end:
-                    break
-                continue
-            except (asyncio.IncompleteReadError, ConnectionError):
-                break
-            # Back-pressure: past max_reply_buffer unsent bytes, or max_inflight
-            # requests, or while the daemon's reply budget is nearly spent and this
-            # connection holds more than its share, we stop reading, never buffer.
-            try:
-                await self._room_to_reply(writer)
-                await budget.room_to_read(
-                    holding, partial(budget.sample, holding, writer.transport))
-            except ConnectionError:
-                break
-            try:
-                gate.acquire_nowait()  # no checkpoint (a loop iteration) when free
-            except anyio.WouldBlock:
-                await gate.acquire()
-            # The answer's share of max_page_bytes (as handle_line will give it at most) is
-            # reserved now, so that the lines read next see it in the budget.
-            slot = Slot(gate, gate_size)
-            share = max(1, self.limits.max_page_bytes // max(1, slot.in_use))
-            if not budget.make_room(holding, share, built=False):
-                slot.release()
-                break  # this connection held the most: it was closed
-            budget.reserve(holding, share)
-            task = loop.create_task(run(line, slot, share))
-            requests.add(task)
-            task.add_done_callback(finished)
+    def _too_large(self, transport: asyncio.WriteTransport, head: bytes, size: int) -> None:
+        """Answer a line over max_request_bytes (discarded as it came): -32600 under the
+        request's id when the line begins with it."""
+        limit = self.limits.max_request_bytes
+        found = _LEADING_ID.match(head)
+        request_id = msgspec.json.decode(found.group(1)) if found else None
+        log.warning("rpc.request_too_large", limit=limit, size=size)
+        reply = _encoder.encode(_failure(
+            request_id, INVALID_REQUEST, "request too large",
+            {"detail": f"a line may hold at most {limit} bytes (max_request_bytes)",
+             "limit": limit, "size": size, "setting": "max_request_bytes"}))
+        if not transport.is_closing():
+            transport.write(reply + b"\n")
 
     async def _room_to_reply(self, writer: asyncio.StreamWriter) -> None:
         """Wait while the client has more than max_reply_buffer unsent reply bytes."""
@@ -563,6 +592,168 @@ class Server:
     @staticmethod
     def _error(request_id: Any, exc: SessiondError) -> rpc.Failure:
         return _failure(request_id, exc.code, exc.message, exc.data)
+
+
+class _Link(asyncio.streams.FlowControlMixin, asyncio.Protocol):
+    """A served connection's transport callbacks: its bytes are cut into lines where they
+    are received and each line is handed to the server at once, while it has room; when it
+    has none, reading stops and the connection's task waits for room.
+
+    A line over `limit` bytes is discarded as it comes (never holding more than the limit)
+    and answered by `too_large` with its first 200 bytes and its size.
+    """
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.paused_writing = False  # past the transport's high-water mark: a drain waits
+        self._limit = limit
+        self._buffer = bytearray()
+        self._scanned = 0  # the buffer's first bytes known to hold no newline
+        self._discard: tuple[bytes, int] | None = None  # a line too long: its head, size
+        self._ready: Callable[[], bool] | None = None
+        self._take: Callable[[bytes], bool] = _refuse_line
+        self._too_large: Callable[[bytes, int], None] = _ignore_too_large
+        self._blocked = False  # a line waits for room (reading is paused meanwhile)
+        self._ended = False  # no more input: end of file, or the connection is lost
+        self._stopped = False  # no more lines are taken
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed: asyncio.Future[None] = loop.create_future()
+
+    def start(self, ready: Callable[[], bool], take: Callable[[bytes], bool],
+              too_large: Callable[[bytes, int], None]) -> None:
+        """Hand lines over from now on: each once `ready()` (False: wait for room), to
+        `take` (False: the connection was closed, take no more)."""
+        self._ready, self._take, self._too_large = ready, take, too_large
+        self._pump()
+
+    def stop(self) -> None:
+        """Take no more lines (the connection is being closed)."""
+        self._stopped = True
+        self._wake()
+
+    def release(self) -> None:
+        """Let go of the server's callbacks once the connection is over: they hold the
+        link (a reference cycle), and with it its transport and any answers still in it,
+        which would wait for the garbage collector instead of being freed at once."""
+        self.stop()
+        self._ready = None
+        self._take, self._too_large = _refuse_line, _ignore_too_large
+        self._buffer = bytearray()
+
+    async def next_wait(self) -> bool:
+        """Wait until a line waits for room (True: wait for it, then call again) or no
+        line will come any more (False). Called again after a True, it first takes the
+        lines that waited."""
+        if self._blocked and not self._stopped:
+            self._blocked = False
+            self._pump()
+            transport = self.transport
+            if not self._blocked and transport is not None and not transport.is_closing() \
+                    and not transport.is_reading() and not self._ended:
+                transport.resume_reading()
+        while not (self._blocked or self._ended or self._stopped):
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._blocked and not self._stopped
+
+    # --- the transport's callbacks ------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        if self._discard is not None:
+            head, size = self._discard
+            end = data.find(b"\n")
+            if end < 0:
+                self._discard = (head, size + len(data))
+                return
+            self._discard = None
+            self._too_large(head, size + end + 1)
+            data = data[end + 1:]
+        self._buffer += data
+        if not self._blocked and self._ready is not None:
+            self._pump()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.paused_writing = True
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.paused_writing = False
+
+    def eof_received(self) -> bool:
+        self._ended = True
+        if self._discard is not None:  # the input ended inside a line too long: answer it
+            head, size = self._discard
+            self._discard = None
+            self._too_large(head, size)
+        self._wake()
+        return True  # keep the sending side open: the answers to come still go out
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._ended = True
+        if not self._closed.done():
+            self._closed.set_result(None)
+        self._wake()
+
+    def _get_close_waiter(self, stream: asyncio.StreamWriter) -> asyncio.Future[None]:
+        return self._closed  # what StreamWriter.wait_closed awaits
+
+    # --- cutting lines ------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Hand over every whole line received, while there is room."""
+        ready, buffer, limit = self._ready, self._buffer, self._limit
+        assert ready is not None
+        pos, start = 0, self._scanned
+        while not self._stopped:
+            end = buffer.find(b"\n", start)
+            if end < 0:
+                if len(buffer) - pos > limit:  # too long already: discard it as it comes
+                    self._discard = (bytes(buffer[pos:pos + 200]), len(buffer) - pos)
+                    pos = len(buffer)
+                break
+            if end - pos > limit:
+                self._too_large(bytes(buffer[pos:pos + 200]), end + 1 - pos)
+                pos = start = end + 1
+                continue
+            if not ready():
+                self._block()
+                break
+            line = bytes(buffer[pos:end])
+            pos = start = end + 1
+            if not self._take(line):
+                self._stopped = True
+        del buffer[:pos]
+        self._scanned = 0 if self._blocked else len(buffer)
+
+    def _block(self) -> None:
+        self._blocked = True
+        transport = self.transport
+        if transport is not None and not transport.is_closing() and transport.is_reading():
+            transport.pause_reading()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def _refuse_line(line: bytes) -> bool:
+    return False
+
+
+def _ignore_too_large(head: bytes, size: int) -> None:
+    pass
 
 
 async def _on_connection(handler: ConnectionHandler, conn: Connection, params: Any,

@@ -17,6 +17,7 @@ from sessiond_schemas.errors import (
     AmbiguousIdError,
     CheckpointNotFoundError,
     InvalidParamsError,
+    OverloadedError,
     SessionExistsError,
     SessionNotFoundError,
     VersionConflictError,
@@ -100,6 +101,10 @@ _INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint
             "graph.pruned": "graph.prune or graph.delete_runs", "session.forked": "session.fork",
             "session.ttl_set": "session.set_ttl",
             "session.expired": "session.set_ttl (the daemon ends a session whose TTL passed)"}
+# How often a write planned from reads (message.pop, message.clear, replace_from) is tried
+# when other writes keep coming between its read and its commit.
+READ_TRIES = 64
+
 # Written only by the daemon's executor runner: their pids are what it signals, so a
 # client never writes them (docs/security.md). Imported copies are history only.
 RUNNER_ONLY = frozenset({"process.started", "process.output", "process.exited",
@@ -122,6 +127,18 @@ def _cut_result(state: SessionState, events: list[Event], popped: Message | None
     return {"session_id": state.session_id, "version": state.version,
             "position": events[-1].position if events else None,
             **({"message": popped} if pop else {"removed": removed})}
+
+
+def _too_busy(session_id: str, method: str) -> OverloadedError:
+    """A write planned from reads (message.pop, message.clear, replace_from) lost READ_TRIES
+    times in a row to writes that came between its read and its commit: it ends, -32008,
+    retryable, instead of trying for ever."""
+    return OverloadedError(
+        f"{method}: session {session_id} changed between the read and the write"
+        f" {READ_TRIES} times in a row (other writes keep coming); nothing was written:"
+        " retry later, or pass expected_version",
+        {"retry_after_ms": 100, "detail": "session too busy", "session_id": session_id,
+         "tries": READ_TRIES})
 
 
 def _message_data(m: MessageFields, sequence: int) -> MessageAppended:
@@ -185,7 +202,7 @@ class Service:
         return rpc.StatsResult(
             sessions=sessions, events=events,
             last_position=self.writer.committed_position,
-            db_bytes=size.db_bytes() if (size := self.store.capabilities.size) else 0,
+            db_bytes=await size.db_bytes() if (size := self.store.capabilities.size) else 0,
             connections=live.connections, subscriptions=live.subscriptions,
             write_queue_depth=self.writer.queue_depth,
             appends_per_s=self.writer.appends_per_s(),
@@ -381,9 +398,8 @@ class Service:
                 require(state, p.session_id)
             return Delete(rpc.DeleteResult(deleted=True))
 
-        async with forks.guard(p.session_id):  # its forks share its history
-            await forks.refuse_if_forked(self.store, p.session_id, "deleted")
-            return await self.commands.submit_params(p, meta, plan)
+        # A source's forks share its history: the Delete requires it has none (-32003).
+        return await self.commands.submit_params(p, meta, plan)
 
     # --- messages -------------------------------------------------------------------
 
@@ -416,12 +432,14 @@ class Service:
     async def _submit_as_read(self, p: rpc.WriteParams, meta: EventMeta, plan: Planner,
                               version: int) -> msgspec.Raw | None:
         """Submit a plan made from reads of the session at `version`, requiring that version
-        (or the caller's `expected_version`); None when another write came between, so the
-        caller reads again and retries."""
+        (or the caller's `expected_version`, 0 included); None when another write came
+        between, so the caller reads again and retries, READ_TRIES times at most
+        (then `_too_busy`)."""
         try:
             return await self.commands.submit(
                 p.session_id, meta, plan, idempotency_key=p.idempotency_key,
-                expected_version=p.expected_version or version)
+                expected_version=version if p.expected_version is None
+                else p.expected_version)
         except VersionConflictError:
             if p.expected_version is not None:
                 raise  # the caller's own condition: theirs to handle
@@ -432,7 +450,7 @@ class Service:
         """append_many with `replace_from`: one messages.truncated (reason "replaced") and
         the new messages from `start` on, in one write at the version the cut was read at
         (the caller's `expected_version` if given; else retried, as message.pop)."""
-        while True:
+        for _ in range(READ_TRIES):
             state = await self.state(p.session_id)
             if start > state.message_count:
                 raise InvalidParamsError(
@@ -457,6 +475,7 @@ class Service:
 
             if (done := await self._submit_as_read(p, meta, plan, state.version)) is not None:
                 return done
+        raise _too_busy(p.session_id, "message.append_many")
 
     async def message_list(self, p: rpc.MessageListParams,
                            meta: EventMeta) -> rpc.MessageListResult:
@@ -491,7 +510,7 @@ class Service:
         # The messages around the cut are read first; the write then requires the
         # version they were read at, and is retried if another write came between.
         pop = reason == "popped"
-        while True:
+        for _ in range(READ_TRIES):
             state = await self.state(p.session_id)
             count, kept = state.message_count, max(0, keep(state.message_count))
             edge = await self.store.list_messages(p.session_id, first=kept - 1, limit=2,
@@ -512,6 +531,7 @@ class Service:
 
             if (done := await self._submit_as_read(p, meta, plan, state.version)) is not None:
                 return done
+        raise _too_busy(p.session_id, "message.pop" if pop else "message.clear")
 
     # --- tokens, progress, memory, checkpoints --------------------------------------
 

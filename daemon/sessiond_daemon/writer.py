@@ -23,8 +23,10 @@ from sessiond_schemas.bounds import bound_message
 from sessiond_schemas.errors import (
     InternalError,
     InvalidParamsError,
+    InvalidTransitionError,
     OverloadedError,
     SessiondError,
+    SessionImportError,
     SessionNotFoundError,
     ShuttingDownError,
     StorageError,
@@ -34,6 +36,7 @@ from sessiond_schemas.events import (
     Event,
     EventData,
     EventMeta,
+    SessionForked,
     canonical_json,
     encode_data,
     moved,
@@ -47,7 +50,15 @@ from sessiond_schemas.state import SessionState
 from . import projection
 from .core.hooks import NO_METRICS, Hooks
 from .core.window import CommitWindow
-from .eventstore import Batch, Entry, EventStore, Moved
+from .eventstore import (
+    Batch,
+    Entry,
+    EventStore,
+    HasNoForks,
+    HasVersion,
+    Moved,
+    Precondition,
+)
 from .histories import Histories, check_import, damaged_error, out_of_bounds
 
 log = structlog.get_logger("sessiond.writer")
@@ -88,22 +99,70 @@ class Plan:
         return self.paths[index] if self.paths is not None and index < len(self.paths) else "$"
 
 
+def forked_error(session_id: str, forks: int, what: str) -> InvalidTransitionError:
+    """A source's history is shared by its forks: it stays while they do (-32003)."""
+    return InvalidTransitionError(
+        f"session {session_id} cannot be {what}: {forks} fork(s) share its history"
+        " (session.forks lists them); delete them first",
+        {"session_id": session_id, "forks": forks})
+
+
+def source_gone(p: HasVersion, found: int) -> str:
+    """What happened to a fork's source between the fork's plan and its commit."""
+    if found == 0:
+        return f"session {p.session_id} was deleted"
+    return (f"session {p.session_id}'s history at version {p.version} is not the one read"
+            " (it was deleted and created again)")
+
+
 @dataclass(slots=True)
 class Delete:
-    """A plan that removes the session entirely."""
+    """A plan that removes the session entirely. It requires that the session has no
+    forks (they share its history): -32003 when it has."""
 
     result: Any
+
+    def requires(self, session_id: str, exists: bool) -> list[Precondition]:
+        return [HasNoForks(session_id)]
+
+    def refusal(self, p: Precondition, found: int) -> SessiondError:
+        assert isinstance(p, HasNoForks)
+        return forked_error(p.session_id, found, "deleted")
 
 
 @dataclass(slots=True)
 class Import:
     """A plan that stores another daemon's events as they are: ids, versions, times and
-    hashes kept, new positions given. With `replace`, the session's old history goes
-    first."""
+    hashes kept, new positions given. With `replace`, the session's old history goes first.
+
+    It requires what it stands on: a history that starts with `session.forked` (a fork,
+    or an imported one), its source as the event names it; a replace, that the session
+    it replaces has no forks. `source_refused` makes the error when the source is gone
+    (default: -32007, as for an import)."""
 
     events: list[Event]
     payloads: dict[str, bytes]  # checkpoint event_id -> payload
     replace: bool = False
+    source_refused: Callable[[HasVersion, int], SessiondError] | None = None
+
+    def requires(self, session_id: str, exists: bool) -> list[Precondition]:
+        needs: list[Precondition] = []
+        if self.replace and exists:
+            needs.append(HasNoForks(session_id))
+        first = self.events[0] if self.events else None
+        if first is not None and isinstance(first.data, SessionForked):  # else refused
+            source = first.data.from_
+            needs.append(HasVersion(source.session_id, source.version, source.hash))
+        return needs
+
+    def refusal(self, p: Precondition, found: int) -> SessiondError:
+        if isinstance(p, HasNoForks):
+            return forked_error(p.session_id, found, "replaced by an import")
+        if self.source_refused is not None:
+            return self.source_refused(p, found)
+        reason = (f"its fork source {source_gone(p, found)} before the import was written;"
+                  " nothing was written")
+        return SessionImportError(f"import failed: {reason}", {"reason": reason})
 
 
 Planner = Callable[[SessionState | None], Plan | Delete | Import]
@@ -148,6 +207,15 @@ class _Built:
     events: list[Event] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class _Requirement:
+    """A precondition of the batch, with the command whose plan requires it."""
+
+    cmd: Command
+    plan: Delete | Import
+    precondition: Precondition
+
+
 class _BatchFailed(Exception):
     """A batch's commit (or its shared read) failed; `error` is what to answer."""
 
@@ -188,6 +256,7 @@ class Writer:
         self.snapshot_every = snapshot_every
         self._send, self._receive = anyio.create_memory_object_stream[Command](max_queue)
         self._cache: OrderedDict[str, Entry] = OrderedDict()
+        self._prefetched: dict[str, Entry | None] = {}  # the batch's views read before it
         self.next_position = 1
         # Position of the last committed event, and the bell the next commit rings: read
         # together (no await between) they tell a subscriber where the store ends.
@@ -323,21 +392,37 @@ class Writer:
         of the batch stays (positions, cache) and _BatchFailed says why. When the store
         moved under us (another host wrote: `Moved`), forget what it names and decide the
         batch again, a few times at most."""
-        for _ in range(MAX_MOVES):
-            moved = await self._attempt_once(commands)
+        moves = 0
+        while moves < MAX_MOVES:
+            owners: list[_Requirement] = []
+            moved = await self._attempt_once(commands, owners)
             if moved is None:
                 return
-            log.info("writer.store_moved", stale=len(moved.stale), head=moved.head)
+            # A precondition the store found false fails the command that required it
+            # (nothing was written); the others are decided again without it.
+            refused = [o for o in owners if o.precondition in moved.refused]
+            for o in refused:
+                o.cmd.result = None
+                o.cmd.error = o.plan.refusal(o.precondition, moved.refused[o.precondition])
+            if moved.stale or not refused:
+                moves += 1
+            log.info("writer.store_moved", stale=len(moved.stale), refused=len(refused),
+                     head=moved.head)
             for sid in moved.stale:
                 self._cache.pop(sid, None)
             self.next_position = moved.head + 1
+            failed = {id(o.cmd) for o in refused}
+            commands = [cmd for cmd in commands if id(cmd) not in failed]
             for cmd in commands:
                 cmd.result = cmd.error = None
+            if not commands:
+                return
         raise _BatchFailed(StorageError(
             "storage error: other writers kept changing these sessions; nothing was written,"
             " retry", {"detail": "store moved", "retry_after_ms": 50}))
 
-    async def _attempt_once(self, commands: list[Command]) -> Moved | None:
+    async def _attempt_once(self, commands: list[Command],
+                            owners: list[_Requirement]) -> Moved | None:
         batch = Batch()
         built: list[_Built] = []
         batch.on_renumber = lambda shift: self._renumbered(batch, built, shift)
@@ -345,8 +430,16 @@ class Writer:
         # First results of idempotency keys: those stored before this batch (read in one
         # hop for the whole batch), then those decided in it.
         keyed = [(c.session_id, key) for c in commands if (key := scoped_key(c)) is not None]
+        # The views not in the cache, read with the keys: one hop for the batch, not one
+        # a session. (A shared store's writer reads each view as it decides: `_load`.)
+        self._prefetched = {}
+        missing = [] if self.shared else list(dict.fromkeys(
+            c.session_id for c in commands if c.session_id not in self._cache))
         try:
-            repeats = await self.store.idempotent_results(keyed) if keyed else {}
+            if missing:
+                self._prefetched, repeats = await self.store.prefetch(missing, keyed)
+            else:
+                repeats = await self.store.idempotent_results(keyed) if keyed else {}
         except SessiondError as exc:
             raise _BatchFailed(exc) from exc
         except Exception as exc:
@@ -355,7 +448,7 @@ class Writer:
         for cmd in commands:
             numbered = self.next_position
             try:
-                await self._decide(cmd, batch, overlay, repeats, built)
+                await self._decide(cmd, batch, overlay, repeats, built, owners)
             except SessiondError as exc:
                 cmd.error = exc
             except Exception:  # a bug: answer -32603, keep the writer alive
@@ -363,6 +456,7 @@ class Writer:
             if cmd.error is not None:
                 cmd.result = None
                 self.next_position = numbered  # a refused command leaves no gap
+        self._prefetched = {}
         if not (batch.events or batch.deletes):
             return None
         try:
@@ -444,6 +538,13 @@ class Writer:
         self.committed_position = upto
         bell.rung.set()
 
+    def deleted_elsewhere(self, deleted: frozenset[str]) -> None:
+        """Fleet mode: the follower read that other hosts deleted these sessions. Ring
+        them (their subscriptions end) and forget their cached views."""
+        for sid in deleted:
+            self._cache.pop(sid, None)
+        self._ring_bell([], deleted, self.committed_position)
+
     async def deliver(self, events: list[Event], upto: int) -> None:
         """Fleet mode: the follower read the shared log up to `upto` (every host's events,
         in position order; positions missing were deleted). Ring what is past
@@ -458,7 +559,8 @@ class Writer:
         self._ring_bell(fresh, frozenset(), upto)
 
     async def _decide(self, cmd: Command, batch: Batch, overlay: dict[str, Entry | object],
-                      repeats: dict[tuple[str, str], bytes], built: list[_Built]) -> None:
+                      repeats: dict[tuple[str, str], bytes], built: list[_Built],
+                      owners: list[_Requirement]) -> None:
         sid = cmd.session_id
         pending = overlay.get(sid)
         entry: Entry | None
@@ -491,8 +593,13 @@ class Writer:
                 {"expected": cmd.expected_version, "actual": actual},
             )
         plan = cmd.plan(entry.state if entry else None)
+        needs: list[Precondition] = []
+        if isinstance(plan, Delete | Import):
+            needs = plan.requires(sid, entry is not None or damage is not None)
+            self._check_in_batch(plan, needs, batch)
         if isinstance(plan, Delete):
             self._delete(sid, batch, overlay, repeats)
+            self._require(cmd, plan, needs, batch, owners)
             cmd.result = _json.encode(plan.result)
             return
         if damage is not None and not (isinstance(plan, Import) and plan.replace):
@@ -531,6 +638,8 @@ class Writer:
                                 state, events))
             payloads = {events[i].event_id: payload for i, payload in plan.payloads.items()}
         # Everything is decided; nothing below can fail, so the command joins whole.
+        if isinstance(plan, Import):
+            self._require(cmd, plan, needs, batch, owners)
         new_entry = Entry(state, events[-1].hash, events[-1].position)
         batch.payloads.update(payloads)
         batch.events.extend(events)
@@ -541,6 +650,26 @@ class Writer:
         if key is not None:
             batch.idempotency.append((sid, key, result))
             repeats[(sid, key)] = result
+
+    @staticmethod
+    def _check_in_batch(plan: Delete | Import, needs: list[Precondition], batch: Batch) -> None:
+        """The preconditions against the batch itself (the store checks them against what
+        is committed before it): a fork of a session this batch deletes has no source; a
+        session this batch forks has forks."""
+        for p in needs:
+            if isinstance(p, HasVersion) and p.session_id in batch.deletes:
+                raise plan.refusal(p, 0)
+            if isinstance(p, HasNoForks):
+                forks = sum(1 for _, q in batch.requires
+                            if isinstance(q, HasVersion) and q.session_id == p.session_id)
+                if forks:
+                    raise plan.refusal(p, forks)
+
+    @staticmethod
+    def _require(cmd: Command, plan: Delete | Import, needs: list[Precondition],
+                 batch: Batch, owners: list[_Requirement]) -> None:
+        batch.requires.extend((cmd.session_id, p) for p in needs)
+        owners.extend(_Requirement(cmd, plan, p) for p in needs)
 
     @staticmethod
     def _delete(sid: str, batch: Batch, overlay: dict[str, Entry | object],
@@ -602,7 +731,10 @@ class Writer:
             self._cache.move_to_end(session_id)
             return entry
         try:
-            entry = await self.store.load_entry(session_id)
+            if session_id in self._prefetched:  # read with the batch's other views
+                entry = self._prefetched.pop(session_id)
+            else:
+                entry = await self.store.load_entry(session_id)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             # The stored view does not read back: fold it again from its events. Not
             # cached: the cache holds only what is committed (the next write commits it).

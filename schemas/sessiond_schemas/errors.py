@@ -117,8 +117,12 @@ class OtherHostError(SessiondError):
     code = OTHER_HOST
 
 
-# Export failures happen client-side (writing the document); the seed names them.
-class SessionExportError(SessiondError):
+class SessionExportError(SessiondError, OSError):
+    """The clients' `export_session_to(id, out)` could not write the export document to
+    `out` (disk full, a closed pipe): raised client-side, never sent by a daemon (whose
+    export errors have their codes: -32001, -32602 for a stale cursor, -32012). An OSError
+    too, so code that caught the write error still catches it. The seed's name."""
+
     code = INTERNAL_ERROR
 
 

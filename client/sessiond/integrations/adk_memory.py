@@ -301,7 +301,7 @@ class SessiondMemoryService(BaseMemoryService):
                 if m is not None and "adk_memory" in m.metadata]
 
     async def _scan(self, namespace: str) -> list[tuple[_Order, Message]]:
-        """No search index (a PostgreSQL daemon): the user's memories themselves, at most
+        """No search index (an older daemon on PostgreSQL): the user's memories themselves, at most
         FALLBACK_SCAN of them."""
         messages: list[tuple[_Order, Message]] = []
         cursor = None

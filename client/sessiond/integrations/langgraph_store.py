@@ -11,8 +11,9 @@ versions are its history, exported, verified and watchable like any session; `de
 deletes the session. `get` is one `session.get`: the value is the last message. Each
 namespace also has a small directory session (`lgstore-ns:`), so `list_namespaces` reads
 one session per namespace, never every item. `search(query=...)` is `session.search`;
-on a daemon without a search index (PostgreSQL) it falls back to matching the words of
-the query in the client, over at most `FALLBACK_SCAN` items of the namespace. With
+on a daemon without a search index (an older one on PostgreSQL) it falls back to
+matching the words of the query in the client, over at most `FALLBACK_SCAN` items of
+the namespace. With
 LangGraph's `index` config, a put also keeps the item's vectors (its session's memory)
 and `search(query=...)` ranks by them, as InMemoryStore.
 
@@ -504,7 +505,7 @@ class SessiondStore(BaseStore):
     async def _scan_for_words(self, client: LoopClient, prefix: tuple[str, ...],
                               words: list[str], filter: dict[str, Any] | None,
                               wanted: int) -> list[tuple[SessionState, float | None]]:
-        """No search index (a PostgreSQL daemon): the first FALLBACK_SCAN items under the
+        """No search index (an older daemon on PostgreSQL): the first FALLBACK_SCAN items under the
         prefix that pass the filter, ranked by how many of the query's words each holds."""
         scored: list[tuple[SessionState, float | None]] = []
         async for view, value in self._scanned(client, prefix):

@@ -21,10 +21,21 @@ def _timed_out(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.QueryCanceledError)
 
 
-def storage_error(exc: BaseException) -> StorageError:
+def storage_error(exc: BaseException, *, read: bool = False) -> StorageError:
     """A driver error as the contract's -32012. A lost connection may have lost the reply
     to a COMMIT the server made: the error says so, and that a retry under the same
-    idempotency key is safe (the versions checked in the database catch the rest)."""
+    idempotency key is safe (the versions checked in the database catch the rest). A
+    failed read says it was a read (the same words as the SQLite store's)."""
+    if read:
+        retryable = isinstance(exc, RETRYABLE) or _timed_out(exc)
+        why = ("the database did not finish the read within its statement_timeout"
+               " (setting db_statement_timeout_s; retry it)" if _timed_out(exc) else
+               "the database connection failed (retry it)" if retryable else "")
+        data = {"detail": str(exc), "retryable": retryable, "read": True}
+        if _timed_out(exc):
+            data["setting"] = "db_statement_timeout_s"
+        return StorageError(f"storage error while reading: {why + ': ' if why else ''}{exc}"
+                            " (a read: nothing was changed)", data)
     if _timed_out(exc):
         return StorageError(
             f"storage error: the database did not finish the statement within its"

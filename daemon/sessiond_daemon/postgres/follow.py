@@ -8,12 +8,19 @@ never skips an event that commits late; a position missing below the head is one
 delete took away, not one to wait for. Wake-ups that come while it reads are folded into
 one more round. `at` tells where the daemon already is (its writer rings its own
 batches at once when they follow on), so those are not read again.
+
+A delete leaves no event: each deleted session has a row in `deletions`, placed after
+the position the log stood at when it committed (read under the counter row's lock, so
+in commit order with every batch). With the same read as the head the follower takes
+the ones placed at or past its cursor, tells the new ones (`deleted`), and remembers
+those still at or past it, so each delete is told once. A delete placed below the head
+is committed (the counter moved past it only after), so none is missed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import anyio
 import structlog
@@ -30,16 +37,31 @@ class LogReads(Protocol):
                          types: frozenset[str] | None, limit: int) -> list[Event]: ...
 
 
+class DeletionReads(LogReads, Protocol):
+    async def head_and_deletions(self, after: int) -> tuple[int, list[tuple[int, str]]]:
+        """The head, and (position the log stood at, session id) of the sessions other
+        daemons deleted at or past `after`."""
+        ...
+
+
 class Follower:
+    """`deleted` (with a store that records deletes, DeletionReads): told the sessions
+    other daemons deleted, each delete once, before the events that come after it (the
+    daemon drops its subscriptions to them: lifecycle.py)."""
+
     def __init__(self, store: LogReads,
                  deliver: Callable[[list[Event], int], Awaitable[None]], *,
                  cursor: int = 0, page: int = 1000,
-                 at: Callable[[], int] | None = None) -> None:
+                 at: Callable[[], int] | None = None,
+                 deleted: Callable[[frozenset[str]], None] | None = None) -> None:
         self.store = store
         self.deliver = deliver
         self.cursor = cursor  # the last position delivered (or passed, by `at`)
         self.page = page
         self._at = at
+        self._deleted = deleted
+        # Deletes told whose place is at or past the cursor: read again until it passes.
+        self._told: set[tuple[int, str]] = set()
         self.head = cursor  # the committed head at the last read
         self._woken = anyio.Event()
 
@@ -62,7 +84,10 @@ class Follower:
 
     async def catch_up(self) -> int:
         """Deliver everything committed past the cursor; return how many events."""
-        self.head = await self.store.head()
+        if self._deleted is not None:
+            await self._catch_deletes(cast(DeletionReads, self.store), self._deleted)
+        else:
+            self.head = await self.store.head()
         delivered = 0
         while self._catch_cursor() < self.head:
             events = await self.store.read_after(self.cursor, self.head, None, None, self.page)
@@ -75,6 +100,18 @@ class Follower:
                 delivered += len(fresh)
             self.cursor = max(self.cursor, upto)
         return delivered
+
+    async def _catch_deletes(self, store: DeletionReads,
+                             deleted: Callable[[frozenset[str]], None]) -> None:
+        """Read the head and the deletes placed at or past the cursor (one statement);
+        tell the new ones. They come before this round's events: what the deleted
+        sessions had is gone from the log, and what comes after is another session's."""
+        start = self._catch_cursor()
+        self.head, found = await store.head_and_deletions(start)
+        new = [d for d in found if d not in self._told]
+        self._told = {d for d in self._told | set(new) if d[0] >= start}
+        if new:
+            deleted(frozenset(sid for _, sid in new))
 
     def _catch_cursor(self) -> int:
         if self._at is not None:

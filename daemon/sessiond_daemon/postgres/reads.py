@@ -4,7 +4,6 @@ read runs its cursor in a transaction of its own), so no transaction spans the w
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -12,26 +11,17 @@ import msgspec
 
 from sessiond_schemas.events import Event
 from sessiond_schemas.state import (
-    Message,
-    ProgressStep,
     SessionState,
-    SessionSummary,
 )
 
 from ..eventstore import (
     EVENT_COLUMNS,
-    CheckpointRow,
     Page,
-    SessionFilters,
-    StoredCheckpoint,
     event_from_row,
-    messages_page,
     repage,
-    sessions_page,
 )
-from ..sqlite.progress import PAGE_SQL, steps_of
-from ..sqlite.sessions import list_sessions_sql
-from . import forks
+from ..stores.models.sql import POSTGRES, render
+from ..stores.models.views import ViewQueries
 from .errors import RETRYABLE, storage_error
 
 _state_decoder = msgspec.json.Decoder(SessionState)
@@ -48,10 +38,12 @@ def _row_bytes(row: Any) -> int:
     return sum(len(v) for v in row if isinstance(v, (str, bytes))) + 16
 
 
-class Reads:
+class Reads(ViewQueries):
     """Read queries over the pool `_pool` (an asyncpg.Pool, set by open)."""
 
     _pool: Any
+    origin: str  # the daemon's mark on the deletes it writes (store.py)
+    dialect = POSTGRES
 
     @staticmethod
     def _state(data: bytes) -> SessionState:
@@ -61,7 +53,7 @@ class Reads:
         try:
             return list(await self._pool.fetch(sql, *args))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
 
     async def _one(self, sql: str, *args: Any) -> Any:
         rows = await self._all(sql, *args)
@@ -91,8 +83,15 @@ class Reads:
                     # As SQLite's (sqlite/base.py): from the largest row, at most doubling.
                     chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
         return page
+
+    # The shared read-model queries' driver (stores/models/queries.py).
+    async def _q_all(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        return await self._all(render(sql, POSTGRES), *args)
+
+    async def _q_page(self, sql: str, args: tuple[Any, ...], max_bytes: int) -> Page[Any]:
+        return await self._page(render(sql, POSTGRES), args, max_bytes)
 
     # --- positions and events ------------------------------------------------------------
 
@@ -100,6 +99,19 @@ class Reads:
         """The last committed position: every event at or below it is committed and
         readable (positions are taken in commit order from this very row)."""
         return int((await self._one("SELECT position FROM log_head WHERE id = 1"))[0])
+
+    async def head_and_deletions(self, after: int) -> tuple[int, list[tuple[int, str]]]:
+        """`head`, and the sessions other daemons deleted after position `after` or later,
+        as (the position the log stood at, session id), in that order. One statement, one
+        snapshot: a delete placed below the head read is committed (it held the counter
+        row until it was), so it is among them."""
+        row = await self._one(
+            "SELECT (SELECT position FROM log_head WHERE id = 1), ARRAY(SELECT after_position"
+            " FROM deletions WHERE after_position >= $1 AND origin <> $2 ORDER BY"
+            " after_position, session_id), ARRAY(SELECT session_id FROM deletions WHERE"
+            " after_position >= $1 AND origin <> $2 ORDER BY after_position, session_id)",
+            after, self.origin)
+        return int(row[0]), list(zip(map(int, row[1]), row[2], strict=True))
 
     async def read_after(self, after: int, upto: int, session_id: str | None,
                          types: frozenset[str] | None, limit: int) -> list[Event]:
@@ -158,74 +170,12 @@ class Reads:
                                " AND session_id <> $2", event_ids, session_id)
         return [r[0] for r in rows]
 
-    # --- progress steps and the runner index (sqlite/progress.py, sqlite/runner.py) --------
-
-    async def progress_steps(self, session_id: str, after_version: int, upto: int,
-                             limit: int, max_bytes: int = 0) -> Page[ProgressStep]:
-        rows = await self._page(dollar(PAGE_SQL), (session_id, after_version, upto, limit),
-                                max_bytes)
-        return repage(rows, steps_of([(r[0], r[1], bytes(r[2])) for r in rows]))
-
-    async def runner_events(self, session_id: str, types: tuple[str, ...], *,
-                            newest_first: bool = False, before_version: int | None = None,
-                            limit: int = -1) -> list[tuple[str, int, dict[str, Any]]]:
-        rows = await self._all(
-            "SELECT r.type, r.version, e.data FROM runner_events r JOIN events e"
-            " ON e.position = r.position WHERE r.session_id = $1 AND r.type = ANY($2::text[])"
-            f" AND r.version < $3 ORDER BY r.version {'DESC' if newest_first else 'ASC'}"
-            " LIMIT $4", session_id, list(types),
-            before_version if before_version is not None else 1 << 62,
-            None if limit < 0 else limit)
-        return [(r[0], r[1], _dict_decoder.decode(r[2])) for r in rows]
-
     # --- sessions ------------------------------------------------------------------------
-
-    async def state_json(self, session_id: str) -> bytes | None:
-        row = await self._one("SELECT state FROM sessions WHERE session_id = $1", session_id)
-        return bytes(row[0]) if row else None
 
     async def session_host(self, session_id: str) -> str | None:
         """The host whose daemon created the session (its executors run there), if known."""
         row = await self._one("SELECT host FROM sessions WHERE session_id = $1", session_id)
         return row[0] if row else None
-
-    async def resolve(self, prefix: str) -> list[str]:
-        rows = await self._all(
-            "SELECT session_id FROM sessions WHERE session_id >= $1 AND session_id < $2"
-            " ORDER BY session_id LIMIT 11", prefix, prefix + "\U0010ffff")
-        return [r[0] for r in rows]
-
-    async def session_ids(self, after: str, limit: int) -> list[str]:
-        rows = await self._all("SELECT session_id FROM sessions WHERE session_id > $1"
-                               " ORDER BY session_id LIMIT $2", after, limit)
-        return [r[0] for r in rows]
-
-    async def list_sessions(self, filters: SessionFilters, limit: int, cursor: str | None,
-                            max_bytes: int = 0) -> tuple[Page[SessionSummary], str | None]:
-        sql, args = list_sessions_sql(filters, limit + 1, cursor)
-        rows = await self._page(dollar(sql), args, max_bytes)
-        return sessions_page(rows, limit)
-
-    async def stale_sessions(self, statuses: Sequence[str], before: str,
-                             limit: int) -> list[str]:
-        rows = await self._all("SELECT session_id FROM sessions WHERE status = ANY($1::text[])"
-                               " AND updated_at < $2 ORDER BY updated_at LIMIT $3",
-                               list(statuses), before, limit)
-        return [r[0] for r in rows]
-
-    async def expiring_sessions(self, before: str, after: tuple[str, str] | None,
-                                limit: int) -> list[tuple[str, str]]:
-        start = after or ("", "")
-        rows = await self._all(
-            "SELECT expires_at, session_id FROM sessions WHERE expires_at IS NOT NULL"
-            " AND expires_at <= $1 AND (expires_at, session_id) > ($2, $3)"
-            " ORDER BY expires_at, session_id LIMIT $4", before, *start, limit)
-        return [(r[0], r[1]) for r in rows]
-
-    async def counts(self) -> tuple[int, int]:
-        """Return (sessions, events), counted from the views."""
-        row = await self._one("SELECT COUNT(*), COALESCE(SUM(version), 0) FROM sessions")
-        return int(row[0]), int(row[1])
 
     async def session_totals(self, column: str) -> list[tuple[Any, int, int, int, float]]:
         if column not in ("status", "namespace", "actor_name"):
@@ -241,65 +191,3 @@ class Reads:
 
     # --- messages, checkpoints, snapshots ------------------------------------------------
 
-    async def list_messages(self, session_id: str, *, first: int, limit: int,
-                            descending: bool, max_bytes: int = 0) -> Page[Message]:
-        op, order = ("<=", "DESC") if descending else (">=", "ASC")
-        rows = await self._page(
-            "SELECT e.data, e.recorded_at FROM messages m JOIN events e ON"
-            f" e.position = m.position WHERE m.session_id = $1 AND m.sequence {op} $2"
-            f" ORDER BY m.sequence {order} LIMIT $3", (session_id, first, limit), max_bytes)
-        return messages_page(rows)
-
-    async def checkpoint(self, session_id: str,
-                         checkpoint_id: str | None) -> StoredCheckpoint | None:
-        columns = ("c.checkpoint_id, c.node_id, c.resume_from, c.created_at, c.version,"
-                   " c.payload, e.data, c.position")
-        source = "checkpoints c LEFT JOIN events e ON e.position = c.position"
-        if checkpoint_id is None:
-            row = await self._one(f"SELECT {columns} FROM {source} WHERE c.session_id = $1"
-                                  " ORDER BY c.version DESC LIMIT 1", session_id)
-        else:
-            row = await self._one(f"SELECT {columns} FROM {source} WHERE c.session_id = $1"
-                                  " AND c.checkpoint_id = $2", session_id, checkpoint_id)
-        if row is None:
-            return None
-        memory = _dict_decoder.decode(row[6]).get("memory", {}) if row[6] is not None else {}
-        return StoredCheckpoint(
-            checkpoint_id=row[0], node_id=row[1], resume_from=row[2], created_at=row[3],
-            version=row[4], payload=await self._payload(bytes(row[5]), row[7]), memory=memory,
-        )
-
-    async def _payload(self, payload: bytes, position: int) -> bytes:
-        """A row's payload, or the one it shares with its source (a fork's rows)."""
-        if payload:
-            return payload
-        shared = await self._one(forks.SHARED_PAYLOAD_SQL, position)
-        return bytes(shared[0]) if shared else b"null"
-
-    async def checkpoints(self, session_id: str, after_version: int = 0,
-                          max_bytes: int = 0) -> Page[CheckpointRow]:
-        rows = await self._page(
-            "SELECT checkpoint_id, node_id, created_at, size, version FROM checkpoints"
-            " WHERE session_id = $1 AND version > $2 ORDER BY version",
-            (session_id, after_version), max_bytes)
-        return repage(rows, [
-            CheckpointRow(checkpoint_id=r[0], node_id=r[1], created_at=r[2], size=r[3],
-                           version=r[4])
-            for r in rows
-        ])
-
-    async def checkpoint_payloads(self, session_id: str) -> dict[str, bytes]:
-        rows = await self._all("SELECT checkpoint_id, payload, position FROM checkpoints"
-                               " WHERE session_id = $1", session_id)
-        return {r[0]: await self._payload(bytes(r[1]), r[2]) for r in rows}
-
-    async def snapshot(self, session_id: str, at_most: int) -> SessionState | None:
-        row = await self._one("SELECT state FROM snapshots WHERE session_id = $1"
-                              " AND version <= $2 ORDER BY version DESC LIMIT 1",
-                              session_id, at_most)
-        return self._state(row[0]) if row else None
-
-    async def snapshots(self, session_id: str) -> dict[int, SessionState]:
-        rows = await self._all("SELECT version, state FROM snapshots WHERE session_id = $1",
-                               session_id)
-        return {int(r[0]): self._state(r[1]) for r in rows}

@@ -13,8 +13,9 @@ One batch is one transaction on the writer's connection:
    position = position + n RETURNING position`), inserts the events numbered from it
    and queues one NOTIFY. The writer's numbering is only provisional: the batch is
    renumbered (`Batch.renumber`), and the writer rebuilds the results that quote
-   positions, inside the transaction; then the read models (projections.py, which
-   point at positions) and the idempotency results; then COMMIT. The counter's row
+   positions, inside the transaction; then the read models (the rules' row operations,
+   stores/models, built before the positions were taken and shifted to them by
+   executor.py) and the idempotency results; then COMMIT. The counter's row
    lock orders commits, so positions are gapless and in commit order: a reader of
    `position > cursor` never skips an event that commits late, and a rollback gives its
    positions back (Commanded EventStore's design; a sequence or bigserial would leave
@@ -24,8 +25,9 @@ One batch is one transaction on the writer's connection:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import asyncpg
@@ -33,9 +35,12 @@ import msgspec
 import structlog
 
 from sessiond_schemas.errors import StorageError
+from sessiond_schemas.events import Event, new_id
 
-from ..eventstore import Batch, Capabilities, Entry, Moved, Store
-from . import forks, projections, schema
+from ..eventstore import Batch, Capabilities, Entry, Following, Moved, Precondition, Store
+from ..stores import models
+from ..stores.schema import LOG_TABLES
+from . import executor, preconditions, schema, search
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -50,11 +55,22 @@ CHANNEL: Final = "sessiond_events"  # the NOTIFY channel; the payload is a hint 
 _json = msgspec.json.Encoder()
 
 
+async def _kept_as_is(con: Any) -> None:
+    """The read pool's reset on release: nothing past what asyncpg always does (roll back
+    an open transaction, drop listeners). The readers set no session state (no SET, no
+    LISTEN, no advisory lock, no cursor outlives its transaction), so asyncpg's default
+    reset query (`pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`), one more
+    round trip on every release, would restore nothing (with it a pooled read took 2x
+    the wall time and 1.7x the daemon's CPU: bench/README.md, "The read pool's reset")."""
+
+
 class _Abort(Exception):
     """Roll the batch's transaction back and answer `stale`."""
 
-    def __init__(self, stale: Sequence[str] = ()) -> None:
+    def __init__(self, stale: Sequence[str] = (),
+                 refused: Mapping[Precondition, int] | None = None) -> None:
         self.stale = frozenset(stale)
+        self.refused = dict(refused or {})
 
 
 def bases(batch: Batch) -> dict[str, int]:
@@ -116,6 +132,18 @@ _EVENTS: Final = """
     SELECT position - $1 + 1, pg_notify($11, position::text) FROM head"""
 
 
+# Each deleted session, placed in the log's commit order: after the position the log
+# stands at, read under the counter row's lock (no commit moves it until this one is
+# done), and the wake-up (a delete-only batch has no events statement to send it).
+_DELETIONS: Final = """
+    WITH head AS (SELECT position FROM log_head WHERE id = 1 FOR UPDATE),
+    ins AS (
+        INSERT INTO deletions (after_position, session_id, origin)
+        SELECT head.position, d.sid, $2 FROM head, unnest($1::text[]) AS d(sid)
+        ON CONFLICT DO NOTHING)
+    SELECT pg_notify($3, position::text) FROM head"""
+
+
 class PostgresStore(ModelReads):
     """The writer's connection (only the writer task uses it) and a pool for reads."""
 
@@ -139,12 +167,38 @@ class PostgresStore(ModelReads):
         self.migrated: list[int] = []  # the migrations this open applied
         self.last_commit_s = 0.0
         self.moved = 0  # batches refused because another daemon moved a session
+        # This daemon's mark on the deletes it writes (the `deletions` rows): the follower
+        # passes over its own, which the writer's bell has rung already.
+        self.origin = new_id()
+        self.max_bytes = 0  # no cap (SizeCap): the server's own quotas and disks decide
+        self._full_text = search.FullText(self)
 
     @property
     def capabilities(self) -> Capabilities:
-        """Nothing beyond the Protocols yet: no file to check, copy or cap, and no SQL
-        access for search (full-text search on PostgreSQL is still to do)."""
-        return Capabilities(engine="postgresql", shared=True)
+        """Shared by several daemons (their commits followed), its size, and full-text
+        search (postgres/search.py); no file to check or copy, no cap."""
+        return Capabilities(engine="postgresql", shared=True, shared_log=self, size=self,
+                            full_text=self._full_text)
+
+    async def db_bytes(self) -> int:
+        """What the store's tables take in the database, their indexes and TOAST included
+        (not the rest of the database, which other applications may share): daemon.stats'
+        db_bytes. One catalog read, whatever the tables hold."""
+        row = await self._one(
+            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+            " WHERE c.relkind IN ('r', 'p', 'm')"
+            " AND c.relnamespace = current_schema()::regnamespace")
+        return int(row[0])
+
+    def following(self, deliver: Callable[[list[Event], int], Awaitable[None]], *,
+                  cursor: int, at: Callable[[], int],
+                  deleted: Callable[[frozenset[str]], None],
+                  on_state: Callable[[bool], None]) -> Following:
+        """The follower of every host's commits (following.py)."""
+        from .following import SharedLogFollower  # listener.py imports our CHANNEL
+
+        return SharedLogFollower(self, self.connect, deliver, cursor=cursor, at=at,
+                                 deleted=deleted, on_state=on_state)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -166,7 +220,7 @@ class PostgresStore(ModelReads):
             self._pool = await asyncpg.create_pool(
                 self.url, password=self.password, min_size=1, max_size=self._reader_count,
                 timeout=self.connect_timeout_s, command_timeout=READ_TIMEOUT_S,
-                server_settings=self.server_settings)
+                server_settings=self.server_settings, reset=_kept_as_is)
         except schema.SchemaTooNew:
             await self.close()
             raise
@@ -244,6 +298,23 @@ class PostgresStore(ModelReads):
             [k[0] for k in keys], [k[1] for k in keys]))
         return {(r[0], r[1]): bytes(r[2]) for r in rows}
 
+    async def prefetch(
+        self, session_ids: list[str], keys: list[tuple[str, str]],
+    ) -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+        """The views of these sessions and the results of these keys (the writer of a
+        shared store reads its views as it decides, with `load_entry`)."""
+        views: dict[str, Entry | None] = {}
+        for sid in session_ids:
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                views[sid] = await self.load_entry(sid)
+        return views, await self.idempotent_results(keys)
+
+    async def idempotency_page(self, session_id: str, after: str,
+                               limit: int) -> list[tuple[str, bytes]]:
+        rows = await self._all("SELECT key, result FROM idempotency WHERE session_id = $1"
+                               " AND key > $2 ORDER BY key LIMIT $3", session_id, after, limit)
+        return [(r[0], bytes(r[1])) for r in rows]
+
     async def commit(self, batch: Batch) -> Moved | None:
         """Write the whole batch in one transaction, or nothing of it: None when written,
         `Moved` when another daemon wrote first (see the module's docstring)."""
@@ -256,7 +327,7 @@ class PostgresStore(ModelReads):
                     await self._write(con, batch, want)
             except _Abort as abort:
                 self.moved += 1
-                return Moved(abort.stale, await self._head(con))
+                return Moved(abort.stale, await self._head(con), abort.refused)
             except asyncpg.UniqueViolationError as exc:
                 if exc.constraint_name not in ("events_session_version", "sessions_pkey"):
                     log.error("store.integrity_error", error=str(exc))
@@ -277,7 +348,14 @@ class PostgresStore(ModelReads):
         return int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
 
     async def _write(self, con: Any, batch: Batch, want: dict[str, int]) -> None:
-        touched = sorted({*want, *batch.deletes})
+        # The read models' ops, before any lock is taken; they point at the writer's
+        # numbering, which the commit's may shift.
+        ops = models.ops_of(batch.events, batch.payloads)
+        numbered = batch.events[0].position if batch.events else 0
+        # The sessions the preconditions name are locked with the touched ones, in one
+        # session_id order: a fork (its source) and a delete of it wait for each other.
+        named = {p.session_id for _, p in batch.requires}
+        touched = sorted({*want, *batch.deletes, *named})
         stored = {r[0]: int(r[1]) for r in await con.fetch(_LOCK, touched)}
         # A delete too is decided from a version (a client's expected_version): checked.
         stale = {sid for sid, version in want.items() if stored.get(sid, 0) != version}
@@ -285,13 +363,17 @@ class PostgresStore(ModelReads):
             keyed = [i for i in batch.idempotency if i[0] not in batch.deletes]
             stale |= {r[0] for r in await con.fetch(
                 _KEYS, [i[0] for i in keyed], [i[1] for i in keyed])}
-        if stale:
-            raise _Abort(sorted(stale))
+        refused = await preconditions.refused(con, batch, stored) if batch.requires else {}
+        if stale or refused:
+            raise _Abort(sorted(stale), refused)
         if batch.deletes:
-            await forks.keep_payloads_of_deleted(con, batch.deletes)
-            for table in schema.SESSION_TABLES:
+            await executor.run(con, models.forget(batch.deletes))
+            for table in LOG_TABLES:  # the read models' rows went by their ops
                 await con.execute(f"DELETE FROM {table} WHERE session_id = ANY($1::text[])",
                                   batch.deletes)
+            # After the events: their delete waits for a reindex range that holds them
+            # (FOR SHARE) to commit, so this statement sees and takes that range's rows too.
+            await search.forget(con, batch.deletes)
         if batch.views:
             new = {sid for sid in batch.views if sid not in stored or sid in batch.deletes}
             columns = _view_columns(batch.views)
@@ -304,6 +386,8 @@ class PostgresStore(ModelReads):
                 "INSERT INTO snapshots (session_id, version, state) VALUES ($1, $2, $3)"
                 " ON CONFLICT (session_id, version) DO UPDATE SET state = excluded.state",
                 [(v.session_id, v.version, _json.encode(v)) for v in batch.snapshots])
+        if batch.deletes:  # late: the counter row stays locked from here to COMMIT
+            await con.execute(_DELETIONS, sorted(set(batch.deletes)), self.origin, CHANNEL)
         ev = batch.events
         if ev:
             first = await con.fetchval(
@@ -313,7 +397,7 @@ class PostgresStore(ModelReads):
                 [e.data_json for e in ev], [_json.encode(e.meta) for e in ev],
                 [e.hash for e in ev], CHANNEL)
             batch.renumber(int(first))  # the writer's results follow (idempotency too)
-            await projections.project(con, batch)
+            await executor.run(con, ops, batch.events[0].position - numbered)
         if batch.idempotency:
             items = batch.idempotency
             await con.execute(_IDEMPOTENCY, [i[0] for i in items], [i[1] for i in items],

@@ -1,47 +1,18 @@
-"""Read models of the agent integrations in SQLite: ADK's app and user state
-(`scoped_state`, from state.updated) and an executor turn's output (process.output
-events, read through json_extract)."""
+"""The SQLite reads that look inside stored events (json_extract): an executor turn's
+output (process.output events) and a session's events of some types. The read models'
+own reads are stores/models/queries.py's."""
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 import msgspec
 
-from ..eventstore import Batch, Page, repage
-from .base import SqliteReads, encode, marks
-
-
-def project(db: sqlite3.Connection, batch: Batch) -> None:
-    """App and user keys of state.updated events (session keys live in the view)."""
-    for e in batch.events:
-        if e.type != "state.updated":
-            continue
-        d = e.data
-        if d["scope"] == "session":
-            continue
-        user = d["user_id"] if d["scope"] == "user" else ""  # '' is the app's own state
-        db.executemany("INSERT OR REPLACE INTO scoped_state (app_name, user_id, key, value,"
-                       " position) VALUES (?, ?, ?, ?, ?)",
-                       [(d["app_name"], user, k, encode(v), e.position)
-                        for k, v in d["delta"].items()])
+from ..eventstore import Page, repage
+from .base import SqliteReads, marks
 
 
 class AgentReads(SqliteReads):
-    async def scoped_state(self, app_name: str, user_ids: list[str]) -> dict[str, dict[str, Any]]:
-        """App state (under '') and each listed user's state, as stored by state.updated."""
-        users = ["", *user_ids]
-        found: dict[str, dict[str, Any]] = {u: {} for u in users}
-        for start in range(0, len(users), 500):
-            chunk = users[start:start + 500]
-            rows = await self._all(
-                "SELECT user_id, key, value FROM scoped_state WHERE app_name = ?"
-                f" AND user_id IN ({marks(len(chunk))})", (app_name, *chunk))
-            for user, key, value in rows:
-                found[user][key] = msgspec.json.decode(value)
-        return found
-
     async def process_output(self, session_id: str, turn: int, stream: str | None,
                              after_position: int = 0,
                              max_bytes: int = 0) -> Page[tuple[int, str]]:

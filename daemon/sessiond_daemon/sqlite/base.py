@@ -1,6 +1,7 @@
 """The SQLite store's read side: the read connections, paged queries, and driver errors.
 
-The read-model mixins (views.py, graphs.py) and the store (store.py) build on this.
+The store (store.py), its views (sessions.py) and the shared read-model queries
+(stores/models/queries.py, through `_q_all` / `_q_page`) build on this.
 """
 
 from __future__ import annotations
@@ -17,13 +18,19 @@ from sessiond_schemas.errors import StorageError
 from sessiond_schemas.events import EventMeta
 
 from ..eventstore import Page
+from ..stores.models.sql import SQLITE, render
 
 T = TypeVar("T")
 
 _json = msgspec.json.Encoder()
 
 
-def storage_error(exc: sqlite3.Error) -> StorageError:
+def storage_error(exc: sqlite3.Error, *, read: bool = False) -> StorageError:
+    """A driver error as the contract's -32012: a failed write says nothing was written,
+    a failed read says it was a read (the same code and words as the PostgreSQL store's)."""
+    if read:
+        return StorageError(f"storage error while reading: {exc} (a read: nothing was"
+                            " changed)", {"detail": str(exc), "read": True})
     return StorageError(f"storage error: {exc}; nothing was written", {"detail": str(exc)})
 
 
@@ -60,6 +67,7 @@ class SqliteReads:
 
     _readers: list[aiosqlite.Connection]
     _next_reader: Iterator[int]
+    dialect = SQLITE
 
     def __init__(self, readers: int) -> None:
         self._reader_count = readers
@@ -70,17 +78,29 @@ class SqliteReads:
         return self._readers[next(self._next_reader)]
 
     async def _one(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
-        async with self._r().execute(sql, args) as cur:
-            return await cur.fetchone()
+        try:
+            async with self._r().execute(sql, args) as cur:
+                return await cur.fetchone()
+        except sqlite3.Error as exc:
+            raise storage_error(exc, read=True) from exc
 
     async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        async with self._r().execute(sql, args) as cur:
-            return list(await cur.fetchall())
+        try:
+            async with self._r().execute(sql, args) as cur:
+                return list(await cur.fetchall())
+        except sqlite3.Error as exc:
+            raise storage_error(exc, read=True) from exc
 
     async def _page(self, sql: str, args: tuple[Any, ...], max_bytes: int) -> Page[Any]:
         """The rows of a paged query, stopping before the row that would pass `max_bytes`
         (0: no budget). The first row always comes, however large. Rows are fetched a few
         at a time, guessed from the sizes seen, so a page never holds much past its budget."""
+        try:
+            return await self._paged(sql, args, max_bytes)
+        except sqlite3.Error as exc:
+            raise storage_error(exc, read=True) from exc
+
+    async def _paged(self, sql: str, args: tuple[Any, ...], max_bytes: int) -> Page[Any]:
         page: Page[Any] = Page()
         async with self._r().execute(sql, args) as cur:
             if not max_bytes:
@@ -102,6 +122,13 @@ class SqliteReads:
                 chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
         return page
 
+    # The shared read-model queries' driver (stores/models/queries.py).
+    async def _q_all(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        return await self._all(render(sql, SQLITE), args)
+
+    async def _q_page(self, sql: str, args: tuple[Any, ...], max_bytes: int) -> Page[Any]:
+        return await self._page(render(sql, SQLITE), args, max_bytes)
+
     async def on_reader(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn` with a read connection on that connection's thread (several statements,
         one hop); driver errors become -32012."""
@@ -110,5 +137,5 @@ class SqliteReads:
             # aiosqlite's own thread for this connection (private, and untyped, API)
             result: T = await db._execute(fn, db._conn)  # type: ignore[no-untyped-call]
         except sqlite3.Error as exc:
-            raise storage_error(exc) from exc
+            raise storage_error(exc, read=True) from exc
         return result

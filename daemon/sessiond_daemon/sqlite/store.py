@@ -1,7 +1,8 @@
 """The SQLite store: opening and migrating the file, the writer's batch commit, and the
-reads of the log. It implements `eventstore.Store`; the read models it keeps in the
-commit are in this package, one module per feature (sessions, conversation, graphs,
-agents), with search.py's and forks.py's own SQL.
+reads of the log. It implements `eventstore.Store`: the read models it keeps in the
+commit are the rules' row operations (stores/models), run by executor.py; their reads are
+stores/models/queries.py's; the views are sessions.py's; the search index is search.py's (the
+full_text capability).
 
 The write connection is a plain sqlite3 connection living on one thread of its own
 (`WriterThread`), so a whole batch transaction is one thread hop; aiosqlite would make it
@@ -22,40 +23,36 @@ from typing import Any, TypeVar
 
 import aiosqlite
 import anyio
+import msgspec
 import structlog
 
 from sessiond_schemas.errors import StorageError
 from sessiond_schemas.events import Event
 
-from .. import forks, host, migrations, search
+from .. import host, migrations
 from ..eventstore import (
     EVENT_COLUMNS,
     Batch,
     Capabilities,
     Entry,
-    ForkRow,
     Moved,
     Page,
     event_from_row,
     repage,
 )
-from ..migrations import SESSION_TABLES
-from . import agents, conversation, graphs, progress, runner, sessions
+from ..stores import models
+from ..stores.models.queries import ModelQueries
+from ..stores.models.views import state_decoder
+from . import executor, preconditions, search, sessions
 from .agents import AgentReads
 from .base import encode_meta, marks, storage_error
-from .conversation import ConversationReads
-from .graphs import GraphIndex
-from .progress import ProgressReads
-from .runner import RunnerReads
-from .sessions import SessionViews, state_decoder
+from .sessions import SessionViews
 
 log = structlog.get_logger("sessiond.store")
 T = TypeVar("T")
 
-# What the commit keeps besides the events, views and idempotency results, in this order.
-PROJECTIONS: tuple[Callable[[sqlite3.Connection, Batch], None], ...] = (
-    search.project, graphs.project, agents.project, conversation.project, progress.project,
-    runner.project)
+# A deleted session's rows that are the log's (the read models' go by their ops first).
+_LOG_TABLES = ("idempotency", "snapshots")
 
 
 class WriterThread:
@@ -139,8 +136,7 @@ async def _connect(path: str, synchronous: str, *, query_only: bool) -> aiosqlit
     return db
 
 
-class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, ProgressReads,
-                  RunnerReads):
+class SqliteStore(SessionViews, AgentReads, ModelQueries):
     """The write connection (only the writer task uses it) and a few read connections."""
 
     def __init__(self, path: str, durability: str = "full", readers: int = 2,
@@ -159,7 +155,8 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(engine="sqlite", integrity=self, backup=self, size=self, sql=self)
+        return Capabilities(engine="sqlite", integrity=self, backup=self, size=self,
+                            full_text=search.FullText(self))
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -315,25 +312,54 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
         A stored result is an acknowledgement: none is given from a file that is no longer
         at our path (the retry of a write that landed in a deleted file would be answered
         with that write's result, and the write lost at the next start)."""
-        def read() -> dict[tuple[str, str], bytes]:
-            self._check_identity()
-            found = {}
-            for start in range(0, len(keys), 400):
-                chunk = keys[start:start + 400]
-                pairs = ", ".join("(?, ?)" for _ in chunk)
-                for sid, key, result in self._w.execute(
-                        "SELECT session_id, key, result FROM idempotency WHERE (session_id, key)"
-                        f" IN (VALUES {pairs})", [x for pair in chunk for x in pair]):
-                    found[(sid, key)] = bytes(result)
-            return found
+        return await self._on_writer(self._idempotent_rows, keys)
+
+    def _idempotent_rows(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:
+        self._check_identity()
+        found = {}
+        for start in range(0, len(keys), 400):
+            chunk = keys[start:start + 400]
+            pairs = ", ".join("(?, ?)" for _ in chunk)
+            for sid, key, result in self._w.execute(
+                    "SELECT session_id, key, result FROM idempotency WHERE (session_id, key)"
+                    f" IN (VALUES {pairs})", [x for pair in chunk for x in pair]):
+                found[(sid, key)] = bytes(result)
+        return found
+
+    async def prefetch(
+        self, session_ids: list[str], keys: list[tuple[str, str]],
+    ) -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+        """The views of these sessions and the results of these keys, in one hop (a batch
+        of sessions not in the writer's cache was a hop each)."""
+        def read() -> tuple[dict[str, Entry | None], dict[tuple[str, str], bytes]]:
+            results = self._idempotent_rows(keys) if keys else {}
+            views: dict[str, Entry | None] = dict.fromkeys(session_ids)
+            for start in range(0, len(session_ids), 500):
+                chunk = session_ids[start:start + 500]
+                for sid, state, last_hash, last_position in self._w.execute(
+                        "SELECT session_id, state, last_hash, last_position FROM sessions"
+                        f" WHERE session_id IN ({marks(len(chunk))})", chunk):
+                    try:
+                        views[sid] = Entry(state_decoder.decode(state), last_hash,
+                                           last_position)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        del views[sid]  # load_entry reports it, and the writer rebuilds it
+            return views, results
         return await self._on_writer(read)
 
+    async def idempotency_page(self, session_id: str, after: str,
+                               limit: int) -> list[tuple[str, bytes]]:
+        rows = await self._all("SELECT key, result FROM idempotency WHERE session_id = ?"
+                               " AND key > ? ORDER BY key LIMIT ?", (session_id, after, limit))
+        return [(r[0], bytes(r[1])) for r in rows]
+
     async def commit(self, batch: Batch) -> Moved | None:
-        """Write a whole batch in one transaction (one fsync), or nothing of it. Never
-        `Moved`: the file lock (host.DatabaseLock) makes the writer the only one."""
+        """Write a whole batch in one transaction (one fsync), or nothing of it. No session
+        is ever stale (the file lock, host.DatabaseLock, makes the writer the only one):
+        `Moved` only says which preconditions do not hold, and then nothing is written."""
         started = time.perf_counter()
         try:
-            await self._on_writer(self._commit, batch)
+            moved = await self._on_writer(self._commit, batch)
         except sqlite3.IntegrityError as exc:
             # The writer decides versions and ids alone, so this is a bug, not a race.
             log.error("store.integrity_error", error=str(exc))
@@ -341,14 +367,20 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
         except sqlite3.Error as exc:
             raise storage_error(exc) from exc
         self.last_commit_s = time.perf_counter() - started  # what the writer waited for
-        return None
+        return moved
 
-    def _commit(self, batch: Batch) -> None:
+    def _commit(self, batch: Batch) -> Moved | None:
         con = self._w
         self._check_identity(look=False)
         self._keep_under_cap(before_commit=True)
         con.execute("BEGIN IMMEDIATE")
         try:
+            if batch.requires:
+                refused = preconditions.refused(con, batch)
+                if refused:
+                    con.execute("ROLLBACK")
+                    return Moved(frozenset(), int(con.execute(
+                        "SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0]), refused)
             self._write(con, batch)
             con.execute("COMMIT")
         except BaseException:
@@ -361,16 +393,17 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
             self._keep_under_cap(before_commit=False)
         except sqlite3.Error as exc:  # committed already: the next commit tries again
             log.warning("store.checkpoint_failed", error=str(exc))
+        return None
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
-        for sid in batch.deletes:
+        if batch.deletes:
             # The read models first: the pages they free make room for the search index's
             # delete markers (FTS5 writes them) in a database at max_db_bytes.
-            forks.keep_shared_payloads(db, sid)
-            for table in SESSION_TABLES:
-                if table not in ("events", "sessions"):
-                    db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
+            executor.run(db, models.forget(batch.deletes))
+        for sid in batch.deletes:
+            for table in _LOG_TABLES:
+                db.execute(f"DELETE FROM {table} WHERE session_id = ?", (sid,))
             search.forget_session(db, sid)  # reads the session's events
             db.execute("DELETE FROM events WHERE session_id = ?", (sid,))
             db.execute("DELETE FROM sessions WHERE session_id = ?", (sid,))
@@ -385,8 +418,7 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
                     for e in batch.events
                 ],
             )
-            for project in PROJECTIONS:
-                project(db, batch)
+            executor.run(db, models.ops_of(batch.events, batch.payloads))
         sessions.write_views(db, batch)
         if batch.idempotency:
             db.executemany(
@@ -459,31 +491,16 @@ class SqliteStore(SessionViews, ConversationReads, AgentReads, GraphIndex, Progr
             found += [r[0] for r in rows]
         return found
 
-    # --- forks (forks.py's SQL) ----------------------------------------------------------
-
-    async def hash_at(self, session_id: str, version: int) -> str | None:
-        return await self.on_reader(lambda con: forks.hash_at_sql(con, session_id, version))
-
-    async def fork_ancestry(self, session_id: str, limit: int) -> list[str]:
-        return await self.on_reader(lambda con: forks.ancestry_sql(con, session_id, limit))
-
-    async def fork_count(self, session_id: str) -> int:
-        return await self.on_reader(lambda con: forks.count_sql(con, session_id))
-
-    async def forks_page(self, source_id: str, after: str,
-                         limit: int) -> tuple[int, list[ForkRow]]:
-        n, rows = await self.on_reader(lambda con: forks.page_sql(con, source_id, after, limit))
-        return n, [ForkRow(session_id=r[0], version=r[1], forked_at=r[2]) for r in rows]
-
     # --- capabilities: integrity, backup, size, SQL access --------------------------------
 
     async def integrity_check(self) -> list[str]:
         """SQLite's own check of the file: ["ok"] when sound."""
         return [r[0] for r in await self._all("PRAGMA integrity_check")]
 
-    def db_bytes(self) -> int:
+    async def db_bytes(self) -> int:
         """The database's bytes on disk, its WAL included (as max_db_bytes counts them)."""
         return self._file_bytes()
+
 
     async def backup(self, target: str) -> tuple[int, int]:
         """Copy the database online (SQLite's backup API: one consistent snapshot while

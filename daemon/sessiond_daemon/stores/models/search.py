@@ -1,0 +1,114 @@
+"""The search read model's query side, defined once for every store: how a page of
+session.search is made from a store's matches (grouped by session, ranked, cut at the
+cursor, assembled with the hits' fields and the sessions' views), and verify's lines.
+Its rule (which events are documents, their text) is search_text.py.
+
+Each store keeps its own index and query SQL (sqlite/search.py: FTS5; postgres/search.py:
+a tsvector column with a GIN index); both give `rank` the same (position, session_id,
+score) rows, lower score first, so paging, cursors and the result shape are the same.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from sessiond_schemas.errors import InvalidParamsError
+from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession
+
+WINDOW: Final = 5_000  # matching events ranked per query, newest first
+SNIPPET_CHARS: Final = 1_000  # a snippet is ~12 tokens; a token may be long: cut there
+
+_json = msgspec.json.Encoder()
+
+
+def problems(missing: Sequence[Any], extra: Sequence[Any]) -> list[str]:
+    """daemon.verify's lines for the index, from (count, first position) of the events of
+    indexed types it misses and of its documents without their event."""
+    found = []
+    if missing[0]:
+        found.append(f"search index: {missing[0]} events are not indexed (first at position"
+                     f" {missing[1]}); run `sessionctl reindex`")
+    if extra[0]:
+        found.append(f"search index: {extra[0]} entries have no event (first at position"
+                     f" {extra[1]}); run `sessionctl reindex`")
+    return found
+
+
+# --- the query's page, the same on every store -------------------------------------------
+
+
+def encode_cursor(score: float, session_id: str) -> str:
+    return base64.urlsafe_b64encode(_json.encode([score, session_id])).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        score, sid = msgspec.json.decode(base64.urlsafe_b64decode(cursor.encode()),
+                                         type=tuple[float, str])
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise InvalidParamsError("`cursor` is not a cursor session.search returned",
+                                 {"detail": str(exc), "path": "$.cursor"}) from exc
+    return score, sid
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """A query's matches grouped by session: the page's sessions (score, id), the best
+    hits' positions of each, and how many matches each has."""
+
+    page: list[tuple[float, str]]
+    best: dict[str, list[int]]
+    matches: dict[str, int]
+    more: bool
+
+    @property
+    def chosen(self) -> list[int]:
+        """The positions whose hits this page shows, ascending."""
+        return sorted({p for ps in self.best.values() for p in ps})
+
+
+def rank(rows: Sequence[tuple[int, str, float]], after: tuple[float, str] | None,
+         limit: int, hits: int) -> Ranked:
+    """Group (position, session_id, score) rows by session: a session's score is its best
+    (lowest) hit's; sessions by (score, id), those after the cursor, `limit` of them."""
+    by_session: dict[str, list[tuple[float, int]]] = {}
+    for position, sid, score in rows:
+        by_session.setdefault(sid, []).append((score, position))
+    ranked = sorted((min(found)[0], sid) for sid, found in by_session.items())
+    if after is not None:
+        ranked = [r for r in ranked if r > after]
+    page = ranked[:limit]
+    best = {sid: [p for _, p in sorted(by_session[sid])[:hits]] for _, sid in page}
+    return Ranked(page, best, {sid: len(by_session[sid]) for _, sid in page},
+                  len(ranked) > limit)
+
+
+def result(ranked: Ranked, hits: Mapping[int, SearchHit],
+           views: Mapping[str, Sequence[Any]], complete: bool) -> SearchResult:
+    """The page: each session's view (status, namespace, actor_name, task, updated_at) and
+    its hits, best first (a session whose view is gone meanwhile is left out)."""
+    found = [SearchSession(
+        session_id=sid, status=views[sid][0], namespace=views[sid][1],
+        actor_name=views[sid][2], task=views[sid][3], updated_at=views[sid][4],
+        score=score, matches=ranked.matches[sid],
+        hits=[hits[p] for p in ranked.best[sid] if p in hits])
+        for score, sid in ranked.page if sid in views]
+    last = ranked.page[-1] if ranked.page else None
+    return SearchResult(sessions=found, complete=complete,
+                        next_cursor=encode_cursor(*last) if ranked.more and last else None)
+
+
+def hit(position: int, version: int, event_type: str, recorded_at: str,
+        sequence: int | None, role: str | None, snippet: str, current: bool | None) -> SearchHit:
+    """One hit: a message's sequence, role and whether it is still in the conversation;
+    none of those for another event."""
+    if event_type != "message.appended":
+        sequence = role = current = None
+    return SearchHit(position=position, version=version, type=event_type,
+                     recorded_at=recorded_at, snippet=snippet, sequence=sequence, role=role,
+                     current=current)
