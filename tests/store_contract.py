@@ -461,9 +461,9 @@ def fork_event(sid: str, source: str, version: int, source_hash: str, state: Ses
     event = Event(position=position, session_id=sid, version=version + 1, event_id=new_id(),
                   type="session.forked", schema_version=CURRENT_SCHEMA_VERSION,
                   recorded_at="2026-01-01T00:01:00.000000Z", meta=EventMeta(), hash="",
-                  data={"from": {"session_id": source, "version": version,
-                                 "hash": source_hash},
-                        "state": msgspec.to_builtins(state)})
+                  data_json=msgspec.Raw(canonical({
+                      "from": {"session_id": source, "version": version, "hash": source_hash},
+                      "state": msgspec.to_builtins(state)})))
     return msgspec.structs.replace(event, hash=chain_hash(source_hash, event))
 
 
