@@ -26,7 +26,7 @@ import msgspec
 import pytest
 
 from sessiond_daemon import projection
-from sessiond_daemon.eventstore import Batch, Entry
+from sessiond_daemon.eventstore import Batch, Entry, Template
 from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
 from sessiond_schemas.export import canonical, chain_hash
 
@@ -164,7 +164,11 @@ class Scribe:
         batch.events += events
         batch.views[sid] = Entry(state, events[-1].hash, events[-1].position)
         if key is not None:
-            batch.idempotency.append((sid, key, b'{"version": %d}' % state.version))
+            result = b'{"version": %d}' % state.version
+            batch.idempotency.append((sid, key, result))
+            # No position in it: its template is the text (the one-call commit takes it).
+            batch.templates[(sid, key)] = Template((result.decode(),), ())
+        batch.templated = True  # no result here quotes a position
 
     def adopt(self, batch: Batch) -> None:
         """The batch committed: hold its views."""
@@ -192,3 +196,23 @@ async def await_until(ready: Callable[[], Awaitable[Any]], what: str) -> Any:
         while not (value := await ready()):
             await anyio.sleep(0.01)
     return value
+
+
+class Stores:
+    """A store factory for running_daemon that keeps the stores it made, to read the
+    PostgreSQL store's own counters (`reads`, `figures`) of each daemon."""
+
+    def __init__(self) -> None:
+        self.made: list[Any] = []
+
+    def __call__(self, config: Any) -> Any:
+        from sessiond_daemon import lifecycle
+
+        self.made.append(lifecycle.default_store(config))
+        return self.made[-1]
+
+    def reads(self, i: int) -> dict[str, int]:
+        return dict(self.made[i].reads)
+
+    def figures(self, i: int) -> dict[str, float]:
+        return dict(self.made[i].figures)

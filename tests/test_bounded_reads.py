@@ -193,6 +193,45 @@ class TestSearchBudget:
             if store_kind == "postgresql":  # the lock gone, the same query answers
                 assert len((await client.search("a* b* g* d* e*", limit=100)).sessions) == 20
 
+    async def test_a_broad_prefix_is_refused_before_it_runs(
+            self, store_kind: str, short_dir: str, db_url: str) -> None:
+        """A query whose prefix terms' words are in more indexed events than
+        search_max_prefix_matches allows (as the store estimates from its index: SQLite
+        from FTS5's pages, PostgreSQL from the planner's statistics) is -32602 before it
+        runs, naming the setting and what to do: neither a tiny step budget (SQLite) nor
+        a locked index (PostgreSQL) is reached. A narrower query answers as it did."""
+        config = daemon_config(short_dir, db=db_url)
+        async with running_daemon(config) as d, AsyncClient(d.socket) as client:
+            await wordy_sessions(client)  # "alpha" and "alpine" in almost every message
+            await client.create_session(session_id="rare", task="words")
+            await client.append_messages("rare", [{"role": "user",
+                                                   "content": "zanzibar zanzibars alpha"}])
+            if store_kind == "postgresql":
+                pg.query(db_url, "ANALYZE search_index")  # as autovacuum would
+            narrow = await client.search("zanz*", limit=100)
+            assert [s.session_id for s in narrow.sessions] == ["rare"]
+            broad = await client.search("alp* zanz*", limit=100)  # under the default
+            assert [s.session_id for s in broad.sessions] == ["rare"]
+        if store_kind == "sqlite":
+            setting, limit = "search_max_steps", 20_000  # stops "a* b* g* d* e*" above
+        else:
+            setting, limit = "search_timeout_s", 0.5
+        config = daemon_config(short_dir, db=db_url, search_max_prefix_matches=1_000,
+                               **{setting: limit})
+        async with running_daemon(config) as d, AsyncClient(d.socket) as client:
+            async with (index_locked(db_url) if store_kind == "postgresql"
+                        else nullcontext()):
+                with pytest.raises(InvalidParamsError) as refused:
+                    await client.search("alp* zanz*", limit=100)
+            data = refused.value.data
+            assert data["setting"] == "search_max_prefix_matches"
+            assert data["limit"] == 1_000 and data["found"] > 1_000
+            assert data["path"] == "$.query"
+            assert "longer prefix" in refused.value.message
+            assert "search_max_prefix_matches" in refused.value.message
+            assert await client.search("zanz*", limit=100) == narrow
+            assert await client.search("alpha zanz*", limit=100) == broad
+
     @pytest.mark.sqlite_only("SQLite's progress handler; PostgreSQL's watcher is tested below")
     async def test_a_query_whose_client_went_stops(self, store_kind: str,
                                                    short_dir: str) -> None:

@@ -50,7 +50,8 @@ async def test_a_batch_cut_off_mid_transaction_leaves_nothing(pg_url: str) -> No
             async def waiting() -> int | None:
                 row = await admin._one(
                     "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' AND query LIKE '%log_head%'")
+                    " AND wait_event_type = 'Lock' AND (query LIKE '%log_head%'"
+                    " OR query LIKE '%sessiond_commit(%')")  # the one-call commit
                 return row[0] if row else None
 
             pid = await await_until(waiting, "the batch waiting for the counter row")

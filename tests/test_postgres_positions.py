@@ -136,7 +136,8 @@ async def test_an_event_that_commits_late_is_not_skipped(pg_url: str, outcome: s
             async def waiting() -> bool:  # (not on `slow`: its transaction's stats are frozen)
                 row = await reader._one(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' AND query LIKE '%log_head%'")
+                    " AND wait_event_type = 'Lock' AND (query LIKE '%log_head%'"
+                    " OR query LIKE '%sessiond_commit(%')")  # the one-call commit
                 return bool(row[0])
 
             await await_until(waiting, "the fast batch waiting for the counter row")

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 
 import anyio
@@ -60,6 +65,7 @@ async def test_a_newer_schema_is_refused_untouched(pg_url: str) -> None:
 
     from sessiond_daemon.postgres import schema
     from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.schema import SchemaTooNew
 
     store = PostgresStore(pg_url)
     await store.open()
@@ -68,10 +74,32 @@ async def test_a_newer_schema_is_refused_untouched(pg_url: str) -> None:
     try:
         await con.execute("UPDATE meta SET value = $1 WHERE key = 'schema_version'",
                           str(schema.LATEST + 1))
-        with pytest.raises(schema.SchemaTooNew, match="newer than this sessiond"):
+        with pytest.raises(SchemaTooNew, match="newer than this sessiond"):
             await PostgresStore(pg_url).open()
         assert await con.fetchval("SELECT value FROM meta") == str(schema.LATEST + 1)
         # The lock was given back: another daemon is not stuck behind the refused one.
         assert await con.fetchval("SELECT pg_try_advisory_lock($1)", schema.ADVISORY_LOCK)
     finally:
         await con.close()
+
+
+def test_a_daemon_refuses_a_newer_schema_with_its_reason(pg_url: str,
+                                                         tmp_path: pathlib.Path) -> None:
+    """The daemon on a database a newer sessiond migrated exits 78 (a configuration
+    error: restarting cannot help) saying why, as on SQLite, never with a traceback."""
+    from sessiond_daemon.postgres import schema
+
+    socket_dir = tempfile.mkdtemp(prefix="sd-", dir="/tmp")
+    migrated = subprocess.run(
+        [sys.executable, "-m", "sessiond_daemon", "--db", pg_url, "--migrate-only"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert migrated.returncode == 0, migrated.stderr
+    pg.query(pg_url, "UPDATE meta SET value = ? WHERE key = 'schema_version'",
+             str(schema.LATEST + 1))
+    refused = subprocess.run(
+        [sys.executable, "-m", "sessiond_daemon", "--log-format", "json", "--db", pg_url,
+         "--socket", os.path.join(socket_dir, "s")],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 78, refused.stderr
+    assert "newer than this sessiond" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -20,7 +20,7 @@ from . import host, lifecycle, logs, systemd
 from .config import Config, ConfigError, load
 from .deadline import MARGIN_S, StopDeadline
 from .metrics import check_config as check_metrics
-from .migrations import SchemaRefused
+from .stores.schema import SchemaRefused
 from .web.face import check_config as check_http
 
 EX_CONFIG = 78

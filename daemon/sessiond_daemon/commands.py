@@ -51,6 +51,7 @@ class Limits:
     # session.search's cost budget (eventstore.SearchBudget; docs/reliability.md "Budgets")
     search_max_terms: int = 64
     search_max_prefixes: int = 8
+    search_max_prefix_matches: int = 100_000
     search_max_steps: int = 500_000_000
     search_timeout_s: float = 10.0
 

@@ -106,6 +106,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # refused (-32602) or stopped (-32012), naming the setting.
     search_max_terms: Count = 64
     search_max_prefixes: Count = 8
+    # the indexed events the words of a query's prefix terms are in, summed over the words,
+    # as the store estimates them from its index before the query runs: past it, -32602
+    search_max_prefix_matches: Count = 100_000
     search_max_steps: Count = 500_000_000
     search_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 10.0
     # PostgreSQL (fleet mode): every statement of the writer and of the readers ends
@@ -130,7 +133,8 @@ RELOADABLE = frozenset({
     "max_checkpoint_bytes", "max_fork_depth", "allowed_uids", "allowed_gids", "peer_methods",
     "drain_timeout_s", "max_batch_requests", "max_reply_buffer", "max_page_bytes",
     "http_cors_origins", "http_send_timeout_s", "default_ttl_s",
-    "search_max_terms", "search_max_prefixes", "search_max_steps", "search_timeout_s",
+    "search_max_terms", "search_max_prefixes", "search_max_prefix_matches", "search_max_steps",
+    "search_timeout_s",
     "max_reply_buffer_total",
 })
 

@@ -29,6 +29,7 @@ several daemons share must check.
 from __future__ import annotations
 
 import base64
+import re
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
@@ -136,6 +137,14 @@ class Batch:
     # Told the shift when a store gives the events other positions than the writer's
     # (`renumber`): the writer rebuilds the results that quote positions.
     on_renumber: Callable[[int], None] | None = None
+    # For a store that numbers the batch inside one statement (PostgreSQL's one-call
+    # commit): each idempotency result (session_id, key) as a Template, which that
+    # statement fills with the positions it takes. A key without one: the store commits
+    # the batch in its multi-statement way (numbers first, then results).
+    templates: dict[tuple[str, str], Template] = field(default_factory=dict)
+    # Whether every result of the batch that quotes positions has its template (so none
+    # has to be built again once the positions are known, after the commit).
+    templated: bool = False
 
     def renumber(self, first: int) -> None:
         """Number the events from `first` on (a store that takes positions in the commit
@@ -154,6 +163,7 @@ class Batch:
         self.events = [e for e in self.events if e.session_id != session_id]
         self.views.pop(session_id, None)
         self.idempotency = [i for i in self.idempotency if i[0] != session_id]
+        self.templates = {k: t for k, t in self.templates.items() if k[0] != session_id}
         self.snapshots = [v for v in self.snapshots if v.session_id != session_id]
         self.requires = [r for r in self.requires if r[0] != session_id]
 
@@ -165,6 +175,50 @@ class Batch:
     def unforked(self) -> list[str]:
         """The sessions the batch requires to have no forks, each once, in order."""
         return sorted({p.session_id for _, p in self.requires if isinstance(p, HasNoForks)})
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A result that quotes positions of its batch's events, as text around them:
+    `parts[0]`, the position of the batch's event `events[0]` (its index in the batch),
+    `parts[1]`, ... (one part more than events)."""
+
+    parts: tuple[str, ...]
+    events: tuple[int, ...]
+
+    def fill(self, first: int) -> bytes:
+        """The result with the batch numbered from `first`."""
+        out = [self.parts[0]]
+        for part, index in zip(self.parts[1:], self.events, strict=True):
+            out += [str(first + index), part]
+        return "".join(out).encode()
+
+
+# The positions a result is built with to find where it quotes them: the batch's event i
+# at TEMPLATE_MARK + i, then at TEMPLATE_OTHER + i (no position of a real log comes near).
+TEMPLATE_MARK: Final = 10**15
+TEMPLATE_OTHER: Final = 2 * 10**15
+_DIGITS: Final = re.compile(r"\d+")
+
+
+def template(marked: bytes, other: bytes, count: int) -> Template | None:
+    """The template of a result built twice, with the batch's event i at position
+    TEMPLATE_MARK + i (`marked`) and at TEMPLATE_OTHER + i (`other`), of a batch of
+    `count` events; None when the two do not line up (a number that moved with the
+    positions but is not one of them)."""
+    text = marked.decode()
+    parts: list[str] = []
+    events: list[int] = []
+    at = 0
+    for m in _DIGITS.finditer(text):
+        index = int(m.group()) - TEMPLATE_MARK
+        if 0 <= index < count:
+            parts.append(text[at:m.start()])
+            events.append(index)
+            at = m.end()
+    parts.append(text[at:])
+    t = Template(tuple(parts), tuple(events))
+    return t if t.fill(TEMPLATE_OTHER) == other else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,9 +517,16 @@ class SizeCap(Protocol):
 
 
 class Following(Protocol):
-    """A follower of a shared log: runs until cancelled; `wake` asks for one more round."""
+    """A follower of a shared log: runs until cancelled; `wake` asks for one more round,
+    `hint(position)` one up to a position known committed (this host's batch). It follows
+    only while `needed` (given to `following`) says so: `resume` (awaited before a new
+    follower of the bells takes its mark) makes it live again from the head, `idle` says
+    nobody needs it any more."""
 
     def wake(self) -> None: ...
+    def hint(self, position: int) -> None: ...
+    async def resume(self) -> None: ...
+    def idle(self) -> None: ...
     async def run(self) -> None: ...
 
 
@@ -475,7 +536,8 @@ class SharedLog(Protocol):
     def following(self, deliver: Callable[[list[Event], int], Awaitable[None]], *,
                   cursor: int, at: Callable[[], int],
                   deleted: Callable[[frozenset[str]], None],
-                  on_state: Callable[[bool], None]) -> Following:
+                  on_state: Callable[[bool], None],
+                  needed: Callable[[], bool] | None = None) -> Following:
         """A follower that hands `deliver` every committed event past `cursor`, from any
         host, in position order, with the position it reaches; `deleted` the sessions
         other hosts deleted; `at` says where this daemon already is; `on_state(connected)`
@@ -499,12 +561,14 @@ class SqlAccess(Protocol):
 @dataclass(frozen=True)
 class SearchBudget:
     """What one session.search query may cost (docs/reliability.md, "Budgets"): its terms
-    and prefix terms, checked before it runs (-32602); while it runs, its time and (on
+    and prefix terms, checked before it runs (-32602), as are the indexed events its prefix
+    terms' words are in (estimated by the store from its index); while it runs, its time and (on
     SQLite, counted by the progress handler) VM steps (-32012); and it stops when its
     client goes (`gone`) or its request is cancelled (`stop`)."""
 
     max_terms: int = 64
     max_prefixes: int = 8
+    max_prefix_matches: int = 100_000
     max_steps: int = 500_000_000
     timeout_s: float = 10.0
     gone: Callable[[], bool] = lambda: False

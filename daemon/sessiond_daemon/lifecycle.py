@@ -225,11 +225,15 @@ class Daemon:
                 log.info("daemon.database_back")
                 self.notifier.notify(f"STATUS=serving, {self.server.connections} connections")
 
+        # Followed only while this host's subscriptions or HTTP tails need it (follow.py).
         follower = shared_log.following(writer.deliver, cursor=writer.committed_position,
                                         at=lambda: writer.committed_position,
                                         deleted=writer.deleted_elsewhere,
-                                        on_state=database)
-        writer.wake_follower = follower.wake
+                                        on_state=database,
+                                        needed=lambda: writer.watchers > 0)
+        writer.wake_follower = follower.hint
+        writer.resume_follower = follower.resume
+        writer.idle_follower = follower.idle
 
         async def follow() -> None:
             with scope:
@@ -431,6 +435,7 @@ def _service_limits(config: Config) -> Limits:
                   default_ttl_s=dict(config.default_ttl_s),
                   search_max_terms=config.search_max_terms,
                   search_max_prefixes=config.search_max_prefixes,
+                  search_max_prefix_matches=config.search_max_prefix_matches,
                   search_max_steps=config.search_max_steps,
                   search_timeout_s=config.search_timeout_s)
 

@@ -17,7 +17,7 @@ from typing import Final
 import structlog
 
 from .stores.models.search_text import INDEXED_TYPES
-from .stores.schema import OWNER_UID, owner_sql
+from .stores.schema import OWNER_UID, SchemaRefused, SchemaTooNew, owner_sql
 
 log = structlog.get_logger("sessiond.store")
 
@@ -291,14 +291,6 @@ MIGRATIONS: Final[list[list[Step]]] = [
 
 
 LATEST: Final = len(MIGRATIONS)
-
-
-class SchemaRefused(Exception):
-    """The database's schema cannot be served as it is; nothing was changed (exit 78)."""
-
-
-class SchemaTooNew(SchemaRefused):
-    """The database was written by a newer sessiond: refused whole."""
 
 
 class MigrationFailed(SchemaRefused):

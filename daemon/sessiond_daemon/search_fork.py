@@ -34,6 +34,7 @@ class SearchAndFork:
         limits = self.commands.limits
         budget = SearchBudget(max_terms=limits.search_max_terms,
                               max_prefixes=limits.search_max_prefixes,
+                              max_prefix_matches=limits.search_max_prefix_matches,
                               max_steps=limits.search_max_steps,
                               timeout_s=limits.search_timeout_s, gone=client_gone.get())
         search.check_terms(p.query, budget)  # refused before a read connection is taken

@@ -220,6 +220,9 @@ class Service:
             reply_bytes_budget=live.reply_bytes_budget,
             connections_paused=live.connections_paused,
             connections_closed_by_budget=live.connections_closed_by_budget,
+            # Only a shared store keeps them (PostgresStore.figures).
+            store_commits=dict(figures) if (figures := getattr(self.store, "figures", None))
+            else None,
         )
 
     # --- sessions -------------------------------------------------------------------

@@ -64,7 +64,12 @@ class Subscriptions:
         if p.from_position is not None and p.from_version is not None:
             raise InvalidParamsError("give from_position or from_version, not both",
                                      {"detail": "both given", "path": "$.from_version"})
-        cursor = await self._start(p)
+        await self.writer.watch()  # before the mark (fleet mode: the log is followed)
+        try:
+            cursor = await self._start(p)
+        except BaseException:
+            self.writer.unwatch()
+            raise
         sub = _Subscription(new_id(), p.session_id, frozenset(p.types) if p.types else None,
                             cursor)
         self._active[sub.id] = sub
@@ -126,6 +131,7 @@ class Subscriptions:
     def _forget(self, sub: _Subscription) -> None:
         if self._active.pop(sub.id, None) is not None:
             self._on_count(-1)
+            self.writer.unwatch()
 
     def _notify(self, method: str, params: Any) -> None:
         self.out.write(_encoder.encode(

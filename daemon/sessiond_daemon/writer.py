@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,8 @@ from . import projection
 from .core.hooks import NO_METRICS, Hooks
 from .core.window import CommitWindow
 from .eventstore import (
+    TEMPLATE_MARK,
+    TEMPLATE_OTHER,
     Batch,
     Entry,
     EventStore,
@@ -58,6 +61,8 @@ from .eventstore import (
     HasVersion,
     Moved,
     Precondition,
+    Template,
+    template,
 )
 from .histories import Histories, check_import, damaged_error, out_of_bounds
 
@@ -205,6 +210,7 @@ class _Built:
     build: Callable[[SessionState, list[Event]], Any] | None = None
     state: SessionState | None = None
     events: list[Event] = field(default_factory=list)
+    template: Template | None = None  # shared stores: the result with its positions open
 
 
 @dataclass(slots=True)
@@ -265,9 +271,19 @@ class Writer:
         # Fleet mode (a store several daemons share): wakes the follower of the shared log
         # (lifecycle), which rings the bells for batches that do not follow on from
         # `committed_position` (another host's events come between); see `deliver`.
-        self.wake_follower: Callable[[], None] | None = None
+        self.wake_follower: Callable[[int], None] | None = None  # given the batch's end
+        # Those who follow the bells on this host (subscriptions, HTTP tails: `watch`).
+        # While there are none, the shared log is not followed at all: this host's batches
+        # are rung even past a gap (nobody holds a bell to miss the events in it).
+        self.watchers = 0
+        self.resume_follower: Callable[[], Awaitable[None]] | None = None
+        self.idle_follower: Callable[[], None] | None = None
         self.transactions = 0
         self.commands = 0
+        self.rechecks = 0  # shared store: decisions taken again on the stored view
+        self._rechecks = 0
+        self._from_cache: set[str] = set()
+        self._viewed = False
         self._rate: deque[tuple[float, int]] = deque()
         self._busy_since: float | None = None  # monotonic start of the batch in hand
         self.window = CommitWindow()  # batch sizes and commit times, for daemon.stats
@@ -302,6 +318,32 @@ class Writer:
             return None
         entry = self._cache.get(session_id)
         return entry.state if entry is not None else None
+
+    async def watch(self) -> None:
+        """Say that bells will be followed from now on (call before taking the mark: a
+        subscription's `committed_position` and `bell`, a tail's bell). In fleet mode the
+        first one resumes the follower of the shared log (one read of its head)."""
+        self.watchers += 1
+        if self.resume_follower is not None:
+            try:
+                await self.resume_follower()
+            except BaseException:
+                self.unwatch()
+                raise
+
+    def unwatch(self) -> None:
+        """The end of a `watch`."""
+        self.watchers -= 1
+        if self.watchers == 0 and self.idle_follower is not None:
+            self.idle_follower()
+
+    @asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        await self.watch()
+        try:
+            yield
+        finally:
+            self.unwatch()
 
     @property
     def queue_depth(self) -> int:
@@ -407,7 +449,7 @@ class Writer:
             if moved.stale or not refused:
                 moves += 1
             log.info("writer.store_moved", stale=len(moved.stale), refused=len(refused),
-                     head=moved.head)
+                     head=moved.head, rechecked=self._rechecks > 0)
             for sid in moved.stale:
                 self._cache.pop(sid, None)
             self.next_position = moved.head + 1
@@ -423,6 +465,15 @@ class Writer:
 
     async def _attempt_once(self, commands: list[Command],
                             owners: list[_Requirement]) -> Moved | None:
+        self._rechecks = 0
+        # Shared store: the sessions decided on a cached view (another host may have moved
+        # them) and, of those, the ones a command was refused or answered on without a
+        # commit. The commit's version check catches a stale view that writes; a refusal or
+        # an answer without events it never sees, so those are decided again on the stored
+        # view (one read each) before anything is answered: a right expected_version is
+        # never refused for a view this host had not seen move.
+        self._from_cache = set()
+        suspects: set[str] = set()
         batch = Batch()
         built: list[_Built] = []
         batch.on_renumber = lambda shift: self._renumbered(batch, built, shift)
@@ -431,7 +482,8 @@ class Writer:
         # hop for the whole batch), then those decided in it.
         keyed = [(c.session_id, key) for c in commands if (key := scoped_key(c)) is not None]
         # The views not in the cache, read with the keys: one hop for the batch, not one
-        # a session. (A shared store's writer reads each view as it decides: `_load`.)
+        # a session. (A shared store's writer reads each view it does not hold as it
+        # decides: `_load`.)
         self._prefetched = {}
         missing = [] if self.shared else list(dict.fromkeys(
             c.session_id for c in commands if c.session_id not in self._cache))
@@ -447,6 +499,7 @@ class Writer:
         first_position = self.next_position
         for cmd in commands:
             numbered = self.next_position
+            self._viewed = False  # set when the command is answered with the view alone
             try:
                 await self._decide(cmd, batch, overlay, repeats, built, owners)
             except SessiondError as exc:
@@ -456,9 +509,19 @@ class Writer:
             if cmd.error is not None:
                 cmd.result = None
                 self.next_position = numbered  # a refused command leaves no gap
+            if cmd.session_id in self._from_cache and (cmd.error is not None
+                                                       or self._viewed):
+                suspects.add(cmd.session_id)
         self._prefetched = {}
+        if suspects:
+            self.next_position = first_position
+            self._rechecks = len(suspects)
+            self.rechecks += len(suspects)
+            return Moved(frozenset(suspects), first_position - 1)
         if not (batch.events or batch.deletes):
             return None
+        if self.shared and batch.events:
+            self._templates(batch, built)
         try:
             moved = await self.store.commit(batch)
         except Exception as exc:
@@ -484,6 +547,37 @@ class Writer:
         self._ring(batch)
         return None
 
+    @staticmethod
+    def _templates(batch: Batch, built: list[_Built]) -> None:
+        """A shared store numbers the batch in its commit: each result that quotes
+        positions, built again with marked positions, becomes a Template the commit fills
+        (the keyed ones go into the batch: the store stores them filled in the same
+        statement)."""
+        first, count = batch.events[0].position, len(batch.events)
+        ids = {e.event_id for e in batch.events}
+        batch.templated = True
+        for b in built:
+            if b.build is None or b.state is None or not b.events \
+                    or b.events[-1].event_id not in ids:  # a session a later delete took
+                continue
+            state = b.state
+
+            def at(base: int, events: list[Event] = b.events) -> list[Event]:
+                return [moved(e, position=base + e.position - first)
+                        for e in events]
+
+            try:
+                b.template = template(_json.encode(b.build(state, at(TEMPLATE_MARK))),
+                                      _json.encode(b.build(state, at(TEMPLATE_OTHER))),
+                                      count)
+            except Exception:  # built once already: a second build that fails is a bug
+                log.exception("writer.template_failed", session_id=b.cmd.session_id)
+                b.template = None
+            if b.template is None:
+                batch.templated = False
+            elif b.key is not None:
+                batch.templates[b.key] = b.template
+
     def _renumbered(self, batch: Batch, built: list[_Built], shift: int) -> None:
         """The store numbered the batch `shift` past the writer's numbering: build again
         the results that quote positions, and the idempotency results among them. Runs
@@ -494,7 +588,10 @@ class Writer:
                 continue
             assert b.state is not None
             b.events = [moved(e, position=e.position + shift) for e in b.events]
-            b.cmd.result = _json.encode(b.build(b.state, b.events))
+            if b.template is not None:
+                b.cmd.result = b.template.fill(batch.events[0].position)
+            else:
+                b.cmd.result = _json.encode(b.build(b.state, b.events))
             if b.key is not None:
                 results[b.key] = b.cmd.result
         for b in built:
@@ -522,11 +619,12 @@ class Writer:
     def _ring(self, batch: Batch) -> None:
         """Ring the batch for subscribers. In fleet mode a batch that does not follow on
         from what was rung is left to the follower, which reads it with the other hosts'
-        events before it, in position order; its deletes are rung now."""
+        events before it, in position order; its deletes are rung now. With nobody
+        watching, nobody misses those events: the batch is rung at once, past the gap."""
         events = batch.events
-        if (self.wake_follower is not None and events
+        if (self.wake_follower is not None and events and self.watchers
                 and events[0].position != self.committed_position + 1):
-            self.wake_follower()
+            self.wake_follower(events[-1].position)
             events = []
         self._ring_bell(events, frozenset(batch.deletes),
                         events[-1].position if events else self.committed_position)
@@ -618,6 +716,7 @@ class Writer:
         elif not plan.events:  # the plan found nothing to record: answer with the view
             if entry is None:
                 raise InternalError("a plan with no events for a missing session")
+            self._viewed = True
             cmd.result = _json.encode(plan.result(entry.state, []))
             return
         else:
@@ -724,11 +823,15 @@ class Writer:
         return events
 
     async def _load(self, session_id: str) -> Entry | None:
-        # On a shared store another daemon may have written or deleted the session since
-        # we cached it: decide on the stored view (the commit still checks it under lock).
-        entry = None if self.shared else self._cache.get(session_id)
+        # On a shared store too the cached view is decided on: another daemon may have
+        # written or deleted the session since, and then the commit's version check under
+        # the row lock says so (Moved: decided again on the stored view); a refusal or an
+        # answer decided on it is checked again (see _attempt_once).
+        entry = self._cache.get(session_id)
         if entry is not None:
             self._cache.move_to_end(session_id)
+            if self.shared:
+                self._from_cache.add(session_id)
             return entry
         try:
             if session_id in self._prefetched:  # read with the batch's other views

@@ -20,12 +20,24 @@ class SharedLogFollower:
     def __init__(self, store: LogReads, connect: Callable[[], Awaitable[Any]],
                  deliver: Callable[[list[Event], int], Awaitable[None]], *, cursor: int,
                  at: Callable[[], int], deleted: Callable[[frozenset[str]], None],
-                 on_state: Callable[[bool], None]) -> None:
-        self.follower = Follower(store, deliver, cursor=cursor, at=at, deleted=deleted)
-        self.listener = Listener(connect, self.follower.wake, on_state=on_state)
+                 on_state: Callable[[bool], None],
+                 needed: Callable[[], bool] | None = None) -> None:
+        self.follower = Follower(store, deliver, cursor=cursor, at=at, deleted=deleted,
+                                 needed=needed)
+        self.listener = Listener(connect, self.follower.wake, on_state=on_state,
+                                 on_hint=self.follower.hint)
 
     def wake(self) -> None:
         self.follower.wake()
+
+    def hint(self, position: int) -> None:
+        self.follower.hint(position)
+
+    async def resume(self) -> None:
+        await self.follower.resume()
+
+    def idle(self) -> None:
+        self.follower.idle()
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:

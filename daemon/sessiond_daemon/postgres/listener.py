@@ -1,8 +1,9 @@
 """The one LISTEN connection of a daemon: wakes the subscription feeder on each NOTIFY,
 and on a periodic poll in case a notification was lost with a connection.
 
-A notification is a wake-up only (its payload, the batch's last position, is a hint):
-the woken code reads the events table past its own cursor, in position order. The
+A notification is a wake-up only (its payload, the batch's last position, is a hint,
+passed to `on_hint`: every position up to it is committed): the woken code reads the
+events table past its own cursor, in position order. The
 connection is checked at every poll; when it is lost the listener says so (`connected`,
 `on_state`), reconnects with exponential backoff, and wakes once on reconnecting, since
 notifications sent while it was away are gone.
@@ -26,7 +27,8 @@ class Listener:
     def __init__(self, connect: Callable[[], Awaitable[Any]], on_wake: Callable[[], None], *,
                  channel: str = CHANNEL, poll_s: float = 1.0, backoff_s: float = 0.1,
                  max_backoff_s: float = 5.0,
-                 on_state: Callable[[bool], None] | None = None) -> None:
+                 on_state: Callable[[bool], None] | None = None,
+                 on_hint: Callable[[int], None] | None = None) -> None:
         self._connect = connect
         self._on_wake = on_wake
         self.channel = channel
@@ -34,14 +36,19 @@ class Listener:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._on_state = on_state
+        # Given the payload (the batch's last position) instead of waking, when set.
+        self._on_hint = on_hint
         self.connected = False
         self.connects = 0  # connections made (reconnections are connects - 1)
         self.notifications = 0
         self._lost = anyio.Event()
 
-    def _notified(self, _con: Any, _pid: int, _channel: str, _payload: str) -> None:
+    def _notified(self, _con: Any, _pid: int, _channel: str, payload: str) -> None:
         self.notifications += 1
-        self._on_wake()
+        if self._on_hint is not None and payload.isdigit():
+            self._on_hint(int(payload))
+        else:
+            self._on_wake()
 
     def _terminated(self, _con: Any) -> None:
         self._lost.set()

@@ -4,6 +4,7 @@ read runs its cursor in a transaction of its own), so no transaction spans the w
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 import asyncpg
@@ -42,6 +43,7 @@ class Reads(ViewQueries):
     """Read queries over the pool `_pool` (an asyncpg.Pool, set by open)."""
 
     _pool: Any
+    reads: Counter[str]  # statements run, by what ran them (the fleet tests count them)
     origin: str  # the daemon's mark on the deletes it writes (store.py)
     dialect = POSTGRES
 
@@ -50,6 +52,7 @@ class Reads(ViewQueries):
         return _state_decoder.decode(data)
 
     async def _all(self, sql: str, *args: Any) -> list[Any]:
+        self.reads["pool"] += 1
         try:
             return list(await self._pool.fetch(sql, *args))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
@@ -67,6 +70,7 @@ class Reads(ViewQueries):
         if not max_bytes:
             page.extend(await self._all(sql, *args))
             return page
+        self.reads["pool"] += 1
         try:
             async with self._pool.acquire() as con, con.transaction(readonly=True):
                 cursor = await con.cursor(sql, *args)

@@ -27,8 +27,8 @@ from typing import Any, Final
 
 import structlog
 
-from ..stores.schema import OWNER_UID, owner_sql
-from . import search
+from ..stores.schema import OWNER_UID, SchemaTooNew, owner_sql
+from . import onecall, search
 
 # A migration step: a statement, or a function run on the migrating connection inside the
 # migration's transaction (a backfill whose values only Python computes).
@@ -237,13 +237,13 @@ MIGRATIONS: Final[list[list[Step]]] = [
         *search.MIGRATION,
         search.backfill,
     ],
+    # 8: the commit as one server-side function (onecall.py): one round trip per batch.
+    [
+        onecall.CREATE,
+    ],
 ]
 
 LATEST: Final = len(MIGRATIONS)
-
-
-class SchemaTooNew(Exception):
-    """The database was migrated by a newer sessiond: refused, nothing changed."""
 
 
 async def schema_version(con: Any) -> int:

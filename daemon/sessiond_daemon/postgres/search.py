@@ -37,6 +37,7 @@ from sessiond_daemon.eventstore import EVENT_COLUMNS, SearchBudget, SearchQuery,
 from sessiond_daemon.postgres.errors import RETRYABLE, storage_error
 from sessiond_daemon.stores.models import search as model
 from sessiond_daemon.stores.models.conversation import relink
+from sessiond_daemon.stores.models.search import fold
 from sessiond_daemon.stores.models.search_text import INDEXED_TYPES, text_of
 from sessiond_schemas.errors import InvalidParamsError, StorageError
 from sessiond_schemas.rpc import SearchHit, SearchResult
@@ -73,15 +74,6 @@ MAX_POSITION: Final = 16_383  # PostgreSQL's: later words all sit at this one
 MAX_POSITIONS: Final = 256  # per word, PostgreSQL's
 MAX_WORD_BYTES: Final = 2_046  # a longer word is not indexed (PostgreSQL cannot)
 MAX_DOC_BYTES: Final = 900_000  # distinct words' bytes per document (PostgreSQL: < 1 MiB)
-
-
-def fold(token: str) -> str:
-    """A token as unicode61 (remove_diacritics 2) indexes it: lower case, no diacritics."""
-    if token.isascii():
-        return token.lower()
-    bare = "".join(c for c in unicodedata.normalize("NFKD", token)
-                   if not unicodedata.combining(c))
-    return unicodedata.normalize("NFC", bare).lower()
 
 
 def tokens(text: str | None) -> list[str]:
@@ -592,10 +584,42 @@ _VIEWS: Final = ("SELECT session_id, status, namespace, actor_name, task, update
                  " FROM sessions WHERE session_id = ANY($1::text[])")
 
 
-async def _query(con: Any, q: SearchQuery, tsquery: str, timeout_s: float) -> SearchResult:
+# The planner's statistics of the index's words (ANALYZE, kept by autovacuum): the most
+# common ones (up to ten times the statistics target) and the share of rows each is in.
+_STATS: Final = """
+    SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname
+        AND s.attname = 'doc'
+    WHERE c.oid = 'search_index'::regclass"""
+
+
+async def prefix_matches(con: Any, words: list[str]) -> int:
+    """About how many (event, word) entries the GIN index holds for the words starting
+    with `words` (prefixes), from the planner's statistics: one catalog read, whatever the
+    index's size (ts_stat, or the index itself, would read every entry). Words too rare to
+    be among the most common count nothing; a table never analyzed counts nothing."""
+    if not words:
+        return 0
+    row = await con.fetchrow(_STATS)
+    if row is None or row[0] is None or row[1] is None:
+        return 0
+    rows = max(0.0, float(row[2]))
+    share = sum(freq for elem, freq in zip(row[0], row[1], strict=False)
+                if elem.startswith(tuple(words)))
+    return int(share * rows)
+
+
+async def _query(con: Any, q: SearchQuery, tsquery: str, budget: SearchBudget) -> SearchResult:
     # One snapshot for the ranking, the hits and the views; the server's own bound too.
     async with con.transaction(isolation="repeatable_read", readonly=True):
-        await con.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout_s * 1000))}")
+        await con.execute("SET LOCAL statement_timeout ="
+                          f" {max(1, int(budget.timeout_s * 1000))}")
+        # A prefix reads the index entries of all its words (a GIN scan) unless the
+        # planner walks the positions instead: refused up front when they are too many.
+        found = await prefix_matches(con, model.prefixes(q.text))
+        if found > budget.max_prefix_matches:
+            raise model.too_broad(found, budget.max_prefix_matches)
         sql, args = _newest_sql(q)
         rows = [(int(r[0]), r[1], -float(r[2])) for r in await con.fetch(sql, tsquery, *args)]
         complete = len(rows) <= q.window
@@ -632,7 +656,7 @@ class FullText:
         async def run(scope: anyio.CancelScope) -> None:
             try:
                 async with self.store._pool.acquire() as con:
-                    result.append(await _query(con, q, tsquery, budget.timeout_s))
+                    result.append(await _query(con, q, tsquery, budget))
             except Exception as exc:  # raised below, outside the task group
                 failed.append(exc)
             finally:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -39,8 +40,9 @@ from sessiond_schemas.events import Event, new_id
 
 from ..eventstore import Batch, Capabilities, Entry, Following, Moved, Precondition, Store
 from ..stores import models
-from ..stores.schema import LOG_TABLES
-from . import executor, preconditions, schema, search
+from ..stores.models.ops import Op
+from ..stores.schema import LOG_TABLES, SchemaTooNew
+from . import executor, onecall, preconditions, schema, search
 from .dsn import redact
 from .errors import RETRYABLE, storage_error
 from .models import ModelReads
@@ -120,7 +122,8 @@ _IDEMPOTENCY: Final = """
 # from here to COMMIT, so everything that needs no position comes before.
 _EVENTS: Final = """
     WITH head AS (
-        UPDATE log_head SET position = position + $1 WHERE id = 1 RETURNING position),
+        UPDATE log_head SET position = position + $1 WHERE id = 1
+        RETURNING position, extract(epoch FROM clock_timestamp()) AS locked_at),
     ins AS (
         INSERT INTO events (position, session_id, version, event_id, type, schema_version,
             recorded_at, data, meta, hash)
@@ -129,19 +132,60 @@ _EVENTS: Final = """
         FROM head, unnest($2::text[], $3::bigint[], $4::text[], $5::text[], $6::int[],
             $7::text[], $8::bytea[], $9::bytea[], $10::text[]) WITH ORDINALITY
             AS e(sid, ver, eid, typ, sv, rec, dat, met, hsh, n))
-    SELECT position - $1 + 1, pg_notify($11, position::text) FROM head"""
+    SELECT position - $1 + 1, locked_at, pg_notify($11, position::text) FROM head"""
+
+
+class _Counted:
+    """The writer's connection as a commit uses it, counting the statements it sends (each
+    one round trip) and those sent while the counter row is locked."""
+
+    __slots__ = ("_con", "locked_at", "locked_from", "sent")
+
+    def __init__(self, con: Any) -> None:
+        self._con = con
+        self.sent = 0
+        self.locked_from = 0  # statements sent before the one that moves the counter row
+        # When the server took the counter row's lock (its clock, seconds since the epoch;
+        # held to COMMIT's answer, taken on this host's clock: the same on one machine).
+        self.locked_at = 0.0
+
+    def lock(self) -> None:
+        """The next statement moves the counter row: the lock is held from it to COMMIT."""
+        self.locked_from = self.sent
+
+    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent += 1
+        return await self._con.fetch(*args, **kwargs)
+
+    async def fetchrow(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent += 1
+        return await self._con.fetchrow(*args, **kwargs)
+
+    async def fetchval(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent += 1
+        return await self._con.fetchval(*args, **kwargs)
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent += 1
+        return await self._con.execute(*args, **kwargs)
+
+    async def executemany(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent += 1  # one round trip: asyncpg pipelines the rows
+        return await self._con.executemany(*args, **kwargs)
 
 
 # Each deleted session, placed in the log's commit order: after the position the log
 # stands at, read under the counter row's lock (no commit moves it until this one is
 # done), and the wake-up (a delete-only batch has no events statement to send it).
+# A delete's NOTIFY names no new position (the head does not move): its payload is not a
+# number, so a listener takes it as a plain wake-up (a round that reads the deletes).
 _DELETIONS: Final = """
     WITH head AS (SELECT position FROM log_head WHERE id = 1 FOR UPDATE),
     ins AS (
         INSERT INTO deletions (after_position, session_id, origin)
         SELECT head.position, d.sid, $2 FROM head, unnest($1::text[]) AS d(sid)
         ON CONFLICT DO NOTHING)
-    SELECT pg_notify($3, position::text) FROM head"""
+    SELECT pg_notify($3, 'deleted ' || position) FROM head"""
 
 
 class PostgresStore(ModelReads):
@@ -167,6 +211,16 @@ class PostgresStore(ModelReads):
         self.migrated: list[int] = []  # the migrations this open applied
         self.last_commit_s = 0.0
         self.moved = 0  # batches refused because another daemon moved a session
+        # Statements run outside a commit, by what ran them ("pool": the readers; "view",
+        # "keys", "head": the writer's): a daemon that only writes reads none per write.
+        self.reads: Counter[str] = Counter()
+        # The commits' own timing since the start (daemon.stats `store_commits`, B12).
+        # Commit a batch the function takes in one statement (migration 8, onecall.py).
+        self.one_call = True
+        self._locked_at = 0.0
+        self.figures: dict[str, float] = dict.fromkeys(
+            ("commits", "one_call", "events", "round_trips", "locked_round_trips",
+             "locked_s", "locked_in_statement_s", "commit_s", "moved"), 0.0)
         # This daemon's mark on the deletes it writes (the `deletions` rows): the follower
         # passes over its own, which the writer's bell has rung already.
         self.origin = new_id()
@@ -193,12 +247,13 @@ class PostgresStore(ModelReads):
     def following(self, deliver: Callable[[list[Event], int], Awaitable[None]], *,
                   cursor: int, at: Callable[[], int],
                   deleted: Callable[[frozenset[str]], None],
-                  on_state: Callable[[bool], None]) -> Following:
+                  on_state: Callable[[bool], None],
+                  needed: Callable[[], bool] | None = None) -> Following:
         """The follower of every host's commits (following.py)."""
         from .following import SharedLogFollower  # listener.py imports our CHANNEL
 
         return SharedLogFollower(self, self.connect, deliver, cursor=cursor, at=at,
-                                 deleted=deleted, on_state=on_state)
+                                 deleted=deleted, on_state=on_state, needed=needed)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -221,7 +276,7 @@ class PostgresStore(ModelReads):
                 self.url, password=self.password, min_size=1, max_size=self._reader_count,
                 timeout=self.connect_timeout_s, command_timeout=READ_TIMEOUT_S,
                 server_settings=self.server_settings, reset=_kept_as_is)
-        except schema.SchemaTooNew:
+        except SchemaTooNew:
             await self.close()
             raise
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
@@ -267,10 +322,12 @@ class PostgresStore(ModelReads):
 
     async def last_position(self) -> int:
         """The position of the last committed event (the counter row)."""
+        self.reads["head"] += 1
         return int(await self._run(
             lambda c: c.fetchval("SELECT position FROM log_head WHERE id = 1")))
 
     async def load_entry(self, session_id: str) -> Entry | None:
+        self.reads["view"] += 1
         row = await self._run(lambda c: c.fetchrow(
             "SELECT s.state, s.last_hash, (SELECT position FROM events e WHERE"
             " e.session_id = s.session_id ORDER BY version DESC LIMIT 1)"
@@ -292,6 +349,7 @@ class PostgresStore(ModelReads):
         whichever daemon stored them."""
         if not keys:
             return {}
+        self.reads["keys"] += 1
         rows = await self._run(lambda c: c.fetch(
             "SELECT i.session_id, i.key, i.result FROM idempotency i JOIN unnest($1::text[],"
             " $2::text[]) AS k(session_id, key) USING (session_id, key)",
@@ -320,13 +378,26 @@ class PostgresStore(ModelReads):
         `Moved` when another daemon wrote first (see the module's docstring)."""
         started = time.perf_counter()
         want = bases(batch)
+        # The read models' ops, before any lock is taken; they point at the writer's
+        # numbering, which the commit's may shift.
+        ops = models.ops_of(batch.events, batch.payloads)
+        numbered = batch.events[0].position if batch.events else 0
+        args = self._one_call(batch, want, ops, numbered) if self.one_call else None
         try:
             con = await self._writer()
+            counted = _Counted(con)
             try:
-                async with con.transaction():
-                    await self._write(con, batch, want)
+                if args is not None:
+                    moved = await self._call(con, batch, args)
+                    if moved is not None:
+                        return moved
+                    counted.sent, counted.locked_at = -1, self._locked_at  # one, no BEGIN
+                else:
+                    async with con.transaction():
+                        await self._write(counted, batch, want, ops, numbered)
             except _Abort as abort:
                 self.moved += 1
+                self.figures["moved"] += 1
                 return Moved(abort.stale, await self._head(con), abort.refused)
             except asyncpg.UniqueViolationError as exc:
                 if exc.constraint_name not in ("events_session_version", "sessions_pkey"):
@@ -334,24 +405,88 @@ class PostgresStore(ModelReads):
                     raise
                 # Another daemon created one of these sessions at the same moment.
                 self.moved += 1
+                self.figures["moved"] += 1
                 return Moved(frozenset(sid for sid, v in want.items() if v == 0),
+                             await self._head(con))
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != onecall.RACED:
+                    raise
+                self.moved += 1  # another host created one of the batch's new sessions
+                self.figures["moved"] += 1
+                return Moved(frozenset(str(exc.detail or "").split(",")),
                              await self._head(con))
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
             if isinstance(exc, RETRYABLE):
                 self._drop_writer()
             raise storage_error(exc) from exc
-        self.last_commit_s = time.perf_counter() - started
+        ended = time.perf_counter()
+        locked_to = time.time()
+        self.last_commit_s = ended - started
+        f = self.figures
+        f["commits"] += 1
+        f["events"] += len(batch.events)
+        one = counted.sent < 0
+        f["one_call"] += one
+        f["round_trips"] += 1 if one else counted.sent + 2  # BEGIN and COMMIT besides
+        if counted.locked_at:
+            f["locked_round_trips"] += 1 if one else counted.sent - counted.locked_from + 1
+            f["locked_s"] += max(0.0, locked_to - counted.locked_at)
+        f["commit_s"] += self.last_commit_s
+        return None
+
+    def _one_call(self, batch: Batch, want: dict[str, int], ops: list[Op],
+                  numbered: int) -> list[Any] | None:
+        """The arguments of sessiond_commit for this batch (onecall.py); None when it is
+        one the function does not take (deletes, preconditions, ops other than inserts, a
+        result that quotes positions without its template: the results are filled after
+        the statement, when nothing can be rolled back)."""
+        if batch.deletes or batch.requires or not batch.events or not batch.templated or any(
+                (sid, key) not in batch.templates for sid, key, _ in batch.idempotency):
+            return None
+        rows = onecall.ops_json(ops, numbered)
+        if rows is None:
+            return None
+        r_no: list[int] = []
+        r_part: list[str] = []
+        r_event: list[int | None] = []
+        for no, (sid, key, _) in enumerate(batch.idempotency, 1):
+            t = batch.templates[(sid, key)]
+            r_no += [no] * len(t.parts)
+            r_part += t.parts
+            r_event += [*t.events, None]
+        views = _view_columns(batch.views) if batch.views else [[] for _ in range(16)]
+        ev, snaps = batch.events, batch.snapshots
+        sids = sorted(want)
+        return [
+            sids, [want[s] for s in sids],
+            [i[0] for i in batch.idempotency], [i[1] for i in batch.idempotency],
+            *views[:14], self.host_name, *views[14:],
+            [v.session_id for v in snaps], [v.version for v in snaps],
+            [_json.encode(v) for v in snaps],
+            [e.session_id for e in ev], [e.version for e in ev], [e.event_id for e in ev],
+            [e.type for e in ev], [e.schema_version for e in ev], [e.recorded_at for e in ev],
+            [_json.encode(e.data) for e in ev], [_json.encode(e.meta) for e in ev],
+            [e.hash for e in ev],
+            _json.encode(rows).decode(), r_no, r_part, r_event, CHANNEL]
+
+    async def _call(self, con: Any, batch: Batch, args: list[Any]) -> Moved | None:
+        """The batch in one statement: sessiond_commit, its own transaction."""
+        first, stale, locked_at, held = await con.fetchrow(onecall.CALL, *args)
+        if stale:
+            self.moved += 1
+            self.figures["moved"] += 1
+            return Moved(frozenset(stale), int(first))
+        self._locked_at = float(locked_at)
+        self.figures["locked_in_statement_s"] += float(held)
+        batch.renumber(int(first))  # the results are filled from their templates
         return None
 
     @staticmethod
     async def _head(con: Any) -> int:
         return int(await con.fetchval("SELECT position FROM log_head WHERE id = 1"))
 
-    async def _write(self, con: Any, batch: Batch, want: dict[str, int]) -> None:
-        # The read models' ops, before any lock is taken; they point at the writer's
-        # numbering, which the commit's may shift.
-        ops = models.ops_of(batch.events, batch.payloads)
-        numbered = batch.events[0].position if batch.events else 0
+    async def _write(self, con: _Counted, batch: Batch, want: dict[str, int],
+                     ops: list[Op], numbered: int) -> None:
         # The sessions the preconditions name are locked with the touched ones, in one
         # session_id order: a fork (its source) and a delete of it wait for each other.
         named = {p.session_id for _, p in batch.requires}
@@ -390,12 +525,14 @@ class PostgresStore(ModelReads):
             await con.execute(_DELETIONS, sorted(set(batch.deletes)), self.origin, CHANNEL)
         ev = batch.events
         if ev:
-            first = await con.fetchval(
+            con.lock()
+            first, con.locked_at, _ = await con.fetchrow(
                 _EVENTS, len(ev), [e.session_id for e in ev], [e.version for e in ev],
                 [e.event_id for e in ev], [e.type for e in ev],
                 [e.schema_version for e in ev], [e.recorded_at for e in ev],
                 [e.data_json for e in ev], [_json.encode(e.meta) for e in ev],
                 [e.hash for e in ev], CHANNEL)
+            con.locked_at = float(con.locked_at)
             batch.renumber(int(first))  # the writer's results follow (idempotency too)
             await executor.run(con, ops, batch.events[0].position - numbered)
         if batch.idempotency:

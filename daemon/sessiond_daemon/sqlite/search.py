@@ -198,6 +198,111 @@ def stopped(why: str, budget: SearchBudget) -> SessiondError:
         {"detail": "over the search budget", "setting": why, "limit": limit})
 
 
+# What FTS5 keeps of its index (its file format, stable across SQLite versions): each
+# segment's leaf pages are rows of `search_data`, keyed (segment << 37) + page; a leaf
+# page is a 4-byte header (the second u16: where its footer starts), its terms and
+# doclists, then the footer, a varint per term that starts on the page (its offset, then
+# deltas); the first term is stored whole (varint length, bytes), the next ones after the
+# bytes they share with the one before (varint shared, varint length, bytes). A long
+# doclist runs on into pages that start no term. `search_idx` holds, per segment, for
+# each page that starts a term, a prefix of that first term ('0' first: the main index)
+# and (page << 1) | a flag.
+_SEGMENT: Final = 37
+_LEAVES: Final = 1 << 31
+ENTRY_BYTES: Final = 4  # a doclist's bytes per (event, word), about: rowid delta, positions
+
+
+def _varint(block: bytes, at: int) -> tuple[int, int]:
+    value = 0
+    for i in range(9):
+        byte = block[at + i]
+        if i == 8:
+            return (value << 8) | byte, at + 9
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            return value, at + i + 1
+    raise AssertionError("unreachable")
+
+
+def _terms(con: sqlite3.Connection, segment: int, page: int) -> list[tuple[bytes, int, int]]:
+    """The terms that start on a leaf page: each with where its data starts and stops."""
+    row = con.execute("SELECT block FROM search_data WHERE id = ?",
+                      ((segment << _SEGMENT) + page,)).fetchone()
+    if row is None or len(row[0]) < 4:
+        return []
+    block = bytes(row[0])
+    footer = int.from_bytes(block[2:4], "big")
+    at, offsets, offset = footer, [], 0
+    terms: list[tuple[bytes, int, int]] = []
+    try:
+        while at < len(block):
+            delta, at = _varint(block, at)
+            offset += delta
+            offsets.append(offset)
+        term = b""
+        for i, start in enumerate(offsets):
+            shared, at = _varint(block, start) if i else (0, start)
+            size, at = _varint(block, at)
+            term = term[:shared] + block[at:at + size]
+            terms.append((term, start, offsets[i + 1] if i + 1 < len(offsets) else footer))
+    except IndexError:
+        return []
+    return terms
+
+
+def prefix_matches(con: sqlite3.Connection, words: list[str]) -> int:
+    """About how many (event, word) entries the index holds for the words starting with
+    `words` (prefixes), from the bytes their doclists fill: per segment and prefix, four
+    seeks in `search_idx` and two pages read, whatever the doclists' size (reading them,
+    as fts5vocab does, costs what the query would)."""
+    if not words:
+        return 0
+    row = con.execute("SELECT v FROM search_config WHERE k = 'pgsz'").fetchone()
+    page_bytes = int(row[0]) if row else 4050  # FTS5's default page size
+    segments: list[tuple[int, int]] = []
+    segment = -1
+    while (row := con.execute("SELECT segid FROM search_idx WHERE segid > ? ORDER BY segid"
+                              " LIMIT 1", (segment,)).fetchone()) is not None:
+        segment = int(row[0])
+        first = segment << _SEGMENT
+        last = con.execute("SELECT MAX(id) FROM search_data WHERE id >= ? AND id < ?",
+                           (first, first + _LEAVES)).fetchone()[0]
+        segments.append((segment, int(last or first) - first))
+
+    def page(segment: int, sql: str, term: bytes) -> int | None:
+        row = con.execute(f"SELECT pgno FROM search_idx WHERE segid = ? AND term {sql}"
+                          " LIMIT 1", (segment, term)).fetchone()
+        return None if row is None else int(row[0]) >> 1
+
+    size = 0
+    for word in words:
+        lo = b"0" + word.encode()
+        hi = lo[:-1] + bytes([lo[-1] + 1])  # UTF-8 has no 0xFF byte
+        for segment, last in segments:
+            # before: the last page whose first term is below the prefix; inside: the
+            # first whose first term has it, upto: the last; after: the first above it.
+            # The pages between two that start a term hold the doclist of the first one's
+            # last term: counted whole when it has the prefix.
+            before = page(segment, "< ? ORDER BY term DESC", lo)
+            upto = page(segment, "< ? ORDER BY term DESC", hi)
+            after = page(segment, ">= ? ORDER BY term", hi)
+            end = last + 1 if after is None else after
+            inside = page(segment, ">= ? ORDER BY term", lo) if upto != before else None
+            if inside is not None and upto is not None and inside > upto:
+                inside, end = None, upto  # `upto` starts past the prefix (a short key)
+            for start, stop in ((before, end if inside is None else inside),
+                                (None if inside is None else upto, end)):
+                if start is None:
+                    continue
+                terms = _terms(con, segment, start)
+                size += sum(b - a for t, a, b in terms if lo <= t < hi)
+                if terms and lo <= terms[-1][0] < hi:  # its doclist runs on to `stop`
+                    size += (stop - start - 1) * page_bytes
+            if inside is not None and upto is not None:
+                size += (upto - inside) * page_bytes  # pages inside..upto-1, whole
+    return size // ENTRY_BYTES
+
+
 def query(con: sqlite3.Connection, q: SearchQuery,
           budget: SearchBudget | None = None) -> SearchResult:
     """Sessions whose events match `q.text`, best first, each with its best hits.
@@ -226,9 +331,13 @@ def query(con: sqlite3.Connection, q: SearchQuery,
             where.append(f"e.recorded_at {op} ?")
             args.append(value)
     budget = budget or SearchBudget()
+    con.execute("BEGIN")  # one snapshot for the estimate, the ranking and the snippets
     why = _watch(con, budget)
-    con.execute("BEGIN")  # one snapshot for the ranking and the snippets
     try:
+        # A prefix merges all its words' doclists, whatever the LIMIT: refused up front
+        # when they are too long, in a few index seeks.
+        if (found := prefix_matches(con, model.prefixes(q.text))) > budget.max_prefix_matches:
+            raise model.too_broad(found, budget.max_prefix_matches)
         return _ranked(con, joins + " WHERE " + " AND ".join(where), args, q)
     except sqlite3.OperationalError as exc:
         reason = why()

@@ -43,6 +43,7 @@ from ..eventstore import (
 from ..stores import models
 from ..stores.models.queries import ModelQueries
 from ..stores.models.views import state_decoder
+from ..stores.schema import SchemaRefused
 from . import executor, preconditions, search, sessions
 from .agents import AgentReads
 from .base import encode_meta, marks, storage_error
@@ -172,7 +173,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
                 await _connect(self.path, self.synchronous, query_only=True)
                 for _ in range(self._reader_count)
             ]
-        except migrations.SchemaRefused:
+        except SchemaRefused:
             await self.close()
             raise
         except sqlite3.DatabaseError as exc:

@@ -16,6 +16,14 @@ SESSION_TABLES: Final = (*LOG_TABLES[:-1], *SESSION_MODEL_TABLES, LOG_TABLES[-1]
 OWNER_UID: Final = "{owner_uid}"  # in a migration's SQL: the migrating daemon's uid
 
 
+class SchemaRefused(Exception):
+    """The database's schema cannot be served as it is; nothing was changed (exit 78)."""
+
+
+class SchemaTooNew(SchemaRefused):
+    """The database was migrated by a newer sessiond: refused whole, nothing changed."""
+
+
 def owner_sql(sql: str) -> str:
     """A migration's statement with OWNER_UID filled in (a number: nothing to quote)."""
     return sql.replace(OWNER_UID, str(os.getuid()))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -301,17 +301,20 @@ class Streams:
         if after > view.version:
             raise HttpError(400, f"offset {given} is past the stream's end"
                             f" {codec.offset(view.version)}")
-        bell = tails.mark(self.writer)
-        page = await self.read(view, after, r.caller)
-        if live == "long-poll" and not page.items and not view.closed:
-            woken = False
-            with self._tail():
-                woken = await tails.wait_for(bell, r.name, self.long_poll_s)
-            if woken:
-                view = await self.view(r.name, r.caller)
-                page = await self.read(view, after, r.caller)
-            if not page.items:
-                view = await self.view(r.name, r.caller)
+        async with AsyncExitStack() as watching:
+            if live == "long-poll":  # the bells are followed from the mark on
+                await watching.enter_async_context(self.writer.watching())
+            bell = tails.mark(self.writer)
+            page = await self.read(view, after, r.caller)
+            if live == "long-poll" and not page.items and not view.closed:
+                woken = False
+                with self._tail():
+                    woken = await tails.wait_for(bell, r.name, self.long_poll_s)
+                if woken:
+                    view = await self.view(r.name, r.caller)
+                    page = await self.read(view, after, r.caller)
+                if not page.items:
+                    view = await self.view(r.name, r.caller)
         headers = {"content-type": view.content_type,
                    "stream-next-offset": codec.offset(page.next), "cache-control": "no-store"}
         closed = view.closed and page.at_tail
@@ -558,6 +561,11 @@ class Streams:
         view = await self.view(r.name, r.caller, touch=True)
         after = codec.parse_offset(r.param("offset"), view.version)
         binary = codec.sse_base64(view.content_type)
+        async with self.writer.watching():
+            await self._sse_follow(r, send, view, after, binary)
+
+    async def _sse_follow(self, r: Request, send: Sender, view: View, after: int,
+                          binary: bool) -> None:
         with self._tail(), anyio.move_on_after(self.sse_close_s):
             while True:
                 bell = tails.mark(self.writer)

@@ -50,6 +50,14 @@ class StatsResult(msgspec.Struct, kw_only=True):
     reply_bytes_budget: int | None = None
     connections_paused: int | None = None
     connections_closed_by_budget: int | None = None
+    # A shared store's (PostgreSQL's) commit totals since the daemon started: commits,
+    # one_call (those committed in one statement),
+    # events, round_trips (statements sent, BEGIN and COMMIT included), locked_round_trips
+    # (from the statement that moves the counter row to COMMIT) and locked_s (from the
+    # server taking that row's lock to COMMIT's answer), locked_in_statement_s (of that,
+    # the one-call statement's part before the flush),
+    # commit_s, moved (batches decided again). None on SQLite and from older daemons.
+    store_commits: dict[str, float] | None = None
 
 
 class VerifyProblem(msgspec.Struct, kw_only=True):

@@ -11,6 +11,8 @@ score) rows, lower score first, so paging, cursors and the result shape are the 
 from __future__ import annotations
 
 import base64
+import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -22,6 +24,45 @@ from sessiond_schemas.rpc import SearchHit, SearchResult, SearchSession
 
 WINDOW: Final = 5_000  # matching events ranked per query, newest first
 SNIPPET_CHARS: Final = 1_000  # a snippet is ~12 tokens; a token may be long: cut there
+_WORD: Final = re.compile(r"[^\W_]+")
+# A query's pieces as FTS5 reads them: a quoted string ("" a quote inside), a bareword, a
+# `*` (after a string or a bareword, with spaces between or not: a prefix), anything else.
+_PIECES: Final = re.compile(r'"((?:[^"]|"")*)"?|([^\W_]+)|(\*)|\S')
+
+
+def fold(token: str) -> str:
+    """A token as unicode61 (remove_diacritics 2) indexes it: lower case, no diacritics."""
+    if token.isascii():
+        return token.lower()
+    bare = "".join(c for c in unicodedata.normalize("NFKD", token)
+                   if not unicodedata.combining(c))
+    return unicodedata.normalize("NFC", bare).lower()
+
+
+def prefixes(text: str) -> list[str]:
+    """The prefixes of a query's prefix terms (`deplo*`), as the index holds its words:
+    each one's words are what the store merges to answer it."""
+    found, last = [], None  # last: the last token of the piece before
+    for quoted, bare, star in _PIECES.findall(text):
+        if star:
+            if last:
+                found.append(last)
+            last = None
+            continue
+        words = _WORD.findall(fold(quoted.replace('""', '"') if quoted else bare))
+        last = words[-1] if words else None
+    return found
+
+
+def too_broad(found: int, limit: int) -> InvalidParamsError:
+    """-32602 for a query whose prefix terms' words are in more indexed events than
+    search_max_prefix_matches allows (estimated from the index, before the query runs)."""
+    return InvalidParamsError(
+        f"query's prefix terms are too broad: their words are in about {found:,} indexed"
+        f" events, more than search_max_prefix_matches ({limit:,}) allows: use a longer"
+        " prefix, or the whole word", {"detail": "over the search budget", "path": "$.query",
+                                       "setting": "search_max_prefix_matches",
+                                       "limit": limit, "found": found})
 
 _json = msgspec.json.Encoder()
 

@@ -81,6 +81,11 @@ class Stmt:
 Steps = Generator[Stmt, list[Any], None]
 
 
+def conflict_sql(table: str, keep: Keep) -> str:
+    """The ON CONFLICT clause of an Insert of `table` with `keep` ('' for "error")."""
+    return _conflict(table, keep)
+
+
 def _conflict(table: str, keep: Keep) -> str:
     t = TABLES[table]
     if keep == "error":
