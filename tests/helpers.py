@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from sessiond_schemas.events import Event, EventMeta
+from sessiond_schemas.export import canonical
 
 
 class History:
@@ -21,7 +24,7 @@ class History:
             position=version, session_id=self.session_id, version=version,
             event_id=f"e{version}", type=event_type, schema_version=1,
             recorded_at=at or f"2026-01-01T00:00:{version:02d}.000000Z",
-            data=data, meta=EventMeta(), hash="",
+            data_json=msgspec.Raw(canonical(data)), meta=EventMeta(), hash="",
         )
         self.events.append(event)
         return event

@@ -28,7 +28,7 @@ import pytest
 from sessiond_daemon import projection
 from sessiond_daemon.eventstore import Batch, Entry, Template
 from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import canonical, chain_hash
 
 SERVER = os.environ.get("SESSIOND_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 REQUIRED = os.environ.get("SESSIOND_REQUIRE_POSTGRES") == "1"
@@ -158,7 +158,8 @@ class Scribe:
             version += 1
             e = Event(position=self.next_position, session_id=sid, version=version,
                       event_id=new_id(), type=event_type, schema_version=CURRENT_SCHEMA_VERSION,
-                      recorded_at=now(), data=data, meta=EventMeta(idempotency_key=key),
+                      recorded_at=now(), data_json=msgspec.Raw(canonical(data)),
+                      meta=EventMeta(idempotency_key=key),
                       hash="")
             prev = chain_hash(prev, e)
             events.append(msgspec.structs.replace(e, hash=prev))

@@ -32,7 +32,7 @@ from sessiond_daemon.eventstore import (
 )
 from sessiond_schemas.errors import InvalidParamsError, StorageError
 from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import canonical, chain_hash
 from sessiond_schemas.state import SessionState
 
 
@@ -65,7 +65,8 @@ class Log:
                               event_id=new_id(), type=kind,
                               schema_version=CURRENT_SCHEMA_VERSION,
                               recorded_at=f"2026-01-01T00:00:{self.clock:02d}.000000Z",
-                              data=data, meta=EventMeta(), hash="")
+                              data_json=msgspec.Raw(canonical(data)), meta=EventMeta(),
+                              hash="")
                 prev = chain_hash(prev, event)
                 events.append(msgspec.structs.replace(event, hash=prev))
             state = projection.fold(entry.state if entry else None, events)
@@ -154,7 +155,7 @@ class StoreContract:
         assert await store.first_position("a", 3) == 4
         assert await store.first_position("a", 9) is None
         assert await store.events_of_types("a", ("message.appended",)) == [
-            ("message.appended", e.data) for e in (b1.events[1], b2.events[0])]
+            ("message.appended", e.fields()) for e in (b1.events[1], b2.events[0])]
         assert await store.foreign_event_ids("b", [b1.events[0].event_id, "unknown"]) == [
             b1.events[0].event_id]
 
@@ -478,9 +479,9 @@ def fork_event(sid: str, source: str, version: int, source_hash: str, state: Ses
     event = Event(position=position, session_id=sid, version=version + 1, event_id=new_id(),
                   type="session.forked", schema_version=CURRENT_SCHEMA_VERSION,
                   recorded_at="2026-01-01T00:01:00.000000Z", meta=EventMeta(), hash="",
-                  data={"from": {"session_id": source, "version": version,
-                                 "hash": source_hash},
-                        "state": msgspec.to_builtins(state)})
+                  data_json=msgspec.Raw(canonical({
+                      "from": {"session_id": source, "version": version, "hash": source_hash},
+                      "state": msgspec.to_builtins(state)})))
     return msgspec.structs.replace(event, hash=chain_hash(source_hash, event))
 
 

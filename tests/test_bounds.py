@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from sessiond import AsyncClient, SessiondError
 from sessiond_schemas import rpc
 from sessiond_schemas.bounds import INT64_MAX, has_long_digits, json_out_of_bounds
-from sessiond_schemas.events import DATA_TYPES, Event
+from sessiond_schemas.events import DATA_TYPES, event_from_builtins
 from sessiond_schemas.export import chain_hash, checksum
 
 pytestmark = pytest.mark.anyio
@@ -29,7 +29,7 @@ def reseal(doc: dict[str, Any]) -> dict[str, Any]:
     prev = ""
     for version, e in enumerate(doc["events"], start=1):
         e["version"] = version
-        prev = e["hash"] = chain_hash(prev, msgspec.convert({**e, "hash": ""}, Event))
+        prev = e["hash"] = chain_hash(prev, event_from_builtins({**e, "hash": ""}))
     doc["session"] = None
     doc["checksum"] = checksum(doc)
     return doc

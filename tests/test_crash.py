@@ -106,7 +106,7 @@ def read_events(db: str) -> dict[str, list[Event]]:
     for r in rows:
         by_session.setdefault(r[1], []).append(Event(
             position=r[0], session_id=r[1], version=r[2], event_id=r[3], type=r[4],
-            schema_version=r[5], recorded_at=r[6], data=msgspec.json.decode(r[7]),
+            schema_version=r[5], recorded_at=r[6], data_json=msgspec.Raw(r[7]),
             meta=msgspec.json.decode(r[8], type=EventMeta), hash=r[9]))
     return by_session
 

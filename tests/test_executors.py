@@ -83,7 +83,7 @@ async def exited(pidfd: int) -> None:
 
 async def events_of(client: AsyncClient, sid: str, kind: str) -> list[Any]:
     page = await client.read_events(sid, types=[kind], limit=1000)
-    return [e.data for e in page.events]
+    return [e.fields() for e in page.events]  # as stored
 
 
 def gone(pid: int) -> bool:

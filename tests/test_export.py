@@ -24,7 +24,7 @@ from sessiond import (
     SessionImportError,
     SessionNotFoundError,
 )
-from sessiond_schemas.events import Event, EventMeta
+from sessiond_schemas.events import Event, EventMeta, TokensRecorded, event_from_builtins
 from sessiond_schemas.export import canonical, chain_hash, checksum
 
 pytestmark = pytest.mark.anyio
@@ -175,14 +175,16 @@ async def test_old_schema_events_import_and_read_as_stored(daemon: Daemon,
     doc["events"][1]["data"] = {"total_input_tokens": 40, "total_output_tokens": 2}
     prev = ""
     for raw in doc["events"]:
-        prev = raw["hash"] = chain_hash(prev, msgspec.convert(raw, Event))
-    events = [msgspec.convert(e, Event) for e in doc["events"]]
+        prev = raw["hash"] = chain_hash(prev, event_from_builtins(raw))
+    events = [event_from_builtins(e) for e in doc["events"]]
     doc["session"] = msgspec.to_builtins(fold(None, events))
     state = await client.import_session(resealed(doc))
     assert (state.token_usage.input_tokens, state.token_usage.output_tokens) == (40, 2)
     [stored] = (await client.read_events("old", types=["tokens.recorded"])).events
-    assert stored.schema_version == 0 and stored.data == {"total_input_tokens": 40,
-                                                           "total_output_tokens": 2}
+    assert stored.schema_version == 0 and stored.fields() == {"total_input_tokens": 40,
+                                                               "total_output_tokens": 2}
+    # typed, it reads upcast (the client decodes it as the daemon does)
+    assert stored.data == TokensRecorded(input_tokens=40, output_tokens=2)
     assert (await client.verify()).ok
 
 
@@ -195,7 +197,8 @@ def test_chain_hash_is_the_documented_canonical_json(data: dict[str, Any], prev:
     """chain_hash builds the body from the data's canonical JSON (encoded once, by the
     writer) and the rest: the bytes hashed are those docs/protocol.md names, exactly."""
     event = Event(position=7, session_id="s", version=3, event_id="01J", type="plan.linked",
-                  schema_version=1, recorded_at="2026-12-01T00:00:00.000000Z", data=data,
+                  schema_version=1, recorded_at="2026-12-01T00:00:00.000000Z",
+                  data_json=msgspec.Raw(canonical(data)),
                   meta=EventMeta(peer_uid=1000, idempotency_key="k"), hash="")
     body = json.dumps({k: msgspec.to_builtins(v) for k, v in {
         "session_id": "s", "version": 3, "event_id": "01J", "type": "plan.linked",

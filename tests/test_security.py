@@ -21,6 +21,7 @@ from conftest import as_user, daemon_config, eventually, running_daemon, wait_fo
 
 from sessiond import AsyncClient
 from sessiond.importers._builder import DocumentBuilder
+from sessiond_daemon.commands import given
 from sessiond_daemon.processes import boot_id, start_time
 from sessiond_daemon.stores import registry
 from sessiond_daemon.writer import Command, Plan, Writer
@@ -177,8 +178,9 @@ def legacy_store_write(db: str, sessions: dict[str, dict[str, Any]]) -> None:
             async with anyio.create_task_group() as tg:
                 await tg.start(writer.run)
                 for sid, started in sessions.items():
-                    events = [("session.created", {"adapter": "jsonl", "status": "active"}),
-                              ("process.started", {"argv": ["x"], "turn": 1, **started})]
+                    events = [(t, given(t, d)) for t, d in (
+                        ("session.created", {"adapter": "jsonl", "status": "active"}),
+                        ("process.started", {"argv": ["x"], "turn": 1, **started}))]
                     await writer.submit(Command(
                         session_id=sid, meta=EventMeta(),
                         plan=lambda s, events=events: Plan(events, lambda st, ev: st)))

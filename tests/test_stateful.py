@@ -39,7 +39,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from sessiond_daemon import lifecycle
 from sessiond_schemas import rpc
-from sessiond_schemas.events import DATA_TYPES, EVENT_TYPES, Event
+from sessiond_schemas.events import DATA_TYPES, EVENT_TYPES, event_from_builtins
 from sessiond_schemas.export import FORMAT, FORMAT_VERSION, chain_hash, checksum
 
 EXAMPLES = int(os.environ.get("SESSIOND_STATEFUL_EXAMPLES", "15"))
@@ -200,7 +200,7 @@ def reseal(doc: dict[str, Any], sid: str, claimed: int | None = None) -> dict[st
     for i, e in enumerate(events):
         e.update(session_id=sid, event_id=f"{sid[:64]}-forged-{i}", hash="")
         try:
-            prev = chain_hash(prev, msgspec.convert(e, Event))
+            prev = chain_hash(prev, event_from_builtins(e))
         except (msgspec.ValidationError, UnicodeEncodeError):
             prev = "unhashable"
         e["hash"] = prev
@@ -440,7 +440,7 @@ class DaemonMachine(RuleBasedStateMachine):
                  "schema_version": 1, "recorded_at": recorded_at, "data": data,
                  "meta": {}, "hash": ""}
             try:
-                prev = chain_hash(prev, msgspec.convert(e, Event))
+                prev = chain_hash(prev, event_from_builtins(e))
             except (msgspec.ValidationError, OverflowError, UnicodeEncodeError):
                 prev = "unhashable"  # past a bound, or a lone surrogate (not UTF-8)
             e["hash"] = prev

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
-import msgspec
 import pytest
 from conftest import Daemon, daemon_config, running_daemon
 from test_executors import finished
@@ -20,7 +19,7 @@ from test_migrate import run_migrate
 
 from sessiond import AsyncClient
 from sessiond_schemas.errors import SessiondError
-from sessiond_schemas.events import Event
+from sessiond_schemas.events import event_from_builtins
 from sessiond_schemas.export import chain_hash, checksum
 
 pytestmark = pytest.mark.anyio
@@ -59,7 +58,7 @@ def reseal(doc: dict[str, Any], sid: str, first: dict[str, Any] | None = None) -
     prev = start
     for i, e in enumerate(events):
         e.update(session_id=sid, event_id=f"{sid}-forged-{i}", hash="")
-        prev = chain_hash(prev, msgspec.convert(e, Event))
+        prev = chain_hash(prev, event_from_builtins(e))
         e["hash"] = prev
     out = {**doc, "events": events, "session": None}
     out["checksum"] = checksum(out)

@@ -60,7 +60,7 @@ class TestTtlInTheView:
         cleared = await client.set_ttl(s.session_id, None)
         assert (cleared.ttl_s, cleared.expires_at) == (None, None)
         [e1, e2] = (await client.read_events(s.session_id, types=["session.ttl_set"])).events
-        assert (e1.data, e2.data) == ({"ttl_s": 3600}, {"ttl_s": None})
+        assert (e1.fields(), e2.fields()) == ({"ttl_s": 3600}, {"ttl_s": None})
         plain = await client.create_session()
         assert (plain.ttl_s, plain.expires_at) == (None, None)
 

@@ -67,7 +67,8 @@ def assert_whole(whole: dict[str, Any], theirs: dict[str, Any], where: str) -> N
 
 
 def builtins(value: Any) -> Any:
-    return msgspec.to_builtins(value)
+    """As JSON decoded (an event's data as it is stored: its JSON is kept, not typed)."""
+    return msgspec.json.decode(msgspec.json.encode(value))
 
 
 async def sessions_found(c: AsyncClient, content: str) -> set[str]:

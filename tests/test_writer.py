@@ -24,14 +24,14 @@ from sessiond_schemas.errors import (
     SessiondError,
     SessionImportError,
 )
-from sessiond_schemas.events import EventMeta
+from sessiond_schemas.events import EventMeta, MessageAppended, SessionCreated
 
 pytestmark = pytest.mark.anyio
 
 
 def creating(plan_result: Any) -> Any:
     def plan(state: Any) -> Plan:
-        return Plan([("session.created", {})], plan_result)
+        return Plan([("session.created", SessionCreated())], plan_result)
     return plan
 
 
@@ -114,9 +114,9 @@ async def test_the_writer_decides_again_when_the_store_moved(short_dir: str) -> 
             store.report_moved(once)
 
             def appending(state: Any) -> Plan:
-                return Plan([("message.appended", {
-                    "message_id": "m", "sequence": state.message_count, "role": "user",
-                    "content": "ours"})], lambda s, ev: [s.version, ev[0].position])
+                return Plan([("message.appended", MessageAppended(
+                    message_id="m", sequence=state.message_count, role="user",
+                    content="ours"))], lambda s, ev: [s.version, ev[0].position])
             result = await writer.submit(Command(session_id="a", plan=appending,
                                                  meta=EventMeta()))
             writer.close()

@@ -176,7 +176,7 @@ def render_events(r: Any) -> None:
         table = _table("pos", "session", "v", "type", "time", "data")
         for e in page.events:
             table.add_row(str(e.position), e.session_id, str(e.version), e.type,
-                          e.recorded_at, _short(json.dumps(e.data, ensure_ascii=False), 60))
+                          e.recorded_at, _short(json.dumps(e.fields(), ensure_ascii=False), 60))
         console.print(table)
     else:  # one line an event, as `watch` prints them: fits 80 columns
         shown = short_ids(sorted({e.session_id for e in page.events}))
@@ -197,7 +197,7 @@ def render_checkpoints(r: Any) -> None:
 
 def summarize(event: Any) -> str:
     """One short, readable line about an event's data."""
-    d, t = event.data, event.type
+    d, t = event.fields(), event.type
     if t == "message.appended":
         return f"#{d.get('sequence')} {d.get('role')}: {_short(d.get('content'), 70)}"
     if t == "session.status_changed":

@@ -57,7 +57,7 @@ class Model:
                 known = self.sessions[event.session_id] = Known()
             known.version = max(known.version, event.version)
             known.last_at = max(known.last_at, at)
-            d = event.data
+            d = event.fields()
             if event.type == "session.created":
                 known.actor, known.namespace = d.get("actor_name"), d.get("namespace", "local")
                 known.status, known.resolved = d.get("status", "active"), True

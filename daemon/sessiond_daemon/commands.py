@@ -21,19 +21,21 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.events import (
     ALLOWED_TRANSITIONS,
-    CURRENT_SCHEMA_VERSION,
-    Event,
     EventMeta,
     MessageFields,
+    SessionCreated,
+    decode_data,
     new_id,
     now,
+    typed_event,
 )
+from sessiond_schemas.export import canonical
 from sessiond_schemas.state import SessionState
 
 from . import projection
 from .eventstore import Store
 from .histories import unreadable_error
-from .writer import Command, Planner, Writer
+from .writer import Command, Given, PlanData, Planner, Writer
 
 _json = msgspec.json.Encoder()
 
@@ -86,21 +88,22 @@ def check_transition(session_id: str, current: str, to: str) -> None:
         )
 
 
-def created_view(sid: str, data: dict[str, Any]) -> SessionState:
+def created_view(sid: str, data: SessionCreated) -> SessionState:
     """The view right after a session.created with `data`: what events in the same write
     as the creation are numbered and checked against."""
-    return projection.fold(None, [Event(
+    return projection.fold(None, [typed_event(
         position=0, session_id=sid, version=0, event_id="", type="session.created",
-        schema_version=CURRENT_SCHEMA_VERSION, recorded_at=now(), data=data, meta=EventMeta(),
-        hash="")])
+        recorded_at=now(), data=data, data_json=b"", meta=EventMeta())])
 
 
 def sequenced(s: SessionState, events: list[tuple[str, dict[str, Any]]]
-              ) -> list[tuple[str, dict[str, Any]]]:
-    """Events to append after view `s`: messages get their id and sequence, status changes
-    their `from`, each move checked in order (the daemon's part of events.append)."""
+              ) -> list[tuple[str, PlanData]]:
+    """Events given as JSON objects (events.append, an executor's output) to append after
+    view `s`, typed: messages get their id and sequence, status changes their `from`,
+    each move checked in order (the daemon's part of events.append). The objects must
+    have passed their type's validation (service.APPEND_INPUTS)."""
     status, sequence = s.status, s.message_count
-    out: list[tuple[str, dict[str, Any]]] = []
+    out: list[tuple[str, PlanData]] = []
     for event_type, raw in events:
         data = dict(raw)
         if event_type == "session.status_changed":
@@ -109,8 +112,23 @@ def sequenced(s: SessionState, events: list[tuple[str, dict[str, Any]]]
         elif event_type == "message.appended":
             data.update(message_id=new_id(), sequence=sequence)
             sequence += 1
-        out.append((event_type, data))
+        out.append((event_type, given(event_type, data)))
     return out
+
+
+def given(event_type: str, data: dict[str, Any]) -> Given:
+    """Event data given as a JSON object, typed (raises msgspec.ValidationError when it
+    does not fit) and encoded as given (unknown fields kept), and canonically."""
+    return Given(decode_data(event_type, data), _json.encode(data), canonical(data))
+
+
+def utf8_size(text: str, limit: int) -> int:
+    """The UTF-8 size of `text`, measured without copying it when that is known to be
+    within `limit`: an ASCII string's is its length, any other's at most 4 bytes a
+    character. Only a text near the limit with non-ASCII characters is encoded."""
+    if text.isascii() or 4 * len(text) <= limit:
+        return len(text) if text.isascii() else min(4 * len(text), limit)
+    return len(text.encode())
 
 
 class WriteOptions(Protocol):
@@ -172,8 +190,8 @@ class Commands:
         self.check_size(len(_json.encode(data)), self.limits.max_checkpoint_bytes, what)
 
     def check_message(self, m: MessageFields) -> None:
-        self.check_size(len(m.content.encode()), self.limits.max_message_bytes,
-                        "message content")
+        self.check_size(utf8_size(m.content, self.limits.max_message_bytes),
+                        self.limits.max_message_bytes, "message content")
 
     def check_size(self, size: int, limit: int, what: str) -> None:
         """-32005 when `size` is past `limit`; the message names the setting to raise."""

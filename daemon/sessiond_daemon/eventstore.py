@@ -39,7 +39,14 @@ from typing import Any, Final, Protocol, TypeVar
 import msgspec
 
 from sessiond_schemas.errors import InvalidParamsError
-from sessiond_schemas.events import Event, EventMeta, MessageAppended
+from sessiond_schemas.events import (
+    Event,
+    EventMeta,
+    MessageAppended,
+    Unread,
+    decode_raw,
+    moved,
+)
 from sessiond_schemas.rpc import SearchResult
 from sessiond_schemas.state import (
     Message,
@@ -145,8 +152,7 @@ class Batch:
         if not self.events or self.events[0].position == first:
             return
         shift = first - self.events[0].position
-        self.events = [msgspec.structs.replace(e, position=e.position + shift)
-                       for e in self.events]
+        self.events = [moved(e, position=e.position + shift) for e in self.events]
         for entry in self.views.values():
             entry.last_position += shift
         if self.on_renumber is not None:
@@ -642,17 +648,24 @@ class Capabilities:
 # keeps these columns under these names).
 EVENT_COLUMNS: Final = (
     "position, session_id, version, event_id, type, schema_version, recorded_at, data, meta, hash")
-_data_decoder = msgspec.json.Decoder(dict[str, Any])
 _meta_decoder = msgspec.json.Decoder(EventMeta)
 
 
 def event_from_row(r: Sequence[Any]) -> Event:
-    """An event from a row of EVENT_COLUMNS (data and meta as JSON text or bytes)."""
-    return Event(
+    """An event from a row of EVENT_COLUMNS (data and meta as JSON text or bytes). Its data
+    is typed here, once (the Struct of its type, or Unread when it does not fit it), and
+    its bytes kept as stored: what is served and hashed. Raises msgspec.DecodeError when
+    the data is not a JSON object at all (a row written behind the daemon's back)."""
+    data = decode_raw(r[4], r[7], r[5])
+    if isinstance(data, Unread) and not isinstance(data.body, dict):
+        raise msgspec.DecodeError(f"stored data is not a JSON object: {data.error}")
+    event = Event(
         position=r[0], session_id=r[1], version=r[2], event_id=r[3], type=r[4],
-        schema_version=r[5], recorded_at=r[6], data=_data_decoder.decode(r[7]),
+        schema_version=r[5], recorded_at=r[6], data_json=msgspec.Raw(r[7]),
         meta=_meta_decoder.decode(r[8]), hash=r[9],
     )
+    event.__dict__["data"] = data
+    return event
 
 
 _message_decoder = msgspec.json.Decoder(MessageAppended)

@@ -26,13 +26,15 @@ from sessiond_schemas.errors import (
 from sessiond_schemas.events import (
     ALLOWED_TRANSITIONS,
     EventMeta,
+    MessageAppended,
+    MessageFields,
     SessionCreated,
     new_id,
 )
 from sessiond_schemas.state import SessionState
 
 from .adapters import ADAPTERS
-from .commands import Commands, check_transition, created_view, require, sequenced
+from .commands import Commands, check_transition, require
 from .eventstore import Store, page_budget
 from .processes import REFUSED_ENV_PREFIXES
 from .recovery import Recovery, latest_resume_id, owner_host, runner_rows
@@ -45,7 +47,7 @@ from .trajectory import (
     truncate_step,
 )
 from .turns import Settings, Turn, Turns, plan_of
-from .writer import Plan
+from .writer import Plan, PlanData
 
 __all__ = ["Executors", "Settings"]
 TRAJECTORY_READ = 1000  # events read for one page of session.trajectory (and its bytes)
@@ -107,16 +109,17 @@ class Executors:
             metadata=p.metadata, status="active")
         if p.namespace:
             event = msgspec.structs.replace(event, namespace=p.namespace)
-        created = msgspec.to_builtins(event)
-        self.commands.check_event_size(created, "session.created data")
-        task = [("message.appended", {"role": "user", "content": p.task})] \
-            if p.task and p.task.strip() else []
+        self.commands.check_event_size(event, "session.created data")
+        task = MessageFields(role="user", content=p.task) if p.task and p.task.strip() else None
 
         def plan(state: SessionState | None) -> Plan:
             if state is not None:
                 raise SessionExistsError(f"session {sid} already exists", {"session_id": sid})
-            return Plan([("session.created", created),
-                         *sequenced(created_view(sid, created), task)], lambda s, ev: s)
+            first: list[tuple[str, PlanData]] = [("session.created", event)]
+            if task is not None:
+                first.append(("message.appended", MessageAppended(
+                    role=task.role, content=task.content, message_id=new_id(), sequence=0)))
+            return Plan(first, lambda s, ev: s)
 
         self._starting.add(sid)
         try:

@@ -119,7 +119,7 @@ async def _sealed(store: Store, sid: str, cur: Cursor) -> tuple[SessionState, st
     try:
         async for events in _events(store, sid, cur.first, cur.upto, budget):
             for e in events:
-                digest.update(sep + canonical(e))
+                digest.update(sep + export.canonical_event(e))
                 sep = b","
             state = projection.fold(state, events)
             prev = events[-1].hash
@@ -152,7 +152,7 @@ async def page(store: Store, state: SessionState, cursor: str | None) -> dict[st
                 raise _moved(sid)
             events = read
             cur = msgspec.structs.replace(cur, version=read[-1].version + 1, prev=read[-1].hash)
-            used = sum(len(canonical(e.data)) for e in read)
+            used = sum(len(e.data_json) for e in read)
             break
         if cur.version > cur.upto:
             cur = msgspec.structs.replace(cur, checkpoints_after=0)
@@ -173,7 +173,7 @@ async def page(store: Store, state: SessionState, cursor: str | None) -> dict[st
             return await _last(store, sid, cur, cursor is None, events, checkpoints)
     return {"format": export.FORMAT, "format_version": export.FORMAT_VERSION,
             "exported_at": cur.exported_at, "session_id": sid,
-            "events": msgspec.to_builtins(events), "checkpoints": checkpoints,
+            "events": events, "checkpoints": checkpoints,  # their data as stored, not re-encoded
             "next_cursor": _encode(cur)}
 
 
@@ -192,8 +192,7 @@ async def _last(store: Store, sid: str, cur: Cursor, whole: bool, events: list[E
     document: dict[str, Any] = {
         "format": export.FORMAT, "format_version": export.FORMAT_VERSION,
         "exported_at": cur.exported_at, "session": msgspec.to_builtins(state),
-        "events": msgspec.to_builtins(events), "checkpoints": checkpoints,
-        "checksum": checksum}
+        "events": events, "checkpoints": checkpoints, "checksum": checksum}
     if not whole:  # a page: the client puts the document together
         document |= {"session_id": sid, "next_cursor": None}
     return document

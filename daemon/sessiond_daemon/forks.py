@@ -32,7 +32,17 @@ from sessiond_schemas.errors import (
     SessionNotFoundError,
     StorageError,
 )
-from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
+from sessiond_schemas.events import (
+    Event,
+    EventMeta,
+    ForkSource,
+    SessionForked,
+    canonical_json,
+    moved,
+    new_id,
+    now,
+    typed_event,
+)
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
@@ -150,12 +160,11 @@ async def fork(commands: Commands, store: ForkReads, state_at: StateAt,
     key = p.idempotency_key
     sid = p.new_session_id or (_fork_id(p.session_id, key, meta.peer_uid) if key else new_id())
     event_meta = msgspec.structs.replace(meta, idempotency_key=key)
-    event = Event(position=0, session_id=sid, version=at + 1, event_id=new_id(),
-                  type="session.forked", schema_version=CURRENT_SCHEMA_VERSION,
-                  recorded_at=now(), meta=event_meta, hash="",
-                  data={"from": {"session_id": p.session_id, "version": at, "hash": prev},
-                        "state": msgspec.to_builtins(state)})
-    event = msgspec.structs.replace(event, hash=chain_hash(prev, event))
+    data = SessionForked(from_=ForkSource(session_id=p.session_id, version=at, hash=prev),
+                         state=msgspec.to_builtins(state))
+    event = typed_event(position=0, session_id=sid, version=at + 1, event_id=new_id(),
+                        type="session.forked", recorded_at=now(), meta=event_meta, data=data)
+    event = moved(event, hash=chain_hash(prev, event, canonical_json(data)))
 
     def plan(existing: SessionState | None) -> Import:
         if existing is not None:

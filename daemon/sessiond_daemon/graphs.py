@@ -12,19 +12,26 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError
-from sessiond_schemas.events import EventMeta, GraphPruned, SessionCreated, Typed
+from sessiond_schemas.events import (
+    EventMeta,
+    GraphCheckpoint,
+    GraphPruned,
+    GraphWrites,
+    SessionCreated,
+    Typed,
+)
 from sessiond_schemas.state import SessionState
 
 from . import access
-from .commands import Commands, default_ttl, require
+from .commands import Commands, default_ttl, given, require
 from .eventstore import GraphReads, page_budget
-from .writer import Delete, Plan
+from .writer import Delete, Plan, PlanData
 
 PAGE = 200  # index rows read at a time by graph.list
 _json = msgspec.json.Encoder()
@@ -41,7 +48,7 @@ class Graphs:
     # --- writes ---------------------------------------------------------------------
 
     async def graph_put(self, p: rpc.GraphPutParams, meta: EventMeta) -> msgspec.Raw:
-        data = _event_data(p)
+        data = _event_data(p, GraphCheckpoint)
         self.commands.check_checkpoint_size(data, "graph.checkpoint data")
         if access.is_peer() and await self.store.graph_checkpoints(
                 p.session_id, p.ns, p.checkpoint_id, None, 1, 0):
@@ -51,23 +58,24 @@ class Graphs:
                                   [("graph.checkpoint", data)])
 
     async def graph_put_writes(self, p: rpc.GraphPutWritesParams, meta: EventMeta) -> msgspec.Raw:
-        data = _event_data(p)
+        data = _event_data(p, GraphWrites)
         self.commands.check_checkpoint_size(data, "graph.writes data")
         return await self._append(p.session_id, p.thread_id, p.ttl_s, meta,
                                   [("graph.writes", data)])
 
     async def _append(self, sid: str, thread_id: str, ttl_s: int | None, meta: EventMeta,
-                      events: list[tuple[str, dict[str, Any]]]) -> msgspec.Raw:
+                      events: list[tuple[str, PlanData]]) -> msgspec.Raw:
         """Append to the thread's session, creating it on its first checkpoint (with the
         call's ttl_s, else the namespace's default, as session.create)."""
         if ttl_s is None:
             ttl_s = default_ttl(self.commands.limits.default_ttl_s, NAMESPACE)
-        created = msgspec.to_builtins(SessionCreated(
+        created = SessionCreated(
             namespace=NAMESPACE, source="langgraph", metadata={"thread_id": thread_id},
-            ttl_s=ttl_s))
+            ttl_s=ttl_s)
 
         def plan(state: SessionState | None) -> Plan:
-            first = [("session.created", created)] if state is None else []
+            first: list[tuple[str, PlanData]] = (
+                [("session.created", created)] if state is None else [])
             return Plan([*first, *events], lambda s, ev: {
                 "session_id": s.session_id, "version": s.version, "position": ev[-1].position})
 
@@ -155,13 +163,14 @@ class Graphs:
         for ns in values:
             pending[ns] = await self.store.graph_pending(
                 sid, ns, [cid for n, cid, _ in picked if n == ns])
-        events: list[tuple[str, dict[str, Any]]] = []
+        # The copies carry the stored data as it is (unknown fields too): Given.
+        events: list[tuple[str, PlanData]] = []
         for (ns, cid, d), need in zip(picked, needs, strict=True):
             blobs = dict(d.get("blobs", {}))
             blobs |= {c: values[ns][(c, v)] for c, v in need.items() if (c, v) in values[ns]}
             data = {**d, "thread_id": p.target_thread_id, "ns": ns, "blobs": blobs}
             self.commands.check_checkpoint_size(data, f"graph.copy of checkpoint {cid}")
-            events.append(("graph.checkpoint", data))
+            events.append(("graph.checkpoint", given("graph.checkpoint", data)))
             by_task: dict[tuple[str, str], list[dict[str, Any]]] = {}
             for i, w in enumerate(pending[ns].get(cid, [])):
                 by_task.setdefault((w["task_id"], w["task_path"]), []).append(
@@ -170,7 +179,7 @@ class Graphs:
                 wdata = {"thread_id": p.target_thread_id, "ns": ns, "checkpoint_id": cid,
                          "task_id": task_id, "task_path": task_path, "writes": writes}
                 self.commands.check_checkpoint_size(wdata, f"graph.copy of {cid}'s writes")
-                events.append(("graph.writes", wdata))
+                events.append(("graph.writes", given("graph.writes", wdata)))
         await self._append(p.target_session_id, p.target_thread_id, None, meta, events)
         return rpc.GraphChangeResult(checkpoints=len(rows), sessions=[p.target_session_id])
 
@@ -337,10 +346,10 @@ def _cursor_position(cursor: str) -> tuple[str, str, str]:
                                  {"detail": str(exc), "path": "$.cursor"}) from exc
 
 
-def _event_data(p: msgspec.Struct) -> dict[str, Any]:
-    """The event's data: the params (already validated as the event's shape, which they
-    extend) without `session_id`, as JSON builtins."""
-    data: dict[str, Any] = msgspec.to_builtins(p)
-    data.pop("session_id", None)
-    data.pop("ttl_s", None)
-    return data
+D = TypeVar("D", GraphCheckpoint, GraphWrites)
+
+
+def _event_data(p: msgspec.Struct, kind: type[D]) -> D:
+    """The event's data: the params' fields of the event's Struct (the params extend it,
+    already validated as it)."""
+    return kind(**{f: getattr(p, f) for f in kind.__struct_fields__})

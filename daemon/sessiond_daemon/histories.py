@@ -7,12 +7,14 @@ Stored data never stops the daemon: what cannot be folded marks its session
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import structlog
 
-from sessiond_schemas.bounds import bound_message, json_out_of_bounds
+from sessiond_schemas.bounds import bound_message, has_long_digits, json_out_of_bounds
 from sessiond_schemas.errors import SessionImportError, StorageError
-from sessiond_schemas.events import DATA_TYPES, Event
+from sessiond_schemas.events import Event, Unread
 from sessiond_schemas.state import SessionState
 
 from . import projection
@@ -26,16 +28,23 @@ def check_import(events: list[Event]) -> None:
     (their indexes read it) and every number of free-form data. -32007 if wrong."""
     for e in events:
         reason = None
-        if e.type.startswith("graph.") and e.type in DATA_TYPES:
-            try:
-                msgspec.convert(e.data, DATA_TYPES[e.type])
-            except (msgspec.ValidationError, ValueError) as exc:
-                reason = f"event at version {e.version} ({e.type}): {exc}"
-        bad = json_out_of_bounds(e.data, "$.data") if reason is None else None
+        if e.type.startswith("graph.") and isinstance(e.data, Unread):
+            reason = f"event at version {e.version} ({e.type}): {e.data.error}"
+        bad = out_of_bounds(e.data_json, "$.data") if reason is None else None
         if bad is not None:
             reason = f"event at version {e.version} ({e.type}): {bound_message(*bad)}"
         if reason is not None:
             raise SessionImportError(f"import failed: {reason}", {"reason": reason})
+
+
+def out_of_bounds(data_json: bytes | msgspec.Raw, path: str) -> tuple[str, Any] | None:
+    """json_out_of_bounds of data by its JSON: decoded only when the text holds a long
+    run of digits (a number that may be past int64)."""
+    if isinstance(data_json, msgspec.Raw):  # an import's: bytes to scan
+        data_json = memoryview(data_json).tobytes()
+    if not has_long_digits(data_json):
+        return None
+    return json_out_of_bounds(msgspec.json.decode(data_json), path, encoded=data_json)
 
 
 def damaged_error(session_id: str, problem: str) -> StorageError:

@@ -22,12 +22,16 @@ from sessiond_schemas.errors import (
     StorageError,
 )
 from sessiond_schemas.events import (
-    CURRENT_SCHEMA_VERSION,
     Event,
     EventMeta,
+    ProcessDetached,
+    ProcessStarted,
+    SessionForked,
     SessionId,
+    moved,
     new_id,
     parse_time,
+    typed_event,
 )
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
@@ -196,7 +200,7 @@ class Maintenance:
         by_event = {}
         for e in events:
             if e.type == "checkpoint.saved":
-                cid = e.data.get("checkpoint_id")
+                cid = e.data.get("checkpoint_id")  # an Unread one's too: its fold says why
                 if cid not in payloads:
                     raise _import_failed(f"the payload of checkpoint {cid} is missing")
                 by_event[e.event_id] = payloads[cid]
@@ -223,19 +227,20 @@ def _history_mark(events: list[Event], meta: EventMeta) -> list[Event]:
     `process.detached` marked `imported`. The runner acts only on process events after the
     last such mark, so an imported pid is never signalled nor an imported argv run."""
     starts = [i for i, e in enumerate(events) if e.type == "process.started"]
-    if not starts or any(e.type == "process.detached" and e.data.get("imported") is True
+    if not starts or any(isinstance(e.data, ProcessDetached) and e.data.imported
                          for e in events[starts[-1]:]):
         return []
     last = events[starts[-1]].data
-    mark = Event(position=0, session_id=events[-1].session_id, version=events[-1].version + 1,
-                 event_id=new_id(), type="process.detached",
-                 # the history's own last time: the mark closes it, and the view's
-                 # updated_at stays as imported
-                 schema_version=CURRENT_SCHEMA_VERSION, recorded_at=events[-1].recorded_at,
-                 data={"pid": last["pid"], "turn": last["turn"], "alive": False,
-                       "imported": True, "reason": IMPORTED_REASON},
-                 meta=meta, hash="")
-    return [msgspec.structs.replace(mark, hash=chain_hash(events[-1].hash, mark))]
+    pid, turn = (last.pid, last.turn) if isinstance(last, ProcessStarted) else (0, 0)
+    mark = typed_event(
+        position=0, session_id=events[-1].session_id, version=events[-1].version + 1,
+        event_id=new_id(), type="process.detached",
+        # the history's own last time: the mark closes it, and the view's updated_at
+        # stays as imported
+        recorded_at=events[-1].recorded_at, meta=meta,
+        data=ProcessDetached(pid=pid, turn=turn, alive=False, imported=True,
+                             reason=IMPORTED_REASON))
+    return [moved(mark, hash=chain_hash(events[-1].hash, mark))]
 
 
 _SESSION_ID = msgspec.json.Decoder(SessionId)
@@ -290,7 +295,8 @@ def _read_document(raw: Any) -> export.ExportDocument:
     if raw.get("checksum") != export.checksum(raw):
         raise _import_failed("checksum mismatch: the document was changed after export")
     try:
-        doc = msgspec.convert(raw, export.ExportDocument)
+        # Each event's data_json is its data as the document gives it (keys in order).
+        doc = msgspec.json.decode(_json.encode(raw), type=export.ExportDocument)
     except msgspec.ValidationError as exc:
         raise _import_failed(f"corrupt document: {exc}") from exc
     if not doc.events:
@@ -298,11 +304,10 @@ def _read_document(raw: Any) -> export.ExportDocument:
     _check_ids_and_times(doc.events)
     sid, prev, start = doc.events[0].session_id, "", 1
     if doc.events[0].type == "session.forked":  # a fork's chain goes on from its source's
-        source = doc.events[0].data.get("from")
-        if not isinstance(source, dict) or not isinstance(source.get("version"), int) \
-                or not isinstance(source.get("hash"), str):
+        forked = doc.events[0].data
+        if not isinstance(forked, SessionForked):
             raise _import_failed("session.forked without its source's version and hash")
-        prev, start = source["hash"], source["version"] + 1
+        prev, start = forked.from_.hash, forked.from_.version + 1
     for expected, e in enumerate(doc.events, start=start):
         if e.session_id != sid:
             raise _import_failed(f"event {e.event_id} belongs to session {e.session_id}")

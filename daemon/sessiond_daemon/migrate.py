@@ -195,7 +195,9 @@ class Copier:
             if entry is not None and e.version <= last.get(e.session_id, entry.state.version):
                 self.report.skipped += 1
                 continue
-            where = text.nul_path(msgspec.to_builtins(e), "$")
+            encoded = msgspec.json.encode(e)  # its data as stored, not re-encoded
+            where = (text.nul_path(msgspec.json.decode(encoded), "$")
+                     if text.nul_in_json(encoded) else None)
             if where is not None:
                 self._refuse(e.session_id, f"event at version {e.version} holds a NUL"
                              f" character at {where} (docs/protocol.md, Text)")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from datetime import UTC, timedelta
-from itertools import repeat
 from typing import Any, TypeVar
 
 import msgspec
@@ -26,6 +25,7 @@ from sessiond_schemas.events import (
     ProcessExited,
     ProcessStarted,
     ProgressRecorded,
+    Record,
     ResultRecorded,
     SessionCreated,
     SessionExpired,
@@ -34,7 +34,7 @@ from sessiond_schemas.events import (
     StatusChanged,
     TokensRecorded,
     TtlSet,
-    decode_data,
+    Unread,
     parse_time,
 )
 from sessiond_schemas.state import ForkLink, Message, SessionFields, SessionState, Timestamps
@@ -69,23 +69,20 @@ def apply(state: SessionState | None, event: Event) -> SessionState:
     return fold(state, (event,))
 
 
-def fold(state: SessionState | None, events: Iterable[Event],
-         typed: Sequence[msgspec.Struct | None] | None = None) -> SessionState:
+def fold(state: SessionState | None, events: Iterable[Event]) -> SessionState:
     """Return the state after `events`, in order; `state` itself is left unchanged.
 
-    Each event's data is typed once (decode_data: upcast, then its Struct) and its branch
-    gets the Struct (None for the types in _UNREAD: their data is not decoded). `typed`,
-    when given, holds one entry per event: its data's Struct as a service built it (the
-    writer's), which is not decoded again, or None to decode."""
+    Each branch gets its event's data as its type's Struct (`Event.data`: typed once,
+    when first read, or the Struct the writer built); the types in _UNREAD are given
+    None and their data is not decoded."""
     it = iter(events)
-    datas: Iterator[msgspec.Struct | None] = iter(typed) if typed is not None else repeat(None)
     if state is None:
         first = next(it, None)
         if first is None or first.type not in ("session.created", "session.forked"):
             raise FoldError("a session's history must start with session.created"
                             " (or session.forked)")
         try:
-            d = _typed(first, next(datas))
+            d = _typed(first)
             work = (_created(first, d) if isinstance(d, SessionCreated)
                     else _forked(first, _as(d, SessionForked)))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -103,8 +100,7 @@ def fold(state: SessionState | None, events: Iterable[Event],
         if branch is None:
             raise FoldError(f"unknown event type {event.type!r}")
         try:
-            given = next(datas)
-            branch(work, event, None if event.type in _UNREAD else _typed(event, given))
+            branch(work, event, None if event.type in _UNREAD else _typed(event))
         except SumOutOfBounds as exc:
             exc.version = event.version
             raise
@@ -137,11 +133,12 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return merged
 
 
-def _typed(event: Event, given: msgspec.Struct | None) -> msgspec.Struct:
-    """The event's data as its type's Struct: `given`, or decoded (upcast first) once."""
-    if given is not None:
-        return given
-    return decode_data(event.type, event.data, event.schema_version)
+def _typed(event: Event) -> msgspec.Struct:
+    """The event's data as its type's Struct; ValueError when it does not decode."""
+    data = event.data
+    if isinstance(data, Unread):
+        raise ValueError(data.error)
+    return data
 
 
 D = TypeVar("D", bound=msgspec.Struct)
@@ -316,13 +313,13 @@ def _result_recorded(s: SessionState, event: Event, d: ResultRecorded) -> None:
         s.error = d.error
 
 
-def _problem_recorded(s: SessionState, event: Event, d: None) -> None:
-    s.problems.append(event.data)
+def _problem_recorded(s: SessionState, event: Event, d: Record) -> None:
+    s.problems.append(d.body)
     s.metrics.problem_count += 1
 
 
-def _decision_recorded(s: SessionState, event: Event, d: None) -> None:
-    s.decisions.append(event.data)
+def _decision_recorded(s: SessionState, event: Event, d: Record) -> None:
+    s.decisions.append(d.body)
     s.metrics.decision_count += 1
 
 
@@ -346,7 +343,7 @@ def _process_exited(s: SessionState, event: Event, d: ProcessExited) -> None:
 
 def _process_detached(s: SessionState, event: Event, d: ProcessDetached) -> None:
     """A restart found the turn unsupervised: say why (the status change, if any, follows)."""
-    if event.data.get("imported") is not True:  # an import's mark leaves the view as it was
+    if not d.imported:  # an import's mark leaves the view as it was
         s.error = d.reason
 
 
@@ -395,12 +392,11 @@ def _derive(s: SessionState) -> None:
         p.execution_quality = "clean"
 
 
-# Types whose branch reads nothing of the data, or keeps it whole as the dict it is: the
-# fold does not decode theirs (a graph checkpoint's blobs can be megabytes), and their
-# branch is given None. Each other branch is given its type's data Struct.
+# Types whose branch reads nothing of the data: the fold does not decode theirs (a graph
+# checkpoint's blobs can be megabytes), and their branch is given None. Each other
+# branch is given its type's data Struct.
 _UNREAD = frozenset({
     "session.created", "session.forked",  # a second creation is refused, unread
-    "problem.recorded", "decision.recorded",  # kept whole
     "process.output", "graph.checkpoint", "graph.writes", "graph.pruned",  # history only
     "stream.chunk",
 })

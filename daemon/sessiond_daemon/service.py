@@ -24,15 +24,19 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.events import (
     DATA_TYPES,
+    CheckpointSaved,
     Event,
     EventMeta,
     MemoryUpdated,
     MessageAppended,
     MessageFields,
     MessagesTruncated,
+    ProgressRecorded,
+    Record,
     SessionCreated,
     Status,
     StatusChanged,
+    TokensRecorded,
     TtlSet,
     new_id,
     parse_time,
@@ -50,7 +54,7 @@ from .commands import (
 )
 from .eventstore import Page, SessionFilters, Store, page_budget, repage
 from .histories import unreadable_error
-from .writer import Delete, EventData, Plan, Planner, Writer
+from .writer import Delete, Plan, PlanData, Planner, Writer
 
 __all__ = [
     "APPEND_INPUTS", "RUNNER_ONLY", "VERSION", "LiveFigures", "Service", "StatusChangeInput",
@@ -110,10 +114,6 @@ RUNNER_ONLY = frozenset({"process.started", "process.output", "process.exited",
 def _data_paths(inputs: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """Where each events[i].data sits in the params (errors name the field)."""
     return [f"$.events[{i}].data" for i in range(len(inputs))]
-
-
-def _not_none(**fields: Any) -> dict[str, Any]:
-    return {k: v for k, v in fields.items() if v is not None}
 
 
 def _write_result(state: SessionState, events: list[Event], **extra: Any) -> dict[str, Any]:
@@ -232,7 +232,7 @@ class Service:
         fields = {f: getattr(p, f) for f in SessionCreated.__struct_fields__}
         if fields["ttl_s"] is None:
             fields["ttl_s"] = default_ttl(self.commands.limits.default_ttl_s, p.namespace)
-        data = msgspec.to_builtins(SessionCreated(**fields))
+        data = SessionCreated(**fields)
         self.commands.check_event_size(data, "session.created data")
         inputs = self._appendable(p.events)
 
@@ -470,7 +470,7 @@ class Service:
                     from_sequence=start, reason="replaced",
                     last_message=msgspec.to_builtins(new_last) if new_last else None)
                 datas = [_message_data(m, start + i) for i, m in enumerate(p.messages)]
-                events: list[tuple[str, EventData]] = [("messages.truncated", cut)]
+                events: list[tuple[str, PlanData]] = [("messages.truncated", cut)]
                 events += [("message.appended", d) for d in datas]
                 return Plan(events, lambda st, ev: _write_result(
                     st, ev, message_ids=[d.message_id for d in datas], first_sequence=start),
@@ -539,8 +539,8 @@ class Service:
     # --- tokens, progress, memory, checkpoints --------------------------------------
 
     async def tokens_record(self, p: rpc.TokensRecordParams, meta: EventMeta) -> msgspec.Raw:
-        data = _not_none(input_tokens=p.input_tokens, output_tokens=p.output_tokens,
-                         estimated_cost=p.estimated_cost, model=p.model)
+        data = TokensRecorded(input_tokens=p.input_tokens, output_tokens=p.output_tokens,
+                              estimated_cost=p.estimated_cost, model=p.model)
 
         def plan(state: SessionState | None) -> Plan:
             require(state, p.session_id)
@@ -550,8 +550,8 @@ class Service:
         return await self.commands.submit_params(p, meta, plan)
 
     async def progress_record(self, p: rpc.ProgressRecordParams, meta: EventMeta) -> msgspec.Raw:
-        data = _not_none(node_id=p.node_id, edge=p.edge, latency_ms=p.latency_ms,
-                         tokens=p.tokens, retries=p.retries, failed=p.failed)
+        data = ProgressRecorded(node_id=p.node_id, edge=p.edge, latency_ms=p.latency_ms,
+                                tokens=p.tokens, retries=p.retries, failed=p.failed)
 
         def plan(state: SessionState | None) -> Plan:
             require(state, p.session_id)
@@ -580,8 +580,8 @@ class Service:
                                                            "path": bad[0]})
         self.commands.check_event_size(p.memory, "checkpoint memory")
         cid = p.checkpoint_id or new_id()
-        data = {"checkpoint_id": cid, "size": len(payload), "memory": p.memory,
-                **_not_none(node_id=p.node_id, resume_from=p.resume_from)}
+        data = CheckpointSaved(checkpoint_id=cid, size=len(payload), memory=p.memory,
+                               node_id=p.node_id, resume_from=p.resume_from)
 
         def plan(state: SessionState | None) -> Plan:
             require(state, p.session_id)
@@ -658,7 +658,8 @@ class Service:
                     f" use {_INSTEAD[item.type]}",
                     {"detail": "type not appendable", "path": f"$.events[{i}].type"})
             try:
-                msgspec.convert(item.data, shape)
+                if shape is not Record:  # a Record is any object: its body
+                    msgspec.convert(item.data, shape)
             except msgspec.ValidationError as exc:
                 raise invalid_params(exc, path, f"invalid {item.type} data") from exc
             self.commands.check_event_size(item.data, f"events[{i}].data")

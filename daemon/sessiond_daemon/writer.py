@@ -20,7 +20,7 @@ import msgspec
 import structlog
 from anyio.abc import TaskStatus
 
-from sessiond_schemas.bounds import bound_message, json_out_of_bounds
+from sessiond_schemas.bounds import bound_message
 from sessiond_schemas.errors import (
     InternalError,
     InvalidParamsError,
@@ -34,13 +34,18 @@ from sessiond_schemas.errors import (
     VersionConflictError,
 )
 from sessiond_schemas.events import (
-    CURRENT_SCHEMA_VERSION,
     Event,
+    EventData,
     EventMeta,
+    SessionForked,
+    canonical_json,
+    encode_data,
+    moved,
     new_id,
     now,
+    typed_event,
 )
-from sessiond_schemas.export import canonical, chain_hash
+from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
 from . import projection
@@ -60,23 +65,36 @@ from .eventstore import (
     Template,
     template,
 )
-from .histories import Histories, check_import, damaged_error
+from .histories import Histories, check_import, damaged_error, out_of_bounds
 
 log = structlog.get_logger("sessiond.writer")
 
 _json = msgspec.json.Encoder()
 MAX_MOVES = 8  # decisions of one batch when the store keeps moving under it (other hosts)
 
+
+
+@dataclass(frozen=True, slots=True)
+class Given:
+    """Event data a client (events.append) or an executor gave as JSON: its Struct, and
+    the object as given, encoded (unknown fields kept: what is stored), in its order and
+    canonically (what is hashed). `commands.given` makes one."""
+
+    data: EventData
+    json: bytes
+    canonical: bytes
+
+
 # An event's data in a plan: its type's Struct as a service built it (StatusChanged(...),
-# MessageAppended(...)), or a dict (what events.append was given: unknown fields kept).
-EventData = dict[str, Any] | msgspec.Struct
+# MessageAppended(...)), or Given (the Struct with the JSON it was given as).
+PlanData = EventData | Given
 
 
 @dataclass(slots=True)
 class Plan:
     """What a command will write: its events (type, data), and how to build its result."""
 
-    events: Sequence[tuple[str, EventData]]
+    events: Sequence[tuple[str, PlanData]]
     result: Callable[[SessionState, list[Event]], Any]
     payloads: dict[int, bytes] = field(default_factory=dict)  # event index -> checkpoint payload
     # Where each event's data sits in the params, for errors that name a field (-32602);
@@ -138,12 +156,9 @@ class Import:
         if self.replace and exists:
             needs.append(HasNoForks(session_id))
         first = self.events[0] if self.events else None
-        if first is not None and first.type == "session.forked":
-            source = first.data.get("from")
-            source = source if isinstance(source, dict) else {}
-            sid, version, at = source.get("session_id"), source.get("version"), source.get("hash")
-            if isinstance(sid, str) and isinstance(version, int) and isinstance(at, str):
-                needs.append(HasVersion(sid, version, at))  # else the import refuses it
+        if first is not None and isinstance(first.data, SessionForked):  # else refused
+            source = first.data.from_
+            needs.append(HasVersion(source.session_id, source.version, source.hash))
         return needs
 
     def refusal(self, p: Precondition, found: int) -> SessiondError:
@@ -530,7 +545,7 @@ class Writer:
             state = b.state
 
             def at(base: int, events: list[Event] = b.events) -> list[Event]:
-                return [msgspec.structs.replace(e, position=base + e.position - first)
+                return [moved(e, position=base + e.position - first)
                         for e in events]
 
             try:
@@ -554,8 +569,7 @@ class Writer:
             if b.build is None:
                 continue
             assert b.state is not None
-            b.events = [msgspec.structs.replace(e, position=e.position + shift)
-                        for e in b.events]
+            b.events = [moved(e, position=e.position + shift) for e in b.events]
             if b.template is not None:
                 b.cmd.result = b.template.fill(batch.events[0].position)
             else:
@@ -674,10 +688,10 @@ class Writer:
         payloads: dict[str, bytes]
         if isinstance(plan, Import):
             check_import(plan.events)
-            events = [msgspec.structs.replace(e, position=self.next_position + i)
+            events = [moved(e, position=self.next_position + i)
                       for i, e in enumerate(plan.events)]
             self.next_position += len(events)
-            state, snapshots = self._fold_with_snapshots(None, events, None)
+            state, snapshots = self._fold_with_snapshots(None, events)
             result = _json.encode(state)
             payloads = plan.payloads
             if plan.replace and (entry is not None or damage is not None):
@@ -689,10 +703,10 @@ class Writer:
             cmd.result = _json.encode(plan.result(entry.state, []))
             return
         else:
-            events, typed = self._make_events(cmd, entry, plan)
+            events = self._make_events(cmd, entry, plan)
             try:
                 state, snapshots = self._fold_with_snapshots(
-                    entry.state if entry else None, events, typed)
+                    entry.state if entry else None, events)
             except projection.SumOutOfBounds as exc:
                 # A total would leave its bounds: the caller's numbers, refused by field.
                 base = entry.state.version if entry else 0
@@ -749,57 +763,47 @@ class Writer:
         batch.deletes.append(sid)
         overlay[sid] = _DELETED
 
-    def _fold_with_snapshots(
-            self, state: SessionState | None, events: list[Event],
-            typed: list[msgspec.Struct | None] | None,
-    ) -> tuple[SessionState, list[SessionState]]:
-        """Fold `events` (`typed`: their data's Structs, where at hand); also return the
-        view at each multiple of snapshot_every passed."""
+    def _fold_with_snapshots(self, state: SessionState | None, events: list[Event],
+                             ) -> tuple[SessionState, list[SessionState]]:
+        """Fold `events`; also return the view at each multiple of snapshot_every passed."""
         every, done, snapshots = self.snapshot_every, 0, []
         base = state.version if state is not None else 0
         for cut in range((base // every + 1) * every, base + len(events) + 1, every):
-            state = projection.fold(state, events[done:cut - base],
-                                    typed[done:cut - base] if typed is not None else None)
+            state = projection.fold(state, events[done:cut - base])
             snapshots.append(state)
             done = cut - base
         if done < len(events) or state is None:
-            state = projection.fold(state, events[done:],
-                                    typed[done:] if typed is not None else None)
+            state = projection.fold(state, events[done:])
         return state, snapshots
 
-    def _make_events(self, cmd: Command, entry: Entry | None,
-                     plan: Plan) -> tuple[list[Event], list[msgspec.Struct | None]]:
-        """The plan's events, numbered, timed and chained; and their data's Structs (None
-        where the plan gave a dict: the fold decodes those)."""
+    def _make_events(self, cmd: Command, entry: Entry | None, plan: Plan) -> list[Event]:
+        """The plan's events, numbered, timed and chained, each holding the Struct it was
+        built from (the fold reads it, nothing decodes it again)."""
         version = entry.state.version if entry else 0
         prev_hash = entry.last_hash if entry else ""
         recorded_at = now()
-        events, typed = [], []
+        events = []
         for index, (event_type, given) in enumerate(plan.events):
-            struct: msgspec.Struct | None
-            data: dict[str, Any]
-            if isinstance(given, msgspec.Struct):
-                struct, data = given, msgspec.to_builtins(given)
-            else:
-                struct, data = None, given
-            # Encoded once: the bounds scan and the hash both read these bytes.
-            data_json = canonical(data)
-            bad = json_out_of_bounds(data, plan.path(index), encoded=data_json)
+            # Encoded here, or where it was given, twice: as stored (in its own order: the
+            # bounds scan, the stored column, events.read and the subscribers' lines use
+            # these bytes, never encoded again) and canonically, for the hash.
+            data, data_json, hash_json = (
+                (given.data, given.json, given.canonical) if isinstance(given, Given)
+                else (given, encode_data(given), canonical_json(given)))
+            bad = out_of_bounds(data_json, plan.path(index))
             if bad is not None:
                 path, value = bad
                 raise InvalidParamsError(f"{bound_message(path, value)}; nothing was written",
                                          {"detail": "number out of bounds", "path": path})
             version += 1
-            event = Event(
+            event = typed_event(
                 position=self.next_position, session_id=cmd.session_id, version=version,
-                event_id=new_id(), type=event_type, schema_version=CURRENT_SCHEMA_VERSION,
-                recorded_at=recorded_at, data=data, meta=cmd.meta, hash="",
-            )
-            prev_hash = chain_hash(prev_hash, event, data_json)
-            events.append(msgspec.structs.replace(event, hash=prev_hash))
-            typed.append(struct)
+                event_id=new_id(), type=event_type, recorded_at=recorded_at, data=data,
+                data_json=data_json, meta=cmd.meta)
+            prev_hash = chain_hash(prev_hash, event, hash_json)
+            events.append(moved(event, hash=prev_hash))
             self.next_position += 1
-        return events, typed
+        return events
 
     async def _load(self, session_id: str) -> Entry | None:
         # On a shared store too the cached view is decided on: another daemon may have
@@ -848,3 +852,4 @@ class Writer:
     def _trim_rate(self, now_m: float) -> None:
         while self._rate and self._rate[0][0] < now_m - 10.0:
             self._rate.popleft()
+

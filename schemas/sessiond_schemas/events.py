@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias, cast
 
 import msgspec
 
@@ -78,27 +79,38 @@ class EventMeta(msgspec.Struct, kw_only=True, omit_defaults=False):
     correlation_id: str | None = None
 
 
-class Event(msgspec.Struct, kw_only=True, frozen=True):
-    """One stored event, exactly as the contract's envelope shows it."""
-
-    position: NonNegInt
-    session_id: str
-    version: PosInt
-    event_id: str
-    type: str
-    schema_version: NonNegInt
-    recorded_at: str
-    data: dict[str, Any]
-    meta: EventMeta
-    hash: str
-
-
 # --- data of each event type --------------------------------------------------
-# Unknown fields are ignored here (the stored data keeps them); the fold reads
-# these Structs, never the raw dict, except for problem/decision records.
+# Unknown fields are ignored here (the stored data keeps them: Event.data_json, and
+# Event.fields() reads them); the fold and the services read these Structs.
 
 
-class SessionCreated(SessionFields, kw_only=True):
+@functools.cache
+def _attributes(kind: type[msgspec.Struct]) -> dict[str, str]:
+    """A Struct type's attribute names by their names in JSON."""
+    return dict(zip(kind.__struct_encode_fields__, kind.__struct_fields__, strict=True))
+
+
+class Data(msgspec.Struct, kw_only=True):
+    """The base of every event data Struct. Its fields read by their JSON names too
+    (`d["from"]`, `d.get("node_id")`): for the read-model rules and callers that were
+    written over dicts. What is read so is the typed value (defaults filled in, unknown
+    fields absent); `Event.fields()` is the data as stored."""
+
+    def __getitem__(self, key: str) -> Any:
+        name = _attributes(type(self)).get(key)
+        if name is None:
+            raise KeyError(key)
+        return getattr(self, name)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        name = _attributes(type(self)).get(key)
+        return default if name is None else getattr(self, name)
+
+    def __contains__(self, key: object) -> bool:
+        return key in _attributes(type(self))
+
+
+class SessionCreated(SessionFields, Data, kw_only=True):
     """The first event of a session: SessionFields (in their order), then these."""
 
     actor_name: ActorName | None = None  # validated here (a view keeps what it was given)
@@ -108,13 +120,13 @@ class SessionCreated(SessionFields, kw_only=True):
     status: Literal["pending", "active"] = "active"
 
 
-class TtlSet(msgspec.Struct, kw_only=True):
+class TtlSet(Data, kw_only=True):
     """The session's idle TTL changes (session.set_ttl; null: none)."""
 
     ttl_s: TtlSeconds | None
 
 
-class SessionExpired(msgspec.Struct, kw_only=True):
+class SessionExpired(Data, kw_only=True):
     """The daemon ended a session idle for its TTL: `ttl_s` and the time of the last event
     before this one (`idle_since`), so the history says why."""
 
@@ -122,7 +134,7 @@ class SessionExpired(msgspec.Struct, kw_only=True):
     idle_since: str
 
 
-class StatusChanged(msgspec.Struct, kw_only=True, omit_defaults=True):
+class StatusChanged(Data, kw_only=True, omit_defaults=True):
     from_: Status = msgspec.field(name="from")
     to: Status
     reason: str | None = None
@@ -131,7 +143,7 @@ class StatusChanged(msgspec.Struct, kw_only=True, omit_defaults=True):
     resume_from: str | None = None
 
 
-class MessageFields(msgspec.Struct, kw_only=True):
+class MessageFields(Data, kw_only=True):
     """What a caller gives for one message (the daemon adds id and sequence)."""
 
     role: Role
@@ -151,14 +163,14 @@ class MessageAppended(MessageFields, kw_only=True, omit_defaults=True):
     sequence: NonNegInt
 
 
-class TokensRecorded(msgspec.Struct, kw_only=True):
+class TokensRecorded(Data, kw_only=True, omit_defaults=True):
     input_tokens: NonNegInt = 0
     output_tokens: NonNegInt = 0
     estimated_cost: NonNegFloat = 0.0
     model: str | None = None
 
 
-class ProgressRecorded(msgspec.Struct, kw_only=True):
+class ProgressRecorded(Data, kw_only=True):
     node_id: Annotated[str, msgspec.Meta(min_length=1)]
     edge: str | None = None
     latency_ms: NonNegInt = 0
@@ -167,7 +179,7 @@ class ProgressRecorded(msgspec.Struct, kw_only=True):
     failed: bool = False
 
 
-class CheckpointSaved(msgspec.Struct, kw_only=True):
+class CheckpointSaved(Data, kw_only=True):
     checkpoint_id: str
     node_id: str | None = None
     resume_from: str | None = None
@@ -175,29 +187,62 @@ class CheckpointSaved(msgspec.Struct, kw_only=True):
     size: NonNegInt
 
 
-class MemoryUpdated(msgspec.Struct, kw_only=True):
+class MemoryUpdated(Data, kw_only=True):
     patch: dict[str, Any]
 
 
-class MetadataUpdated(msgspec.Struct, kw_only=True):
+class MetadataUpdated(Data, kw_only=True):
     patch: dict[str, Any]
 
 
-class ResultRecorded(msgspec.Struct, kw_only=True):
+class ResultRecorded(Data, kw_only=True):
     success: bool | None = None
     output: dict[str, Any] = {}
     error: str | None = None
 
 
-class Record(msgspec.Struct, kw_only=True):
-    """A problem or a decision: any object, kept whole in the view."""
+class Record(Data, kw_only=True):
+    """A problem or a decision: any object (`body`), kept whole in the view. Its JSON is
+    the body itself (`encode_data`, `canonical_json`, `decode_raw`), not {"body": ...}."""
+
+    body: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.body[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.body.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.body
 
 
-class PlanLinked(msgspec.Struct, kw_only=True):
+class Unread(Data, kw_only=True):
+    """Stored data that does not read as its type's Struct (a damaged store, an import
+    of a type this daemon does not know): `body` as stored (None when it is not JSON) and
+    `error`, why. The event still reads, its hash still checks (Event.data_json); the
+    fold refuses it, and verify and the writer's damaged-history check say why."""
+
+    body: Any
+    error: str
+
+    def __getitem__(self, key: str) -> Any:
+        if not isinstance(self.body, dict):
+            raise KeyError(key)
+        return self.body[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.body.get(key, default) if isinstance(self.body, dict) else default
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(self.body, dict) and key in self.body
+
+
+class PlanLinked(Data, kw_only=True):
     plan_id: Annotated[str, msgspec.Meta(min_length=1)]
 
 
-class StreamChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+class StreamChunk(Data, kw_only=True, omit_defaults=True):
     """Bytes appended to a generic stream (the HTTP face, docs/http.md): `text` when the
     stream's content type is textual (text/*, JSON, XML, ...), else `base64`; one of the
     two, never both. A JSON stream's chunk is one JSON message. `seq` is the writer's
@@ -215,7 +260,7 @@ class StreamChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
             raise ValueError("`text` or `base64`: a chunk carries exactly one of the two")
 
 
-class MessagesTruncated(msgspec.Struct, kw_only=True):
+class MessagesTruncated(Data, kw_only=True):
     """Messages from `from_sequence` on leave the conversation (sessiond extension:
     message.pop, message.clear). The events stay; `last_message` is the one now last."""
 
@@ -224,14 +269,14 @@ class MessagesTruncated(msgspec.Struct, kw_only=True):
     last_message: dict[str, Any] | None = None
 
 
-class Typed(msgspec.Struct, kw_only=True):
+class Typed(Data, kw_only=True):
     """A value in its producer's own serialization (LangGraph's serde): a type tag and bytes."""
 
     type: str
     data: bytes  # base64 in JSON
 
 
-class GraphCheckpoint(msgspec.Struct, kw_only=True):
+class GraphCheckpoint(Data, kw_only=True):
     """A LangGraph checkpoint (sessiond extension). `blobs` holds only the channel values
     that changed in this step; the others are found in earlier graph.checkpoint events."""
 
@@ -252,13 +297,13 @@ class GraphCheckpoint(msgspec.Struct, kw_only=True):
                                  " `channel_versions`")
 
 
-class GraphWrite(msgspec.Struct, kw_only=True):
+class GraphWrite(Data, kw_only=True):
     idx: Int64
     channel: str
     value: Typed
 
 
-class GraphWrites(msgspec.Struct, kw_only=True):
+class GraphWrites(Data, kw_only=True):
     """Pending writes of a task against a checkpoint (sessiond extension)."""
 
     thread_id: str
@@ -269,14 +314,14 @@ class GraphWrites(msgspec.Struct, kw_only=True):
     writes: list[GraphWrite]
 
 
-class GraphPruned(msgspec.Struct, kw_only=True):
+class GraphPruned(Data, kw_only=True):
     """Checkpoints (and their writes) leave the graph's index; the events stay."""
 
     checkpoints: list[tuple[str, str]]  # (ns, checkpoint_id)
     reason: str
 
 
-class StateUpdated(msgspec.Struct, kw_only=True):
+class StateUpdated(Data, kw_only=True):
     """Keys set in a state (sessiond extension, for Google ADK's scoped state). `session`
     sets keys of this session's `memory`; `app` and `user` set keys of the state shared by
     every session of `app_name` (and `user_id`), which state.get reads. A key is set to the
@@ -294,20 +339,20 @@ class StateUpdated(msgspec.Struct, kw_only=True):
             raise ValueError("user state needs user_id")
 
 
-class ProcessStarted(msgspec.Struct, kw_only=True):
+class ProcessStarted(Data, kw_only=True):
     pid: Pid
     argv: list[str]
     cwd: str | None = None
     turn: NonNegInt
 
 
-class ProcessOutput(msgspec.Struct, kw_only=True):
+class ProcessOutput(Data, kw_only=True):
     turn: NonNegInt
     stream: Literal["stdout", "stderr"] = "stdout"
     line: str
 
 
-class ProcessExited(msgspec.Struct, kw_only=True):
+class ProcessExited(Data, kw_only=True):
     pid: Pid
     turn: NonNegInt
     exit_code: Int64 | None = None
@@ -316,16 +361,19 @@ class ProcessExited(msgspec.Struct, kw_only=True):
     truncated_lines: NonNegInt | None = None  # of them, cut at max_line_bytes
 
 
-class ProcessDetached(msgspec.Struct, kw_only=True):
-    """A daemon start found a turn it no longer supervises (sessiond extension)."""
+class ProcessDetached(Data, kw_only=True, omit_defaults=True):
+    """A daemon start found a turn it no longer supervises (sessiond extension); or, with
+    `imported`, the mark an import of a history with an open turn ends it with (its
+    process was another host's: nothing is supervised, and the view is left as it was)."""
 
     pid: Pid
     turn: NonNegInt
     alive: bool  # the process still runs (its output is no longer captured)
     reason: str
+    imported: bool = False  # left out when false (as every daemon-written detach has it)
 
 
-class ForkSource(msgspec.Struct, kw_only=True):
+class ForkSource(Data, kw_only=True):
     """Where a fork's history comes from: a session, a version of it, and its hash there."""
 
     session_id: str
@@ -333,7 +381,7 @@ class ForkSource(msgspec.Struct, kw_only=True):
     hash: str
 
 
-class SessionForked(msgspec.Struct, kw_only=True):
+class SessionForked(Data, kw_only=True):
     """The first event of a fork (sessiond extension, session.fork): its versions go on from
     `from.version`, its hash chain from `from.hash`, and `state` is the source's view at
     that version, which the fold starts from (so a fork folds without its source)."""
@@ -346,7 +394,7 @@ class SessionForked(msgspec.Struct, kw_only=True):
 # derived from it or checked against it (tests/test_event_types.py): EVENT_TYPES and
 # EventType here, the fold's branches (projection._BRANCHES), what events.append takes
 # (service.APPEND_INPUTS), and docs/protocol.md's table of event types.
-DATA_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
+DATA_TYPES: Final[dict[str, type[Data]]] = {
     "session.created": SessionCreated,
     "session.status_changed": StatusChanged,
     "message.appended": MessageAppended,
@@ -403,7 +451,130 @@ def upcast(event_type: str, schema_version: int, data: dict[str, Any]) -> dict[s
     return data
 
 
-def decode_data(event_type: str, data: dict[str, Any],
-                schema_version: int = CURRENT_SCHEMA_VERSION) -> msgspec.Struct:
-    """Type an event's stored data, upcast first (tolerant: unknown fields are ignored)."""
-    return msgspec.convert(upcast(event_type, schema_version, data), DATA_TYPES[event_type])
+# What Event.data is: one of the table's Structs, or Unread (data that does not decode).
+EventData: TypeAlias = (
+    SessionCreated | StatusChanged | MessageAppended | TokensRecorded | ProgressRecorded
+    | CheckpointSaved | MemoryUpdated | MetadataUpdated | ResultRecorded | Record | PlanLinked
+    | ProcessStarted | ProcessOutput | ProcessExited | ProcessDetached | MessagesTruncated
+    | GraphCheckpoint | GraphWrites | GraphPruned | StateUpdated | SessionForked | StreamChunk
+    | TtlSet | SessionExpired | Unread
+)
+
+_plain = msgspec.json.Encoder()
+_canonical = msgspec.json.Encoder(order="sorted")
+_any = msgspec.json.Decoder()
+_DECODERS: Final = {t: msgspec.json.Decoder(kind) for t, kind in DATA_TYPES.items()
+                    if kind is not Record}
+
+
+def decode_data(event_type: str, data: Any,
+                schema_version: int = CURRENT_SCHEMA_VERSION) -> EventData:
+    """Type an event's data given as decoded JSON, upcast first (tolerant: unknown fields
+    are ignored). Raises ValueError (msgspec.ValidationError is one) when it does not fit."""
+    kind = DATA_TYPES.get(event_type)
+    if kind is None:
+        raise ValueError(f"unknown event type {event_type!r}")
+    if not isinstance(data, dict):
+        raise msgspec.ValidationError(f"Expected `object`, got `{type(data).__name__}`")
+    if kind is Record:
+        return Record(body=data)
+    return cast("EventData", msgspec.convert(upcast(event_type, schema_version, data), kind))
+
+
+def decode_raw(event_type: str, raw: bytes | msgspec.Raw,
+               schema_version: int = CURRENT_SCHEMA_VERSION) -> EventData:
+    """Type an event's data from its stored JSON, in one decode (upcast ones through a
+    dict); data that does not decode reads as Unread, never raises."""
+    try:
+        decoder = _DECODERS.get(event_type)
+        if decoder is not None and schema_version >= CURRENT_SCHEMA_VERSION:
+            return cast("EventData", decoder.decode(raw))
+        return decode_data(event_type, _any.decode(raw), schema_version)
+    except (ValueError, TypeError) as exc:  # msgspec's DecodeError and ValidationError too
+        try:
+            body = _any.decode(raw)
+        except msgspec.DecodeError:
+            body = None
+        return Unread(body=body, error=str(exc))
+
+
+def encode_data(data: EventData) -> bytes:
+    """The JSON of event data as it is stored and served: fields in their Struct's order,
+    a free-form object's keys in the order they were given (a client's JSON keeps its
+    order). A Record's and an Unread's JSON is their body."""
+    return _plain.encode(data.body if isinstance(data, (Record, Unread)) else data)
+
+
+def canonical_json(data: EventData) -> bytes:
+    """The canonical JSON of event data (sorted keys, no spaces, UTF-8): what its hash
+    covers (export.chain_hash). The same bytes as the data's builtins give (the property
+    tests/test_typed_data.py holds)."""
+    return _canonical.encode(data.body if isinstance(data, (Record, Unread)) else data)
+
+
+class Event(msgspec.Struct, kw_only=True, frozen=True, dict=True):
+    """One stored event, exactly as the contract's envelope shows it.
+
+    `data_json` is the data's JSON as stored (its JSON name is `data`): served and sent
+    to subscribers as it is, never encoded again; its keys in the order they were given
+    (the hash covers its canonical form: `canonical_data`). `data` is that JSON typed,
+    decoded once, when first read (the writer hands over the Struct it encoded)."""
+
+    position: NonNegInt
+    session_id: str
+    version: PosInt
+    event_id: str
+    type: str
+    schema_version: NonNegInt
+    recorded_at: str
+    data_json: msgspec.Raw = msgspec.field(name="data")
+    meta: EventMeta
+    hash: str
+
+    @functools.cached_property
+    def data(self) -> EventData:
+        """The data as its type's Struct (upcast), or Unread."""
+        return decode_raw(self.type, self.data_json, self.schema_version)
+
+    def fields(self) -> dict[str, Any]:
+        """The data as stored, as a dict: every field (unknown ones too), not upcast."""
+        decoded = _any.decode(self.data_json)
+        return decoded if isinstance(decoded, dict) else {}
+
+
+def typed_event(*, position: int, session_id: str, version: int, event_id: str,
+                type: str, recorded_at: str, data: EventData, meta: EventMeta,
+                hash: str = "", data_json: bytes | None = None,
+                schema_version: int = CURRENT_SCHEMA_VERSION) -> Event:
+    """An event made from typed data: its JSON encoded here once (or `data_json`, that
+    encoding already at hand), and `data` the Struct given (not decoded again)."""
+    event = Event(position=position, session_id=session_id, version=version,
+                  event_id=event_id, type=type, schema_version=schema_version,
+                  recorded_at=recorded_at,
+                  data_json=msgspec.Raw(encode_data(data) if data_json is None else data_json),
+                  meta=meta, hash=hash)
+    event.__dict__["data"] = data
+    return event
+
+
+_event_decoder = msgspec.json.Decoder(Event)
+
+
+def event_from_builtins(value: Any) -> Event:
+    """An event from its envelope as decoded JSON (a dict, `data` an object in it), as
+    msgspec.convert would make it (keys kept in their order)."""
+    return _event_decoder.decode(_plain.encode(value))
+
+
+def moved(event: Event, **changes: Any) -> Event:
+    """`msgspec.structs.replace` that keeps the typed data already decoded."""
+    out = msgspec.structs.replace(event, **changes)
+    if "data" in event.__dict__ and "data_json" not in changes:
+        out.__dict__["data"] = event.__dict__["data"]
+    return out
+
+
+def canonical_data(event: Event) -> bytes:
+    """The canonical JSON of the event's data, as its hash covers it: the stored bytes
+    decoded and encoded again (rows an older daemon stored kept their keys' order)."""
+    return _canonical.encode(_any.decode(event.data_json))

@@ -8,7 +8,7 @@ from typing import Any, Final
 import msgspec
 
 from .bounds import NonNegInt
-from .events import Event
+from .events import Event, canonical_data, moved
 from .state import SessionState
 
 FORMAT: Final = "sessiond.export"
@@ -21,15 +21,15 @@ def canonical(value: Any) -> bytes:
     return _canonical.encode(value)
 
 
-def chain_hash(prev_hash: str, event: Event, data_json: bytes | None = None) -> str:
+def chain_hash(prev_hash: str, event: Event, data_json: bytes | msgspec.Raw | None = None) -> str:
     """Hash an event onto its session's chain (position excluded: it changes on import).
 
     The hash covers the canonical JSON of {session_id, version, event_id, type,
     schema_version, recorded_at, data, meta}. `data` sorts first, so the body is built as
-    `{"data":` + the data's canonical JSON + the rest: pass `data_json` (canonical(data))
-    when it is at hand and the data is not encoded again."""
+    `{"data":` + the data's canonical JSON + the rest: pass `data_json` (the data's
+    canonical JSON) when it is at hand; without it the stored JSON is made canonical."""
     if data_json is None:
-        data_json = _canonical.encode(event.data)
+        data_json = canonical_data(event)
     rest = _canonical.encode({
         "session_id": event.session_id, "version": event.version, "event_id": event.event_id,
         "type": event.type, "schema_version": event.schema_version,
@@ -39,6 +39,12 @@ def chain_hash(prev_hash: str, event: Event, data_json: bytes | None = None) -> 
     for part in (b'{"data":', data_json, b",", memoryview(rest)[1:]):
         digest.update(part)
     return digest.hexdigest()
+
+
+def canonical_event(event: Event) -> bytes:
+    """The canonical JSON of a whole event, its data made canonical (rows an older daemon
+    stored kept their keys' order): what a document's checksum covers of it."""
+    return _canonical.encode(moved(event, data_json=msgspec.Raw(canonical_data(event))))
 
 
 class CheckpointPayload(msgspec.Struct, kw_only=True):

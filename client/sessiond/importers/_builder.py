@@ -228,7 +228,9 @@ class DocumentBuilder:
             self.meta, idempotency_key=key)
         event = Event(position=version, session_id=self.session_id, version=version,
                       event_id=new_id(), type=event_type, schema_version=CURRENT_SCHEMA_VERSION,
-                      recorded_at=rfc3339(at), data=plain(data), meta=meta, hash="")
+                      recorded_at=rfc3339(at),
+                      data_json=msgspec.Raw(msgspec.json.encode(plain(data))), meta=meta,
+                      hash="")
         self._hash = export.chain_hash(self._hash, event)
         self.events.append(msgspec.structs.replace(event, hash=self._hash))
 
@@ -236,13 +238,14 @@ class DocumentBuilder:
         """Move the last event to time `at` (the view's updated_at is the last event's)."""
         last = self.events.pop()
         self._hash = self.events[-1].hash if self.events else ""
-        self.add(last.type, last.data, at, last.meta.idempotency_key)
+        self.add(last.type, last.fields(), at, last.meta.idempotency_key)
 
     def document(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "format": export.FORMAT, "format_version": export.FORMAT_VERSION,
             "exported_at": now(), "session": None,
-            "events": msgspec.to_builtins(self.events), "checkpoints": self.checkpoints,
+            "events": msgspec.json.decode(msgspec.json.encode(self.events)),
+            "checkpoints": self.checkpoints,
         }
         doc["checksum"] = export.checksum(doc)
         return doc

@@ -347,7 +347,7 @@ class SessiondSessionService(BaseSessionService):
         """A repeated key is a retry only if the stored event is this one; a different
         event under a taken id is refused, as DatabaseSessionService's primary key does."""
         read = await self.client.read_events(sid, from_version=at, limit=1)
-        first = read.events[0].data if read.events else {}
+        first = read.events[0].fields() if read.events else {}
         metadata = first.get("metadata", {}) if isinstance(first, dict) else {}
         if "adk_event" not in metadata or restore(
                 metadata["adk_event"], first["content"], metadata.get("spans") or []) != stored:

@@ -387,11 +387,12 @@ class SessiondSession(SessionABC):
                 page = await self.client.read_events(self._sid, from_version=version,
                                                      types=["tokens.recorded"])
                 for e in page.events:
-                    if "requests" not in e.data:  # recorded otherwise, not by a run
+                    d = e.fields()  # as stored: `requests` and `total_tokens` are extras
+                    if "requests" not in d:  # recorded otherwise, not by a run
                         continue
                     totals["total_turns"] += 1
                     for key in ("requests", "input_tokens", "output_tokens", "total_tokens"):
-                        totals[key] += int(e.data.get(key, 0))
+                        totals[key] += int(d.get(key, 0))
                 version = page.next
         except SessionNotFoundError:
             return None

@@ -467,7 +467,7 @@ class PostgresStore(ModelReads):
             [_json.encode(v) for v in snaps],
             [e.session_id for e in ev], [e.version for e in ev], [e.event_id for e in ev],
             [e.type for e in ev], [e.schema_version for e in ev], [e.recorded_at for e in ev],
-            [_json.encode(e.data) for e in ev], [_json.encode(e.meta) for e in ev],
+            [e.data_json for e in ev], [_json.encode(e.meta) for e in ev],
             [e.hash for e in ev],
             _json.encode(rows).decode(), r_no, r_part, r_event, CHANNEL]
 
@@ -532,7 +532,7 @@ class PostgresStore(ModelReads):
                 _EVENTS, len(ev), [e.session_id for e in ev], [e.version for e in ev],
                 [e.event_id for e in ev], [e.type for e in ev],
                 [e.schema_version for e in ev], [e.recorded_at for e in ev],
-                [_json.encode(e.data) for e in ev], [_json.encode(e.meta) for e in ev],
+                [e.data_json for e in ev], [_json.encode(e.meta) for e in ev],
                 [e.hash for e in ev], CHANNEL)
             con.locked_at = float(con.locked_at)
             batch.renumber(int(first))  # the writer's results follow (idempotency too)

@@ -46,7 +46,7 @@ from ..stores.models.views import state_decoder
 from ..stores.schema import SchemaRefused
 from . import executor, preconditions, search, sessions
 from .agents import AgentReads
-from .base import encode, encode_meta, marks, storage_error
+from .base import encode_meta, marks, storage_error
 from .sessions import SessionViews
 
 log = structlog.get_logger("sessiond.store")
@@ -427,7 +427,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (e.position, e.session_id, e.version, e.event_id, e.type, e.schema_version,
-                     e.recorded_at, encode(e.data), encode_meta(e.meta), e.hash)
+                     e.recorded_at, e.data_json, encode_meta(e.meta), e.hash)
                     for e in batch.events
                 ],
             )

@@ -12,7 +12,7 @@ from typing import Any, Final
 import msgspec
 
 from sessiond_daemon.stores.models.ops import Insert, Op
-from sessiond_schemas.events import Event
+from sessiond_schemas.events import Data, Event
 
 _json = msgspec.json.Encoder()
 
@@ -43,7 +43,7 @@ def scoped_state(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list
     return [Insert("scoped_state", [(*key, *latest[key]) for key in sorted(latest)], "newer")]
 
 
-def indexed(event_type: str, data: dict[str, Any]) -> bool:
+def indexed(event_type: str, data: dict[str, Any] | Data) -> bool:
     """Whether an event belongs in the runner index."""
     if event_type in TURN_TYPES:
         return True

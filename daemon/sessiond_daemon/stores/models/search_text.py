@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from sessiond_daemon.stores.models.ops import Insert, Op
-from sessiond_schemas.events import Event
+from sessiond_schemas.events import Data, Event, Record, Unread
 
 INDEXED_TYPES: Final = ("message.appended", "session.created", "session.forked",
                         "metadata.updated", "session.status_changed", "result.recorded",
@@ -39,15 +39,18 @@ def _join(*parts: Any) -> str | None:
     return text or None
 
 
-def text_of(event_type: str, data: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(body, tags) of one event: what the index holds for it."""
+def text_of(event_type: str, data: dict[str, Any] | Data) -> tuple[str | None, str | None]:
+    """(body, tags) of one event: what the index holds for it (its data as decoded JSON,
+    or typed: Event.data)."""
     meta: list[str] = []
+    if isinstance(data, (Record, Unread)):
+        data = data.body if isinstance(data.body, dict) else {}
     if event_type == "message.appended":
         _values(data.get("metadata", {}), meta)
         return data.get("content"), _join(data.get("tool_call_id"), *meta)
     if event_type in ("session.created", "session.forked"):
         d = data.get("state", {}) if event_type == "session.forked" else data
-        if not isinstance(d, dict):
+        if not isinstance(d, (dict, Data)):
             return None, None
         _values(d.get("metadata", {}), meta)
         return (_join(d.get("task"), d.get("error")),
