@@ -322,7 +322,7 @@ def _free_port() -> int:
 
 
 def has_http_face() -> bool:
-    from sessiond_daemon.config import Config
+    from sessiond_daemon.serve.config import Config
 
     return "http_listen" in Config.__struct_fields__
 

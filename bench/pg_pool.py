@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from sessiond_daemon.postgres.store import READ_TIMEOUT_S, PostgresStore
+from sessiond_daemon.stores.postgres.store import READ_TIMEOUT_S, PostgresStore
 
 TICK = os.sysconf("SC_CLK_TCK")
 

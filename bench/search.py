@@ -95,8 +95,8 @@ STATUSES = ("completed", "failed", "active", "paused")
 def build(path: str, sessions: int, messages: int, seed: int = 13) -> dict[str, int]:
     """Fill a migrated, empty database: `sessions` sessions sharing `messages` messages,
     with Zipf-distributed words; hashes are placeholders (verify is not part of B13)."""
-    from sessiond_daemon.sqlite import search
     from sessiond_daemon.stores.models.search_text import text_of
+    from sessiond_daemon.stores.sqlite import search
 
     rng = random.Random(seed)
     weights = [1 / (i + 1) for i in range(len(VOCABULARY))]

@@ -31,9 +31,9 @@ import pytest
 import structlog
 
 from sessiond import AsyncClient, Client, DaemonUnavailableError
-from sessiond_daemon import lifecycle
-from sessiond_daemon.config import Config, load
-from sessiond_daemon.postgres import dsn
+from sessiond_daemon.serve import lifecycle
+from sessiond_daemon.serve.config import Config, load
+from sessiond_daemon.stores.postgres import dsn
 
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
 

@@ -22,9 +22,9 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sessiond_daemon import lifecycle
-from sessiond_daemon.config import Config
-from sessiond_daemon.eventstore import Batch, Capabilities, Moved, Store
+from sessiond_daemon.serve import lifecycle
+from sessiond_daemon.serve.config import Config
+from sessiond_daemon.stores.interface import Batch, Capabilities, Moved, Store
 
 CommitRule = Callable[[Batch, int], BaseException | None]
 

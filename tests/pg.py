@@ -25,8 +25,8 @@ import anyio
 import msgspec
 import pytest
 
-from sessiond_daemon import projection
-from sessiond_daemon.eventstore import Batch, Entry, Template
+from sessiond_daemon.core import projection
+from sessiond_daemon.stores.interface import Batch, Entry, Template
 from sessiond_schemas.events import CURRENT_SCHEMA_VERSION, Event, EventMeta, new_id, now
 from sessiond_schemas.export import canonical, chain_hash
 
@@ -83,7 +83,7 @@ def empty(url: str) -> None:
 async def _empty(url: str) -> None:
     import asyncpg
 
-    from sessiond_daemon.postgres import schema
+    from sessiond_daemon.stores.postgres import schema
 
     # As the daemon's connections say: this code's schema (the fence lets it delete events).
     con = await asyncpg.connect(url, timeout=5,
@@ -210,7 +210,7 @@ class Stores:
         self.made: list[Any] = []
 
     def __call__(self, config: Any) -> Any:
-        from sessiond_daemon import lifecycle
+        from sessiond_daemon.serve import lifecycle
 
         self.made.append(lifecycle.default_store(config))
         return self.made[-1]

@@ -20,8 +20,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from sessiond_daemon import projection
-from sessiond_daemon.eventstore import (
+from sessiond_daemon.core import projection
+from sessiond_daemon.stores.interface import (
     Batch,
     Entry,
     HasNoForks,

@@ -19,9 +19,10 @@ from conftest import as_user, daemon_config, running_daemon
 from test_security import peer_user, req
 
 from sessiond import AsyncClient
-from sessiond_daemon import lifecycle, migrations
-from sessiond_daemon.postgres import schema as pg_schema
+from sessiond_daemon.serve import lifecycle
+from sessiond_daemon.stores.postgres import schema as pg_schema
 from sessiond_daemon.stores.schema import OWNER_UID
+from sessiond_daemon.stores.sqlite import migrations
 from sessiond_schemas.errors import SessiondError
 
 pytestmark = pytest.mark.anyio

@@ -23,7 +23,7 @@ from conftest import Daemon, daemon_config, eventually, running_daemon, wait_for
 from test_cli import ctl, ctl_json
 
 from sessiond import AsyncClient
-from sessiond_daemon.eventstore import SearchBudget, SearchQuery
+from sessiond_daemon.stores.interface import SearchBudget, SearchQuery
 from sessiond_schemas import export
 from sessiond_schemas.errors import (
     InvalidParamsError,
@@ -239,7 +239,7 @@ class TestSearchBudget:
         cancelled), on the read connection's thread, instead of running on."""
         import sqlite3
 
-        from sessiond_daemon.sqlite import search
+        from sessiond_daemon.stores.sqlite import search
 
         config = daemon_config(short_dir)
         async with running_daemon(config) as d, AsyncClient(d.socket) as client:
@@ -266,7 +266,7 @@ class TestSearchBudget:
             self, short_dir: str, pg_url: str) -> None:
         """On PostgreSQL the query's watcher sees its client gone and cancels it on the
         server (no backend waits on it after), and the pool serves the next query."""
-        from sessiond_daemon.postgres.store import PostgresStore
+        from sessiond_daemon.stores.postgres.store import PostgresStore
 
         config = daemon_config(short_dir, db=pg_url)
         async with running_daemon(config) as d, AsyncClient(d.socket) as client:
@@ -308,7 +308,7 @@ class TestSearchBudget:
         import asyncio
         import socket
 
-        from sessiond_daemon.server import _gone
+        from sessiond_daemon.serve.server import _gone
 
         path = os.path.join(short_dir, "g.sock")
         writers: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()

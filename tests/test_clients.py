@@ -107,7 +107,7 @@ async def test_async_client_reports_a_lost_daemon(short_dir: str) -> None:
     from conftest import daemon_config
 
     from sessiond import ShuttingDownError
-    from sessiond_daemon import lifecycle
+    from sessiond_daemon.serve import lifecycle
 
     config = daemon_config(short_dir)
     stop = anyio.Event()

@@ -10,8 +10,8 @@ import pytest
 from conftest import daemon_config, eventually
 
 from sessiond import AsyncClient, SessiondError
-from sessiond_daemon import lifecycle
-from sessiond_daemon.config import ConfigError, default_config_file, default_db, load
+from sessiond_daemon.serve import lifecycle
+from sessiond_daemon.serve.config import ConfigError, default_config_file, default_db, load
 from sessiond_schemas.paths import default_socket
 
 

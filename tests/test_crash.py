@@ -21,7 +21,7 @@ import pytest
 from conftest import eventually
 
 from sessiond import AsyncClient, ConnectionLostError, SessiondError, ShuttingDownError
-from sessiond_daemon.projection import fold
+from sessiond_daemon.core.projection import fold
 from sessiond_schemas.events import Event, EventMeta
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState

@@ -32,7 +32,8 @@ def daemon_overrides() -> dict[str, Any]:
 # What PostgreSQL's one-call commit costs today: the data as stored, its canonical JSON,
 # the view row, and the read models' rows as JSON (the full-text row holds the content).
 ONE_CALL = sorted(["sessiond_schemas.events._plain", "sessiond_schemas.events._canonical",
-                   "sessiond_daemon.postgres.store._json", "sessiond_daemon.postgres.store._json"])
+                   "sessiond_daemon.stores.postgres.store._json",
+                   "sessiond_daemon.stores.postgres.store._json"])
 
 
 class Tally:

@@ -13,7 +13,7 @@ from conftest import wait_for_daemon
 
 from sessiond import Client
 from sessiond_daemon.__main__ import EX_CONFIG, loop_options
-from sessiond_daemon.config import ConfigError
+from sessiond_daemon.serve.config import ConfigError
 
 HAS_UVLOOP = sys.platform.startswith("linux") and importlib.util.find_spec("uvloop") is not None
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from sessiond_daemon.projection import _BRANCHES, _UNREAD
-from sessiond_daemon.service import _INSTEAD, APPEND_INPUTS, RUNNER_ONLY
+from sessiond_daemon.core.projection import _BRANCHES, _UNREAD
+from sessiond_daemon.features.service import _INSTEAD, APPEND_INPUTS, RUNNER_ONLY
 from sessiond_schemas import rpc
 from sessiond_schemas.events import DATA_TYPES, EVENT_TYPES, EventType, Record, SessionForked
 

@@ -381,7 +381,7 @@ class TestHandles:
     def test_a_reused_pid_is_never_signalled(self) -> None:
         """A leader whose pid now names another session leader (a later start time): neither
         the group nor that process is signalled."""
-        from sessiond_daemon.processes import Handle, start_time
+        from sessiond_daemon.features.executors.processes import Handle, start_time
 
         other = subprocess.Popen(["sleep", "300"], start_new_session=True)
         try:
@@ -397,7 +397,7 @@ class TestHandles:
 
     def test_a_child_is_signalled_through_its_pidfd_until_reaped(self) -> None:
         """A live child: its group is signalled; once reaped, nothing is."""
-        from sessiond_daemon.processes import Handle
+        from sessiond_daemon.features.executors.processes import Handle
 
         child = subprocess.Popen(["sleep", "300"], start_new_session=True)
         handle = Handle.of_child(child.pid)
@@ -415,7 +415,7 @@ class TestHandles:
     async def test_a_group_is_waited_for_until_its_last_member_exits(self) -> None:
         """The leader's exit comes through its pidfd, a member's through its own: the wait
         ends with the member, not with the leader."""
-        from sessiond_daemon.processes import Handle
+        from sessiond_daemon.features.executors.processes import Handle
 
         leader = subprocess.Popen(
             [sys.executable, "-c", "import subprocess, sys;"
@@ -452,7 +452,7 @@ class TestHandles:
         """A process a previous daemon recorded (not our child, its SESSIOND_* variables,
         its start time, this boot) is proven, and its exit comes through the pidfd the
         proof opened."""
-        from sessiond_daemon.processes import Handle, boot_id, start_time, stat
+        from sessiond_daemon.features.executors.processes import Handle, boot_id, start_time, stat
 
         env = {**os.environ, "SESSIOND_SESSION_ID": "adopted", "SESSIOND_TURN": "2"}
         proc = subprocess.Popen(["sleep", "300"], start_new_session=True, env=env)
@@ -483,7 +483,7 @@ class TestHandles:
     async def test_without_a_pidfd_the_exit_is_polled(self) -> None:
         """No pidfd (pidfd_open missing): the leader's /proc entry is looked at, slowly, and
         its start time still proves it."""
-        from sessiond_daemon.processes import Handle, start_time
+        from sessiond_daemon.features.executors.processes import Handle, start_time
 
         proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
         handle = Handle(proc.pid, start_time(proc.pid))

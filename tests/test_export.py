@@ -165,7 +165,7 @@ async def test_cli_export_and_import(daemon: Daemon, client: AsyncClient, short_
 async def test_old_schema_events_import_and_read_as_stored(daemon: Daemon,
                                                           client: AsyncClient) -> None:
     """A version-0 event is stored as written (its hash holds) and folded upcast."""
-    from sessiond_daemon.projection import fold
+    from sessiond_daemon.core.projection import fold
 
     await client.create_session("old")
     await client.record_tokens("old", input_tokens=1)

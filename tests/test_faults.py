@@ -19,7 +19,7 @@ from conftest import Daemon, daemon_config, running_daemon
 from faulty_store import FaultyStore, faulty, nth, touches
 
 from sessiond import AsyncClient, StorageError
-from sessiond_daemon.sqlite import SqliteStore
+from sessiond_daemon.stores.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +68,7 @@ async def test_disk_io_error_before_a_batch(short_dir: str) -> None:
 
 def sqlite_storage_error(message: str) -> StorageError:
     """The -32012 the SQLite store makes of a driver error with this message."""
-    from sessiond_daemon.sqlite.base import storage_error
+    from sessiond_daemon.stores.sqlite.base import storage_error
     return storage_error(sqlite3.OperationalError(message))
 
 

@@ -16,7 +16,7 @@ from conftest import daemon_config, eventually, running_daemon
 from pg import Stores
 
 from sessiond import AsyncClient
-from sessiond_daemon.config import Config
+from sessiond_daemon.serve.config import Config
 from sessiond_schemas.errors import VersionConflictError
 
 pytestmark = pytest.mark.anyio

@@ -62,8 +62,8 @@ async def test_a_delete_decided_from_an_old_version_is_moved(pg_url: str) -> Non
     (where a client's expected_version of 2 is -32004)."""
     from pg import Scribe
 
-    from sessiond_daemon.eventstore import Batch, Moved
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.interface import Batch, Moved
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     a, b = PostgresStore(pg_url), PostgresStore(pg_url)
     await a.open()

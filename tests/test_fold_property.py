@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessiond import AsyncClient, SessiondError
-from sessiond_daemon.projection import fold
+from sessiond_daemon.core.projection import fold
 from sessiond_schemas import rpc
 from sessiond_schemas.events import ALLOWED_TRANSITIONS, STATUSES, Event
 from sessiond_schemas.export import chain_hash

@@ -359,8 +359,8 @@ class TestAuth:
 
 class TestConfig:
     def test_off_by_default_and_loopback_only(self, short_dir: str) -> None:
-        from sessiond_daemon.config import ConfigError
-        from sessiond_daemon.web.face import check_config
+        from sessiond_daemon.serve.config import ConfigError
+        from sessiond_daemon.serve.web.face import check_config
 
         assert daemon_config(short_dir).http_listen == []
         with pytest.raises(ConfigError, match="not a loopback"):

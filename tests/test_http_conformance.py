@@ -39,7 +39,7 @@ import pytest
 from conftest import PATIENCE_S, wait_for_daemon
 
 from sessiond import Client
-from sessiond_daemon.config import Config
+from sessiond_daemon.serve.config import Config
 from sessiond_schemas import paths
 
 # --- starting the servers -----------------------------------------------------------------

@@ -148,7 +148,7 @@ class TestBrowsersAndAccess:
             self, daemon: Daemon, owner: httpx.AsyncClient) -> None:
         """An SSE tail opened with a token ends when the token is rotated (a reload that
         lets a peer in no more ends tails the same way): reconnecting needs the new one."""
-        from sessiond_daemon.web.auth import write_token
+        from sessiond_daemon.serve.web.auth import write_token
         from sessiond_schemas.paths import http_token_path
 
         await owner.put("/v1/stream/tail", headers=TEXT, content=b"a")

@@ -17,7 +17,7 @@ import pytest
 DAEMON = Path(__file__).resolve().parent.parent / "daemon" / "sessiond_daemon"
 STORE_PACKAGES = ("postgres", "sqlite")
 # Where choosing between engines is the job: the registry, and each store about itself.
-ALLOWED = (DAEMON / "stores" / "registry.py", *(DAEMON / p for p in STORE_PACKAGES))
+ALLOWED = (DAEMON / "stores" / "registry.py", *(DAEMON / "stores" / p for p in STORE_PACKAGES))
 
 CHECKS = {
     "an engine check by URL": re.compile(r"\bis_postgres\b|\bis_sqlite\b"),
@@ -26,7 +26,7 @@ CHECKS = {
     "an engine check by name": re.compile(r"\bengine\s*(==|!=|\bin\b|\bnot in\b)|"
                                           r"(==|!=)\s*[\w.]*\bengine\b"),
     "an import of a store package": re.compile(
-        r"^\s*(from|import)\s+(\.+|sessiond_daemon\.)(postgres|sqlite)\b", re.MULTILINE),
+        r"^\s*(from|import)\s+(\.+|sessiond_daemon\.stores\.)(postgres|sqlite)\b", re.MULTILINE),
 }
 
 
@@ -71,7 +71,7 @@ def test_no_engine_check_outside_the_registry() -> None:
     "from .postgres import dsn",
     "    from .postgres.store import PostgresStore",
     "from .sqlite import SqliteStore",
-    "from sessiond_daemon.sqlite.base import storage_error",
+    "from sessiond_daemon.stores.sqlite.base import storage_error",
     "from ..postgres import follow",
 ])
 def test_each_kind_of_engine_check_is_caught(source: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 from conftest import Daemon, daemon_config, eventually, running_daemon
 
 from sessiond import AsyncClient, InvalidParamsError, SessionNotFoundError
-from sessiond_daemon.postgres import dsn
+from sessiond_daemon.stores.postgres import dsn
 
 pytestmark = pytest.mark.anyio
 

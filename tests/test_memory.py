@@ -20,7 +20,7 @@ import pytest
 from conftest import Daemon, daemon_config, eventually, wait_for_daemon
 
 from sessiond import AsyncClient
-from sessiond_daemon import lifecycle
+from sessiond_daemon.serve import lifecycle
 
 pytestmark = pytest.mark.anyio
 MESSAGE = 60_000  # the 60 KB messages

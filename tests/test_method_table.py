@@ -12,8 +12,8 @@ import pytest
 from conftest import daemon_config
 
 from sessiond import AsyncClient
-from sessiond_daemon import lifecycle, methods
-from sessiond_daemon.methods import Method, MethodTable, MethodTableError, Signature
+from sessiond_daemon.serve import lifecycle, methods
+from sessiond_daemon.serve.methods import Method, MethodTable, MethodTableError, Signature
 from sessiond_schemas import rpc
 from sessiond_schemas.events import EventMeta
 

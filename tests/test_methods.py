@@ -125,7 +125,7 @@ class TestSessionGet:
         import anyio
         from conftest import daemon_config
 
-        from sessiond_daemon import lifecycle
+        from sessiond_daemon.serve import lifecycle
 
         config = daemon_config(short_dir)
         for round_ in range(2):

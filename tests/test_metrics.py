@@ -20,8 +20,8 @@ from conftest import Daemon, daemon_config, eventually, running_daemon, wait_for
 from sessiond import AsyncClient, MethodNotFoundError, SessionNotFoundError
 from sessiond_daemon import __main__ as daemon_main
 from sessiond_daemon.core.hooks import NO_METRICS, Hooks
-from sessiond_daemon.metrics import MAX_LABEL_CHARS, OTHER, label, top_labels
-from sessiond_daemon.web.listen import parse as parse_address
+from sessiond_daemon.serve.metrics import MAX_LABEL_CHARS, OTHER, label, top_labels
+from sessiond_daemon.serve.web.listen import parse as parse_address
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

@@ -19,7 +19,7 @@ import pytest
 from conftest import Daemon, eventually, wait_for_daemon, wait_until
 
 from sessiond import AsyncClient, InvalidParamsError
-from sessiond_daemon.migrations import LATEST
+from sessiond_daemon.stores.sqlite.migrations import LATEST
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).parent.parent

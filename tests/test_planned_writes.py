@@ -12,7 +12,7 @@ from conftest import Daemon, daemon_config, running_daemon
 from faulty_store import FaultyStore, faulty
 
 from sessiond import AsyncClient, OverloadedError, VersionConflictError
-from sessiond_daemon.service import READ_TRIES
+from sessiond_daemon.features.service import READ_TRIES
 
 pytestmark = pytest.mark.anyio
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sessiond_daemon.config import ConfigError, load
-from sessiond_daemon.postgres import dsn
+from sessiond_daemon.serve.config import ConfigError, load
+from sessiond_daemon.stores.postgres import dsn
 
 URL = "postgresql://sessiond@db.example:5432/sessions"
 

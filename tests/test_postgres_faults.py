@@ -24,7 +24,7 @@ async def test_a_batch_cut_off_mid_transaction_leaves_nothing(pg_url: str) -> No
     commits on a new connection."""
     import asyncpg
 
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.store import PostgresStore
     from sessiond_schemas.errors import StorageError
 
     store, admin = PostgresStore(pg_url), PostgresStore(pg_url)

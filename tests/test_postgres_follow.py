@@ -21,9 +21,9 @@ def pg_url() -> Iterator[str]:
 
 
 async def test_a_follower_sees_every_hosts_events_once_in_order(pg_url: str) -> None:
-    from sessiond_daemon.postgres.follow import Follower
-    from sessiond_daemon.postgres.listener import Listener
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.follow import Follower
+    from sessiond_daemon.stores.postgres.listener import Listener
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     hosts = [PostgresStore(pg_url, host_name=f"h{i}") for i in range(3)]
     here = PostgresStore(pg_url)
@@ -65,9 +65,9 @@ async def test_a_follower_sees_every_hosts_events_once_in_order(pg_url: str) -> 
 
 
 async def test_positions_a_delete_took_are_passed_over(pg_url: str) -> None:
-    from sessiond_daemon.eventstore import Batch
-    from sessiond_daemon.postgres.follow import Follower
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.interface import Batch
+    from sessiond_daemon.stores.postgres.follow import Follower
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     store = PostgresStore(pg_url)
     await store.open()

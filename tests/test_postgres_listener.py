@@ -20,8 +20,8 @@ def pg_url() -> Iterator[str]:
 
 
 async def test_one_notification_per_batch_and_reconnection(pg_url: str) -> None:
-    from sessiond_daemon.postgres.listener import Listener
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.listener import Listener
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     store = PostgresStore(pg_url)
     await store.open()
@@ -72,8 +72,8 @@ async def test_one_notification_per_batch_and_reconnection(pg_url: str) -> None:
 
 
 async def test_the_poll_wakes_without_notifications(pg_url: str) -> None:
-    from sessiond_daemon.postgres.listener import Listener
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.listener import Listener
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     store = PostgresStore(pg_url)
     await store.open()

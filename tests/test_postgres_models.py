@@ -10,7 +10,7 @@ import pg
 import pytest
 from pg import Scribe
 
-from sessiond_daemon.eventstore import Batch, ForkRow
+from sessiond_daemon.stores.interface import Batch, ForkRow
 
 pytestmark = pytest.mark.anyio
 
@@ -22,7 +22,7 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture
 async def store(pg_url: str) -> AsyncIterator[object]:
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     s = PostgresStore(pg_url)
     await s.open()
@@ -31,7 +31,7 @@ async def store(pg_url: str) -> AsyncIterator[object]:
 
 
 async def test_app_and_user_state_keep_the_latest_value(store: object) -> None:
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     assert isinstance(store, PostgresStore)
     scribe = Scribe()
@@ -55,7 +55,7 @@ async def test_app_and_user_state_keep_the_latest_value(store: object) -> None:
 
 
 async def test_process_output_by_turn_and_stream(store: object) -> None:
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     assert isinstance(store, PostgresStore)
     batch = Batch()
@@ -82,7 +82,7 @@ async def test_process_output_by_turn_and_stream(store: object) -> None:
 
 async def test_a_fork_shares_its_sources_history(store: object) -> None:
     """The fork's messages and its hash below the fork point are its source's."""
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     assert isinstance(store, PostgresStore)
     scribe = Scribe()
@@ -111,6 +111,6 @@ async def test_a_fork_shares_its_sources_history(store: object) -> None:
 
 
 def projection_at(batch: Batch, version: int) -> object:
-    from sessiond_daemon import projection
+    from sessiond_daemon.core import projection
 
     return projection.fold(None, [e for e in batch.events if e.version <= version])

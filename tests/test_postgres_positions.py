@@ -33,7 +33,7 @@ async def test_concurrent_committers_leave_no_gap_and_no_reader_skips(pg_url: st
     to the counter row, one past its cursor with no bound. Each read must continue its
     cursor exactly (a gap would be an event committed late and skipped), and in the end
     every event is there once, each batch's events adjacent, versions gapless."""
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     writers = [PostgresStore(pg_url, host_name=f"h{i}") for i in range(6)]
     reader = PostgresStore(pg_url, readers=4)
@@ -109,13 +109,13 @@ async def test_an_event_that_commits_late_is_not_skipped(pg_url: str, outcome: s
     back, the batch gets position 1: no hole either way."""
     import asyncpg
 
-    from sessiond_daemon.eventstore import Moved
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.interface import Moved
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     store, reader = PostgresStore(pg_url), PostgresStore(pg_url)
     await store.open()
     await reader.open()
-    from sessiond_daemon.postgres import schema
+    from sessiond_daemon.stores.postgres import schema
 
     # Another daemon of this release (its connection says its schema: the fence's setting).
     slow = await asyncpg.connect(pg_url, server_settings={schema.SETTING: str(schema.LATEST)})
@@ -165,7 +165,7 @@ async def test_a_failed_batch_gives_its_positions_back(pg_url: str) -> None:
     writes nothing, and the next batch's positions follow on with no hole."""
     import msgspec
 
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.store import PostgresStore
     from sessiond_schemas.errors import StorageError
 
     store = PostgresStore(pg_url)

@@ -23,8 +23,8 @@ def pg_url() -> Iterator[str]:
 
 
 async def test_a_new_database_is_migrated_to_latest(pg_url: str) -> None:
-    from sessiond_daemon.postgres import schema
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres import schema
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     store = PostgresStore(pg_url)
     await store.open()
@@ -46,8 +46,8 @@ async def test_tables_names_every_table_the_migrations_create(pg_url: str) -> No
     """schema.TABLES (what daemon.stats' db_bytes counts) is what the migrations make."""
     import asyncpg
 
-    from sessiond_daemon.postgres import schema
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres import schema
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     store = PostgresStore(pg_url)
     await store.open()
@@ -66,8 +66,8 @@ async def test_tables_names_every_table_the_migrations_create(pg_url: str) -> No
 async def test_concurrent_opens_migrate_once(pg_url: str) -> None:
     """Daemons starting at once: one migrates, the others wait on the advisory lock, then
     find the schema current. None fails (without the lock, the second CREATE TABLE would)."""
-    from sessiond_daemon.postgres import schema
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres import schema
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     stores = [PostgresStore(pg_url) for _ in range(4)]
     async with anyio.create_task_group() as tg:
@@ -85,8 +85,8 @@ async def test_concurrent_opens_migrate_once(pg_url: str) -> None:
 async def test_a_newer_schema_is_refused_untouched(pg_url: str) -> None:
     import asyncpg
 
-    from sessiond_daemon.postgres import schema
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres import schema
+    from sessiond_daemon.stores.postgres.store import PostgresStore
     from sessiond_daemon.stores.schema import SchemaTooNew
 
     store = PostgresStore(pg_url)
@@ -109,7 +109,7 @@ def test_a_daemon_refuses_a_newer_schema_with_its_reason(pg_url: str,
                                                          tmp_path: pathlib.Path) -> None:
     """The daemon on a database a newer sessiond migrated exits 78 (a configuration
     error: restarting cannot help) saying why, as on SQLite, never with a traceback."""
-    from sessiond_daemon.postgres import schema
+    from sessiond_daemon.stores.postgres import schema
 
     socket_dir = tempfile.mkdtemp(prefix="sd-", dir="/tmp")
     migrated = subprocess.run(
@@ -137,7 +137,7 @@ async def test_past_a_newer_releases_fence_writes_fail_retryable_and_reads_go_on
     import asyncpg
 
     from sessiond import StorageError
-    from sessiond_daemon.postgres import schema
+    from sessiond_daemon.stores.postgres import schema
 
     await client.create_session("s")
     con = await asyncpg.connect(db_url)
@@ -165,8 +165,8 @@ async def test_the_fence_goes_up_before_the_migrations_it_guards(
     schema) must already wait for the fence, not slip in unindexed; after, it is refused."""
     import asyncpg
 
-    from sessiond_daemon.postgres import schema
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres import schema
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     store = PostgresStore(pg_url)
     await store.open()

@@ -9,8 +9,8 @@ import pg
 import pytest
 from store_contract import StoreContract
 
-from sessiond_daemon.eventstore import Store
 from sessiond_daemon.stores import registry
+from sessiond_daemon.stores.interface import Store
 
 pytestmark = pytest.mark.anyio
 

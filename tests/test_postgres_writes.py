@@ -20,7 +20,7 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture
 async def store(pg_url: str) -> AsyncIterator[object]:
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     s = PostgresStore(pg_url, host_name="host-a")
     await s.open()
@@ -29,7 +29,7 @@ async def store(pg_url: str) -> AsyncIterator[object]:
 
 
 async def _open(url: str, host: str) -> object:
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     s = PostgresStore(url, host_name=host)
     await s.open()
@@ -37,8 +37,8 @@ async def _open(url: str, host: str) -> object:
 
 
 async def test_a_batch_round_trips(store: object) -> None:
-    from sessiond_daemon.eventstore import SessionFilters
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.interface import SessionFilters
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     assert isinstance(store, PostgresStore)
     scribe = Scribe()
@@ -79,7 +79,7 @@ async def test_a_batch_round_trips(store: object) -> None:
 
 
 async def test_a_paged_read_stops_at_its_byte_budget(store: object) -> None:
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     assert isinstance(store, PostgresStore)
     scribe = Scribe()
@@ -95,8 +95,8 @@ async def test_a_session_another_daemon_moved_is_refused_whole(pg_url: str) -> N
     """Host B decided against version 2; host A wrote version 3 meanwhile: B's batch is
     refused (nothing of it, not even its other session), and goes through once B reloads
     and numbers after the new head."""
-    from sessiond_daemon.eventstore import Moved
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.interface import Moved
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     a, b = await _open(pg_url, "a"), await _open(pg_url, "b")
     assert isinstance(a, PostgresStore) and isinstance(b, PostgresStore)
@@ -125,8 +125,8 @@ async def test_a_session_another_daemon_moved_is_refused_whole(pg_url: str) -> N
 
 
 async def test_two_daemons_creating_one_session_one_wins(pg_url: str) -> None:
-    from sessiond_daemon.eventstore import Moved
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.interface import Moved
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     a, b = await _open(pg_url, "a"), await _open(pg_url, "b")
     assert isinstance(a, PostgresStore) and isinstance(b, PostgresStore)
@@ -148,8 +148,8 @@ async def test_two_daemons_creating_one_session_at_once(pg_url: str) -> None:
     the other's insert finds the session taken: one commits, the other is moved."""
     import anyio
 
-    from sessiond_daemon.eventstore import Moved
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.interface import Moved
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     stores = [await _open(pg_url, f"h{i}") for i in range(2)]
     results: list[Moved | None] = []
@@ -173,8 +173,8 @@ async def test_two_daemons_creating_one_session_at_once(pg_url: str) -> None:
 async def test_an_idempotency_key_is_shared_by_every_daemon(pg_url: str) -> None:
     """A retry through another daemon finds the first result; committing the key again
     (a writer that had not looked) is refused as moved, never appended twice."""
-    from sessiond_daemon.eventstore import Moved
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.interface import Moved
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     a, b = await _open(pg_url, "a"), await _open(pg_url, "b")
     assert isinstance(a, PostgresStore) and isinstance(b, PostgresStore)
@@ -196,8 +196,8 @@ async def test_an_idempotency_key_is_shared_by_every_daemon(pg_url: str) -> None
 
 
 async def test_delete_takes_every_row_of_the_session(store: object) -> None:
-    from sessiond_daemon.eventstore import Batch
-    from sessiond_daemon.postgres.store import PostgresStore
+    from sessiond_daemon.stores.interface import Batch
+    from sessiond_daemon.stores.postgres.store import PostgresStore
 
     assert isinstance(store, PostgresStore)
     scribe = Scribe()
@@ -227,7 +227,7 @@ async def test_the_tsvector_is_built_before_the_counter_row_is_locked(
 
     import asyncpg
 
-    from sessiond_daemon.postgres import search as pg_search
+    from sessiond_daemon.stores.postgres import search as pg_search
 
     real = pg_search.tsvector
     seen: list[bool] = []

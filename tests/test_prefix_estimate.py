@@ -9,8 +9,8 @@ import sqlite3
 
 import pytest
 
-from sessiond_daemon.sqlite.search import prefix_matches
 from sessiond_daemon.stores.models.search import prefixes
+from sessiond_daemon.stores.sqlite.search import prefix_matches
 
 # 26 x 26 x 4 words: "ab" + 2 letters; Zipf frequencies, so some doclists run over many
 # pages and many words fill part of one

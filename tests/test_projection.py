@@ -6,7 +6,7 @@ import msgspec
 import pytest
 from helpers import History
 
-from sessiond_daemon.projection import FoldError, apply, fold, merge_patch
+from sessiond_daemon.core.projection import FoldError, apply, fold, merge_patch
 
 
 class TestSeedHiveSemantics:

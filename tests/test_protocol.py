@@ -12,7 +12,7 @@ import pytest
 from conftest import Daemon, as_user, eventually
 
 from sessiond import AsyncClient
-from sessiond_daemon.service import VERSION
+from sessiond_daemon.features.service import VERSION
 from sessiond_schemas import rpc
 
 pytestmark = pytest.mark.anyio
@@ -99,7 +99,7 @@ class TestFraming:
         connection goes on serving the next line."""
         from conftest import daemon_config
 
-        from sessiond_daemon import lifecycle
+        from sessiond_daemon.serve import lifecycle
 
         config = daemon_config(short_dir, max_request_bytes=1024)
         stop = anyio.Event()

@@ -18,8 +18,8 @@ from test_cli import ctl, ctl_json
 from test_executors import TOOL, finished
 
 from sessiond import AsyncClient
-from sessiond_daemon.sqlite import search as sqlite_search
 from sessiond_daemon.stores.models import search as search_model
+from sessiond_daemon.stores.sqlite import search as sqlite_search
 from sessiond_schemas.errors import (
     InvalidParamsError,
     InvalidTransitionError,
@@ -278,7 +278,7 @@ class TestSearch:
             self, daemon: Daemon, client: AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
         """The index is a read model: verify notices an entry gone; reindex puts it back,
         a few positions per transaction, with writes and deletes between them."""
-        from sessiond_daemon import search_fork
+        from sessiond_daemon.features import search as search_fork
         await build(client, seed=3)
         before = {q: {s.session_id for s in await everything(client, q)} for q, _ in QUERIES}
         await client.create_session("r1", task="rebuild me")
@@ -457,7 +457,7 @@ class TestPostgresSearch:
         few hundred queries of every form: the same documents match, or both refuse."""
         import asyncpg
 
-        from sessiond_daemon.postgres import search as pg_search
+        from sessiond_daemon.stores.postgres import search as pg_search
         from sessiond_schemas.errors import InvalidParamsError as Invalid
 
         rng = random.Random(26)
@@ -559,7 +559,7 @@ class TestPostgresSearch:
         pg.query(url, "DROP TABLE search_index")
         pg.query(url, "UPDATE meta SET value = '6' WHERE key = 'schema_version'")
         async with running_daemon(config) as d, AsyncClient(d.socket) as client:
-            from sessiond_daemon.postgres.schema import LATEST  # 7, and the ones after it
+            from sessiond_daemon.stores.postgres.schema import LATEST  # 7, and the ones after it
 
             assert pg.query(url, "SELECT value FROM meta WHERE key = 'schema_version'") == [
                 (str(LATEST),)]
@@ -600,8 +600,8 @@ async def _relink_racing(client: AsyncClient, db_url: str, monkeypatch: pytest.M
     import asyncpg
     from conftest import POLL_S
 
-    from sessiond_daemon.postgres import executor
     from sessiond_daemon.stores.models.ops import DeleteWhere
+    from sessiond_daemon.stores.postgres import executor
 
     real = executor.run
     raced: list[bool] = []
@@ -676,7 +676,7 @@ class TestRelinkOnPostgres:
         """A fork deleted while the relink runs (here: its event in the second page) had
         its link written back: session.forks listed a session that no longer exists and
         the source's delete was refused until the next reindex."""
-        from sessiond_daemon.postgres import search as pg_search
+        from sessiond_daemon.stores.postgres import search as pg_search
 
         monkeypatch.setattr(pg_search, "RELINK_PAGE", 1)
         await client.create_session("src")

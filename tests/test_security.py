@@ -21,10 +21,10 @@ from conftest import as_user, daemon_config, eventually, running_daemon, wait_fo
 
 from sessiond import AsyncClient
 from sessiond.importers._builder import DocumentBuilder
-from sessiond_daemon.commands import given
-from sessiond_daemon.processes import boot_id, start_time
+from sessiond_daemon.core.commands import given
+from sessiond_daemon.core.writer import Command, Plan, Writer
+from sessiond_daemon.features.executors.processes import boot_id, start_time
 from sessiond_daemon.stores import registry
-from sessiond_daemon.writer import Command, Plan, Writer
 from sessiond_schemas.errors import InvalidParamsError, SessiondError, SessionImportError
 from sessiond_schemas.events import EventMeta
 
@@ -345,7 +345,7 @@ class TestPeerAuthorization:
     async def test_grants_by_name_and_on_reload(self, shared_dir: str) -> None:
         """peer_methods adds methods by name; SIGHUP's reload changes them live; the
         daemon's own uid is never limited."""
-        from sessiond_daemon import lifecycle
+        from sessiond_daemon.serve import lifecycle
 
         user = peer_user()
         config = daemon_config(shared_dir, socket_mode=0o666, allowed_uids=[user.pw_uid],
@@ -379,7 +379,7 @@ class TestPeerAuthorization:
 
     async def test_unknown_grant_is_refused_at_load(self) -> None:
         """A misspelt method in peer_methods stops the config, naming the entry."""
-        from sessiond_daemon.config import ConfigError, load
+        from sessiond_daemon.serve.config import ConfigError, load
 
         with pytest.raises(ConfigError, match=r"peer_methods\[1\]"):
             load(None, {"peer_methods": ["session.spawn", "session.spwan"]}, env={})

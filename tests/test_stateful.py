@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from sessiond_daemon import lifecycle
+from sessiond_daemon.serve import lifecycle
 from sessiond_schemas import rpc
 from sessiond_schemas.events import DATA_TYPES, EVENT_TYPES, event_from_builtins
 from sessiond_schemas.export import FORMAT, FORMAT_VERSION, chain_hash, checksum

@@ -19,7 +19,8 @@ from sessiond import Client, SessiondError
 SPINNING_DAEMON = """
 import sys
 from faulty_store import FaultyStore
-from sessiond_daemon import __main__ as entry, lifecycle
+from sessiond_daemon import __main__ as entry
+from sessiond_daemon.serve import lifecycle
 
 def spin(batch, n):
     if any(e.session_id == "spin" for e in batch.events):

@@ -8,8 +8,8 @@ import pytest
 from conftest import Daemon
 
 from sessiond import AsyncClient
-from sessiond_daemon.migrations import MIGRATIONS
 from sessiond_daemon.stores.models.queries import messages_page_sql
+from sessiond_daemon.stores.sqlite.migrations import MIGRATIONS
 
 pytestmark = pytest.mark.anyio
 
@@ -88,7 +88,7 @@ async def test_snapshots_at_every_boundary(daemon: Daemon, client: AsyncClient) 
 @pytest.mark.sqlite_only("SQLite's query plan and VM steps")
 async def test_session_list_stays_flat_with_filters(daemon: Daemon, client: AsyncClient) -> None:
     """A page of an old, small namespace costs no more than one of a big, new one."""
-    from sessiond_daemon.eventstore import SessionFilters
+    from sessiond_daemon.stores.interface import SessionFilters
     from sessiond_daemon.stores.models.views import list_sessions_sql
 
     for _ in range(50):

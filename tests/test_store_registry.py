@@ -10,10 +10,10 @@ from pathlib import Path
 import pg
 import pytest
 
-from sessiond_daemon import lifecycle, migrate
-from sessiond_daemon.config import ConfigError, load
-from sessiond_daemon.eventstore import Store
+from sessiond_daemon.serve import lifecycle, migrate
+from sessiond_daemon.serve.config import ConfigError, load
 from sessiond_daemon.stores import registry
+from sessiond_daemon.stores.interface import Store
 
 pytestmark = pytest.mark.anyio
 

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 from store_contract import Log, StoreContract, created, message
 
-from sessiond_daemon.eventstore import Store
-from sessiond_daemon.sqlite import SqliteStore
 from sessiond_daemon.stores import registry
+from sessiond_daemon.stores.interface import Store
+from sessiond_daemon.stores.sqlite import SqliteStore
 from sessiond_schemas.errors import StorageError
 
 pytestmark = pytest.mark.anyio

@@ -23,8 +23,8 @@ import pytest
 from conftest import daemon_config, wait_for_daemon, wait_until
 
 from sessiond import AsyncClient, Client
-from sessiond_daemon import lifecycle
-from sessiond_daemon.systemd import Notifier, Watchdog
+from sessiond_daemon.serve import lifecycle
+from sessiond_daemon.serve.systemd import Notifier, Watchdog
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "systemd"

@@ -14,8 +14,8 @@ import pytest
 from conftest import Daemon, daemon_config, eventually, running_daemon
 
 from sessiond import AsyncClient
-from sessiond_daemon import expiry
-from sessiond_daemon.commands import default_ttl
+from sessiond_daemon.core.commands import default_ttl
+from sessiond_daemon.features import expiry
 from sessiond_schemas.errors import InvalidParamsError, InvalidTransitionError
 from sessiond_schemas.events import Event, parse_time
 from sessiond_schemas.state import MAX_TTL_S

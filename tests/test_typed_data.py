@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessiond_daemon.eventstore import EVENT_COLUMNS, event_from_row
+from sessiond_daemon.stores.rows import EVENT_COLUMNS, event_from_row
 from sessiond_schemas.events import (
     DATA_TYPES,
     Event,

@@ -26,7 +26,7 @@ import pytest
 from conftest import daemon_config, eventually, running_daemon, wait_for_daemon
 
 from sessiond import AsyncClient, Client, MethodNotFoundError
-from sessiond_daemon.migrations import LATEST, MIGRATIONS
+from sessiond_daemon.stores.sqlite.migrations import LATEST, MIGRATIONS
 from sessiond_schemas import rpc
 from sessiond_schemas.export import chain_hash
 
@@ -263,7 +263,8 @@ def test_a_failed_migration_leaves_the_database_as_it_was(short_dir: str) -> Non
     db = os.path.join(short_dir, "sessiond.db")
     old_schema(db, 1)
     before = schema_of(db)
-    code = ("import sys; from sessiond_daemon import migrations, __main__;"
+    code = ("import sys; from sessiond_daemon import __main__;"
+            " from sessiond_daemon.stores.sqlite import migrations;"
             " migrations.MIGRATIONS.append(['CREATE TABLE extra (x)', 'CREATE TABLE nope ((']);"
             " migrations.LATEST = len(migrations.MIGRATIONS);"
             " __main__.main(sys.argv[1:])")

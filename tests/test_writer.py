@@ -15,9 +15,9 @@ from store_contract import Log, fork_event, message
 from structlog.testing import capture_logs
 
 from sessiond import AsyncClient
-from sessiond_daemon.eventstore import Moved
-from sessiond_daemon.sqlite import SqliteStore
-from sessiond_daemon.writer import Command, Delete, Import, Plan, Writer
+from sessiond_daemon.core.writer import Command, Delete, Import, Plan, Writer
+from sessiond_daemon.stores.interface import Moved
+from sessiond_daemon.stores.sqlite import SqliteStore
 from sessiond_schemas.errors import (
     InternalError,
     InvalidTransitionError,

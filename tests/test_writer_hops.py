@@ -11,9 +11,9 @@ import anyio
 import pytest
 from store_contract import message
 
-from sessiond_daemon.eventstore import Batch, Moved
-from sessiond_daemon.sqlite import SqliteStore
-from sessiond_daemon.writer import Command, Plan, Writer
+from sessiond_daemon.core.writer import Command, Plan, Writer
+from sessiond_daemon.stores.interface import Batch, Moved
+from sessiond_daemon.stores.sqlite import SqliteStore
 from sessiond_schemas.events import EventMeta
 
 pytestmark = pytest.mark.anyio

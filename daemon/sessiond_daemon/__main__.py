@@ -14,14 +14,14 @@ from typing import Any
 import anyio
 import structlog
 
+from sessiond_daemon import host
+from sessiond_daemon.serve import lifecycle, logs, systemd
+from sessiond_daemon.serve.config import Config, ConfigError, load
+from sessiond_daemon.serve.deadline import MARGIN_S, StopDeadline
+from sessiond_daemon.serve.metrics import check_config as check_metrics
+from sessiond_daemon.serve.web.face import check_config as check_http
+from sessiond_daemon.stores.schema import SchemaRefused
 from sessiond_schemas.errors import StorageError
-
-from . import host, lifecycle, logs, systemd
-from .config import Config, ConfigError, load
-from .deadline import MARGIN_S, StopDeadline
-from .metrics import check_config as check_metrics
-from .stores.schema import SchemaRefused
-from .web.face import check_config as check_http
 
 EX_CONFIG = 78
 EX_TEMPFAIL = 75
@@ -138,7 +138,7 @@ def _reload(daemon: lifecycle.Daemon, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["migrate"]:  # `sessiond migrate FROM TO`: a copy, not a daemon
-        from .migrate import main as migrate
+        from sessiond_daemon.serve.migrate import main as migrate
 
         sys.exit(migrate(argv[1:]))
     args = parse_args(argv)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from sessiond_daemon.eventstore import Batch, HasNoForks, Precondition
+from sessiond_daemon.stores.interface import Batch, HasNoForks, Precondition
 from sessiond_daemon.stores.models.sql import Dialect, at_args, at_sql, marks, render
 
 # Yields (statement, args), is sent the rows; returns {precondition: found}.

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sessiond_daemon.eventstore import Store
+    from sessiond_daemon.stores.interface import Store
 
 
 class StoreUrlError(ValueError):
@@ -55,13 +55,13 @@ class Engine:
 
 
 def _is_postgres(url: str) -> bool:
-    from sessiond_daemon.postgres import dsn
+    from sessiond_daemon.stores.postgres import dsn
 
     return dsn.is_postgres(url)
 
 
 def _check_postgres(url: str, options: Options) -> None:
-    from sessiond_daemon.postgres import dsn
+    from sessiond_daemon.stores.postgres import dsn
 
     try:
         dsn.check_url(url)
@@ -71,8 +71,8 @@ def _check_postgres(url: str, options: Options) -> None:
 
 
 def _make_postgres(url: str, options: Options) -> Store:
-    from sessiond_daemon.postgres import dsn
-    from sessiond_daemon.postgres.store import PostgresStore  # asyncpg: the `fleet` extra
+    from sessiond_daemon.stores.postgres import dsn
+    from sessiond_daemon.stores.postgres.store import PostgresStore  # asyncpg: the `fleet` extra
 
     try:
         password = dsn.password(options.password_file, options.env)
@@ -83,7 +83,7 @@ def _make_postgres(url: str, options: Options) -> Store:
 
 
 def _make_sqlite(url: str, options: Options) -> Store:
-    from sessiond_daemon.sqlite import SqliteStore
+    from sessiond_daemon.stores.sqlite import SqliteStore
 
     return SqliteStore(url, options.durability, max_bytes=options.max_bytes)
 

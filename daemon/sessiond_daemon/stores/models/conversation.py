@@ -8,13 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sessiond_daemon.stores.models.ops import (
-    DeleteWhere,
-    ForkShares,
-    HandOnPayloads,
-    Insert,
-    Op,
-)
+from sessiond_daemon.stores.models.ops import DeleteWhere, ForkShares, HandOnPayloads, Insert, Op
 from sessiond_schemas.events import Event
 
 

@@ -12,15 +12,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 
-from sessiond_daemon.eventstore import (
-    CheckpointRow,
-    ForkRow,
-    Page,
-    StoredCheckpoint,
-    add_pending_writes,
-    messages_page,
-    repage,
-)
+from sessiond_daemon.stores.interface import CheckpointRow, ForkRow, Page, StoredCheckpoint, repage
 from sessiond_daemon.stores.models.sql import (
     ANCESTRY_SQL,
     SHARED_PAYLOAD_SQL,
@@ -29,6 +21,7 @@ from sessiond_daemon.stores.models.sql import (
     at_sql,
     marks,
 )
+from sessiond_daemon.stores.rows import add_pending_writes, messages_page
 from sessiond_schemas.events import ProgressRecorded
 from sessiond_schemas.state import Message, ProgressStep
 
@@ -286,7 +279,7 @@ class ModelQueries:
 
 
 if TYPE_CHECKING:
-    from sessiond_daemon.eventstore import (
+    from sessiond_daemon.stores.interface import (
         CheckpointReads,
         ForkReads,
         GraphReads,

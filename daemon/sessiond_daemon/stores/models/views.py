@@ -13,14 +13,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from sessiond_daemon.eventstore import (
-    Page,
-    SessionFilters,
-    decode_list_cursor,
-    repage,
-    sessions_page,
-)
+from sessiond_daemon.stores.interface import Page, SessionFilters, repage
 from sessiond_daemon.stores.models.sql import marks
+from sessiond_daemon.stores.rows import decode_list_cursor, sessions_page
 from sessiond_schemas.state import SessionState, SessionSummary
 
 state_decoder = msgspec.json.Decoder(SessionState)

@@ -1,0 +1,1 @@
+"""Background executors: session.spawn and the turns, processes and recovery behind it."""

@@ -1,0 +1,60 @@
+"""Checking a session's history: gapless versions, the hash chain, views equal to the fold."""
+
+from __future__ import annotations
+
+import msgspec
+
+from sessiond_daemon.core.projection import FoldError, fold
+from sessiond_schemas.events import Event
+from sessiond_schemas.export import chain_hash
+from sessiond_schemas.state import SessionState
+
+
+class SessionCheck:
+    """Feed a session's events in version order, page by page; collect what is wrong."""
+
+    def __init__(self, session_id: str, snapshots: dict[int, SessionState]) -> None:
+        self.session_id = session_id
+        self.snapshots = snapshots
+        self.problems: list[str] = []
+        self.state: SessionState | None = None
+        self._hash = ""
+        self._version = 0
+        self.first: Event | None = None  # a fork's session.forked event
+
+    def feed(self, events: list[Event]) -> None:
+        for event in events:
+            if self.state is None and event.type == "session.forked":
+                # A fork's versions and chain go on from its source's (forks.link_problems).
+                self.first = event
+                self._version = event.data["from"]["version"]
+                self._hash = event.data["from"]["hash"]
+            if event.version != self._version + 1:
+                self.problems.append(f"version {self._version + 1} is missing"
+                                     f" (next stored is {event.version})")
+            self._version = event.version
+            self._hash = chain_hash(self._hash, event)
+            if event.hash != self._hash:
+                self.problems.append(f"hash chain broken at version {event.version}"
+                                     " (the event or one before it was changed)")
+                self._hash = event.hash  # report each break once, not every event after it
+            try:
+                self.state = fold(self.state, [event])
+            except FoldError as exc:
+                self.problems.append(f"history does not fold: {exc}")
+                return
+            snapshot = self.snapshots.get(event.version)
+            if snapshot is not None and _differs(snapshot, self.state):
+                self.problems.append(f"snapshot at version {event.version} differs from the fold")
+
+    def finish(self, stored: SessionState | None) -> list[str]:
+        """Compare the stored view with the fold of everything fed."""
+        if stored is None or self.state is None:
+            self.problems.append("view row or events missing")
+        elif _differs(stored, self.state):
+            self.problems.append("stored view differs from a fresh fold of its events")
+        return self.problems
+
+
+def _differs(a: SessionState, b: SessionState) -> bool:
+    return bool(msgspec.to_builtins(a) != msgspec.to_builtins(b))

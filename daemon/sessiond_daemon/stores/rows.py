@@ -1,0 +1,118 @@
+"""Row builders shared by the stores: an event from its stored columns, and the pages of
+message.list and session.list from their rows (with session.list's cursor)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+
+from sessiond_daemon.stores.interface import Page, repage
+from sessiond_schemas.errors import InvalidParamsError
+from sessiond_schemas.events import (
+    Event,
+    EventMeta,
+    MessageAppended,
+    Unread,
+    decode_raw,
+)
+from sessiond_schemas.state import (
+    Message,
+    SessionSummary,
+    TokenUsage,
+)
+
+# The columns of a stored event that event_from_row reads, in its order (every store
+# keeps these columns under these names).
+EVENT_COLUMNS: Final = (
+    "position, session_id, version, event_id, type, schema_version, recorded_at, data, meta, hash")
+_meta_decoder = msgspec.json.Decoder(EventMeta)
+
+
+def event_from_row(r: Sequence[Any]) -> Event:
+    """An event from a row of EVENT_COLUMNS (data and meta as JSON text or bytes). Its data
+    is typed here, once (the Struct of its type, or Unread when it does not fit it), and
+    its bytes kept as stored: what is served and hashed. Raises msgspec.DecodeError when
+    the data is not a JSON object at all (a row written behind the daemon's back)."""
+    data = decode_raw(r[4], r[7], r[5])
+    if isinstance(data, Unread) and not isinstance(data.body, dict):
+        raise msgspec.DecodeError(f"stored data is not a JSON object: {data.error}")
+    event = Event(
+        position=r[0], session_id=r[1], version=r[2], event_id=r[3], type=r[4],
+        schema_version=r[5], recorded_at=r[6], data_json=msgspec.Raw(r[7]),
+        meta=_meta_decoder.decode(r[8]), hash=r[9],
+    )
+    event.__dict__["data"] = data
+    return event
+
+
+_message_decoder = msgspec.json.Decoder(MessageAppended)
+
+
+def messages_page(rows: Page[Any]) -> Page[Message]:
+    """message.list's page from rows of (a message.appended event's data, its time)."""
+    messages: Page[Message] = repage(rows, [])
+    for data, recorded_at in rows:
+        m = _message_decoder.decode(data)
+        messages.append(Message(
+            message_id=m.message_id, sequence=m.sequence, role=m.role, content=m.content,
+            timestamp=recorded_at, tool_call_id=m.tool_call_id, metadata=m.metadata,
+        ))
+    return messages
+
+
+def sessions_page(rows: Page[Any], limit: int) -> tuple[Page[SessionSummary], str | None]:
+    """session.list's page and next cursor from up to `limit` + 1 rows of
+    `list_sessions_sql`'s columns (the extra row says whether there is more)."""
+    page = repage(rows, [
+        SessionSummary(
+            session_id=r[0], status=r[1], namespace=r[2], actor_name=r[3], task=r[4],
+            created_at=r[5], updated_at=r[6], message_count=r[7],
+            token_usage=TokenUsage(input_tokens=r[8], output_tokens=r[9],
+                                   estimated_cost=r[10]),
+        )
+        for r in rows[:limit]
+    ])
+    more = len(rows) > limit or rows.cut
+    page.cut = rows.cut and len(rows) < limit  # not when only the look-ahead row was cut
+    next_cursor = encode_list_cursor(page[-1].created_at, page[-1].session_id) if more else None
+    return page, next_cursor
+
+
+def add_pending_writes(found: dict[str, list[dict[str, Any]]], rows: Sequence[Any]) -> None:
+    """graph_pending's writes from rows of (checkpoint_id, item, position, the
+    graph.writes event's data), each event decoded once however many items it holds. The
+    rows come by (checkpoint, task_id, idx); each checkpoint's writes leave in LangGraph's
+    `writes_sort_key` order, (task_path, task_id, idx), the order a super-step applies
+    them in (the sort is stable, so idx order stays)."""
+    decoded: dict[int, Any] = {}
+    touched: set[str] = set()
+    for checkpoint_id, item, position, data in rows:
+        if position not in decoded:
+            decoded[position] = msgspec.json.decode(data)
+        w = decoded[position]
+        touched.add(checkpoint_id)
+        found.setdefault(checkpoint_id, []).append({
+            "task_id": w["task_id"], "task_path": w.get("task_path", ""),
+            "channel": w["writes"][item]["channel"], "value": w["writes"][item]["value"]})
+    for checkpoint_id in touched:
+        found[checkpoint_id].sort(key=lambda w: (w["task_path"], w["task_id"]))
+
+
+def encode_list_cursor(created_at: str, session_id: str) -> str:
+    """session.list's cursor: where the last page ended, (created_at, session_id)."""
+    return base64.urlsafe_b64encode(msgspec.json.encode([created_at, session_id])).decode()
+
+
+def decode_list_cursor(cursor: str) -> tuple[str, str]:
+    try:
+        created_at, session_id = msgspec.json.decode(
+            base64.urlsafe_b64decode(cursor.encode()), type=tuple[str, str]
+        )
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise InvalidParamsError(
+            "`cursor` is not a cursor this daemon returned",
+            {"detail": str(exc), "path": "$.cursor"}) from exc
+    return created_at, session_id

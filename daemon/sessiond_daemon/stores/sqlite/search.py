@@ -1,0 +1,427 @@
+"""SQLite's full-text index and query: the FTS5 table of the search read model (its rule:
+stores/models/search_text.py, whose rows the executor inserts in the writer's
+transaction), and session.search's SQL.
+
+The index (`search`) is an FTS5 table whose external content is the view
+`search_source`, one row per event of an indexed type (rowid = position), with two columns
+computed from the event by `text_of` (registered in SQLite as `sessiond_search_text`, so
+the view, the writer and a rebuild compute the same text):
+  body: message content, the task, errors;
+  tags: tool_call_id, actor, model, adapter and metadata values.
+Messages taken out of a conversation (message.pop, message.clear) stay searchable, as
+history: their hits say `current: false`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+
+from sessiond_daemon.stores.interface import SearchBudget, SearchQuery, SqlAccess
+from sessiond_daemon.stores.models import search as model
+from sessiond_daemon.stores.models.conversation import relink
+from sessiond_daemon.stores.models.search_text import INDEXED_TYPES, text_of
+from sessiond_daemon.stores.rows import EVENT_COLUMNS, event_from_row
+from sessiond_daemon.stores.sqlite import executor
+from sessiond_daemon.stores.sqlite.migrations import SEARCH_FUNCTION
+from sessiond_schemas.errors import InvalidParamsError, SessiondError, StorageError
+from sessiond_schemas.rpc import SearchHit, SearchResult
+
+# The index's text function and migration 4 (the view, the index, its backfill) are in
+# migrations.py, the SQLite schema.
+FUNCTION: Final = SEARCH_FUNCTION
+_TYPES_SQL: Final = ", ".join(f"'{t}'" for t in INDEXED_TYPES)
+
+_decode = msgspec.json.Decoder(dict[str, Any])
+_json = msgspec.json.Encoder()
+
+
+def _sql_text(column: int, event_type: str, data: bytes | str) -> str | None:
+    try:
+        return text_of(event_type, _decode.decode(data))[column]
+    except (msgspec.DecodeError, AttributeError, TypeError):
+        return None
+
+
+def register(con: sqlite3.Connection) -> None:
+    """Make the index's text function known to a connection (before it touches the index)."""
+    con.create_function(FUNCTION, 3, _sql_text, deterministic=True)
+
+
+async def register_async(db: Any) -> None:
+    """register() for an aiosqlite connection."""
+    await db.create_function(FUNCTION, 3, _sql_text, deterministic=True)
+
+
+# --- the writer's side (inside the batch transaction; the rows are the rule's ops) ----
+
+
+def forget_session(db: sqlite3.Connection, session_id: str) -> None:
+    """Take a session's events out of the index (before its events are deleted): an
+    external-content index is told the text it indexed, which the view recomputes. Only
+    rows it holds: telling it of another would corrupt it (a reindex may be under way)."""
+    db.execute(
+        "INSERT INTO search (search, rowid, body, tags) SELECT 'delete', position, body, tags"
+        " FROM search_source WHERE position IN (SELECT position FROM events"
+        f" WHERE session_id = ? AND type IN ({_TYPES_SQL}))"
+        " AND position IN (SELECT id FROM search_docsize)", (session_id,))
+
+
+def rebuild(db: sqlite3.Connection) -> int:
+    """Rebuild the whole index from the events in one statement; return its row count."""
+    db.execute("INSERT INTO search (search) VALUES ('rebuild')")
+    return int(db.execute("SELECT COUNT(*) FROM search_docsize").fetchone()[0])
+
+
+def clear(db: sqlite3.Connection) -> int:
+    """Empty the index (the first step of daemon.reindex); return the last position, up to
+    which rebuild_range must then be run (the writer indexes what comes after)."""
+    db.execute("INSERT INTO search (search) VALUES ('delete-all')")
+    return int(db.execute("SELECT COALESCE(MAX(position), 0) FROM events").fetchone()[0])
+
+
+def rebuild_range(db: sqlite3.Connection, after: int, upto: int) -> None:
+    """Index the events with after < position <= upto that the index does not hold."""
+    db.execute("INSERT INTO search (rowid, body, tags) SELECT position, body, tags"
+               " FROM search_source WHERE position > ? AND position <= ?"
+               " AND position NOT IN (SELECT id FROM search_docsize)", (after, upto))
+
+
+def count(db: sqlite3.Connection) -> int:
+    return int(db.execute("SELECT COUNT(*) FROM search_docsize").fetchone()[0])
+
+
+def relink_forks(con: sqlite3.Connection) -> int:
+    """The fork links again, from the session.forked events (the forks rule's ops)."""
+    cur = con.execute(f"SELECT {EVENT_COLUMNS} FROM events"
+                      " WHERE type = 'session.forked' ORDER BY position")
+    first = True
+    while (rows := cur.fetchmany(500)) or first:
+        executor.run(con, relink([event_from_row(r) for r in rows], first=first))
+        first = False
+    return int(con.execute("SELECT COUNT(*) FROM forks").fetchone()[0])
+
+
+def problems(db: sqlite3.Connection) -> list[str]:
+    """What daemon.verify finds wrong with the index: an event of an indexed type missing
+    from it, or an entry whose event is gone."""
+    missing = db.execute("SELECT COUNT(*), MIN(position) FROM search_source WHERE position"
+                         " NOT IN (SELECT id FROM search_docsize)").fetchone()
+    extra = db.execute("SELECT COUNT(*), MIN(id) FROM search_docsize WHERE id NOT IN"
+                       " (SELECT position FROM search_source)").fetchone()
+    return model.problems(missing, extra)
+
+
+class FullText:
+    """The `full_text` capability of the SQLite store: these functions on its
+    connections (a read connection's thread for the query, the writer's for the rest)."""
+
+    def __init__(self, sql: SqlAccess) -> None:
+        self.sql = sql
+
+    async def search(self, q: SearchQuery, budget: SearchBudget) -> SearchResult:
+        try:
+            return await self.sql.on_reader(lambda con: query(con, q, budget))
+        finally:
+            # Cancelled (the client went, the daemon stops): the query on the reader's
+            # thread stops at its next progress call instead of running on.
+            budget.stop.set()
+
+    async def clear(self) -> int:
+        return await self.sql.on_writer(clear)
+
+    async def rebuild_range(self, after: int, upto: int) -> None:
+        await self.sql.on_writer(lambda con: rebuild_range(con, after, upto))
+
+    async def relink_forks(self) -> int:
+        return await self.sql.on_writer(relink_forks)
+
+    async def count(self) -> int:
+        return await self.sql.on_reader(count)
+
+    async def problems(self) -> list[str]:
+        return await self.sql.on_reader(problems)
+
+
+# --- the query (one read connection, one read transaction) -----------------------------
+
+
+def _bad_query(exc: sqlite3.OperationalError) -> InvalidParamsError | None:
+    text = str(exc)
+    if text.startswith(("fts5:", "no such column", "unknown special query", "unterminated")):
+        return InvalidParamsError(f"query is not a valid search: {text}",
+                                  {"detail": text, "path": "$.query"})
+    return None
+
+
+_STEPS: Final = 1000  # VM instructions between two calls of the progress handler
+
+
+def _watch(con: sqlite3.Connection, budget: SearchBudget) -> Callable[[], str | None]:
+    """Install the budget's progress handler on `con` (on its own thread, where the query
+    runs); return what stopped the query, if anything did."""
+    deadline = time.monotonic() + budget.timeout_s
+    state = {"steps": 0, "why": None}  # type: dict[str, Any]
+
+    def progress() -> int:
+        state["steps"] += _STEPS
+        if state["steps"] > budget.max_steps:
+            state["why"] = "search_max_steps"
+        elif time.monotonic() > deadline:
+            state["why"] = "search_timeout_s"
+        elif budget.stop.is_set() or (state["steps"] % (_STEPS * 16) == 0 and budget.gone()):
+            state["why"] = "client gone"
+        return 1 if state["why"] else 0
+
+    con.set_progress_handler(progress, _STEPS)
+    return lambda: state["why"]
+
+
+def stopped(why: str, budget: SearchBudget) -> SessiondError:
+    """The error of a query its budget stopped (`why`: the setting, or "client gone")."""
+    if why == "client gone":
+        return StorageError("search stopped: its client went away", {"detail": why})
+    limit = budget.max_steps if why == "search_max_steps" else budget.timeout_s
+    what = "SQLite steps" if why == "search_max_steps" else "seconds"
+    return StorageError(
+        f"search stopped: it passed {why} ({limit} {what}); narrow the query (fewer or"
+        " longer prefixes, more words, filters)",
+        {"detail": "over the search budget", "setting": why, "limit": limit})
+
+
+# What FTS5 keeps of its index (its file format, stable across SQLite versions): each
+# segment's leaf pages are rows of `search_data`, keyed (segment << 37) + page; a leaf
+# page is a 4-byte header (the second u16: where its footer starts), its terms and
+# doclists, then the footer, a varint per term that starts on the page (its offset, then
+# deltas); the first term is stored whole (varint length, bytes), the next ones after the
+# bytes they share with the one before (varint shared, varint length, bytes). A long
+# doclist runs on into pages that start no term. `search_idx` holds, per segment, for
+# each page that starts a term, a prefix of that first term ('0' first: the main index)
+# and (page << 1) | a flag.
+_SEGMENT: Final = 37
+_LEAVES: Final = 1 << 31
+ENTRY_BYTES: Final = 4  # a doclist's bytes per (event, word), about: rowid delta, positions
+
+
+def _varint(block: bytes, at: int) -> tuple[int, int]:
+    value = 0
+    for i in range(9):
+        byte = block[at + i]
+        if i == 8:
+            return (value << 8) | byte, at + 9
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            return value, at + i + 1
+    raise AssertionError("unreachable")
+
+
+def _terms(con: sqlite3.Connection, segment: int, page: int) -> list[tuple[bytes, int, int]]:
+    """The terms that start on a leaf page: each with where its data starts and stops."""
+    row = con.execute("SELECT block FROM search_data WHERE id = ?",
+                      ((segment << _SEGMENT) + page,)).fetchone()
+    if row is None or len(row[0]) < 4:
+        return []
+    block = bytes(row[0])
+    footer = int.from_bytes(block[2:4], "big")
+    at, offsets, offset = footer, [], 0
+    terms: list[tuple[bytes, int, int]] = []
+    try:
+        while at < len(block):
+            delta, at = _varint(block, at)
+            offset += delta
+            offsets.append(offset)
+        term = b""
+        for i, start in enumerate(offsets):
+            shared, at = _varint(block, start) if i else (0, start)
+            size, at = _varint(block, at)
+            term = term[:shared] + block[at:at + size]
+            terms.append((term, start, offsets[i + 1] if i + 1 < len(offsets) else footer))
+    except IndexError:
+        return []
+    return terms
+
+
+def prefix_matches(con: sqlite3.Connection, words: list[str]) -> int:
+    """About how many (event, word) entries the index holds for the words starting with
+    `words` (prefixes), from the bytes their doclists fill: per segment and prefix, four
+    seeks in `search_idx` and two pages read, whatever the doclists' size (reading them,
+    as fts5vocab does, costs what the query would)."""
+    if not words:
+        return 0
+    row = con.execute("SELECT v FROM search_config WHERE k = 'pgsz'").fetchone()
+    page_bytes = int(row[0]) if row else 4050  # FTS5's default page size
+    segments: list[tuple[int, int]] = []
+    segment = -1
+    while (row := con.execute("SELECT segid FROM search_idx WHERE segid > ? ORDER BY segid"
+                              " LIMIT 1", (segment,)).fetchone()) is not None:
+        segment = int(row[0])
+        first = segment << _SEGMENT
+        last = con.execute("SELECT MAX(id) FROM search_data WHERE id >= ? AND id < ?",
+                           (first, first + _LEAVES)).fetchone()[0]
+        segments.append((segment, int(last or first) - first))
+
+    def page(segment: int, sql: str, term: bytes) -> int | None:
+        row = con.execute(f"SELECT pgno FROM search_idx WHERE segid = ? AND term {sql}"
+                          " LIMIT 1", (segment, term)).fetchone()
+        return None if row is None else int(row[0]) >> 1
+
+    size = 0
+    for word in words:
+        lo = b"0" + word.encode()
+        hi = lo[:-1] + bytes([lo[-1] + 1])  # UTF-8 has no 0xFF byte
+        for segment, last in segments:
+            # before: the last page whose first term is below the prefix; inside: the
+            # first whose first term has it, upto: the last; after: the first above it.
+            # The pages between two that start a term hold the doclist of the first one's
+            # last term: counted whole when it has the prefix.
+            before = page(segment, "< ? ORDER BY term DESC", lo)
+            upto = page(segment, "< ? ORDER BY term DESC", hi)
+            after = page(segment, ">= ? ORDER BY term", hi)
+            end = last + 1 if after is None else after
+            inside = page(segment, ">= ? ORDER BY term", lo) if upto != before else None
+            if inside is not None and upto is not None and inside > upto:
+                inside, end = None, upto  # `upto` starts past the prefix (a short key)
+            for start, stop in ((before, end if inside is None else inside),
+                                (None if inside is None else upto, end)):
+                if start is None:
+                    continue
+                terms = _terms(con, segment, start)
+                size += sum(b - a for t, a, b in terms if lo <= t < hi)
+                if terms and lo <= terms[-1][0] < hi:  # its doclist runs on to `stop`
+                    size += (stop - start - 1) * page_bytes
+            if inside is not None and upto is not None:
+                size += (upto - inside) * page_bytes  # pages inside..upto-1, whole
+    return size // ENTRY_BYTES
+
+
+def query(con: sqlite3.Connection, q: SearchQuery,
+          budget: SearchBudget | None = None) -> SearchResult:
+    """Sessions whose events match `q.text`, best first, each with its best hits.
+
+    The cost is bounded: only the newest `window` matching events (after the filters)
+    are ranked. They are found by walking back through the positions in ranges that
+    double (2 x window positions first), each read forward, as FTS5 reads doclists best
+    (a descending walk of a long doclist costs its whole length); then ranked by bm25 and
+    grouped by session (stores/models/search.py). Snippets are cut for this page's hits
+    only."""
+    where, args = ["search MATCH ?"], [q.text]  # type: tuple[list[str], list[Any]]
+    joins = " FROM search f JOIN events e ON e.position = f.rowid"
+    session_where: list[str] = []
+    for column, value in (("s.namespace", q.namespace), ("s.actor_name", q.actor_name)):
+        if value is not None:
+            session_where.append(f"{column} = ?")
+            args.append(value)
+    if q.statuses:
+        session_where.append(f"s.status IN ({', '.join('?' * len(q.statuses))})")
+        args.extend(q.statuses)
+    if session_where:  # the sessions table only when a filter needs it
+        joins += " JOIN sessions s ON s.session_id = e.session_id"
+        where += session_where
+    for op, value in ((">=", q.since), ("<", q.until)):
+        if value is not None:
+            where.append(f"e.recorded_at {op} ?")
+            args.append(value)
+    budget = budget or SearchBudget()
+    con.execute("BEGIN")  # one snapshot for the estimate, the ranking and the snippets
+    why = _watch(con, budget)
+    try:
+        # A prefix merges all its words' doclists, whatever the LIMIT: refused up front
+        # when they are too long, in a few index seeks.
+        if (found := prefix_matches(con, model.prefixes(q.text))) > budget.max_prefix_matches:
+            raise model.too_broad(found, budget.max_prefix_matches)
+        return _ranked(con, joins + " WHERE " + " AND ".join(where), args, q)
+    except sqlite3.OperationalError as exc:
+        reason = why()
+        if reason is not None:
+            raise stopped(reason, budget) from exc
+        bad = _bad_query(exc)
+        if bad is not None:
+            raise bad from exc
+        raise
+    finally:
+        con.set_progress_handler(None, 0)
+        con.execute("COMMIT")
+
+
+def _ranked(con: sqlite3.Connection, matched: str, args: list[Any],
+            q: SearchQuery) -> SearchResult:
+    """The query's page: ranked on (position, session_id, score) only; the events, their
+    snippets and views are read for the page's hits alone."""
+    rows, complete = _newest(con, matched, args, q.window)
+    ranked = model.rank(rows, q.after, q.limit, q.hits)
+    hits: dict[int, SearchHit] = {}
+    if ids := ranked.chosen:
+        # One walk over the hits' range (a prefix's doclists are merged once, not once
+        # per hit); `+rowid` keeps the IN out of FTS5, so that snippets are cut only
+        # for the chosen rows.
+        # The message fields of the hits, never their whole event (a message may
+        # be 16 MiB, and a page may show 2,000 hits).
+        for row in con.execute(
+                "SELECT f.rowid, e.version, e.type, e.recorded_at,"
+                " json_extract(e.data, '$.sequence'), json_extract(e.data, '$.role'),"
+                f" substr(snippet(search, -1, ?, ?, '\u2026', 12), 1, {model.SNIPPET_CHARS}),"
+                " e.session_id FROM search f JOIN events e"
+                " ON e.position = f.rowid WHERE search MATCH ? AND f.rowid >= ?"
+                " AND f.rowid <= ? AND +f.rowid IN (SELECT value FROM json_each(?))",
+                (*q.mark, q.text, ids[0], ids[-1], _json.encode(ids))):
+            current = (_current(con, row[7], row[0], row[4])
+                       if row[2] == "message.appended" else None)
+            hits[row[0]] = model.hit(row[0], row[1], row[2], row[3], row[4], row[5], row[6],
+                                     current)
+    page = ranked.page
+    views = {r[0]: r[1:] for r in con.execute(
+        "SELECT session_id, status, namespace, actor_name, task, updated_at FROM sessions"
+        f" WHERE session_id IN ({', '.join('?' * len(page))})", tuple(ranked.best))} if page else {}
+    return model.result(ranked, hits, views, complete)
+
+
+def _current(con: sqlite3.Connection, sid: str, position: int, sequence: int | None) -> bool:
+    row = con.execute("SELECT position FROM messages WHERE session_id = ? AND sequence = ?",
+                      (sid, sequence)).fetchone()
+    return row is not None and row[0] == position
+
+
+BROAD: Final = 10  # a query whose newest `window` matches lie in the last BROAD x window
+# events matches a tenth of everything: bm25's idf is then near nothing, and FTS5 would
+# count the query's rows over the whole index to compute it. Such queries rank by recency.
+
+
+def _newest(con: sqlite3.Connection, matched: str, args: list[Any],
+            window: int) -> tuple[list[tuple[int, str, float]], bool]:
+    """(position, session_id, score) of the newest `window` matches, newest first, and
+    whether those are all the matches. Score: bm25, or minus the position for a broad
+    query (see BROAD)."""
+    top = con.execute("SELECT COALESCE(MAX(rowid), 0) FROM search_docsize").fetchone()[0]
+    select = "SELECT f.rowid, e.session_id" + matched
+    rows: list[tuple[int, str]]
+    if "*" in args[0]:
+        # A prefix merges the doclists of all its terms whatever the range, so each range
+        # would pay for all of them: one descending walk instead.
+        rows = con.execute(select + " ORDER BY f.rowid DESC LIMIT ?",
+                           (*args, window + 1)).fetchall()
+    else:
+        # Ranges that double, walking back from the newest event, each read forward (FTS5
+        # reads a long doclist backwards only by reading all of it).
+        rows, hi, span = [], top, 2 * window
+        while True:  # at least once: FTS5 parses the query here, whatever the store holds
+            lo = max(0, hi - span)
+            found = con.execute(select + " AND f.rowid > ? AND f.rowid <= ?",
+                                (*args, lo, hi)).fetchall()
+            rows += sorted(found, reverse=True)
+            if lo == 0 or len(rows) > window:
+                break
+            hi, span = lo, span * 2
+    complete = len(rows) <= window
+    rows = rows[:window]
+    if not rows:
+        return [], complete
+    oldest = rows[-1][0]
+    if not complete and top - oldest < BROAD * window:
+        return [(pos, sid, float(-pos)) for pos, sid in rows], complete
+    ranks = dict(con.execute("SELECT rowid, rank FROM search WHERE search MATCH ? AND rowid >= ?"
+                             " AND rowid <= ?", (args[0], oldest, rows[0][0])).fetchall())
+    return [(pos, sid, ranks[pos]) for pos, sid in rows], complete
