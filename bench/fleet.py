@@ -319,7 +319,7 @@ async def cross_host_lag(sockets: list[str], samples: int) -> dict[str, Any]:
                 tg.start_soon(caught_up)
                 async for e in events:
                     if e.session_id == sid and e.type == "message.appended":
-                        arrived[e.data["content"]] = time.perf_counter()
+                        arrived[e.data.content] = time.perf_counter()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(follow)

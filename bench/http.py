@@ -281,7 +281,7 @@ async def socket_lag(sock: str, samples: int) -> dict[str, Any]:
                 ready.set()
                 async for e in events:
                     if e.type == "message.appended":
-                        arrived[e.data["content"]] = time.perf_counter()
+                        arrived[e.data.content] = time.perf_counter()
 
         async def append(content: str) -> None:
             await c.append_message(sid, "user", content)

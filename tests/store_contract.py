@@ -79,7 +79,7 @@ class Log:
                 batch.snapshots.append(state)
         for e in batch.events:
             if e.type == "checkpoint.saved":
-                batch.payloads[e.event_id] = (payloads or {}).get(e.data["checkpoint_id"],
+                batch.payloads[e.event_id] = (payloads or {}).get(e.data.checkpoint_id,
                                                                   b'{"p":1}')
         self.head = position
         return batch

@@ -177,7 +177,7 @@ class TestDifferential:
         assert got["b"].state == {"app:theme": "dark", "user:lang": "fr"}
         assert got["c"].state == {"app:theme": "dark"}
         stored = (await client.read_events(types=["state.updated"])).events
-        assert all("temp:draft" not in e.data["delta"] for e in stored)
+        assert all("temp:draft" not in e.data.delta for e in stored)
         await ours.close()
 
 
@@ -587,7 +587,7 @@ async def test_runner_usage_is_recorded_with_its_event(daemon: Daemon,
         assert usage.estimated_cost == (0.0 if prices is None else
                                         pytest.approx(2 * (100 * 1.0 + 25 * 4.0) / 1e6))
         recorded = (await client.read_events(sid, types=["tokens.recorded"])).events
-        assert [e.data["model"] for e in recorded] == ["stub-1", "stub-1"]
+        assert [e.data.model for e in recorded] == ["stub-1", "stub-1"]
         messages = (await client.read_events(sid, types=["message.appended"])).events
         # Each in the same write as the model's message: the version right after it.
         assert {e.version for e in recorded} <= {m.version + 1 for m in messages}

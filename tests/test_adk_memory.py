@@ -143,7 +143,7 @@ class TestScopeAndAddingAgain:
         assert view.message_count == 4
         appended = [e for e in (await client.read_events(sid)).events
                     if e.type == "message.appended"]
-        assert [e.data["content"] for e in appended] == [
+        assert [e.data.content for e in appended] == [
             "first teal", "second teal", "third teal", "fourth teal"]
         await memory.add_session_to_memory(session(app, "u", "s", events))
         assert (await client.get_session(sid)).version == view.version
@@ -158,7 +158,7 @@ class TestScopeAndAddingAgain:
                                           events=[event(6, "sixth teal")])
         grown = [events[0], *events[2:5], event(8, "eighth teal"), event(6, "sixth teal")]
         await memory.add_session_to_memory(session(app, "u", "s", grown))
-        appended = [e.data["content"] for e in (await client.read_events(sid)).events
+        appended = [e.data.content for e in (await client.read_events(sid)).events
                     if e.type == "message.appended"]
         assert appended[-2:] == ["sixth teal", "eighth teal"]
         assert (await client.verify()).ok
@@ -270,7 +270,7 @@ class TestFirstImplementationsCases:
         # Stored as events of the user's own memory session.
         sid = memory_session_id(app, "alice", "s1")
         stored = (await client.read_events(sid, types=["message.appended"])).events
-        assert [e.data["content"] for e in stored] == [
+        assert [e.data.content for e in stored] == [
             "my cat is called Tom", "Tom is a fine name for a cat", "I also like green tea"]
         await service.close()
 

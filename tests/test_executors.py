@@ -47,7 +47,7 @@ async def finished(client: AsyncClient, sid: str, timeout: float = 30) -> Any:
         async with client.subscribe(sid, from_version=1,
                                     types=["session.status_changed"]) as events:
             async for event in events:
-                if event.version > state.version and event.data["to"] != "active":
+                if event.version > state.version and event.data.to != "active":
                     break
         return await client.get_session(sid)
 
@@ -57,7 +57,7 @@ async def first_output(client: AsyncClient, sid: str) -> str:
     with anyio.fail_after(30):
         async with client.subscribe(sid, from_version=1, types=["process.output"]) as events:
             async for event in events:
-                return str(event.data["line"])
+                return str(event.data.line)
     raise AssertionError(f"the subscription to {sid} ended")
 
 

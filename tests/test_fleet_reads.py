@@ -91,7 +91,7 @@ async def test_no_reads_after_its_own_commits_without_subscribers(pg_url: str,
         async with on_a.subscribe(session_id=theirs) as sub:
             async def follow() -> None:
                 async for event in sub:
-                    seen.append(event.data["content"])
+                    seen.append(event.data.content)
                     return
 
             async with anyio.create_task_group() as tg:

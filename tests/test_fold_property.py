@@ -237,9 +237,9 @@ async def conversation_of(daemon: Daemon, client: AsyncClient, sid: str) -> list
         conversation = (await conversation_at(daemon, client, source.session_id, source.version))
     for e in events:
         if e.type == "message.appended":
-            conversation.append(e.data["content"])
+            conversation.append(e.data.content)
         elif e.type == "messages.truncated":
-            del conversation[e.data["from_sequence"]:]
+            del conversation[e.data.from_sequence:]
     return conversation
 
 
@@ -256,9 +256,9 @@ async def conversation_at(daemon: Daemon, client: AsyncClient, sid: str,
         if e.version > version:
             break
         if e.type == "message.appended":
-            conversation.append(e.data["content"])
+            conversation.append(e.data.content)
         elif e.type == "messages.truncated":
-            del conversation[e.data["from_sequence"]:]
+            del conversation[e.data.from_sequence:]
     return conversation
 
 
@@ -314,7 +314,7 @@ async def test_forks_fold_and_travel_like_their_source(
         [at_point] = [e for e in (await client.read_events(
             parent, from_version=min(point, (await client.get_session(parent)).version)
         )).events if e.version == point] or [None]
-        start_hash = events[0].data["from"]["hash"]
+        start_hash = events[0].data.from_.hash
         if at_point is not None:
             assert at_point.hash == start_hash
         prev = start_hash

@@ -135,7 +135,7 @@ async def test_zwarm_session_through_the_cli(daemon: Daemon, client: AsyncClient
         with open(os.path.join(folder, "turns", f"turn_{turn}.jsonl")) as f:
             lines += f.read().splitlines()
     out = (await client.read_events(src["id"], types=["process.output"])).events
-    assert [e.data["line"] for e in out] == lines
+    assert [e.data.line for e in out] == lines
 
 
 # --- every importer goes on past a bad file, and says which file, where and why ------
@@ -750,9 +750,9 @@ async def test_follow_is_live_and_waits_for_a_restarted_daemon(short_dir: str) -
             await eventually(lambda: exists(c, sid), "the session")
             async with c.subscribe(sid, from_version=1) as sub:
                 assert (await sub.__anext__()).type == "session.created"
-                assert (await sub.__anext__()).data["content"] == "line 1"
+                assert (await sub.__anext__()).data.content == "line 1"
                 append(2)  # written by the CLI now: the subscriber sees it
-                assert (await sub.__anext__()).data["content"] == "line 2"
+                assert (await sub.__anext__()).data.content == "line 2"
         append(3)  # the daemon is down
         append(4)
         async with running_daemon(config) as d, AsyncClient(d.socket) as c:

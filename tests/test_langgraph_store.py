@@ -377,7 +377,7 @@ class TestSearch:
         await store.aput(("h",), "k", {"v": 2})
         sid = item_session_id(("h",), "k")
         events = (await client.read_events(sid)).events
-        messages = [json.loads(e.data["content"]) for e in events
+        messages = [json.loads(e.data.content) for e in events
                     if e.type == "message.appended"]
         assert messages == [{"v": 1}, {"v": 2}]
         exported = await client.export_session(sid)
@@ -497,7 +497,7 @@ async def test_two_daemons_on_one_database_share_the_store(pg_url: str, short_di
                 await on_host[1].aput(("fleet", "u1"), "k", {"text": "rewritten on b"})
                 async for event in events:
                     if event.type == "message.appended":
-                        assert json.loads(event.data["content"]) == {"text": "rewritten on b"}
+                        assert json.loads(event.data.content) == {"text": "rewritten on b"}
                         break
             await on_host[1].adelete(("fleet", "u1"), "k")
             assert await on_host[0].aget(("fleet", "u1"), "k") is None

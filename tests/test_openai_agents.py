@@ -436,7 +436,7 @@ class TestCompaction:
         # The replacement was one write: a messages.truncated and the summary, together.
         events = (await client.read_events("compact-1")).events
         cuts = [e for e in events if e.type == "messages.truncated"]
-        assert [(e.data["reason"], e.data["from_sequence"]) for e in cuts] == [("replaced", 2)]
+        assert [(e.data.reason, e.data.from_sequence) for e in cuts] == [("replaced", 2)]
         after = [e for e in events if e.version == cuts[0].version + 1]
         assert [e.type for e in after] == ["message.appended"]
         assert (await client.get_session("compact-1")).message_count == 3
@@ -494,7 +494,7 @@ class TestEncrypted:
                            "sessiond": (None, 0)}
         events = (await client.read_events("enc-1")).events
         assert [e.type for e in events].count("message.appended") == 3
-        assert [e.data["reason"] for e in events if e.type == "messages.truncated"] == \
+        assert [e.data.reason for e in events if e.type == "messages.truncated"] == \
             ["popped"] * 3
         stores["sqlite"].close()
         await stores["sqlalchemy"].engine.dispose()

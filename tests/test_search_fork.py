@@ -48,8 +48,9 @@ def values(v: Any) -> list[str]:
 
 
 def doc_of(e: Event) -> Doc | None:
-    """What a person would expect each event to be found by (docs/protocol.md)."""
-    d = e.data
+    """What a person would expect each event to be found by (docs/protocol.md): read from
+    the data as stored (Event.fields()), not the daemon's typed rule."""
+    d = e.fields()
     if e.type == "message.appended":
         return [tokens(d["content"]),
                 [t for v in [d.get("tool_call_id"), *values(d.get("metadata", {}))]

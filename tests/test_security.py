@@ -149,7 +149,7 @@ class TestImportedProcesses:
                                                           boot_id=boot_id()))
                     assert (state.status, state.pid, state.error) == ("active", pid, None)
                     [mark] = (await c.read_events(name, types=["process.detached"])).events
-                    assert mark.data["imported"] is True and mark.data["alive"] is False
+                    assert mark.data.imported is True and mark.data.alive is False
                 await c.import_session(forged("done", 1234, status="completed"))
             stop(proc)
             proc = await daemon_process(sock, db)  # recovery: nothing of that is its

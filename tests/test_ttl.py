@@ -123,9 +123,9 @@ class TestExpiry:
         view = await client.get_session(short.session_id)
         [event] = await expired_events(client, short.session_id)
         assert event.version == view.version == 3
-        assert event.data["ttl_s"] == 1
+        assert event.data.ttl_s == 1
         last = (await client.read_events(short.session_id, from_version=2, limit=1)).events[0]
-        assert event.data["idle_since"] == last.recorded_at
+        assert event.data.idle_since == last.recorded_at
         assert parse_time(event.recorded_at) - parse_time(last.recorded_at) >= timedelta(
             seconds=1)  # never before the TTL had passed since the last event
         assert view.timestamps.completed_at == event.recorded_at

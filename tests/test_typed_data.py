@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 from sessiond_daemon.stores.rows import EVENT_COLUMNS, event_from_row
 from sessiond_schemas.events import (
     DATA_TYPES,
+    Data,
     Event,
     Record,
+    SessionForked,
     Unread,
     canonical_json,
     decode_raw,
@@ -159,3 +161,35 @@ def test_a_struct_stores_and_hashes_what_its_builtins_did(event_type: str,
     back = decode_raw(event_type, encode_data(value))
     assert not isinstance(back, Unread), back
     assert canonical_json(back) == canonical_json(value)
+
+
+def _data_classes() -> list[type[Data]]:
+    """Data and every Struct under it (Record, Unread, the parts such as ForkSource)."""
+    found: list[type[Data]] = []
+    todo: list[type[Data]] = [Data]
+    while todo:
+        kind = todo.pop()
+        found.append(kind)
+        todo += kind.__subclasses__()
+    return found
+
+
+@pytest.mark.parametrize("kind", _data_classes(), ids=lambda k: k.__name__)
+def test_event_data_is_read_by_attribute_only(kind: type[Data]) -> None:
+    """Issue 25: no string-keyed reads of event data. Data and its Structs have no read
+    by JSON name (`d["from"]`, `d.get(...)`, `"x" in d`), so mypy --strict refuses one in
+    the daemon and a call at run time raises; Record's and Unread's `.body` is the dict."""
+    for name in ("__getitem__", "get", "__contains__", "keys", "items"):
+        assert not hasattr(kind, name), f"{kind.__name__}.{name} reads data by JSON name"
+
+
+def test_a_read_by_json_name_raises() -> None:
+    forked = decode_raw("session.forked", msgspec.json.encode(
+        {"from": {"session_id": "a", "version": 1, "hash": "h"}, "state": {}}))
+    assert isinstance(forked, SessionForked) and forked.from_.version == 1
+    with pytest.raises(TypeError):
+        forked["from"]  # type: ignore[index]
+    record = decode_raw("problem.recorded", b'{"x": 1}')
+    assert isinstance(record, Record) and record.body == {"x": 1}
+    with pytest.raises(TypeError):
+        record["x"]  # type: ignore[index]

@@ -84,30 +84,10 @@ class EventMeta(msgspec.Struct, kw_only=True, omit_defaults=False):
 # Event.fields() reads them); the fold and the services read these Structs.
 
 
-@functools.cache
-def _attributes(kind: type[msgspec.Struct]) -> dict[str, str]:
-    """A Struct type's attribute names by their names in JSON."""
-    return dict(zip(kind.__struct_encode_fields__, kind.__struct_fields__, strict=True))
-
-
 class Data(msgspec.Struct, kw_only=True):
-    """The base of every event data Struct. Its fields read by their JSON names too
-    (`d["from"]`, `d.get("node_id")`): for the read-model rules and callers that were
-    written over dicts. What is read so is the typed value (defaults filled in, unknown
-    fields absent); `Event.fields()` is the data as stored."""
-
-    def __getitem__(self, key: str) -> Any:
-        name = _attributes(type(self)).get(key)
-        if name is None:
-            raise KeyError(key)
-        return getattr(self, name)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        name = _attributes(type(self)).get(key)
-        return default if name is None else getattr(self, name)
-
-    def __contains__(self, key: object) -> bool:
-        return key in _attributes(type(self))
+    """The base of every event data Struct. Read its fields as attributes (narrow
+    `Event.data` to its Struct first); there is no read by JSON name (`Record.body` and
+    `Unread.body` are the objects as stored). `Event.fields()` is the data as stored."""
 
 
 class SessionCreated(SessionFields, Data, kw_only=True):
@@ -207,15 +187,6 @@ class Record(Data, kw_only=True):
 
     body: dict[str, Any]
 
-    def __getitem__(self, key: str) -> Any:
-        return self.body[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.body.get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.body
-
 
 class Unread(Data, kw_only=True):
     """Stored data that does not read as its type's Struct (a damaged store, an import
@@ -225,17 +196,6 @@ class Unread(Data, kw_only=True):
 
     body: Any
     error: str
-
-    def __getitem__(self, key: str) -> Any:
-        if not isinstance(self.body, dict):
-            raise KeyError(key)
-        return self.body[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.body.get(key, default) if isinstance(self.body, dict) else default
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(self.body, dict) and key in self.body
 
 
 class PlanLinked(Data, kw_only=True):

@@ -8,7 +8,7 @@ read) instead of reaching into the Service.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, overload
 
@@ -27,6 +27,9 @@ from sessiond_schemas.events import (
     ALLOWED_TRANSITIONS,
     EventMeta,
     MessageFields,
+    ProcessDetached,
+    ProcessExited,
+    ProcessOutput,
     SessionCreated,
     decode_data,
     new_id,
@@ -37,6 +40,9 @@ from sessiond_schemas.export import canonical
 from sessiond_schemas.state import SessionState
 
 _json = msgspec.json.Encoder()
+
+# The process events the executor runner builds as Structs (features/executors), not JSON.
+RunnerData = ProcessOutput | ProcessExited | ProcessDetached
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,15 +101,19 @@ def created_view(sid: str, data: SessionCreated) -> SessionState:
         recorded_at=now(), data=data, data_json=b"", meta=EventMeta())])
 
 
-def sequenced(s: SessionState, events: list[tuple[str, dict[str, Any]]]
+def sequenced(s: SessionState, events: Sequence[tuple[str, dict[str, Any] | RunnerData]]
               ) -> list[tuple[str, PlanData]]:
     """Events given as JSON objects (events.append, an executor's output) to append after
     view `s`, typed: messages get their id and sequence, status changes their `from`,
     each move checked in order (the daemon's part of events.append). The objects must
-    have passed their type's validation (service.APPEND_INPUTS)."""
+    have passed their type's validation (service.APPEND_INPUTS). The runner's own process
+    events come built (RunnerData: they move no status and number no message)."""
     status, sequence = s.status, s.message_count
     out: list[tuple[str, PlanData]] = []
     for event_type, raw in events:
+        if not isinstance(raw, dict):
+            out.append((event_type, raw))
+            continue
         data = dict(raw)
         if event_type == "session.status_changed":
             check_transition(s.session_id, status, data["to"])

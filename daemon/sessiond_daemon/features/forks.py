@@ -39,6 +39,7 @@ from sessiond_schemas.events import (
     EventMeta,
     ForkSource,
     SessionForked,
+    Unread,
     canonical_json,
     moved,
     new_id,
@@ -80,7 +81,7 @@ async def link_problems(store: ForkReads, state: SessionState,
     link = state.forked_from
     if link is None:
         return []
-    if first is None or first.type != "session.forked":
+    if first is None or not isinstance(first.data, SessionForked):
         return ["forked_from is set but the history does not start with session.forked"]
     chain = await store.fork_ancestry(state.session_id, 2)
     if chain[1:] != [link.session_id]:
@@ -89,7 +90,7 @@ async def link_problems(store: ForkReads, state: SessionState,
     source_hash = await hash_at(store, link.session_id, link.version)
     if source_hash is None:
         return [f"fork source {link.session_id} has no version {link.version}"]
-    if source_hash != first.data["from"]["hash"]:
+    if source_hash != first.data.from_.hash:
         return [f"fork source {link.session_id} at version {link.version} does not have the"
                 " hash this fork's chain starts from (the shared history was changed)"]
     return []
@@ -220,24 +221,26 @@ async def check_import(store: ForkReads, state_at: StateAt, first: Event,
     first event claims are the source's there (-32007)."""
     if first.type != "session.forked":
         return
-    source = first.data.get("from", {})
-    source_id = source.get("session_id")
-    if not isinstance(source_id, str):
+    if isinstance(first.data, Unread):
+        reason = f"its session.forked does not read ({first.data.error})"
+        raise SessionImportError(f"import failed: {reason}", {"reason": reason})
+    if not isinstance(first.data, SessionForked):  # not a type's Struct: not at run time
         raise SessionImportError("import failed: session.forked names no source session",
                                  {"reason": "fork source missing"})
+    source = first.data.from_
+    source_id = source.session_id
     problem = await link_problem(store, first.session_id, source_id, max_depth)
     if problem is not None:
         raise SessionImportError(f"import failed: {problem}",
                                  {"reason": problem, "limit": max_depth})
-    have = await hash_at(store, source_id, int(source.get("version", 0)))
-    if have is None or have != source.get("hash"):
+    version = source.version
+    have = await hash_at(store, source_id, version)
+    if have is None or have != source.hash:
         raise SessionImportError(
             f"import failed: this is a fork of {source_id} at version"
-            f" {source.get('version')}, which this daemon does not hold with the same history;"
+            f" {version}, which this daemon does not hold with the same history;"
             " import the source first", {"reason": "fork source missing"})
-    version = int(source.get("version", 0))
-    claimed = first.data.get("state", {}).get("message_count") \
-        if isinstance(first.data.get("state"), dict) else None
+    claimed = first.data.state.get("message_count")
     held = (await state_at(source_id, version)).message_count
     if claimed != held:
         reason = (f"its session.forked claims {claimed!r} messages, but {source_id} held"

@@ -19,6 +19,7 @@ from sessiond_daemon.core.writer import Delete, Import, Writer
 from sessiond_daemon.features import exports, forks
 from sessiond_daemon.features.verify import SessionCheck
 from sessiond_daemon.stores.interface import Store
+from sessiond_daemon.stores.models.conversation import checkpoint_id
 from sessiond_schemas import export, rpc
 from sessiond_schemas.errors import (
     InvalidParamsError,
@@ -200,7 +201,7 @@ class Maintenance:
         by_event = {}
         for e in events:
             if e.type == "checkpoint.saved":
-                cid = e.data.get("checkpoint_id")  # an Unread one's too: its fold says why
+                cid = checkpoint_id(e.data)  # an Unread one's too: its fold says why
                 if cid not in payloads:
                     raise _import_failed(f"the payload of checkpoint {cid} is missing")
                 by_event[e.event_id] = payloads[cid]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from sessiond_daemon.core.projection import FoldError, fold
-from sessiond_schemas.events import Event
+from sessiond_schemas.events import Event, SessionForked, Unread
 from sessiond_schemas.export import chain_hash
 from sessiond_schemas.state import SessionState
 
@@ -24,11 +24,16 @@ class SessionCheck:
 
     def feed(self, events: list[Event]) -> None:
         for event in events:
-            if self.state is None and event.type == "session.forked":
+            if self.state is None and isinstance(event.data, SessionForked):
                 # A fork's versions and chain go on from its source's (forks.link_problems).
                 self.first = event
-                self._version = event.data["from"]["version"]
-                self._hash = event.data["from"]["hash"]
+                self._version = event.data.from_.version
+                self._hash = event.data.from_.hash
+            elif (self.state is None and event.type == "session.forked"
+                  and isinstance(event.data, Unread)):  # its source's version is not known
+                self.problems.append(f"history does not fold: session.forked at version"
+                                     f" {event.version} does not read ({event.data.error})")
+                return
             if event.version != self._version + 1:
                 self.problems.append(f"version {self._version + 1} is missing"
                                      f" (next stored is {event.version})")

@@ -43,6 +43,7 @@ from sessiond_daemon.core import projection, text
 from sessiond_daemon.serve import logs
 from sessiond_daemon.stores import registry
 from sessiond_daemon.stores.interface import Batch, Entry, Store
+from sessiond_daemon.stores.models.conversation import checkpoint_id
 from sessiond_schemas.errors import SessiondError
 from sessiond_schemas.events import Event
 
@@ -249,7 +250,7 @@ class Copier:
     async def _payload(self, e: Event) -> bytes:
         if e.session_id not in self.payloads:
             self.payloads = {e.session_id: await self.source.checkpoint_payloads(e.session_id)}
-        return self.payloads[e.session_id].get(str(e.data.get("checkpoint_id")), b"")
+        return self.payloads[e.session_id].get(str(checkpoint_id(e.data)), b"")
 
 
 async def migrate(source_url: str, target_url: str,

@@ -46,6 +46,7 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.events import (
     ALLOWED_TRANSITIONS,
+    Data,
     EventMeta,
     MessageAppended,
     MessageFields,
@@ -205,6 +206,8 @@ class Executors:
             handle, turn_no = detached
             # Not our child, so its exit status is unknown.
             await self.turns.terminate(handle)
+            # As JSON: a ProcessExited would store the unknown exit status, signal and line
+            # counts as nulls, which this record has never held.
             exited.append(("process.exited", {"pid": handle.pid, "turn": turn_no}))
 
         def plan(s: SessionState | None) -> Plan:
@@ -241,7 +244,7 @@ class Executors:
         events = await self.store.read_events(
             session_id=p.session_id, from_version=version, after_position=0,
             limit=TRAJECTORY_READ, types=list(TRAJECTORY_TYPES), max_bytes=page_budget.get())
-        rows = [(e.type, e.data) for e in events]
+        rows: list[Data] = [e.data for e in events]
         found = steps(rows, ADAPTERS.get(state.adapter or ""), turn)
         if not p.full:
             found = [truncate_step(s, p.max_output_len) for s in found]

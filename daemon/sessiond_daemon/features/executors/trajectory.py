@@ -10,32 +10,39 @@ import msgspec
 from sessiond_daemon.features.executors.adapters import Adapter
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import InvalidParamsError
+from sessiond_schemas.events import (
+    Data,
+    MessageAppended,
+    ProcessExited,
+    ProcessOutput,
+    ProcessStarted,
+)
 
 # The events a trajectory is read from.
 TRAJECTORY_TYPES = ("message.appended", "process.started", "process.output", "process.exited")
 
 
-def steps(rows: list[tuple[str, Any]], adapter: Adapter | None,
-          turn: int = 0) -> list[rpc.Step]:
-    """The steps of a session, from its TRAJECTORY_TYPES events in order: user messages,
-    the adapter's steps from stdout lines, and an `exit` step for a non-zero exit. `turn`:
-    the turn the rows start in (a page after the first goes on from its cursor's)."""
+def steps(rows: list[Data], adapter: Adapter | None, turn: int = 0) -> list[rpc.Step]:
+    """The steps of a session, from its TRAJECTORY_TYPES events' data in order: user
+    messages, the adapter's steps from stdout lines, and an `exit` step for a non-zero
+    exit (data that does not read, Unread, makes none). `turn`: the turn the rows start
+    in (a page after the first goes on from its cursor's)."""
     out: list[rpc.Step] = []
-    for kind, d in rows:
-        if kind == "process.started":
-            turn = d.get("turn", turn)
-        elif kind == "message.appended" and d.get("role") == "user":
-            out.append(rpc.Step(type="user", summary=d["content"], turn=turn + 1))
-        elif kind == "process.output" and d.get("stream", "stdout") == "stdout" and adapter:
-            parsed = adapter.parse(d["line"])
-            if parsed is not None:  # user messages are already steps, from their events
-                out += [rpc.Step(turn=d.get("turn", turn), **s) for s in parsed.steps
-                        if s["type"] != "user"]
-        elif kind == "process.exited" and (d.get("exit_code") or d.get("signal")):
-            how = (f"exit code {d['exit_code']}" if d.get("exit_code")
-                   else f"signal {d.get('signal')}")
-            out.append(rpc.Step(type="exit", summary=how, turn=d.get("turn", turn),
-                                details={k: d[k] for k in ("exit_code", "signal") if k in d}))
+    for d in rows:
+        match d:
+            case ProcessStarted():
+                turn = d.turn
+            case MessageAppended(role="user"):
+                out.append(rpc.Step(type="user", summary=d.content, turn=turn + 1))
+            case ProcessOutput(stream="stdout") if adapter:
+                parsed = adapter.parse(d.line)
+                if parsed is not None:  # user messages are already steps, from their events
+                    out += [rpc.Step(turn=d.turn, **s) for s in parsed.steps
+                            if s["type"] != "user"]
+            case ProcessExited() if d.exit_code or d.signal:
+                how = f"exit code {d.exit_code}" if d.exit_code else f"signal {d.signal}"
+                out.append(rpc.Step(type="exit", summary=how, turn=d.turn,
+                                    details={"exit_code": d.exit_code, "signal": d.signal}))
     return out
 
 
@@ -50,12 +57,12 @@ def truncate_step(step: rpc.Step, limit: int) -> rpc.Step:
                     details={k: cut(v) for k, v in step.details.items()})
 
 
-def last_turn(rows: list[tuple[str, Any]], turn: int) -> int:
+def last_turn(rows: list[Data], turn: int) -> int:
     """The turn the events after `rows` are in (what `steps` tracks as it goes)."""
-    for kind, d in rows:
-        if kind == "process.started":
-            turn = d.get("turn", turn)
-    return int(turn)
+    for d in rows:
+        if isinstance(d, ProcessStarted):
+            turn = d.turn
+    return turn
 
 
 def encode_cursor(version: int, turn: int) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from socket import gethostname
 from typing import Any
@@ -22,7 +23,7 @@ import structlog
 from anyio.abc import ByteReceiveStream, Process, TaskGroup
 
 from sessiond_daemon.core import text
-from sessiond_daemon.core.commands import Commands, require, sequenced
+from sessiond_daemon.core.commands import Commands, RunnerData, require, sequenced
 from sessiond_daemon.core.writer import Plan
 from sessiond_daemon.features.executors.adapters import JSONL_TYPES, Adapter, Parsed
 from sessiond_daemon.features.executors.processes import (
@@ -35,7 +36,7 @@ from sessiond_daemon.features.executors.processes import (
 )
 from sessiond_daemon.features.service import APPEND_INPUTS
 from sessiond_schemas.errors import SessiondError
-from sessiond_schemas.events import EventMeta
+from sessiond_schemas.events import EventMeta, ProcessExited, ProcessOutput
 from sessiond_schemas.state import SessionState
 
 log = structlog.get_logger("sessiond.executors")
@@ -68,7 +69,7 @@ class Turn:
     process: Process
     adapter: Adapter
     handle: Handle  # checked before every signal to the turn's process group
-    pending: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    pending: list[tuple[str, dict[str, Any] | RunnerData]] = field(default_factory=list)
     wake: anyio.Event = field(default_factory=anyio.Event)
     drained: anyio.Event = field(default_factory=anyio.Event)
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -134,7 +135,8 @@ class Throttle:
         self.tokens -= 1
 
 
-def plan_of(state: SessionState, events: list[tuple[str, dict[str, Any]]]) -> Plan:
+def plan_of(state: SessionState,
+            events: Sequence[tuple[str, dict[str, Any] | RunnerData]]) -> Plan:
     """Messages numbered and status changes' `from` filled, as events.append does."""
     return Plan(sequenced(state, events), lambda s, ev: s)
 
@@ -269,7 +271,9 @@ class Turns:
         if dropped:
             turn.truncated += 1
             line += f" …[truncated {dropped} bytes]"
-        turn.pending.append(("process.output", {"turn": turn.turn, "stream": name, "line": line}))
+        turn.pending.append(("process.output",
+                             ProcessOutput(turn=turn.turn, line=line,
+                                           stream="stdout" if name == "stdout" else "stderr")))
         if name == "stdout":
             parsed = turn.adapter.parse(line) if not dropped else None
             if parsed is not None:
@@ -313,7 +317,7 @@ class Turns:
                 return
 
     async def _write_events(self, turn: Turn, meta: EventMeta,
-                            events: list[tuple[str, dict[str, Any]]]) -> None:
+                            events: list[tuple[str, dict[str, Any] | RunnerData]]) -> None:
         def plan(s: SessionState | None) -> Plan:
             return plan_of(require(s, turn.session_id), events)
 
@@ -326,13 +330,13 @@ class Turns:
     async def _finish(self, turn: Turn, returncode: int) -> None:
         code = returncode if returncode >= 0 else None
         signum = -returncode if returncode < 0 else None
-        exited = {"pid": turn.pid, "turn": turn.turn, "exit_code": code, "signal": signum,
-                  "lines": turn.lines, "truncated_lines": turn.truncated}
+        exited = ProcessExited(pid=turn.pid, turn=turn.turn, exit_code=code, signal=signum,
+                               lines=turn.lines, truncated_lines=turn.truncated)
         to, error = outcome(turn, code, signum)
 
         def plan(s: SessionState | None) -> Plan:
             s = require(s, turn.session_id)
-            events: list[tuple[str, dict[str, Any]]] = [("process.exited", exited)]
+            events: list[tuple[str, dict[str, Any] | RunnerData]] = [("process.exited", exited)]
             if s.status == "active" and s.turn == turn.turn:
                 events.append(("session.status_changed", {
                     "to": to, "reason": "executor exited", **({"error": error} if error else {})}))

@@ -7,12 +7,12 @@ process.output line."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 
 from sessiond_daemon.stores.models.ops import Insert, Op
-from sessiond_schemas.events import Data, Event
+from sessiond_schemas.events import Data, Event, ProcessOutput, StateUpdated
 
 _json = msgspec.json.Encoder()
 
@@ -30,27 +30,22 @@ def scoped_state(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list
     two writers lock them in the same order), replacing only an older event's."""
     latest: dict[tuple[str, str, str], tuple[bytes, int]] = {}
     for e in events:
-        if e.type != "state.updated":
-            continue
         d = e.data
-        if d["scope"] == "session":
+        if not isinstance(d, StateUpdated) or d.scope == "session":
             continue
-        user = d["user_id"] if d["scope"] == "user" else ""  # '' is the app's own state
-        for k, v in d["delta"].items():
-            latest[(d["app_name"], user, k)] = (_json.encode(v), e.position)
+        user = d.user_id if d.scope == "user" else ""  # '' is the app's own state
+        for k, v in d.delta.items():
+            latest[(d.app_name or "", user or "", k)] = (_json.encode(v), e.position)
     if not latest:
         return []
     return [Insert("scoped_state", [(*key, *latest[key]) for key in sorted(latest)], "newer")]
 
 
-def indexed(event_type: str, data: dict[str, Any] | Data) -> bool:
+def indexed(event_type: str, data: Data) -> bool:
     """Whether an event belongs in the runner index."""
     if event_type in TURN_TYPES:
         return True
-    if event_type != "process.output":
-        return False
-    line = data.get("line")
-    return isinstance(line, str) and any(m in line for m in RESUME_MARKS)
+    return isinstance(data, ProcessOutput) and any(m in data.line for m in RESUME_MARKS)
 
 
 def runner(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list[Op]:

@@ -9,7 +9,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sessiond_daemon.stores.models.ops import DeleteWhere, ForkShares, HandOnPayloads, Insert, Op
-from sessiond_schemas.events import Event
+from sessiond_schemas.events import (
+    CheckpointSaved,
+    Data,
+    Event,
+    MessageAppended,
+    MessagesTruncated,
+    SessionForked,
+    Unread,
+)
+
+
+def checkpoint_id(data: Data) -> Any:
+    """The checkpoint_id of a checkpoint.saved event's data, an Unread one's too (what its
+    stored body names, if anything: an import or a migration looks its payload up by it,
+    and the fold then says what is wrong with it)."""
+    if isinstance(data, CheckpointSaved):
+        return data.checkpoint_id
+    return data.body.get("checkpoint_id") if isinstance(data, Unread) \
+        and isinstance(data.body, dict) else None
 
 
 def conversation(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list[Op]:
@@ -18,28 +36,26 @@ def conversation(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list
     messages: list[tuple[Any, ...]] = []
     checkpoints: list[tuple[Any, ...]] = []
     for e in events:
-        t = e.type
-        if t == "message.appended":
-            messages.append((e.session_id, e.data["sequence"], e.position))
-        elif t == "checkpoint.saved":
-            d = e.data
-            checkpoints.append((e.session_id, d["checkpoint_id"], e.position, e.version,
-                                d.get("node_id"), d.get("resume_from"), e.recorded_at,
-                                d["size"], payloads[e.event_id]))
-        elif t == "messages.truncated":
+        d = e.data
+        if isinstance(d, MessageAppended):
+            messages.append((e.session_id, d.sequence, e.position))
+        elif isinstance(d, CheckpointSaved):
+            checkpoints.append((e.session_id, d.checkpoint_id, e.position, e.version,
+                                d.node_id, d.resume_from, e.recorded_at,
+                                d.size, payloads[e.event_id]))
+        elif isinstance(d, MessagesTruncated):
             if messages:
                 ops.append(Insert("messages", messages))
                 messages = []
             ops.append(DeleteWhere("messages", (("session_id", e.session_id),),
-                                   ("sequence", e.data["from_sequence"])))
-        elif t == "session.forked":
+                                   ("sequence", d.from_sequence)))
+        elif isinstance(d, SessionForked):
             if messages:
                 ops.append(Insert("messages", messages))
                 messages = []
-            source = e.data["from"]
             ops += fork_links([e])
-            ops.append(ForkShares(e.session_id, source["session_id"], source["version"],
-                                  int(e.data["state"].get("message_count", 0))))
+            ops.append(ForkShares(e.session_id, d.from_.session_id, d.from_.version,
+                                  int(d.state.get("message_count", 0))))
     if messages:
         ops.append(Insert("messages", messages))
     if checkpoints:
@@ -50,8 +66,8 @@ def conversation(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list
 
 def fork_links(forked: Sequence[Event]) -> list[Op]:
     """The forks index's rows of session.forked events: the link to the source."""
-    rows = [(e.session_id, e.data["from"]["session_id"], e.data["from"]["version"],
-             e.recorded_at, e.position) for e in forked]
+    rows = [(e.session_id, e.data.from_.session_id, e.data.from_.version,
+             e.recorded_at, e.position) for e in forked if isinstance(e.data, SessionForked)]
     return [Insert("forks", rows, "latest")] if rows else []
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sessiond_daemon.stores.models.ops import DeleteWhere, Insert, Keep, Op
-from sessiond_schemas.events import Event
+from sessiond_schemas.events import Event, GraphCheckpoint, GraphPruned, GraphWrites
 
 
 def _add(ops: list[Op], table: str, rows: list[tuple[Any, ...]], keep: Keep) -> None:
@@ -24,25 +24,22 @@ def _add(ops: list[Op], table: str, rows: list[tuple[Any, ...]], keep: Keep) -> 
 def graphs(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list[Op]:
     ops: list[Op] = []
     for e in events:
-        if not e.type.startswith("graph."):
-            continue
         d, sid = e.data, e.session_id
-        ns = d.get("ns", "")
-        if e.type == "graph.checkpoint":
-            run_id = d.get("metadata", {}).get("run_id")
-            _add(ops, "graph_checkpoints", [(sid, ns, d["checkpoint_id"],
+        if isinstance(d, GraphCheckpoint):
+            run_id = d.metadata.get("run_id")
+            _add(ops, "graph_checkpoints", [(sid, d.ns, d.checkpoint_id,
                                              run_id if isinstance(run_id, str) else None,
                                              e.position)], "latest")
-            _add(ops, "graph_blobs", [(sid, ns, channel, d["channel_versions"][channel],
-                                       e.position) for channel in d.get("blobs", {})],
+            _add(ops, "graph_blobs", [(sid, d.ns, channel, d.channel_versions[channel],
+                                       e.position) for channel in d.blobs],
                  "latest")
-        elif e.type == "graph.writes":
-            for item, w in enumerate(d["writes"]):
-                _add(ops, "graph_writes", [(sid, ns, d["checkpoint_id"], d["task_id"],
-                                            w["idx"], e.position, item)],
-                     "latest" if w["idx"] < 0 else "first")
-        elif e.type == "graph.pruned":
-            for pruned_ns, checkpoint_id in d["checkpoints"]:
+        elif isinstance(d, GraphWrites):
+            for item, w in enumerate(d.writes):
+                _add(ops, "graph_writes", [(sid, d.ns, d.checkpoint_id, d.task_id,
+                                            w.idx, e.position, item)],
+                     "latest" if w.idx < 0 else "first")
+        elif isinstance(d, GraphPruned):
+            for pruned_ns, checkpoint_id in d.checkpoints:
                 for table in ("graph_checkpoints", "graph_writes"):
                     ops.append(DeleteWhere(table, (("session_id", sid), ("ns", pruned_ns),
                                                    ("checkpoint_id", checkpoint_id))))

@@ -9,22 +9,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sessiond_daemon.stores.models.ops import CopyRows, Insert, Op
-from sessiond_schemas.events import Event
+from sessiond_schemas.events import Event, ProgressRecorded, SessionForked
 
 
 def progress(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list[Op]:
     ops: list[Op] = []
     rows: list[tuple[Any, ...]] = []
     for e in events:
-        if e.type == "progress.recorded":
+        if isinstance(e.data, ProgressRecorded):
             rows.append((e.session_id, e.version, e.position))
-        elif e.type == "session.forked":
+        elif isinstance(e.data, SessionForked):
             if rows:
                 ops.append(Insert("progress_steps", rows))
                 rows = []
-            source = e.data["from"]
-            ops.append(CopyRows("progress_steps", source["session_id"], e.session_id,
-                                source["version"], "first"))
+            source = e.data.from_
+            ops.append(CopyRows("progress_steps", source.session_id, e.session_id,
+                                source.version, "first"))
     if rows:
         ops.append(Insert("progress_steps", rows))
     return ops

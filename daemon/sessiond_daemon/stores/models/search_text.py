@@ -12,7 +12,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from sessiond_daemon.stores.models.ops import Insert, Op
-from sessiond_schemas.events import Data, Event, Record, Unread
+from sessiond_schemas.events import (
+    Data,
+    Event,
+    MessageAppended,
+    MetadataUpdated,
+    Record,
+    ResultRecorded,
+    SessionCreated,
+    SessionForked,
+    StatusChanged,
+    Unread,
+)
 
 INDEXED_TYPES: Final = ("message.appended", "session.created", "session.forked",
                         "metadata.updated", "session.status_changed", "result.recorded",
@@ -41,16 +52,19 @@ def _join(*parts: Any) -> str | None:
 
 def text_of(event_type: str, data: dict[str, Any] | Data) -> tuple[str | None, str | None]:
     """(body, tags) of one event: what the index holds for it (its data as decoded JSON,
-    or typed: Event.data)."""
-    meta: list[str] = []
+    the stored bytes the SQL function and the backfills read; or typed: Event.data, read
+    by `_typed_text`, the same rule over the Structs' attributes)."""
     if isinstance(data, (Record, Unread)):
         data = data.body if isinstance(data.body, dict) else {}
+    if isinstance(data, Data):
+        return _typed_text(data)
+    meta: list[str] = []
     if event_type == "message.appended":
         _values(data.get("metadata", {}), meta)
         return data.get("content"), _join(data.get("tool_call_id"), *meta)
     if event_type in ("session.created", "session.forked"):
         d = data.get("state", {}) if event_type == "session.forked" else data
-        if not isinstance(d, (dict, Data)):
+        if not isinstance(d, dict):
             return None, None
         _values(d.get("metadata", {}), meta)
         return (_join(d.get("task"), d.get("error")),
@@ -63,6 +77,28 @@ def text_of(event_type: str, data: dict[str, Any] | Data) -> tuple[str | None, s
     if event_type == "problem.recorded":
         _values(data, meta)
         return _join(*meta), None
+    return None, None
+
+
+def _typed_text(data: Data) -> tuple[str | None, str | None]:
+    """text_of's rule over typed data (an indexed type's Struct; Record and Unread are
+    read as their bodies, above)."""
+    meta: list[str] = []
+    match data:
+        case MessageAppended():
+            _values(data.metadata, meta)
+            return data.content, _join(data.tool_call_id, *meta)
+        case SessionCreated():
+            _values(data.metadata, meta)
+            return (_join(data.task),
+                    _join(data.actor_name, data.model, data.adapter, *meta))
+        case SessionForked():
+            return text_of("session.created", data.state)
+        case MetadataUpdated():
+            _values(data.patch, meta)
+            return None, _join(*meta)
+        case StatusChanged() | ResultRecorded():
+            return _join(data.error), None
     return None, None
 
 
