@@ -29,6 +29,7 @@ from sessiond_schemas.errors import (
 from sessiond_schemas.events import EventMeta, new_id
 
 log = structlog.get_logger("sessiond.http")
+_json = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,7 @@ class Calls:
             error_id = new_id()
             log.exception("http.internal_error", error_id=error_id, method=method)
             raise InternalError("internal error", {"error_id": error_id}) from exc
-        if isinstance(result, msgspec.Raw):
-            return msgspec.json.decode(result)
-        return msgspec.to_builtins(result)
+        # Through JSON, not to_builtins: an event's data is its stored bytes (msgspec.Raw),
+        # which only the JSON encoder writes as they are.
+        return msgspec.json.decode(result if isinstance(result, msgspec.Raw)
+                                   else _json.encode(result))
