@@ -1,4 +1,4 @@
-"""The store contract: what every store (eventstore.Store) does, whatever it runs on.
+"""The store contract: what every store (stores.interface.Store) does, whatever it runs on.
 
 Subclass `StoreContract` in a test module and give it a `store` fixture that yields a
 fresh, opened, empty store (and closes it); set `shared = True` and give an `other`

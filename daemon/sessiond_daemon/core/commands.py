@@ -50,10 +50,10 @@ class Limits:
     max_message_bytes: int = 16 << 20
     max_event_bytes: int = 32 << 20
     max_checkpoint_bytes: int = 96 << 20
-    max_fork_depth: int = 1000  # forks.DEFAULT_MAX_DEPTH
+    max_fork_depth: int = 1000  # serve/config.py max_fork_depth (at most forks.WALK_LIMIT)
     # The config's default_ttl_s: namespace (or "prefix*") -> idle TTL of new sessions.
     default_ttl_s: Mapping[str, int] = field(default_factory=dict)
-    # session.search's cost budget (eventstore.SearchBudget; docs/reliability.md "Budgets")
+    # session.search's cost budget (stores/interface.py SearchBudget; docs/reliability.md "Budgets")
     search_max_terms: int = 64
     search_max_prefixes: int = 8
     search_max_prefix_matches: int = 100_000

@@ -235,7 +235,7 @@ def _ttl_set(s: SessionState, event: Event, d: TtlSet) -> None:
 
 
 def _session_expired(s: SessionState, event: Event, d: SessionExpired) -> None:
-    """The daemon ended the session for its idle TTL (expiry.py decides when)."""
+    """The daemon ended the session for its idle TTL (features/expiry.py decides when)."""
     s.status = "expired"
     s.timestamps.completed_at = event.recorded_at
 

@@ -8,7 +8,7 @@ the source: time travel at or below the fork point, and the message and checkpoi
 indexes (rows pointing at the source's events, written with the session.forked event by
 the conversation's read model, stores/models/conversation.py).
 So a source with forks cannot be deleted (or replaced by an import) while they exist:
-the writer's plans say so as preconditions (eventstore.HasVersion for a fork's source,
+the writer's plans say so as preconditions (stores.interface.HasVersion for a fork's source,
 HasNoForks for a delete or a replace), which every store checks inside its commit.
 """
 

@@ -1,10 +1,11 @@
 """Full-text search, the feature: session.search's params and cost budget, checked before a
 store runs the query.
 
-The index is the search read model (stores/models/search.py: which events are documents,
-their text, how a page is made); each store keeps it in its commit and runs the query in
-its own SQL, behind the `full_text` capability (sqlite/search.py: FTS5;
-postgres/search.py: tsvector and GIN). A store without one answers -32012.
+The index is the search read model (stores/models/search_text.py: which events are
+documents, their text; stores/models/search.py: how a page is made); each store keeps it
+in its commit and runs the query in its own SQL, behind the `full_text` capability
+(stores/sqlite/search.py: FTS5; stores/postgres/search.py: tsvector and GIN). A store
+without one answers -32012.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ class Service:
         """Register where daemon.stats reads connections, subscriptions and executors."""
         self._live = figures
 
-    # What the executors use (executors.py takes the Service): the commands' own.
+    # The session's current view (the commands' own), read by the handlers below.
 
     async def state(self, session_id: str) -> SessionState:
         return await self.commands.state(session_id)

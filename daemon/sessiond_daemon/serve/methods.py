@@ -47,7 +47,7 @@ class Method:
     handler: Handler | None = None
     # Methods of the connection itself (events.subscribe): called with its subscriptions.
     on_connection: ConnectionHandler | None = None
-    # The grant a call needs (access.py), when it is not the method's name.
+    # The grant a call needs (core/access.py), when it is not the method's name.
     grant: Callable[[Any], str] | None = None
 
 

@@ -619,7 +619,7 @@ class Capabilities:
     # Other daemons write this store too: a view this one cached may be stale, so the
     # writer decides on views read from the store, and reads are served from it.
     shared: bool = False
-    shared_log: SharedLog | None = None  # other daemons' commits, followed (lifecycle.py)
+    shared_log: SharedLog | None = None  # other daemons' commits, followed (serve/lifecycle.py)
     integrity: IntegrityCheck | None = None
     backup: FileBackup | None = None
     size: SizeCap | None = None

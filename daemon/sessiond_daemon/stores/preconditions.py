@@ -1,4 +1,4 @@
-"""A batch's preconditions (eventstore.HasVersion, HasNoForks), checked inside a store's
+"""A batch's preconditions (stores.interface.HasVersion, HasNoForks), checked inside a store's
 commit: the statements written once, rendered per driver.
 
 `check` is a generator, as the read models' steps are (stores/models/sql.py): it yields

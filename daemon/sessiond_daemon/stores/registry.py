@@ -1,15 +1,15 @@
 """One store registry: which store a `db` setting names, what it needs before it opens,
 and the store itself.
 
-Every place that chooses a store asks here: the daemon (lifecycle.py), `sessiond migrate`
-(migrate.py), the config check (config.py) and the tests. Nothing outside this module and
-the store packages checks which engine it has: callers ask what a store can do,
-`kind_of(url)` before it is opened (`needs_file_lock`), `store.capabilities` after
+Every place that chooses a store asks here: the daemon (serve/lifecycle.py), `sessiond
+migrate` (serve/migrate.py), the config check (serve/config.py) and the tests. Nothing
+outside this module and the store packages checks which engine it has: callers ask what
+a store can do, `kind_of(url)` before it is opened (`needs_file_lock`), `store.capabilities` after
 (`shared_log`, `full_text`, `integrity`, `backup`, `size`, ...). tests/test_layering.py
 holds the rest of the daemon to that.
 
 To add a store: one `Engine` in `ENGINES` (which URLs it claims, what it needs, how it is
-made); its package implements `eventstore.Store` and answers `capabilities`.
+made); its package implements `stores.interface.Store` and answers `capabilities`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Engine:
 
     name: str  # for messages and logs only: never compared by callers
     claims: Callable[[str], bool]  # whether a `db` setting names this kind of store
-    # One daemon per database, by a lock file beside it (lifecycle.py, migrate.py), in a
+    # One daemon per database, by a lock file beside it (serve/lifecycle.py, serve/migrate.py), in a
     # directory made private; a store shared by several daemons needs none.
     needs_file_lock: bool
     check: Callable[[str, Options], None]  # raises StoreUrlError: a URL that cannot work

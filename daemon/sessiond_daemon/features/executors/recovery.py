@@ -30,7 +30,7 @@ async def runner_rows(store: Store, sid: str,
                       types: tuple[str, ...]) -> list[tuple[str, Any]]:
     """A session's turn events of `types` (process.started, .exited, .detached) that this
     daemon's runner wrote: those after the marker an import puts after the history it
-    brought (maintenance.py). What came before it is another daemon's history, never
+    brought (features/maintenance.py). What came before it is another daemon's history, never
     acted on. Read from the runner index: one row per turn event, never the output."""
     rows = await store.runner_events(sid, tuple(sorted({*types, "process.detached"})))
     marks = [i for i, (kind, _, d) in enumerate(rows)

@@ -47,7 +47,7 @@ LINGER_S = 2.0  # after the leader exits, how long its children may keep the pip
 
 @dataclass(frozen=True)
 class Settings:
-    """The runner's settings (config.py's executor keys), and the socket executors get."""
+    """The runner's settings (serve/config.py's executor keys), and the socket executors get."""
 
     max_processes: int = 16
     max_line_bytes: int = 256 << 10

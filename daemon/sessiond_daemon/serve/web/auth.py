@@ -4,7 +4,7 @@ The tokens are files in the runtime directory (0600, next to the socket), made a
 and read again whenever they change, so `sessionctl http-token --rotate` (which replaces
 the file) takes effect at the next request. The owner's token is checked in constant time
 (hmac.compare_digest) and grants what the daemon's own uid may call; the peer token
-grants what any other allowed user may call (access.py).
+grants what any other allowed user may call (core/access.py).
 """
 
 from __future__ import annotations

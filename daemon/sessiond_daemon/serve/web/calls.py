@@ -1,7 +1,7 @@
 """The HTTP face's way into the daemon: the method table, with the socket's checks.
 
 Every stream operation is one or more calls of the contract's methods, decoded with their
-params type, checked against the caller's grants (access.py) and recorded with the
+params type, checked against the caller's grants (core/access.py) and recorded with the
 caller's uid, exactly as a socket request is.
 """
 

@@ -68,7 +68,7 @@ class QueryDriver(Protocol):
 
 
 class ModelQueries:
-    """The read-model reads of eventstore's Protocols, over a QueryDriver."""
+    """The read-model reads of stores/interface.py's Protocols, over a QueryDriver."""
 
     dialect: Dialect
 

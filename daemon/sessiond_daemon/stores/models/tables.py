@@ -1,8 +1,8 @@
 """The read models' tables, as every store keeps them: columns in row order, the key a
 conflict is decided on, and the column that points at the row's event.
 
-The tables themselves are created by each store's migrations (migrations.py for SQLite,
-postgres/schema.py); this is what the rules and the shared SQL need to know of them.
+The tables themselves are created by each store's migrations (stores/sqlite/migrations.py,
+stores/postgres/schema.py); this is what the rules and the shared SQL need to know of them.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from sessiond_daemon.stores.rows import decode_list_cursor, sessions_page
 from sessiond_schemas.state import SessionState, SessionSummary
 
 state_decoder = msgspec.json.Decoder(SessionState)
-# A page of the expiry sweep (expiry.py): a range of the partial index sessions_by_expiry.
+# A page of the expiry sweep (features/expiry.py): a range of the partial index sessions_by_expiry.
 EXPIRING_SQL: Final = (
     "SELECT expires_at, session_id FROM sessions WHERE expires_at IS NOT NULL"
     " AND expires_at <= ? AND (expires_at, session_id) > (?, ?)"

@@ -3,7 +3,7 @@
 The listener wakes a `Follower`; it reads the committed head (the counter row), then the
 events past its cursor up to that head, in position order, page by page, and hands each
 page to `deliver` with the position it reaches (the daemon rings the writer's bell with
-it: lifecycle.py). Every position at or below the head is committed, so reading up to it
+it: serve/lifecycle.py). Every position at or below the head is committed, so reading up to it
 never skips an event that commits late; a position missing below the head is one a
 delete took away, not one to wait for. Wake-ups that come while it reads are folded into
 one more round. `at` tells where the daemon already is (its writer rings its own
@@ -58,7 +58,7 @@ class DeletionReads(LogReads, Protocol):
 class Follower:
     """`deleted` (with a store that records deletes, DeletionReads): told the sessions
     other daemons deleted, each delete once, before the events that come after it (the
-    daemon drops its subscriptions to them: lifecycle.py)."""
+    daemon drops its subscriptions to them: serve/lifecycle.py)."""
 
     def __init__(self, store: LogReads,
                  deliver: Callable[[list[Event], int], Awaitable[None]], *,

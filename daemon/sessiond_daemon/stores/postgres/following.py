@@ -1,6 +1,6 @@
 """The PostgreSQL store's `SharedLog` capability: one LISTEN connection (listener.py)
 wakes a follower of the shared log (follow.py), and a poll covers a lost NOTIFY; the
-follower hands the daemon every host's events, in position order (lifecycle.py rings the
+follower hands the daemon every host's events, in position order (serve/lifecycle.py rings the
 writer's bells with them, so subscriptions see them all)."""
 
 from __future__ import annotations

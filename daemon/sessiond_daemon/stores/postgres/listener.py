@@ -1,5 +1,5 @@
-"""The one LISTEN connection of a daemon: wakes the subscription feeder on each NOTIFY,
-and on a periodic poll in case a notification was lost with a connection.
+"""The one LISTEN connection of a daemon: wakes the follower of the shared log (follow.py)
+on each NOTIFY, and on a periodic poll in case a notification was lost with a connection.
 
 A notification is a wake-up only (its payload, the batch's last position, is a hint,
 passed to `on_hint`: every position up to it is committed): the woken code reads the
@@ -87,7 +87,7 @@ class Listener:
             delay = min(self.max_backoff_s, delay * 2)
 
     async def _watch(self, con: Any) -> None:
-        """Poll: wake the feeder and check the connection every poll_s, until it is lost."""
+        """Poll: wake the follower and check the connection every poll_s, until it is lost."""
         while not self._lost.is_set():
             with anyio.move_on_after(self.poll_s):
                 await self._lost.wait()

@@ -17,7 +17,8 @@ flush). In order, as store.py's multi-statement commit does:
 Positions known only inside the statement are given as indexes into the batch: the read
 models' event column holds the event's index (the writer's position minus its first), and
 a keyed result is a template: text parts with the index of the event whose position goes
-between each two (`eventstore.Template`, built by the writer). The function writes `first + index`.
+between each two (`stores.interface.Template`, built by the writer). The function writes
+`first + index`.
 
 Read-model ops other than plain row inserts (a fork's shares, which read; deletes and
 truncations, whose order against the inserts matters; payload hand-ons; copies) are not

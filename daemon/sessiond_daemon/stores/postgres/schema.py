@@ -7,7 +7,7 @@ bump of `meta.schema_version` in one transaction (PostgreSQL's DDL is transactio
 so a failed migration leaves the database as it was. A database newer than this code
 is refused before anything in it is changed.
 
-How this schema differs from SQLite's (migrations.py), and why:
+How this schema differs from SQLite's (stores/sqlite/migrations.py), and why:
 - `log_head` is the one counter row positions come from (gapless, in commit order;
   see store.py). `events.position` is a plain BIGINT key, never a sequence.
 - Index rows point at their event by position, as in SQLite: the writer numbers the
@@ -192,7 +192,7 @@ MIGRATIONS: Final[list[list[Step]]] = [
             position BIGINT NOT NULL,
             PRIMARY KEY (app_name, user_id, key)
         )""",
-        # Forks: each fork's source (forks.py).
+        # Forks: each fork's source (features/forks.py).
         """CREATE TABLE forks (
             session_id TEXT COLLATE "C" PRIMARY KEY,
             source_id TEXT COLLATE "C" NOT NULL,
@@ -245,7 +245,7 @@ MIGRATIONS: Final[list[list[Step]]] = [
         """CREATE INDEX sessions_by_expiry ON sessions (expires_at, session_id)
             WHERE expires_at IS NOT NULL""",
     ],
-    # 4: forks share their source's checkpoint payloads by reference (forks.py), as
+    # 4: forks share their source's checkpoint payloads by reference (features/forks.py), as
     # SQLite's migration 8: a fork's row holds an empty payload, found by its position.
     [
         "CREATE INDEX IF NOT EXISTS checkpoints_by_position ON checkpoints (position)",

@@ -243,7 +243,7 @@ MIGRATIONS: Final[list[list[Step]]] = [
         """CREATE INDEX IF NOT EXISTS sessions_by_expiry ON sessions (expires_at, session_id)
             WHERE expires_at IS NOT NULL""",
     ],
-    # 8: forks share their source's checkpoint payloads by reference (forks.py): a fork's
+    # 8: forks share their source's checkpoint payloads by reference (features/forks.py): a fork's
     # row holds an empty payload and the position of the source's checkpoint.saved, and
     # the payload is found by that position. Idempotent.
     [

@@ -1,5 +1,5 @@
 """The SQLite store: opening and migrating the file, the writer's batch commit, and the
-reads of the log. It implements `eventstore.Store`: the read models it keeps in the
+reads of the log. It implements `stores.interface.Store`: the read models it keeps in the
 commit are the rules' row operations (stores/models), run by executor.py; their reads are
 stores/models/queries.py's; the views are sessions.py's; the search index is search.py's (the
 full_text capability).
