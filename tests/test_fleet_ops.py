@@ -38,7 +38,7 @@ def host_config(short_dir: str, name: str, pg_url: str, **overrides: Any) -> Any
 
 async def started_event(client: AsyncClient, sid: str) -> dict[str, Any]:
     events = (await client.read_events(sid)).events
-    return [e.data for e in events if e.type == "process.started"][-1]
+    return [e.fields() for e in events if e.type == "process.started"][-1]  # as stored
 
 
 async def event_types(client: AsyncClient, sid: str) -> list[str]:

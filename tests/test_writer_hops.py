@@ -9,12 +9,11 @@ from typing import Any, TypeVar
 
 import anyio
 import pytest
-from store_contract import message
 
 from sessiond_daemon.core.writer import Command, Plan, Writer
 from sessiond_daemon.stores.interface import Batch, Moved
 from sessiond_daemon.stores.sqlite import SqliteStore
-from sessiond_schemas.events import EventMeta
+from sessiond_schemas.events import EventMeta, MessageAppended, SessionCreated, new_id
 
 pytestmark = pytest.mark.anyio
 T = TypeVar("T")
@@ -48,11 +47,13 @@ class GatedStore(SqliteStore):
 
 
 def creating(state: Any) -> Plan:
-    return Plan([("session.created", {})], lambda s, events: {"version": s.version})
+    return Plan([("session.created", SessionCreated())], lambda s, events: {"version": s.version})
 
 
 def appending(state: Any) -> Plan:
-    return Plan([message(state.message_count)], lambda s, events: {"version": s.version})
+    appended = MessageAppended(message_id=new_id(), sequence=state.message_count, role="user",
+                               content="hi")
+    return Plan([("message.appended", appended)], lambda s, events: {"version": s.version})
 
 
 async def test_a_batch_reads_its_views_in_one_hop(short_dir: str) -> None:
