@@ -4,7 +4,7 @@ message.list and session.list from their rows (with session.list's cursor)."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -116,3 +116,30 @@ def decode_list_cursor(cursor: str) -> tuple[str, str]:
             "`cursor` is not a cursor this daemon returned",
             {"detail": str(exc), "path": "$.cursor"}) from exc
     return created_at, session_id
+
+
+def _row_bytes(row: Any) -> int:
+    """About what a row weighs in an answer: its text and blob columns."""
+    return sum(len(v) for v in row if isinstance(v, (str, bytes))) + 16
+
+
+async def fill_page(fetch: Callable[[int], Awaitable[Iterable[Any]]],
+                    max_bytes: int) -> Page[Any]:
+    """The rows of a paged query, fetched `fetch(n)` at a time, stopping before the row
+    that would pass `max_bytes`. The first row always comes, however large. How many to
+    fetch next is guessed from the largest row seen, and at most doubles what came: a
+    small first row (a session.created) followed by large ones never pulls `limit` large
+    rows into memory at once."""
+    page: Page[Any] = Page()
+    used, chunk, largest = 0, 1, 1
+    while rows := list(await fetch(chunk)):
+        for row in rows:
+            size = _row_bytes(row)
+            if page and used + size > max_bytes:
+                page.cut = True
+                return page
+            page.append(row)
+            used += size
+            largest = max(largest, size)
+        chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
+    return page

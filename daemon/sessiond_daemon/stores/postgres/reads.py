@@ -14,7 +14,7 @@ from sessiond_daemon.stores.interface import Page, repage
 from sessiond_daemon.stores.models.sql import POSTGRES, render
 from sessiond_daemon.stores.models.views import ViewQueries
 from sessiond_daemon.stores.postgres.errors import RETRYABLE, storage_error
-from sessiond_daemon.stores.rows import EVENT_COLUMNS, event_from_row
+from sessiond_daemon.stores.rows import EVENT_COLUMNS, event_from_row, fill_page
 from sessiond_schemas.events import Event
 from sessiond_schemas.state import (
     SessionState,
@@ -28,10 +28,6 @@ def dollar(sql: str) -> str:
     the shared queries)."""
     counter = iter(range(1, 1 << 16))
     return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
-
-
-def _row_bytes(row: Any) -> int:
-    return sum(len(v) for v in row if isinstance(v, (str, bytes))) + 16
 
 
 class Reads(ViewQueries):
@@ -69,18 +65,7 @@ class Reads(ViewQueries):
         try:
             async with self._pool.acquire() as con, con.transaction(readonly=True):
                 cursor = await con.cursor(sql, *args)
-                used, chunk, largest = 0, 1, 1
-                while rows := await cursor.fetch(chunk):
-                    for row in rows:
-                        size = _row_bytes(row)
-                        if page and used + size > max_bytes:
-                            page.cut = True
-                            return page
-                        page.append(row)
-                        used += size
-                        largest = max(largest, size)
-                    # As SQLite's (sqlite/base.py): from the largest row, at most doubling.
-                    chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
+                page = await fill_page(cursor.fetch, max_bytes)
         except (*RETRYABLE, asyncpg.PostgresError) as exc:
             raise storage_error(exc, read=True) from exc
         return page

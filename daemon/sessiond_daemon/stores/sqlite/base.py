@@ -16,6 +16,7 @@ import msgspec
 
 from sessiond_daemon.stores.interface import Page
 from sessiond_daemon.stores.models.sql import SQLITE, render
+from sessiond_daemon.stores.rows import fill_page
 from sessiond_schemas.errors import StorageError
 from sessiond_schemas.events import EventMeta
 
@@ -53,11 +54,6 @@ def encode_meta(meta: EventMeta) -> bytes:
 def marks(n: int) -> str:
     """`?, ?, ...`: n placeholders."""
     return ", ".join("?" * n)
-
-
-def _row_bytes(row: Any) -> int:
-    """About what a row weighs in an answer: its text and blob columns."""
-    return sum(len(v) for v in row if isinstance(v, (str, bytes))) + 16
 
 
 class SqliteReads:
@@ -105,21 +101,7 @@ class SqliteReads:
             if not max_bytes:
                 page.extend(await cur.fetchall())
                 return page
-            used, chunk, largest = 0, 1, 1
-            while rows := await cur.fetchmany(chunk):
-                for row in rows:
-                    size = _row_bytes(row)
-                    if page and used + size > max_bytes:
-                        page.cut = True
-                        return page
-                    page.append(row)
-                    used += size
-                    largest = max(largest, size)
-                # Guessed from the largest row seen, and at most doubling what came: a
-                # small first row (a session.created) followed by large ones never pulls
-                # `limit` large rows into memory at once.
-                chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
-        return page
+            return await fill_page(cur.fetchmany, max_bytes)
 
     # The shared read-model queries' driver (stores/models/queries.py).
     async def _q_all(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
