@@ -157,6 +157,7 @@ def waiting_on_the_index(db_url: str) -> int:
 
 
 class TestSearchBudget:
+    @pytest.mark.slow_on_postgresql
     async def test_queries_past_the_budget_are_refused_or_stopped(
             self, store_kind: str, short_dir: str, db_url: str) -> None:
         """Too many terms or prefixes: -32602 before the query runs, naming the setting.
@@ -359,6 +360,7 @@ class TestPagedExport:
     def daemon_overrides(self) -> dict[str, Any]:
         return {"max_page_bytes": 4096}
 
+    @pytest.mark.slow_on_postgresql
     async def test_pages_are_bounded_and_make_the_document(
             self, daemon: Daemon, client: AsyncClient, short_dir: str) -> None:
         """Each page stays near max_page_bytes; the pages put together are the export

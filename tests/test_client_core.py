@@ -143,6 +143,7 @@ async def test_refused_requests_leave_nothing_pending(short_dir: str, kind: str,
     assert errors == []
 
 
+@pytest.mark.slow_on_postgresql
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_subscriber_that_does_not_read_stops_reading_the_socket(
         daemon: Daemon, anyio_backend: str) -> None:

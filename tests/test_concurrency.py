@@ -11,6 +11,7 @@ from sessiond import AsyncClient, VersionConflictError
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.slow_on_postgresql
 async def test_32_clients_append_to_one_session(daemon: Daemon) -> None:
     """32 clients appending at once give a gapless sequence, none lost, none doubled."""
     clients, per_client = 32, 25

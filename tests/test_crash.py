@@ -136,6 +136,7 @@ def check_store(db: str, acked: list[str]) -> None:
         con.close()
 
 
+@pytest.mark.fleet
 async def test_sigkill_cycles_lose_and_double_nothing(short_dir: str) -> None:
     """SIGKILL at random moments, CYCLES times; after each restart the store checks out."""
     rng = random.Random(int(os.environ.get("SESSIOND_CRASH_SEED", "7")))

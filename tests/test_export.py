@@ -140,6 +140,7 @@ async def test_on_conflict(daemon: Daemon, client: AsyncClient) -> None:
     assert (await client.verify()).ok
 
 
+@pytest.mark.slow_on_postgresql
 async def test_cli_export_and_import(daemon: Daemon, client: AsyncClient, short_dir: str) -> None:
     """`sessionctl export -o` and `sessionctl import` of several files, with a JSON summary."""
     paths = []

@@ -110,6 +110,7 @@ async def test_corrupt_database_at_start(short_dir: str) -> None:
     assert not os.path.exists(os.path.join(short_dir, "s.sock"))
 
 
+@pytest.mark.slow_on_postgresql
 async def test_slow_sender_does_not_hold_others(daemon: Daemon, client: AsyncClient) -> None:
     """A client that sends a request a byte at a time is served at the end; others meanwhile."""
     request = b'{"jsonrpc":"2.0","id":7,"method":"daemon.ping"}\n'

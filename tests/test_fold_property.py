@@ -163,6 +163,7 @@ counter = iter(range(1_000_000))
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(initial=st.sampled_from(["pending", "active"]),
        script=st.lists(commands, min_size=0, max_size=25))
+@pytest.mark.slow_on_postgresql
 async def test_stored_view_equals_fresh_fold(daemon: Daemon, client: AsyncClient,
                                              initial: str, script: list[tuple[Any, ...]]) -> None:
     """Random command sequences: view == fold(events), gapless versions, chain and time travel."""
@@ -358,6 +359,7 @@ process_events = st.lists(st.one_of(
 
 @settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@pytest.mark.slow_on_postgresql
 @given(script=process_events)
 async def test_imported_process_histories_fold(daemon: Daemon, client: AsyncClient,
                                                script: list[tuple[str, Any]]) -> None:

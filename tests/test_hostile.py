@@ -215,6 +215,7 @@ async def test_fuzzed_lines_get_valid_answers(daemon: Daemon, line: bytes) -> No
         assert_valid_reply(msg)
 
 
+@pytest.mark.slow_on_postgresql
 async def test_thousands_of_connections_at_once(daemon: Daemon) -> None:
     """1,500 connections at once: max_connections are served, the rest get -32008; no harm."""
     import resource

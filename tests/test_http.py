@@ -414,6 +414,7 @@ class TestDurability:
 
 
 class TestDocs:
+    @pytest.mark.slow_on_postgresql
     async def test_the_examples_run(self, daemon: Daemon) -> None:
         """Every sh block of docs/http.md runs against this daemon (they are marked
         not-run for the docs-snippet test, whose daemon has no HTTP face)."""

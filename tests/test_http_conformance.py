@@ -278,6 +278,7 @@ def test_typescript_client_tails_the_reference_server(node: str, reference_url: 
     assert seen == [{"n": n} for n in range(CATCHUP + ROUNDS * PER_ROUND)]
 
 
+@pytest.mark.slow_on_postgresql
 @pytest.mark.parametrize("live", ["sse", "long-poll"])
 def test_typescript_client_tails_a_session(node: str, store_kind: str, sessiond_db: str,
                                            short_dir: str, live: str) -> None:

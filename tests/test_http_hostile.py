@@ -193,6 +193,7 @@ class TestSlowClients:
         return {"http_listen": [f"127.0.0.1:{free_port()}"], "http_max_connections": 20,
                 "http_idle_timeout_s": 1.0}
 
+    @pytest.mark.fleet
     async def test_a_request_head_that_trickles_is_cut(self, daemon: Daemon) -> None:
         """Connections that send a byte every second, with no token, never finish a head:
         each is closed (twice the idle deadline), and the owner gets in."""

@@ -57,6 +57,7 @@ class TestExpiry:
         body = await http.get("/v1/stream/ttl-1?offset=-1")
         assert body.status_code == 200 and body.content == b"new"
 
+    @pytest.mark.fleet
     async def test_reads_keep_a_stream_alive_past_its_ttl(
             self, http: httpx.AsyncClient, client: AsyncClient) -> None:
         """A TTL of 5 s, read every second for 8 s: never gone; the session was given its

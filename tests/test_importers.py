@@ -222,6 +222,7 @@ async def test_hive_good_malformed_and_mixed_roots(daemon: Daemon, client: Async
     assert err.count(os.path.join(short_dir, "nope")) == 1, err
 
 
+@pytest.mark.slow_on_postgresql
 async def test_cleveragents_malformed_mixed_and_strict(daemon: Daemon, client: AsyncClient,
                                                        short_dir: str) -> None:
     with open(os.path.join(FIXTURES, "cleveragents", "session.json")) as f:
@@ -321,6 +322,7 @@ async def keys_of(client: AsyncClient, sid: str) -> list[str]:
     return keys
 
 
+@pytest.mark.slow_on_postgresql
 async def test_claude_code_transcripts(daemon: Daemon, client: AsyncClient,
                                        short_dir: str) -> None:
     """Three CLI versions (1.0, 2.0 with agent files beside, 2.1 with subagents/)."""
@@ -519,6 +521,7 @@ f.close()
 """
 
 
+@pytest.mark.slow_on_postgresql
 @pytest.mark.parametrize("fmt", ["claude-code", "codex"])
 async def test_follow_appends_rotates_and_restarts(daemon: Daemon, client: AsyncClient,
                                                    short_dir: str, fmt: str) -> None:
@@ -661,6 +664,7 @@ fuzz_counter = iter(range(10**9))
 @pytest.mark.parametrize("fmt", ["hive", "cleveragents", "zwarm", "claude-code", "codex"])
 @settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow_on_postgresql
 @given(mutation=mutations)
 async def test_fuzz_importers(daemon: Daemon, client: AsyncClient, short_dir: str, fmt: str,
                               mutation: Mutation) -> None:

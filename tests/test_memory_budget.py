@@ -52,6 +52,7 @@ class TestDaemonWideBudget:
     def daemon_flags(self) -> list[str]:
         return ["--max-reply-buffer-total", str(BUDGET)]
 
+    @pytest.mark.fleet
     async def test_64_connections_that_never_read(
             self, process_daemon: Any, process_client: AsyncClient) -> None:
         """64 connections send message.list lines (4 MiB answers) and never read. The

@@ -563,6 +563,7 @@ class TestCheckpoints:
         assert state.latest_checkpoint_id == "mine-2" and state.checkpoint_count == 2
         assert stored_types(daemon, s.session_id).count("checkpoint.saved") == 2
 
+    @pytest.mark.slow_on_postgresql
     async def test_checkpoint_errors(self, client: AsyncClient, daemon: Daemon) -> None:
         """Unknown checkpoint -32009; none saved -32009; unknown session -32001; too big -32005."""
         s = await client.create_session()

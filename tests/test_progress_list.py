@@ -26,6 +26,7 @@ async def nodes(c: AsyncClient, sid: str, **page: Any) -> list[str]:
     return [s.node_id for s in (await c.list_progress(sid, **page)).steps]
 
 
+@pytest.mark.slow_on_postgresql
 async def test_pages_walk_every_step_in_order(client: AsyncClient) -> None:
     """Pages of progress.list chain by `next` through every step; session_state_dict puts
     the path and edges back whole; the view holds only counts."""

@@ -181,6 +181,7 @@ def _fts5_matches() -> dict[str, set[str]]:
 
 
 class TestSearch:
+    @pytest.mark.slow_on_postgresql
     async def test_results_equal_a_brute_force_scan(self, client: AsyncClient) -> None:
         """Every query form and filter: the same sessions and matching events as a scan of
         the events, best first, every hit marked and in its session."""
@@ -275,6 +276,7 @@ class TestSearch:
                for q in _QUERIES}
         assert got == expected
 
+    @pytest.mark.slow_on_postgresql
     async def test_reindex_rebuilds_and_verify_finds_a_stale_index(
             self, daemon: Daemon, client: AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
         """The index is a read model: verify notices an entry gone; reindex puts it back,
@@ -423,6 +425,7 @@ class TestFork:
 
 
 class TestCli:
+    @pytest.mark.slow_on_postgresql
     async def test_search_fork_and_the_tree(self, daemon: Daemon, client: AsyncClient) -> None:
         await client.create_session("c1", task="fix the login test", actor_name="me/bot")
         await client.append_message("c1", "assistant", "the login test passes now")

@@ -35,6 +35,7 @@ class TestBackPressure:
     def daemon_overrides(self) -> dict[str, Any]:
         return {"max_reply_buffer": 64 << 10, "max_inflight": 16}
 
+    @pytest.mark.slow_on_postgresql
     async def test_a_connection_without_room_is_not_read(self, daemon: Daemon) -> None:
         """A client that pipelines pings and reads nothing: once its unsent answers pass
         max_reply_buffer the daemon stops reading it, so what it sends next stays in the

@@ -556,7 +556,7 @@ DaemonMachine.TestCase.settings = settings(
     max_examples=EXAMPLES, stateful_step_count=20, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-TestStateful = DaemonMachine.TestCase
+TestStateful = pytest.mark.fleet(DaemonMachine.TestCase)  # a long suite: the second run
 
 
 # The least each event type's data needs; one number of it is then put at its bound.

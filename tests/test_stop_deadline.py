@@ -49,7 +49,9 @@ def _tests_path() -> str:
 
 
 class TestStopDeadline:
-    @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+    # The uvloop variant in the second run (marked fleet: a long suite).
+    @pytest.mark.parametrize("loop", [pytest.param("uvloop", marks=pytest.mark.fleet),
+                                      "asyncio"])
     def test_sigterm_ends_a_daemon_whose_writer_spins(self, loop: str) -> None:
         """The writer is stuck in a CPU loop inside a commit, so the event loop never
         turns again: SIGTERM still ends the process, at the deadline (exit 1, logged

@@ -156,6 +156,7 @@ class TestForkClaims:
         assert (await client.get_session("a")).forked_from is None
         assert b.forked_from is not None and (await client.ping()).pong
 
+    @pytest.mark.slow_on_postgresql
     async def test_chains_deeper_than_the_recursion_limit(self, client: AsyncClient) -> None:
         """500 forks of forks (RecursionError at about 450 before): time travel to the
         first versions and a fork there walk the chain iteratively."""

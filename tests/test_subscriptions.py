@@ -118,6 +118,7 @@ async def test_deleted_session_ends_the_subscription(daemon: Daemon, client: Asy
         assert rest == [] and sub.ended is not None and "session deleted" in sub.ended
 
 
+@pytest.mark.slow_on_postgresql
 async def test_stalled_consumer_is_dropped_and_bounded(short_dir: str, db_url: str) -> None:
     """A subscriber that never reads is dropped at its buffer bound, with last_position."""
     bound = 64 * 1024

@@ -110,6 +110,7 @@ class TestNamespaceDefault:
 
 
 class TestExpiry:
+    @pytest.mark.slow_on_postgresql
     async def test_ttl_1s_expires_once_and_retention_removes_it(
             self, daemon: Daemon, client: AsyncClient) -> None:
         """TTL 1 s, the real clock: the session expires once, no sooner than 1 s after its
@@ -144,6 +145,7 @@ class TestExpiry:
         listed = {s.session_id for s in (await client.list_sessions(namespace="local")).sessions}
         assert listed == {long.session_id, plain.session_id}
 
+    @pytest.mark.slow_on_postgresql
     async def test_revived_session_can_expire_again(self, client: AsyncClient) -> None:
         s = await client.create_session(ttl_s=1, namespace="local")
         await eventually(lambda: _is(client, s.session_id, "expired"), "the expiry")
