@@ -7,6 +7,7 @@ views in its cache. One transaction per batch means one fsync per batch.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections import OrderedDict, deque
@@ -182,7 +183,9 @@ class Command:
     meta: EventMeta
     expected_version: int | None = None
     idempotency_key: str | None = None
-    done: anyio.Event = field(default_factory=anyio.Event)
+    # Resolved (None) once the command is decided: what its submitter awaits. A plain
+    # asyncio future, made by `submit` (an anyio Event costs a backend lookup to make).
+    done: asyncio.Future[None] | None = None
     result: bytes | None = None
     error: SessiondError | None = None
 
@@ -240,7 +243,13 @@ class Writer:
         self.max_batch = max_batch
         self.cache_size = cache_size
         self.snapshot_every = snapshot_every
-        self._send, self._receive = anyio.create_memory_object_stream[Command](max_queue)
+        # The write queue: a deque the callers append to and the writer task takes whole
+        # batches from (no memory-object stream: it cost an anyio Event and a backend
+        # lookup per command; bench/README, "The writer's queue").
+        self.max_queue = max_queue
+        self._queue: deque[Command] = deque()
+        self._closed = False
+        self._wake: asyncio.Future[None] | None = None  # the writer's, while it waits
         self._cache: OrderedDict[str, Entry] = OrderedDict()
         self._prefetched: dict[str, Entry | None] = {}  # the batch's views read before it
         self.next_position = 1
@@ -277,20 +286,25 @@ class Writer:
     # --- the callers' side ------------------------------------------------------------
 
     async def submit(self, command: Command) -> bytes:
-        """Queue a command and wait for its result (encoded JSON)."""
-        try:
-            self._send.send_nowait(command)
-        except anyio.WouldBlock:
-            raise OverloadedError(
-                "the write queue is full; retry later", {"retry_after_ms": 50}
-            ) from None
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise ShuttingDownError("the daemon is shutting down") from None
-        await command.done.wait()
+        """Queue a command and wait for its result (encoded JSON). A submitter that is
+        cancelled stops waiting; the command is decided all the same."""
+        if self._closed:
+            raise ShuttingDownError("the daemon is shutting down")
+        if len(self._queue) >= self.max_queue:
+            raise OverloadedError("the write queue is full; retry later", {"retry_after_ms": 50})
+        done = command.done = asyncio.get_running_loop().create_future()
+        self._queue.append(command)
+        self._ring_writer()
+        await done
         if command.error is not None:
             raise command.error
         assert command.result is not None
         return command.result
+
+    def _ring_writer(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     def cached(self, session_id: str) -> SessionState | None:
         """Return the committed view of a session if the writer holds it (never on a store
@@ -328,11 +342,11 @@ class Writer:
 
     @property
     def queue_depth(self) -> int:
-        return self._receive.statistics().current_buffer_used
+        return len(self._queue)
 
     @property
     def queue_capacity(self) -> int:
-        return int(self._receive.statistics().max_buffer_size)
+        return self.max_queue
 
     def appends_per_s(self) -> float:
         """Events committed per second over the last ten seconds."""
@@ -345,7 +359,8 @@ class Writer:
 
     def close(self) -> None:
         """Stop taking commands; the writer drains what is queued, then returns."""
-        self._send.close()
+        self._closed = True
+        self._ring_writer()
 
     # --- the writer task --------------------------------------------------------------
 
@@ -354,24 +369,54 @@ class Writer:
         self.next_position = self.committed_position + 1
         await self.histories.catch_up()
         task_status.started()
-        async with self._receive:
+        queue, loop = self._queue, asyncio.get_running_loop()
+        try:
             while True:
-                try:
-                    first = await self._receive.receive()
-                except anyio.EndOfStream:
-                    return
-                batch = [first]
-                while len(batch) < self.max_batch:
+                # What the store left out of its commits for later, when it is due (or
+                # before the writer stops), between batches.
+                due = self.store.deferred_due()
+                if due is not None and (due <= 0 or (self._closed and not queue)):
+                    if not await self._catch_up() and self._closed and not queue:
+                        return  # stopping: the next open catches up
+                    continue
+                if not queue:
+                    if self._closed:
+                        return
+                    self._wake = loop.create_future()
+                    timer = loop.call_later(due, self._ring_writer) if due is not None else None
                     try:
-                        batch.append(self._receive.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
+                        await self._wake
+                    finally:
+                        self._wake = None
+                        if timer is not None:
+                            timer.cancel()
+                    continue
+                batch = [queue.popleft() for _ in range(min(len(queue), self.max_batch))]
                 # Shielded: a cancelled writer must not leave a half-run transaction
                 # queued on the connection's thread.
                 self._busy_since = time.monotonic()
                 with anyio.CancelScope(shield=True):
                     await self._process(batch)
                 self._busy_since = None
+        finally:
+            # Cancelled (or failed): nothing queued will be decided; say so to each.
+            self._closed = True
+            while queue:
+                cmd = queue.popleft()
+                cmd.result, cmd.error = None, ShuttingDownError("the daemon is shutting down")
+                self._finish([cmd])
+
+    async def _catch_up(self) -> bool:
+        """The store's deferred work; False when it failed (it is tried again when due)."""
+        with anyio.CancelScope(shield=True):  # as a batch: never half-run on the thread
+            try:
+                await self.store.catch_up()
+                return True
+            except SessiondError as exc:
+                log.warning("store.catch_up_failed", error=exc.message)
+            except Exception:
+                self._incident("store.catch_up_crashed")
+        return False
 
     async def _process(self, commands: list[Command]) -> None:
         """Decide and commit a batch; whatever fails, fails only the commands it concerns."""
@@ -844,9 +889,12 @@ class Writer:
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def _finish(self, commands: list[Command]) -> None:
+    @staticmethod
+    def _finish(commands: list[Command]) -> None:
         for cmd in commands:
-            cmd.done.set()
+            done = cmd.done
+            if done is not None and not done.done():  # done(): its submitter was cancelled
+                done.set_result(None)
 
     def _trim_rate(self, now_m: float) -> None:
         while self._rate and self._rate[0][0] < now_m - 10.0:

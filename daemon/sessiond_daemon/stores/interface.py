@@ -300,6 +300,16 @@ class EventStore(Protocol):
         for `load_entry` to report) and, as `idempotent_results`, these keys' results."""
         ...
 
+    def deferred_due(self) -> float | None:
+        """Work the store leaves out of its commits for later (SQLite: its search index,
+        which follows the log): None when there is none, else the seconds until it is due
+        (0: now). The writer runs `catch_up` when it is, between batches."""
+        ...
+
+    async def catch_up(self) -> None:
+        """Do the deferred work now (the store's reads that need it call this too)."""
+        ...
+
     async def idempotency_page(self, session_id: str, after: str,
                                limit: int) -> list[tuple[str, bytes]]:
         """A session's stored first results, (key, result) by key past `after`, at most

@@ -26,10 +26,12 @@ RULES: tuple[Rule, ...] = (search_rows, graphs, scoped_state, conversation, prog
 NO_PAYLOADS: Final[Mapping[str, bytes]] = {}
 
 
-def ops_of(events: Sequence[Event], payloads: Mapping[str, bytes] = NO_PAYLOADS) -> list[Op]:
-    """The row operations that keep every read model in step with these events."""
+def ops_of(events: Sequence[Event], payloads: Mapping[str, bytes] = NO_PAYLOADS,
+           rules: Sequence[Rule] = RULES) -> list[Op]:
+    """The row operations that keep these read models (by default, every one) in step
+    with these events."""
     ops: list[Op] = []
-    for rule in RULES:
+    for rule in rules:
         ops += rule(events, payloads)
     return ops
 

@@ -36,6 +36,8 @@ _SESSION_INDEXES: Final = (
     "CREATE INDEX sessions_by_expiry ON sessions (expires_at, session_id)"
     " WHERE expires_at IS NOT NULL",
 )
+# The `meta` key of the position up to which the search index holds every event (11).
+INDEXED_UPTO: Final = "search_indexed_upto"
 # The search index's text function (sqlite/search.py registers it on every connection).
 SEARCH_FUNCTION: Final = "sessiond_search_text"
 _TYPES_SQL: Final = ", ".join(f"'{t}'" for t in INDEXED_TYPES)
@@ -286,6 +288,15 @@ MIGRATIONS: Final[list[list[Step]]] = [
         "DROP TABLE sessions",
         "ALTER TABLE sessions_rowid RENAME TO sessions",
         *_SESSION_INDEXES,
+    ],
+    # 11: the search index follows the log (store.py, INDEX_LAG_EVENTS): commits leave its
+    # rows out, and a catch-up indexes them later, noting in `meta` the position up to
+    # which every event is indexed. Every event stored before this was indexed in its
+    # own commit. (An older sessiond must not open the file: it would never index the
+    # events past the mark.)
+    [
+        f"INSERT OR REPLACE INTO meta (key, value) SELECT '{INDEXED_UPTO}',"
+        " CAST(COALESCE(MAX(position), 0) AS TEXT) FROM events",
     ],
 ]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
@@ -91,6 +91,15 @@ def rebuild_range(db: sqlite3.Connection, after: int, upto: int) -> None:
                " AND position NOT IN (SELECT id FROM search_docsize)", (after, upto))
 
 
+def index_range(db: sqlite3.Connection, after: int, upto: int) -> None:
+    """Index the events with after < position <= upto that the index does not hold (the
+    catch-up of the commits' positions: a look-up by rowid each, so the cost is the
+    range's, never the index's size)."""
+    db.execute("INSERT INTO search (rowid, body, tags) SELECT position, body, tags"
+               " FROM search_source WHERE position > ? AND position <= ? AND NOT EXISTS"
+               " (SELECT 1 FROM search_docsize WHERE id = position)", (after, upto))
+
+
 def count(db: sqlite3.Connection) -> int:
     return int(db.execute("SELECT COUNT(*) FROM search_docsize").fetchone()[0])
 
@@ -118,12 +127,16 @@ def problems(db: sqlite3.Connection) -> list[str]:
 
 class FullText:
     """The `full_text` capability of the SQLite store: these functions on its
-    connections (a read connection's thread for the query, the writer's for the rest)."""
+    connections (a read connection's thread for the query, the writer's for the rest).
+    Each read of the index first has the store index what its commits left out
+    (`catch_up`), so it sees every acknowledged write."""
 
-    def __init__(self, sql: SqlAccess) -> None:
+    def __init__(self, sql: SqlAccess, catch_up: Callable[[], Awaitable[None]]) -> None:
         self.sql = sql
+        self.catch_up = catch_up
 
     async def search(self, q: SearchQuery, budget: SearchBudget) -> SearchResult:
+        await self.catch_up()
         try:
             return await self.sql.on_reader(lambda con: query(con, q, budget))
         finally:
@@ -141,9 +154,11 @@ class FullText:
         return await self.sql.on_writer(relink_forks)
 
     async def count(self) -> int:
+        await self.catch_up()
         return await self.sql.on_reader(count)
 
     async def problems(self) -> list[str]:
+        await self.catch_up()
         return await self.sql.on_reader(problems)
 
 
