@@ -229,6 +229,7 @@ async def test_runner_runs_two_turns_across_a_restart(short_dir: str) -> None:
 
 
 class TestStaleAndRetries:
+    @pytest.mark.fleet
     async def test_four_processes_refused_where_database_session_service_refuses(
             self, daemon: Daemon, tmp_path: Any) -> None:
         """Four real processes, each with its own copy of one session, append and reload in

@@ -542,6 +542,7 @@ MIB = 1 << 20
 
 
 class TestReadMemory:
+    @pytest.mark.fleet
     @pytest.mark.slow_on_postgresql
     async def test_a_big_export_and_trajectory_stay_near_a_page(
             self, process_daemon: tuple[subprocess.Popen[bytes], str], short_dir: str) -> None:

@@ -281,6 +281,7 @@ class TestLimits:
         assert exited[0]["signal"] == signal.SIGKILL
         assert gone(state.pid) and gone(child)
 
+    @pytest.mark.fleet
     async def test_a_flood_is_throttled_and_every_line_kept_in_order(
             self, client: AsyncClient) -> None:
         """5,000 lines fast, one of 50,000 bytes, one unterminated: all there, the long one cut."""

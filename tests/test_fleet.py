@@ -112,6 +112,7 @@ async def writer(index: int, hosts: list[Host], sessions: list[str],
         await client.aclose()
 
 
+@pytest.mark.fleet
 async def test_three_daemons_killed_and_restarted_under_load(pg_url: str,
                                                              short_dir: str) -> None:
     hosts = [Host(short_dir, i, pg_url) for i in range(DAEMONS)]

@@ -270,6 +270,7 @@ async def conversation_at(daemon: Daemon, client: AsyncClient, sid: str,
        after_source=st.lists(commands, max_size=6),
        after_fork=st.lists(commands, max_size=8),
        cut=st.floats(0, 1), cut2=st.floats(0, 1), twice=st.booleans())
+@pytest.mark.fleet
 async def test_forks_fold_and_travel_like_their_source(
         daemon: Daemon, client: AsyncClient, before: list[tuple[Any, ...]],
         after_source: list[tuple[Any, ...]], after_fork: list[tuple[Any, ...]],

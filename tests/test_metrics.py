@@ -231,6 +231,7 @@ class TestEndpoint:
 
 
 class TestFlood:
+    @pytest.mark.fleet
     def test_a_flood_of_connections_never_stops_the_daemon(self, short_dir: str) -> None:
         """The endpoint has no peer check: 300 idle connections against a daemon allowed 128
         descriptors. It serves a few at a time and leaves the rest queued, so it neither

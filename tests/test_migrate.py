@@ -70,6 +70,7 @@ async def views(client: AsyncClient, sids: list[str]) -> dict[str, Any]:
     return {sid: await client.get_session(sid) for sid in sids}
 
 
+@pytest.mark.fleet
 async def test_sqlite_to_postgresql_and_back(pg_url: str, short_dir: str) -> None:
     sqlite_db = os.path.join(short_dir, "local", "sessiond.db")
     local = config_on(os.path.join(short_dir, "local"), sqlite_db)

@@ -576,6 +576,7 @@ class TestPostgresSearch:
             assert (await client.verify()).ok
 
 
+@pytest.mark.fleet
 def test_the_unicode61_tables_are_fts5s() -> None:
     """stores/models/unicode61.py's tables are what this FTS5 measures, and its tokens of
     random text (every kind of code point) are the ones FTS5 indexes."""

@@ -41,6 +41,7 @@ def row(screen: str, first: str) -> list[str] | None:
 
 
 class TestLive:
+    @pytest.mark.fleet
     async def test_screen_follows_the_load_and_the_keys_work(
             self, daemon: Daemon, client: AsyncClient, tmux: Tmux) -> None:
         """Numbers on screen match the load, live; s sorts, / filters, Enter opens a
