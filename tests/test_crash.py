@@ -32,14 +32,18 @@ WORKERS = 4
 
 
 class DaemonProcess:
-    def __init__(self, directory: str) -> None:
+    """A daemon process; `program`: what python runs (its arguments follow)."""
+
+    def __init__(self, directory: str,
+                 program: tuple[str, ...] = ("-m", "sessiond_daemon")) -> None:
         self.socket = os.path.join(directory, "s.sock")
         self.db = os.path.join(directory, "crash.db")
+        self.program = program
         self.proc: subprocess.Popen[bytes] | None = None
 
     async def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sessiond_daemon", "--socket", self.socket, "--db", self.db,
+            [sys.executable, *self.program, "--socket", self.socket, "--db", self.db,
              "--log-level", "error", "--snapshot-every", "7"])
         with anyio.fail_after(30):
             while True:

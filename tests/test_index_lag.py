@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
+from conftest import daemon_config, running_daemon
 from test_crash import DaemonProcess
 
 from sessiond import AsyncClient
@@ -43,50 +43,76 @@ def indexed(db: str) -> tuple[int, int]:
         con.close()
 
 
-@pytest.fixture
-async def daemon(short_dir: str) -> AsyncIterator[DaemonProcess]:
-    d = DaemonProcess(short_dir)
-    await d.start()
-    try:
-        yield d
-    finally:
-        d.stop()
+# A daemon process whose index waits an hour (INDEX_LAG_S) before it catches up alone:
+# what the commits left is indexed only by a read of the index, a stop, or the next open.
+PATIENT = ("-c", "import sys; from sessiond_daemon.stores.sqlite import store;"
+           " store.INDEX_LAG_S = 3600.0; from sessiond_daemon import __main__;"
+           " __main__.main(sys.argv[1:])")
 
 
-async def test_a_search_sees_every_acknowledged_write(daemon: DaemonProcess) -> None:
-    async with AsyncClient(daemon.socket) as c:
+async def test_a_search_sees_every_acknowledged_write(
+        short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessiond_daemon.stores.sqlite import store
+    monkeypatch.setattr(store, "INDEX_LAG_S", 3600.0)
+    async with running_daemon(daemon_config(short_dir)) as daemon, \
+            AsyncClient(daemon.socket) as c:
         await c.create_session("s", task="the wombat task")
         for i in range(5):
             await c.append_message("s", "user", f"wombat {i}")
-        # Acknowledged, and (at once after the acks) not yet in the index ...
-        assert indexed(daemon.db)[0] < 6
+        assert indexed(daemon.db) == (0, 0)  # acknowledged, and not in the index yet ...
         # ... yet the search finds every one: it indexes what the commits left first.
         found = (await c.search("wombat")).sessions
         assert [s.session_id for s in found] == ["s"] and found[0].matches == 6
         assert indexed(daemon.db) == (6, 6)
-        # Without a search, the index catches up by itself (INDEX_LAG_S after the first).
+        # Without a search, the index catches up by itself, INDEX_LAG_S after the first.
+        monkeypatch.setattr(store, "INDEX_LAG_S", 0.05)
         await c.append_message("s", "user", "wombat later")
         with anyio.fail_after(10):
             while indexed(daemon.db) != (7, 7):
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.02)
         assert (await c.verify()).ok
 
 
-async def test_a_crash_before_the_catch_up_loses_no_document(daemon: DaemonProcess) -> None:
-    """SIGKILL right after the acks, before the index took them: the next open indexes
-    them before it serves, and verify finds nothing missing."""
-    async with AsyncClient(daemon.socket) as c:
-        await c.create_session("k")
-        for i in range(20):
-            await c.append_message("k", "user", f"numbat {i}")
-    daemon.kill()
-    docs, upto = indexed(daemon.db)
-    assert docs < 21 and upto < 21  # the crash left them out of the index
+async def test_verify_finds_nothing_missing_while_writes_go_on(short_dir: str) -> None:
+    """verify compares the index with the events up to the mark it caught up to: the
+    events committed meanwhile are not missing."""
+    async with running_daemon(daemon_config(short_dir)) as daemon, \
+            AsyncClient(daemon.socket) as c, AsyncClient(daemon.socket) as writer:
+        await c.create_session("v")
+        stop = anyio.Event()
+
+        async def append() -> None:
+            i = 0
+            while not stop.is_set():
+                await writer.append_message("v", "user", f"quoll {i}")
+                i += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append)
+            reports = [await c.verify() for _ in range(30)]
+            stop.set()
+        assert [r.problems for r in reports if not r.ok] == []
+
+
+async def test_a_crash_before_the_catch_up_loses_no_document(short_dir: str) -> None:
+    """SIGKILL after the acks, the index not caught up: the next open finds them past the
+    mark; the first search indexes them, and verify finds nothing missing."""
+    daemon = DaemonProcess(short_dir, PATIENT)
     await daemon.start()
-    assert indexed(daemon.db) == (21, 21)
-    async with AsyncClient(daemon.socket) as c:
-        assert (await c.search("numbat")).sessions[0].matches == 20
-        assert (await c.verify()).ok
+    try:
+        async with AsyncClient(daemon.socket) as c:
+            await c.create_session("k")
+            for i in range(20):
+                await c.append_message("k", "user", f"numbat {i}")
+        daemon.kill()
+        assert indexed(daemon.db) == (0, 0)  # the crash left them out of the index
+        await daemon.start()
+        async with AsyncClient(daemon.socket) as c:
+            assert (await c.search("numbat")).sessions[0].matches == 20
+            assert indexed(daemon.db) == (21, 21)
+            assert (await c.verify()).ok
+    finally:
+        daemon.stop()
 
 
 def created(state: object) -> Plan:
@@ -120,9 +146,12 @@ async def write_all(db: str, plans: list[Any], check: Any) -> None:
         await store.close()
 
 
-async def test_the_writer_catches_up_every_index_lag_events(short_dir: str) -> None:
-    """Without waiting for the timer: once INDEX_LAG_EVENTS indexed events wait, the
+async def test_the_writer_catches_up_every_index_lag_events(
+        short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the timer (an hour here): once INDEX_LAG_EVENTS indexed events wait, the
     writer indexes them before its next batch."""
+    from sessiond_daemon.stores.sqlite import store
+    monkeypatch.setattr(store, "INDEX_LAG_S", 3600.0)
     db = os.path.join(short_dir, "w.db")
 
     def check() -> None:
@@ -139,8 +168,9 @@ async def test_the_mark_follows_events_of_other_types_too(
     """A session that records only unindexed events (token counts, graph checkpoints)
     still moves the mark on, every INDEX_RANGE positions: the open after a crash never
     scans more than that to find what to index."""
-    from sessiond_daemon.stores.sqlite import store as sqlite_store
-    monkeypatch.setattr(sqlite_store, "INDEX_RANGE", 40)
+    from sessiond_daemon.stores.sqlite import store
+    monkeypatch.setattr(store, "INDEX_RANGE", 40)
+    monkeypatch.setattr(store, "INDEX_LAG_S", 3600.0)
     db = os.path.join(short_dir, "w.db")
 
     def check() -> None:
@@ -148,3 +178,32 @@ async def test_the_mark_follows_events_of_other_types_too(
         assert docs == 1 and 101 - 40 < upto <= 101  # moved on with no indexed event
 
     await write_all(db, [created] + [tokens] * 100, check)
+
+
+async def test_when_the_index_cannot_take_them_reads_go_on(
+        short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk refuses the catch-up's transaction (as it would refuse writes): a search
+    still answers, with what the index holds; verify says the latest events wait; once
+    there is room, the next read indexes them."""
+    from sessiond_daemon.stores.sqlite import search, store
+    monkeypatch.setattr(store, "INDEX_LAG_S", 3600.0)
+    async with running_daemon(daemon_config(short_dir)) as daemon, \
+            AsyncClient(daemon.socket) as c:
+        await c.create_session("f")
+        await c.append_message("f", "user", "bilby one")
+        assert (await c.search("bilby")).sessions[0].matches == 1
+        await c.append_message("f", "user", "bilby two")
+        index_range = search.index_range
+
+        def full(db: sqlite3.Connection, after: int, upto: int) -> None:
+            raise sqlite3.OperationalError("database or disk is full")
+
+        monkeypatch.setattr(search, "index_range", full)
+        assert (await c.search("bilby")).sessions[0].matches == 1  # what the index holds
+        report = await c.verify()
+        assert not report.ok
+        assert "not indexed yet" in report.problems[0].problem
+        assert "disk is full" in report.problems[0].problem
+        monkeypatch.setattr(search, "index_range", index_range)
+        assert (await c.search("bilby")).sessions[0].matches == 2
+        assert (await c.verify()).ok

@@ -372,13 +372,15 @@ class Writer:
         queue, loop = self._queue, asyncio.get_running_loop()
         try:
             while True:
-                # What the store left out of its commits for later, when it is due (or
-                # before the writer stops), between batches.
+                # What the store left out of its commits for later, a step at a time when
+                # it is due, a batch between steps (what is left when the writer stops,
+                # the store's close does).
                 due = self.store.deferred_due()
-                if due is not None and (due <= 0 or (self._closed and not queue)):
-                    if not await self._catch_up() and self._closed and not queue:
-                        return  # stopping: the next open catches up
-                    continue
+                if due is not None and due <= 0:
+                    await self._deferred()
+                    if not queue:
+                        continue
+                    due = None
                 if not queue:
                     if self._closed:
                         return
@@ -406,17 +408,16 @@ class Writer:
                 cmd.result, cmd.error = None, ShuttingDownError("the daemon is shutting down")
                 self._finish([cmd])
 
-    async def _catch_up(self) -> bool:
-        """The store's deferred work; False when it failed (it is tried again when due)."""
+    async def _deferred(self) -> None:
+        """A step of the store's deferred work (after a failure the store says when to
+        try again)."""
         with anyio.CancelScope(shield=True):  # as a batch: never half-run on the thread
             try:
-                await self.store.catch_up()
-                return True
+                await self.store.do_deferred()
             except SessiondError as exc:
-                log.warning("store.catch_up_failed", error=exc.message)
+                log.warning("store.deferred_failed", error=exc.message)
             except Exception:
-                self._incident("store.catch_up_crashed")
-        return False
+                self._incident("store.deferred_crashed")
 
     async def _process(self, commands: list[Command]) -> None:
         """Decide and commit a batch; whatever fails, fails only the commands it concerns."""

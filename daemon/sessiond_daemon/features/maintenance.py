@@ -90,10 +90,14 @@ class Maintenance:
         one of the problems, never an error of verify itself."""
         try:
             check = SessionCheck(sid, await self.store.snapshots(sid))
-            async for page in self._pages(sid):  # page by page: memory stays flat
-                check.feed(page)
+            # The stored view first, then its events up to its version: a write that
+            # lands between the reads is past both (comparing the view with every event
+            # read later found a difference that was only that write).
             raw = await self.store.state_json(sid)
             stored = msgspec.json.decode(raw, type=SessionState) if raw else None
+            upto = stored.version if stored is not None else None
+            async for page in self._pages(sid, upto=upto):  # a page at a time: flat memory
+                check.feed(page)
             found = check.finish(stored)
             if check.state is not None and check.state.forked_from is not None:
                 found += await forks.link_problems(self.store, check.state, check.first)
@@ -159,15 +163,18 @@ class Maintenance:
             log.info("session.cleanup", deleted=len(deleted), older_than_days=p.older_than_days)
         return rpc.CleanupResult(deleted=len(deleted), session_ids=sorted(deleted))
 
-    async def _pages(self, session_id: str, size: int = 1000) -> AsyncIterator[list[Event]]:
-        """A session's events in version order, a page at a time."""
+    async def _pages(self, session_id: str, size: int = 1000,
+                     upto: int | None = None) -> AsyncIterator[list[Event]]:
+        """A session's events in version order (up to version `upto`), a page at a time."""
         version = 1
-        while True:
-            page = await self.store.read_events(session_id=session_id, from_version=version,
+        while upto is None or version <= upto:
+            read = await self.store.read_events(session_id=session_id, from_version=version,
                                                 after_position=0, limit=size, types=None)
+            full = len(read) == size
+            page = [e for e in read if upto is None or e.version <= upto]
             if page:
                 yield page
-            if len(page) < size:
+            if not full or not page:
                 return
             version = page[-1].version + 1
 

@@ -3,9 +3,9 @@ store runs the query.
 
 The index is the search read model (stores/models/search_text.py: which events are
 documents, their text; stores/models/search.py: how a page is made); each store keeps it
-in its commit and runs the query in its own SQL, behind the `full_text` capability
-(stores/sqlite/search.py: FTS5; stores/postgres/search.py: tsvector and GIN). A store
-without one answers -32012.
+(PostgreSQL in its commit; SQLite just after, catching up before any read of it) and runs
+the query in its own SQL, behind the `full_text` capability (stores/sqlite/search.py:
+FTS5; stores/postgres/search.py: tsvector and GIN). A store without one answers -32012.
 """
 
 from __future__ import annotations

@@ -302,12 +302,13 @@ class EventStore(Protocol):
 
     def deferred_due(self) -> float | None:
         """Work the store leaves out of its commits for later (SQLite: its search index,
-        which follows the log): None when there is none, else the seconds until it is due
-        (0: now). The writer runs `catch_up` when it is, between batches."""
+        which follows the log, and the WAL's checkpoint): None when there is none, else the
+        seconds until it is due (0: now). The writer runs `do_deferred` when it is, between
+        batches."""
         ...
 
-    async def catch_up(self) -> None:
-        """Do the deferred work now (the store's reads that need it call this too)."""
+    async def do_deferred(self) -> None:
+        """A step of the deferred work (a step: the writer's batches go on between)."""
         ...
 
     async def idempotency_page(self, session_id: str, after: str,

@@ -359,7 +359,7 @@ class PostgresStore(ModelReads):
         """Nothing is left out of a commit here: the search index is written in it."""
         return None
 
-    async def catch_up(self) -> None:
+    async def do_deferred(self) -> None:
         return None
 
     async def idempotent_results(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], bytes]:

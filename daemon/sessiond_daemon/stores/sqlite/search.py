@@ -1,6 +1,6 @@
 """SQLite's full-text index and query: the FTS5 table of the search read model (its rule:
-stores/models/search_text.py, whose rows the executor inserts in the writer's
-transaction), and session.search's SQL.
+stores/models/search_text.py; the store indexes what its commits left, `index_range`,
+store.py INDEX_LAG_EVENTS), and session.search's SQL.
 
 The index (`search`) is an FTS5 table whose external content is the view
 `search_source`, one row per event of an indexed type (rowid = position), with two columns
@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
+import structlog
 
 from sessiond_daemon.stores.interface import SearchBudget, SearchQuery, SqlAccess
 from sessiond_daemon.stores.models import search as model
@@ -27,7 +28,7 @@ from sessiond_daemon.stores.models.conversation import relink
 from sessiond_daemon.stores.models.search_text import INDEXED_TYPES, text_of
 from sessiond_daemon.stores.rows import EVENT_COLUMNS, event_from_row
 from sessiond_daemon.stores.sqlite import executor
-from sessiond_daemon.stores.sqlite.migrations import SEARCH_FUNCTION
+from sessiond_daemon.stores.sqlite.migrations import INDEXED_UPTO, SEARCH_FUNCTION
 from sessiond_schemas.errors import InvalidParamsError, SessiondError, StorageError
 from sessiond_schemas.rpc import SearchHit, SearchResult
 
@@ -36,6 +37,7 @@ from sessiond_schemas.rpc import SearchHit, SearchResult
 FUNCTION: Final = SEARCH_FUNCTION
 _TYPES_SQL: Final = ", ".join(f"'{t}'" for t in INDEXED_TYPES)
 
+log = structlog.get_logger("sessiond.search")
 _decode = msgspec.json.Decoder(dict[str, Any])
 _json = msgspec.json.Encoder()
 
@@ -117,9 +119,12 @@ def relink_forks(con: sqlite3.Connection) -> int:
 
 def problems(db: sqlite3.Connection) -> list[str]:
     """What daemon.verify finds wrong with the index: an event of an indexed type missing
-    from it, or an entry whose event is gone."""
-    missing = db.execute("SELECT COUNT(*), MIN(position) FROM search_source WHERE position"
-                         " NOT IN (SELECT id FROM search_docsize)").fetchone()
+    from it, up to the mark it has caught up to (those past it, committed meanwhile, are
+    not missing yet), or an entry whose event is gone."""
+    missing = db.execute(
+        "SELECT COUNT(*), MIN(position) FROM search_source WHERE position <= (SELECT"
+        f" CAST(value AS INTEGER) FROM meta WHERE key = '{INDEXED_UPTO}') AND position NOT IN"
+        " (SELECT id FROM search_docsize)").fetchone()
     extra = db.execute("SELECT COUNT(*), MIN(id) FROM search_docsize WHERE id NOT IN"
                        " (SELECT position FROM search_source)").fetchone()
     return model.problems(missing, extra)
@@ -129,14 +134,25 @@ class FullText:
     """The `full_text` capability of the SQLite store: these functions on its
     connections (a read connection's thread for the query, the writer's for the rest).
     Each read of the index first has the store index what its commits left out
-    (`catch_up`), so it sees every acknowledged write."""
+    (`catch_up`), so it sees every acknowledged write. When that cannot be written (a full
+    disk, as writes then fail too), reads go on with the index as it stands, and verify
+    says what waits."""
 
     def __init__(self, sql: SqlAccess, catch_up: Callable[[], Awaitable[None]]) -> None:
         self.sql = sql
         self.catch_up = catch_up
 
+    async def _caught_up(self) -> str | None:
+        """Catch the index up; what stopped it, if something did."""
+        try:
+            await self.catch_up()
+        except SessiondError as exc:
+            log.warning("search.index_behind", error=exc.message)
+            return exc.message
+        return None
+
     async def search(self, q: SearchQuery, budget: SearchBudget) -> SearchResult:
-        await self.catch_up()
+        await self._caught_up()
         try:
             return await self.sql.on_reader(lambda con: query(con, q, budget))
         finally:
@@ -154,12 +170,15 @@ class FullText:
         return await self.sql.on_writer(relink_forks)
 
     async def count(self) -> int:
-        await self.catch_up()
+        await self._caught_up()
         return await self.sql.on_reader(count)
 
     async def problems(self) -> list[str]:
-        await self.catch_up()
-        return await self.sql.on_reader(problems)
+        behind = await self._caught_up()
+        found = await self.sql.on_reader(problems)
+        if behind is not None:
+            found.append(f"search index: the latest events are not indexed yet ({behind})")
+        return found
 
 
 # --- the query (one read connection, one read transaction) -----------------------------

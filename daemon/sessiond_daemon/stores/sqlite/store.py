@@ -2,7 +2,7 @@
 reads of the log. It implements `stores.interface.Store`: the read models it keeps in the
 commit are the rules' row operations (stores/models), run by executor.py; their reads are
 stores/models/queries.py's; the views are sessions.py's; the search index is search.py's (the
-full_text capability).
+full_text capability), kept just after the commits (INDEX_LAG_EVENTS).
 
 The write connection is a plain sqlite3 connection living on one thread of its own
 (`WriterThread`), so a whole batch transaction is one thread hop; aiosqlite would make it
@@ -51,23 +51,15 @@ _LOG_TABLES = ("idempotency", "snapshots")
 # newest event's, unless the sessions holding the newest events were deleted: then the
 # delete left it in meta (only such a commit writes it, so an append costs nothing more).
 _NEWEST = "SELECT COALESCE(MAX(position), 0) FROM events"
-# A commit runs on the event loop's own thread, with no hop to the writer thread and back
-# (two thread wake-ups, about 40-150 us on the 2-core VMs bench/README measures), when it
-# is small and commits are fast: one session's events, at most INLINE_MAX_BYTES of data,
-# no deletes, no preconditions, the writer thread idle, and the recent commits under
-# INLINE_SLOW_S on average (a slow disk's fsync would hold up every read and connection
-# the loop serves meanwhile). Anything else commits on the writer thread, as before, and
-# the loop serves on while it does (bench/README: "The commit on the loop's thread").
-INLINE_MAX_BYTES = 64 * 1024
-INLINE_SLOW_S = 0.002
 # The search index follows the log: a commit leaves its full-text rows out (FTS5 wrote a
 # segment, its structure record and a size row, about 3 of a one-event commit's 8 WAL
 # pages, each time), and `catch_up` indexes every event the commits left, in one
 # transaction, once INDEX_LAG_EVENTS indexed events wait or INDEX_LAG_S after the first
 # of them (the writer runs it between batches), and before anything reads the index (a
 # search, verify, reindex's count): a search still sees every acknowledged write. `meta`
-# keeps the position up to which the index holds every event; after a crash, the open
-# indexes what lies past it (bench/README: "The search index follows the log").
+# keeps the position up to which the index holds every event; after a crash, what lies
+# past it is indexed as it would have been, 0.2 s after the open or by the first read of
+# the index (bench/README: "The search index follows the log").
 INDEX_LAG_EVENTS = 256
 INDEX_LAG_S = 0.2
 INDEX_RANGE = 10_000  # positions per catch-up transaction
@@ -96,20 +88,10 @@ class WriterThread:
         self._calls: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="sessiond-writer", daemon=True)
         self._thread.start()
-        # Calls handed over and not yet settled on the loop (counted on the loop's thread
-        # only): while there are none, the connection is the loop's to use (`idle`).
-        self._unsettled = 0
-
-    @property
-    def idle(self) -> bool:
-        """No call is queued or running: the loop's thread may use the connection itself
-        (nothing else can hand over a call while it does)."""
-        return self._unsettled == 0
 
     def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._unsettled += 1
         self._calls.put((loop, future, fn, args))
         return future
 
@@ -121,22 +103,22 @@ class WriterThread:
             except BaseException as exc:  # handed to the caller, as run_in_executor does
                 outcome, failed = exc, True
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                loop.call_soon_threadsafe(self._settle, future, outcome, failed)
+                loop.call_soon_threadsafe(_settle, future, outcome, failed)
             del item, future, outcome
-
-    def _settle(self, future: asyncio.Future[Any], outcome: Any, failed: bool) -> None:
-        self._unsettled -= 1
-        if future.cancelled():
-            return
-        if failed:
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
 
     def shutdown(self) -> None:
         """Run what is queued, then end the thread."""
         self._calls.put(None)
         self._thread.join()
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any, failed: bool) -> None:
+    if future.cancelled():
+        return
+    if failed:
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 def _open_cause(path: str) -> str | None:
@@ -190,8 +172,6 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         self.schema_version = 0
         self.migrated: list[int] = []  # the migrations this open applied
         self.last_commit_s = 0.0  # seconds the last commit took, fsync and thread hop included
-        self.inline_commits = 0  # commits run on the loop's thread (see INLINE_SLOW_S)
-        self._commit_s = 0.0  # the recent commits' own time (no hop), a moving average
         # The search index's lag (INDEX_LAG_EVENTS), kept where the connection is used:
         # the position up to which it holds every event, the last committed one, the
         # indexed events between, and when the first of them was committed.
@@ -199,6 +179,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         self._head = 0
         self._unindexed = 0
         self._lag_since: float | None = None
+        self._retry_at = 0.0  # after a failed catch-up: when to try again
 
     @property
     def capabilities(self) -> Capabilities:
@@ -250,9 +231,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         return await self._pool.call(fn, *args)
 
     def _open_writer(self) -> int:
-        # Used from the writer thread and, for inline commits, the loop's: never both at
-        # once (WriterThread.idle).
-        con = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        con = sqlite3.connect(self.path, isolation_level=None)
         self._con = con
         con.execute("PRAGMA busy_timeout = 5000")
         con.execute("PRAGMA foreign_keys = ON")
@@ -270,11 +249,8 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
                           (migrations.INDEXED_UPTO,)).fetchone()
         self._indexed_upto = int(row[0]) if row is not None else 0
         self._head = head(con)
-        try:
-            self._catch_up_now()  # what a crash left unindexed, before anything is served
-        except sqlite3.Error as exc:  # a full disk, say: the writer tries again when due
-            log.warning("store.catch_up_failed", error=str(exc))
-            self._lag_since = time.monotonic()
+        if self._behind():
+            self._lag_since = time.monotonic()  # what a crash left: indexed when due
         st = os.stat(self.path)
         self._identity = (st.st_dev, st.st_ino)
         self._lost = None
@@ -332,6 +308,10 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
     def _close_writer(self) -> None:
         if self._con is None:
             return
+        try:  # what is left: a stopping daemon's last commits, all that `migrate` wrote
+            self._catch_up_now()
+        except sqlite3.Error as exc:  # the next open catches up
+            log.warning("store.catch_up_failed", error=str(exc))
         try:
             self._con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as exc:
@@ -416,11 +396,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         `Moved` only says which preconditions do not hold, and then nothing is written."""
         started = time.perf_counter()
         try:
-            if self._inline(batch):
-                self.inline_commits += 1
-                moved = self._commit(batch)
-            else:
-                moved = await self._on_writer(self._commit, batch)
+            moved = await self._on_writer(self._commit, batch)
         except sqlite3.IntegrityError as exc:
             # The writer decides versions and ids alone, so this is a bug, not a race.
             log.error("store.integrity_error", error=str(exc))
@@ -430,26 +406,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         self.last_commit_s = time.perf_counter() - started  # what the writer waited for
         return moved
 
-    def _inline(self, batch: Batch) -> bool:
-        """Whether `batch` commits on the loop's thread (see INLINE_SLOW_S)."""
-        if self._commit_s >= INLINE_SLOW_S or len(batch.views) > 1 or batch.deletes \
-                or batch.requires or self._pool is None or not self._pool.idle:
-            return False
-        size = sum(len(p) for p in batch.payloads.values())
-        for e in batch.events:
-            size += len(e.data_json)
-            if size > INLINE_MAX_BYTES:
-                return False
-        return True
-
     def _commit(self, batch: Batch) -> Moved | None:
-        started = time.perf_counter()
-        try:
-            return self._commit_now(batch)
-        finally:  # a moving average over the last 16 or so, on whichever thread ran it
-            self._commit_s += (time.perf_counter() - started - self._commit_s) / 16
-
-    def _commit_now(self, batch: Batch) -> Moved | None:
         con = self._w
         self._check_identity(look=False)
         self._keep_under_cap(before_commit=True)
@@ -516,35 +473,52 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
             db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                        (_HIGH_WATER, str(top)))
 
-    # --- the search index's catch-up (INDEX_LAG_EVENTS) ------------------------------------
+    # --- the search index's catch-up (INDEX_LAG_EVENTS) --------------------------------
 
     def deferred_due(self) -> float | None:
         """Seconds until the index's catch-up is due (0: now), None when it is caught up.
-        Also due once INDEX_RANGE positions of events of other types are past the mark:
-        so the open after a crash never scans more than that to find what to index."""
+        Also due once INDEX_RANGE positions of events of other types are past the mark, so
+        that a scan for what to index never covers more than that. After a failure, not
+        before INDEX_LAG_S has passed."""
+        now_m = time.monotonic()
+        if self._retry_at > now_m:
+            return self._retry_at - now_m
         if self._unindexed >= INDEX_LAG_EVENTS or self._behind() >= INDEX_RANGE:
             return 0.0
         since = self._lag_since
-        return None if since is None else max(0.0, since + INDEX_LAG_S - time.monotonic())
+        return None if since is None else max(0.0, since + INDEX_LAG_S - now_m)
+
+    async def do_deferred(self) -> None:
+        """One range of the index's catch-up, on the writer thread (the writer runs it when
+        due, between batches: writes go on between ranges)."""
+        since = self._lag_since
+        if self._unindexed >= INDEX_LAG_EVENTS or self._behind() >= INDEX_RANGE or (
+                since is not None and time.monotonic() >= since + INDEX_LAG_S):
+            await self._index_step()
+
+    async def catch_up(self) -> None:
+        """Index everything the commits left out, now, a range per hop (a read of the
+        index calls this first)."""
+        while self._lag_since is not None or self._behind() >= INDEX_RANGE:
+            await self._index_step()
 
     def _behind(self) -> int:
         return self._head - self._indexed_upto
 
-    async def catch_up(self) -> None:
-        """Index what the commits left out, now (on the writer thread, after whatever is
-        queued there)."""
-        if self._lag_since is None and self._behind() < INDEX_RANGE:
-            return
+    async def _index_step(self) -> None:
         try:
-            await self._on_writer(self._catch_up_now)
+            await self._on_writer(self._catch_up_now, 1)
         except sqlite3.Error as exc:  # a full disk, say: tried again INDEX_LAG_S later
-            self._unindexed, self._lag_since = 0, time.monotonic()
+            self._retry_at = time.monotonic() + INDEX_LAG_S
             raise StorageError(f"storage error: the search index could not take the latest"
                                f" events: {exc}", {"detail": str(exc)}) from exc
+        self._retry_at = 0.0
 
-    def _catch_up_now(self) -> None:
+    def _catch_up_now(self, ranges: int | None = None) -> None:
+        """Index the events past the mark, at most `ranges` ranges of INDEX_RANGE
+        positions (None: all), a transaction each."""
         con = self._w
-        while self._indexed_upto < self._head:
+        while self._indexed_upto < self._head and ranges != 0:
             upto = min(self._head, self._indexed_upto + INDEX_RANGE)
             self._keep_under_cap(before_commit=True)  # max_db_bytes holds for the index too
             con.execute("BEGIN IMMEDIATE")
@@ -558,7 +532,9 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
                     con.execute("ROLLBACK")
                 raise
             self._indexed_upto = upto
-        self._unindexed, self._lag_since = 0, None
+            ranges = None if ranges is None else ranges - 1
+        if self._indexed_upto >= self._head:
+            self._unindexed, self._lag_since = 0, None
 
     # --- reads of the log ---------------------------------------------------------------
 
