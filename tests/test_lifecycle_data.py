@@ -56,6 +56,21 @@ class TestVerify:
         assert ("v1", "stored view differs from a fresh fold of its events") in problems
         assert ("v2", "hash chain broken at version 3") in problems
 
+    async def test_a_view_left_behind_its_events_is_found(self, daemon: Daemon,
+                                                         client: AsyncClient) -> None:
+        """A view row at an older version than its events (a commit that left it behind),
+        though it folds right as far as it goes: found. (Verify folds the events up to
+        the stored view's version, so that a write landing meanwhile is no problem.)"""
+        await client.create_session("lag")
+        await client.append_messages("lag", [{"role": "user", "content": "a"}])
+        old = daemon.sql("SELECT state FROM sessions WHERE session_id = 'lag'")[0][0]
+        await client.append_messages("lag", [{"role": "user", "content": "b"}])
+        assert (await client.verify()).ok
+        edit(daemon.db, "UPDATE sessions SET state = ? WHERE session_id = 'lag'", old)
+        found = await client.verify()
+        assert [(p.session_id, p.problem) for p in found.problems] == [
+            ("lag", "stored view differs from a fresh fold of its events")]
+
     async def test_cli_exits_non_zero_on_problems(self, daemon: Daemon,
                                                   client: AsyncClient) -> None:
         """`sessionctl verify` prints the problems and exits 1; 0 when clean."""

@@ -373,8 +373,8 @@ class Writer:
         try:
             while True:
                 # What the store left out of its commits for later, a step at a time when
-                # it is due, a batch between steps (what is left when the writer stops,
-                # the store's close does).
+                # it is due, a batch between steps (what is not yet due when the writer
+                # stops, the store's close does).
                 due = self.store.deferred_due()
                 if due is not None and due <= 0:
                     await self._deferred()

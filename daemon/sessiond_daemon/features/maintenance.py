@@ -89,16 +89,16 @@ class Maintenance:
         """What is wrong with one session; stored data that does not even read back is
         one of the problems, never an error of verify itself."""
         try:
-            check = SessionCheck(sid, await self.store.snapshots(sid))
             # The stored view first, then its events up to its version: a write that
             # lands between the reads is past both (comparing the view with every event
-            # read later found a difference that was only that write).
+            # read later found a difference that was only that write). A view that stays
+            # behind events past it is checked against all of them, as it lags for real.
             raw = await self.store.state_json(sid)
             stored = msgspec.json.decode(raw, type=SessionState) if raw else None
             upto = stored.version if stored is not None else None
-            async for page in self._pages(sid, upto=upto):  # a page at a time: flat memory
-                check.feed(page)
-            found = check.finish(stored)
+            check, found = await self._fold_check(sid, stored, upto)
+            if upto is not None and not found and await self._lags(sid, upto):
+                check, found = await self._fold_check(sid, stored, None)
             if check.state is not None and check.state.forked_from is not None:
                 found += await forks.link_problems(self.store, check.state, check.first)
             return found
@@ -107,6 +107,26 @@ class Maintenance:
         except Exception as exc:
             log.warning("verify.unreadable", session_id=sid, error=str(exc))
             return [f"stored data does not read back: {exc}"]
+
+    async def _fold_check(self, sid: str, stored: SessionState | None,
+                          upto: int | None) -> tuple[SessionCheck, list[str]]:
+        """The session's events (up to version `upto`) folded and held to `stored`."""
+        check = SessionCheck(sid, await self.store.snapshots(sid))
+        async for page in self._pages(sid, upto=upto):  # a page at a time: flat memory
+            check.feed(page)
+        return check, check.finish(stored)
+
+    async def _lags(self, session_id: str, version: int) -> bool:
+        """Whether the stored view stays at `version` while the session has events past it
+        (a commit that left its view behind): read again, a write that landed meanwhile
+        has moved the view on with its events, in the same commit."""
+        later = await self.store.read_events(session_id=session_id, from_version=version + 1,
+                                             after_position=0, limit=1, types=None)
+        if not later:
+            return False
+        raw = await self.store.state_json(session_id)
+        again = msgspec.json.decode(raw, type=SessionState) if raw else None
+        return again is not None and again.version == version
 
     async def daemon_backup(self, p: rpc.BackupParams, meta: EventMeta) -> rpc.BackupResult:
         if not os.path.isabs(p.path):

@@ -302,9 +302,8 @@ class EventStore(Protocol):
 
     def deferred_due(self) -> float | None:
         """Work the store leaves out of its commits for later (SQLite: its search index,
-        which follows the log, and the WAL's checkpoint): None when there is none, else the
-        seconds until it is due (0: now). The writer runs `do_deferred` when it is, between
-        batches."""
+        which follows the log): None when there is none, else the seconds until it is due
+        (0: now). The writer runs `do_deferred` when it is, between batches."""
         ...
 
     async def do_deferred(self) -> None:

@@ -53,10 +53,11 @@ _LOG_TABLES = ("idempotency", "snapshots")
 _NEWEST = "SELECT COALESCE(MAX(position), 0) FROM events"
 # The search index follows the log: a commit leaves its full-text rows out (FTS5 wrote a
 # segment, its structure record and a size row, about 3 of a one-event commit's 8 WAL
-# pages, each time), and `catch_up` indexes every event the commits left, in one
-# transaction, once INDEX_LAG_EVENTS indexed events wait or INDEX_LAG_S after the first
-# of them (the writer runs it between batches), and before anything reads the index (a
-# search, verify, reindex's count): a search still sees every acknowledged write. `meta`
+# pages, each time), and the store indexes every event the commits left, a transaction
+# per INDEX_RANGE positions, once INDEX_LAG_EVENTS indexed events wait or INDEX_LAG_S
+# after the first of them (the writer runs it between batches), and before anything
+# reads the index (`catch_up`: a search, verify, reindex's count), so a search still
+# sees every acknowledged write. `meta`
 # keeps the position up to which the index holds every event; after a crash, what lies
 # past it is indexed as it would have been, 0.2 s after the open or by the first read of
 # the index (bench/README: "The search index follows the log").
@@ -179,7 +180,8 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         self._head = 0
         self._unindexed = 0
         self._lag_since: float | None = None
-        self._retry_at = 0.0  # after a failed catch-up: when to try again
+        self._retry_at = 0.0  # after a failed catch-up: when to try again, and why it failed
+        self._index_error = StorageError("storage error: the search index is behind")
 
     @property
     def capabilities(self) -> Capabilities:
@@ -310,7 +312,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
             return
         try:  # what is left: a stopping daemon's last commits, all that `migrate` wrote
             self._catch_up_now()
-        except sqlite3.Error as exc:  # the next open catches up
+        except Exception as exc:  # the next open's writer catches up
             log.warning("store.catch_up_failed", error=str(exc))
         try:
             self._con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -497,9 +499,13 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
             await self._index_step()
 
     async def catch_up(self) -> None:
-        """Index everything the commits left out, now, a range per hop (a read of the
-        index calls this first)."""
-        while self._lag_since is not None or self._behind() >= INDEX_RANGE:
+        """Index every event committed so far that the commits left out, a range per hop
+        (a read of the index calls this first). After a failure, until INDEX_LAG_S has
+        passed, the failure again without a try."""
+        if self._retry_at > time.monotonic():
+            raise self._index_error
+        target = self._head
+        while self._indexed_upto < target:
             await self._index_step()
 
     def _behind(self) -> int:
@@ -508,10 +514,14 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
     async def _index_step(self) -> None:
         try:
             await self._on_writer(self._catch_up_now, 1)
-        except sqlite3.Error as exc:  # a full disk, say: tried again INDEX_LAG_S later
+        except Exception as exc:  # a full disk, say (or a bug): tried again INDEX_LAG_S later
             self._retry_at = time.monotonic() + INDEX_LAG_S
-            raise StorageError(f"storage error: the search index could not take the latest"
-                               f" events: {exc}", {"detail": str(exc)}) from exc
+            self._index_error = StorageError(
+                f"storage error: the search index could not take the latest events: {exc}",
+                {"detail": str(exc)})
+            if isinstance(exc, sqlite3.Error):
+                raise self._index_error from exc
+            raise
         self._retry_at = 0.0
 
     def _catch_up_now(self, ranges: int | None = None) -> None:
