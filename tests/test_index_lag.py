@@ -1,5 +1,5 @@
 """SQLite's search index follows the log (issue 31 §3): a commit leaves the full-text rows
-out, and the store indexes what the commits left in one transaction of its own, once
+out, and the store indexes what the commits left in transactions of its own, once
 INDEX_LAG_EVENTS events wait or INDEX_LAG_S after the first, and before any read of the
 index. A search still sees every acknowledged write; a crash loses no document (what
 lies past the mark in `meta` is indexed when due, or by the first read of the index)."""
@@ -44,7 +44,7 @@ def indexed(db: str) -> tuple[int, int]:
 
 
 # A daemon process whose index waits an hour (INDEX_LAG_S) before it catches up alone:
-# what the commits left is indexed only by a read of the index, a stop, or the next open.
+# what the commits left is indexed only by a read of the index, or as the store closes.
 PATIENT = ("-c", "import sys; from sessiond_daemon.stores.sqlite import store;"
            " store.INDEX_LAG_S = 3600.0; from sessiond_daemon import __main__;"
            " __main__.main(sys.argv[1:])")
