@@ -64,6 +64,7 @@ _NEWEST = "SELECT COALESCE(MAX(position), 0) FROM events"
 INDEX_LAG_EVENTS = 256
 INDEX_LAG_S = 0.2
 INDEX_RANGE = 10_000  # positions per catch-up transaction
+INDEX_RETRY_MAX_S = 5.0  # a failing catch-up is tried again after INDEX_LAG_S, doubling
 _COMMIT_RULES = tuple(r for r in models.RULES if r is not search_rows)
 _INDEXED = frozenset(INDEXED_TYPES)
 _HIGH_WATER = "position_high_water"
@@ -182,6 +183,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         self._lag_since: float | None = None
         self._retry_at = 0.0  # after a failed catch-up: when to try again, and why it failed
         self._index_error = StorageError("storage error: the search index is behind")
+        self._failures = 0  # the catch-ups failed in a row
 
     @property
     def capabilities(self) -> Capabilities:
@@ -481,7 +483,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         """Seconds until the index's catch-up is due (0: now), None when it is caught up.
         Also due once INDEX_RANGE positions of events of other types are past the mark, so
         that a scan for what to index never covers more than that. After a failure, not
-        before INDEX_LAG_S has passed."""
+        before its back-off has passed (INDEX_RETRY_MAX_S)."""
         now_m = time.monotonic()
         if self._retry_at > now_m:
             return self._retry_at - now_m
@@ -500,8 +502,8 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
 
     async def catch_up(self) -> None:
         """Index every event committed so far that the commits left out, a range per hop
-        (a read of the index calls this first). After a failure, until INDEX_LAG_S has
-        passed, the failure again without a try."""
+        (a read of the index calls this first). After a failure, until the back-off has
+        passed (INDEX_RETRY_MAX_S), the failure again without a try."""
         if self._retry_at > time.monotonic():
             raise self._index_error
         target = self._head
@@ -514,15 +516,17 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
     async def _index_step(self) -> None:
         try:
             await self._on_writer(self._catch_up_now, 1)
-        except Exception as exc:  # a full disk, say (or a bug): tried again INDEX_LAG_S later
-            self._retry_at = time.monotonic() + INDEX_LAG_S
+        except Exception as exc:  # a full disk, say (or a bug): tried again later
+            self._failures += 1
+            self._retry_at = time.monotonic() + min(
+                INDEX_RETRY_MAX_S, INDEX_LAG_S * 2 ** min(self._failures - 1, 16))
             self._index_error = StorageError(
                 f"storage error: the search index could not take the latest events: {exc}",
                 {"detail": str(exc)})
             if isinstance(exc, sqlite3.Error):
                 raise self._index_error from exc
             raise
-        self._retry_at = 0.0
+        self._retry_at, self._failures = 0.0, 0
 
     def _catch_up_now(self, ranges: int | None = None) -> None:
         """Index the events past the mark, at most `ranges` ranges of INDEX_RANGE
