@@ -9,6 +9,9 @@ methods, so they work on any store (SQLite, PostgreSQL):
     after writing the batch's rows, and must roll all of them back (a real driver error);
   - `report_moved(rule)`: for the batches `rule` answers with a `Moved`, the commit writes
     nothing and returns it, as a shared store does when another host wrote first;
+  - `after_commits(rule, hook)`: for the batches `rule` picks, the commit lands and then
+    awaits `hook()` before it returns: its events are readable while the writer has not
+    heard yet (as during a slow checkpoint after COMMIT, or an answer slow to come back);
   - `fail_reads(name, exc, times)`: the read method `name` raises `exc` the next times;
   - `before_reads(name, hook)`: the read method `name` awaits `hook()` first, each time
     (a hook that writes through a client makes a write come between a read and the
@@ -35,6 +38,7 @@ class FaultyStore:
         self._commit_rule: CommitRule | None = None
         self._midway: Callable[[Batch], bool] | None = None
         self._moved: Callable[[Batch], Moved | None] | None = None
+        self._after: tuple[Callable[[Batch], bool], Callable[[], Awaitable[None]]] | None = None
         self._reads: dict[str, tuple[BaseException, int]] = {}
         self._before: dict[str, Callable[[], Awaitable[None]]] = {}
         self.commits = 0  # commits asked for since the last rule was set
@@ -51,6 +55,10 @@ class FaultyStore:
     def report_moved(self, rule: Callable[[Batch], Moved | None]) -> None:
         self._moved, self.commits = rule, 0
 
+    def after_commits(self, rule: Callable[[Batch], bool],
+                      hook: Callable[[], Awaitable[None]]) -> None:
+        self._after, self.commits = (rule, hook), 0
+
     def fail_reads(self, name: str, exc: BaseException, times: int = 1) -> None:
         self._reads[name] = (exc, times)
 
@@ -58,7 +66,7 @@ class FaultyStore:
         self._before[name] = hook
 
     def heal(self) -> None:
-        self._commit_rule = self._midway = self._moved = None
+        self._commit_rule = self._midway = self._moved = self._after = None
         self._reads.clear()
         self._before.clear()
 
@@ -84,7 +92,10 @@ class FaultyStore:
             self.failed += 1
             broken = dataclasses.replace(batch, events=[*batch.events, batch.events[0]])
             return await self.inner.commit(broken)
-        return await self.inner.commit(batch)
+        moved = await self.inner.commit(batch)
+        if self._after is not None and moved is None and self._after[0](batch):
+            await self._after[1]()
+        return moved
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from conftest import (
     running_daemon,
     wait_for_daemon,
 )
+from faulty_store import FaultyStore, faulty, touches
 
 from sessiond import AsyncClient
 from sessiond_schemas.paths import http_token_path
@@ -266,6 +268,79 @@ class TestStreams:
         assert state.message_count == 20
         report = await client.verify()
         assert report.ok, report.problems
+
+
+class TestLandedNotAnswered:
+    """A commit's events are readable a moment before the writer has its answer (a slow
+    checkpoint after COMMIT, a slow network answer): reads stop at the view, and live
+    tails wake for what the view did not hold."""
+
+    async def test_reads_stop_at_the_view_and_tails_miss_nothing(
+            self, short_dir: str, db_url: str) -> None:
+        port = free_port()
+        config = daemon_config(short_dir, db=db_url, http_listen=[f"127.0.0.1:{port}"],
+                               http_long_poll_s=30.0)
+        stores: list[FaultyStore] = []
+        landed, answer = anyio.Event(), anyio.Event()
+
+        async def hold() -> None:
+            landed.set()
+            await answer.wait()
+
+        async with running_daemon(config, store_factory=faulty(stores)) as d, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                                  headers={"authorization": f"Bearer {token(d)}"}) as h:
+            plain = {"content-type": "text/plain"}
+            made = await h.put("/v1/stream/la", content=b"a", headers=plain)
+            after_a = made.headers["stream-next-offset"]
+            count = "SELECT COUNT(*) FROM events WHERE session_id = ?"
+            stored = d.sql(count, "la")[0][0]
+            stores[0].after_commits(touches("la"), hold)
+            got: dict[str, Any] = {}
+
+            async def tail(name: str, params: dict[str, str]) -> None:
+                if params.get("live") == "sse":
+                    async with h.stream("GET", "/v1/stream/la", params=params) as r:
+                        async for text in r.aiter_text():
+                            got[name] = got.get(name, "") + text
+                            if "event: control" in got[name].partition("two")[2]:
+                                return  # "two" and its control event came
+                else:
+                    got[name] = await h.get("/v1/stream/la", params=params)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(h.post, "/v1/stream/la", content=b"b",
+                                      headers=plain))
+                try:
+                    await landed.wait()  # "b" is stored; the writer has not heard yet
+                    assert d.sql(count, "la")[0][0] == stored + 1
+                    read = await h.get("/v1/stream/la", params={"offset": "-1"})
+                    at = read.headers["stream-next-offset"]
+                    head = await h.head("/v1/stream/la")
+                    # The read stopped at the view the HEAD shows, so its offset is one
+                    # the next request accepts. (SQLite's daemon serves its writer's
+                    # view, which has not "b" yet; PostgreSQL's serves the stored one.)
+                    assert at == head.headers["stream-next-offset"]
+                    assert read.text == ("a" if at == after_a else "ab")
+                    again = await h.get("/v1/stream/la", params={"offset": at})
+                    assert again.status_code == 200 and again.text == ""
+                    tg.start_soon(tail, "poll", {"offset": after_a, "live": "long-poll"})
+                    tg.start_soon(tail, "sse", {"offset": after_a, "live": "sse"})
+
+                    async def settled() -> bool:  # each tail waiting, or given "b"
+                        async with AsyncClient(d.socket) as rpc:
+                            waiting = (await rpc.stats()).subscriptions
+                        return waiting + ("poll" in got) + ("b" in got.get("sse", "")) >= 2
+
+                    await eventually(settled, "the two live tails waiting or answered")
+                    answer.set()  # the writer hears: the view holds "b", the bell rings
+                    await eventually(lambda: "poll" in got, "the long poll's answer")
+                    await h.post("/v1/stream/la", content=b"two", headers=plain)
+                finally:
+                    answer.set()  # never leave the writer waiting
+        assert got["poll"].status_code == 200 and got["poll"].text == "b"
+        data = [d for e, d in sse_events(got["sse"]) if e == "data"]
+        assert "".join(data) == "btwo"
 
 
 class TestShutdown:

@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 
+from sessiond_daemon.core.bells import Bell
 from sessiond_daemon.core.writer import Writer
 from sessiond_daemon.features.forks import WALK_LIMIT
 from sessiond_daemon.serve.web import codec, tails
@@ -170,6 +171,13 @@ class Streams:
             view = View.of(await self.calls.call("session.get", {"session_id": sid}, caller))
         return view
 
+    async def _after_mark(self, r: Request) -> View:
+        """The view a live tail reads up to, taken after its bell mark: what this view
+        does not hold rings a bell past the mark (the writer rings a batch once
+        session.get gives its views), so a tail that reads up to it and then waits misses
+        nothing."""
+        return await self.view(r.name, r.caller)
+
     async def _events(self, view: View, after: int, caller: Caller,
                       chain: list[View] | None = None) -> tuple[list[dict[str, Any]], bool]:
         """Events after version `after`, from the session of the fork chain that holds
@@ -200,12 +208,18 @@ class Streams:
             after = cut  # nothing of the source's up to the fork point: on past it
 
     async def read(self, view: View, after: int, caller: Caller) -> Page:
-        """The data after version `after`, up to about MAX_READ_BYTES."""
+        """The data after version `after`, up to about MAX_READ_BYTES, and never past
+        `view.version`: the offsets a read gives are the view's, so the next request, whose
+        view is at least as new, never finds its offset past the stream's end. (Events are
+        readable a moment before the writer's view has them: between the commit and its
+        answer.)"""
         items: list[bytes] = []
         size, at, chain = 0, after, [view]
-        while size < MAX_READ_BYTES:
+        while size < MAX_READ_BYTES and at < view.version:
             events, more = await self._events(view, at, caller, chain)
             for e in events:
+                if e["version"] > view.version:
+                    return Page(items, at, True)
                 if view.generic:
                     item = (codec.chunk_bytes(e["data"]) if e["type"] == "stream.chunk"
                             else None)
@@ -219,7 +233,7 @@ class Streams:
                 at = e["version"]
             if not more:
                 return Page(items, at, True)
-        return Page(items, at, False)
+        return Page(items, at, at >= view.version)
 
     def body(self, view: View, page: Page) -> bytes:
         if codec.is_json(view.content_type):
@@ -301,16 +315,18 @@ class Streams:
             raise HttpError(400, f"offset {given} is past the stream's end"
                             f" {codec.offset(view.version)}")
         async with AsyncExitStack() as watching:
+            bell: Bell | None = None
             if live == "long-poll":  # the bells are followed from the mark on
                 await watching.enter_async_context(self.writer.watching())
-            bell = tails.mark(self.writer)
+                bell = tails.mark(self.writer)
+                view = await self._after_mark(r)
             page = await self.read(view, after, r.caller)
-            if live == "long-poll" and not page.items and not view.closed:
+            if bell is not None and not page.items and not view.closed:
                 woken = False
                 with self._tail():
                     woken = await tails.wait_for(bell, r.name, self.long_poll_s)
                 if woken:
-                    view = await self.view(r.name, r.caller)
+                    view = await self._after_mark(r)
                     page = await self.read(view, after, r.caller)
                 if not page.items:
                     view = await self.view(r.name, r.caller)
@@ -561,13 +577,13 @@ class Streams:
         after = codec.parse_offset(r.param("offset"), view.version)
         binary = codec.sse_base64(view.content_type)
         async with self.writer.watching():
-            await self._sse_follow(r, send, view, after, binary)
+            bell = tails.mark(self.writer)
+            await self._sse_follow(r, send, await self._after_mark(r), after, binary, bell)
 
     async def _sse_follow(self, r: Request, send: Sender, view: View, after: int,
-                          binary: bool) -> None:
+                          binary: bool, bell: Bell) -> None:
         with self._tail(), anyio.move_on_after(self.sse_close_s):
             while True:
-                bell = tails.mark(self.writer)
                 page = await self.read(view, after, r.caller)
                 # The data and its control event in one write: a reader never sees one
                 # without the other.
@@ -586,10 +602,11 @@ class Streams:
                     return
                 if page.at_tail:
                     while not await tails.wait_for(bell, r.name, 15.0):
+                        bell = tails.mark(self.writer)  # nothing rung missed: no await since
                         await send(b": keep-alive\n\n")  # finds a client that went away
                         self.on_idle()  # a rotated token ends this tail (face.py)
-                        bell = tails.mark(self.writer)
-                    view = await self.view(r.name, r.caller)
+                bell = tails.mark(self.writer)
+                view = await self._after_mark(r)
 
     def _sse_data(self, view: View, page: Page, binary: bool) -> str:
         if binary:
