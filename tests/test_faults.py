@@ -15,10 +15,11 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import Daemon, daemon_config, running_daemon
+from conftest import PATIENCE_S, Daemon, daemon_config, running_daemon
 from faulty_store import FaultyStore, faulty, nth, touches
 
 from sessiond import AsyncClient, StorageError
+from sessiond_daemon.serve import lifecycle
 from sessiond_daemon.stores.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
@@ -241,3 +242,29 @@ async def test_a_failing_read_fails_only_its_request(short_dir: str) -> None:
         assert (r.version, r.sequence) == (2, 0)
         page = await client.call("events.read", Any, session_id="r")
         assert [e["version"] for e in page["events"]] == [1, 2]
+
+
+class _CloseFails(FaultyStore):
+    async def close(self) -> None:
+        await self.inner.close()
+        raise RuntimeError("the store's close failed")
+
+
+async def test_a_store_whose_close_fails_still_stops(short_dir: str) -> None:
+    """A store's close that raises (a bug, a server gone) does not keep the daemon from
+    stopping: the block ends, and the error is what it ends with."""
+    # fail_after: a hang fails the test (a guard, not a bound under test)
+    with pytest.raises(BaseExceptionGroup) as ended, anyio.fail_after(PATIENCE_S):
+        async with running_daemon(daemon_config(short_dir),
+                                  lambda config: _CloseFails(
+                                      lifecycle.default_store(config))) as daemon, \
+                AsyncClient(daemon.socket) as client:
+            await client.append_message((await client.create_session()).session_id,
+                                        "user", "kept")
+    assert ended.group_contains(RuntimeError, match="the store's close failed")
+    con = sqlite3.connect(daemon_config(short_dir).db or "")
+    try:
+        assert con.execute("SELECT COUNT(*) FROM events WHERE type = 'message.appended'"
+                           ).fetchone() == (1,)
+    finally:
+        con.close()

@@ -28,7 +28,7 @@ from sessiond_schemas.events import (
 INDEXED_TYPES: Final = ("message.appended", "session.created", "session.forked",
                         "metadata.updated", "session.status_changed", "result.recorded",
                         "problem.recorded")
-_INDEXED: Final = frozenset(INDEXED_TYPES)
+INDEXED: Final = frozenset(INDEXED_TYPES)  # for membership
 
 
 def _values(value: Any, out: list[str]) -> None:
@@ -104,5 +104,5 @@ def _typed_text(data: Data) -> tuple[str | None, str | None]:
 
 def search_rows(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list[Op]:
     """(position, body, tags) of the batch's events of indexed types."""
-    rows = [(e.position, *text_of(e.type, e.data)) for e in events if e.type in _INDEXED]
+    rows = [(e.position, *text_of(e.type, e.data)) for e in events if e.type in INDEXED]
     return [Insert("search", rows)] if rows else []

@@ -30,7 +30,7 @@ from sessiond_daemon import host
 from sessiond_daemon.stores import models
 from sessiond_daemon.stores.interface import Batch, Capabilities, Entry, Moved, Page, repage
 from sessiond_daemon.stores.models.queries import ModelQueries
-from sessiond_daemon.stores.models.search_text import INDEXED_TYPES, search_rows
+from sessiond_daemon.stores.models.search_text import INDEXED, search_rows
 from sessiond_daemon.stores.models.views import state_decoder
 from sessiond_daemon.stores.rows import EVENT_COLUMNS, event_from_row
 from sessiond_daemon.stores.schema import SchemaRefused
@@ -66,7 +66,6 @@ INDEX_LAG_S = 0.2
 INDEX_RANGE = 10_000  # positions per catch-up transaction
 INDEX_RETRY_MAX_S = 5.0  # a failing catch-up is tried again after INDEX_LAG_S, doubling
 _COMMIT_RULES = tuple(r for r in models.RULES if r is not search_rows)
-_INDEXED = frozenset(INDEXED_TYPES)
 _HIGH_WATER = "position_high_water"
 
 
@@ -429,7 +428,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
             raise
         if batch.events:
             self._head = batch.events[-1].position
-            indexed = sum(1 for e in batch.events if e.type in _INDEXED)
+            indexed = sum(1 for e in batch.events if e.type in INDEXED)
             if indexed:
                 self._unindexed += indexed
                 if self._lag_since is None:
