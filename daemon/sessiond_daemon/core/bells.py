@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import anyio
 import msgspec
 import structlog
 
@@ -107,7 +106,7 @@ class Bell:
     __slots__ = ("_encoded", "deleted", "events", "followers", "next", "rung")
 
     def __init__(self, followers: Followers) -> None:
-        self.rung = anyio.Event()
+        self.rung = False  # set once rung (a flag: nobody waits on a bell itself)
         self.events: list[Event] = []
         self.deleted: frozenset[str] = frozenset()
         self.next: Bell | None = None

@@ -661,7 +661,7 @@ class Writer:
         bell.events, bell.deleted = events, deleted
         bell.next = self.bell = Bell(self.followers)
         self.committed_position = upto
-        bell.rung.set()  # for those walking the bells from a mark (catching up)
+        bell.rung = True  # for those walking the bells from a mark (catching up)
         self.followers.ring(bell)  # the live followers of what it touched
 
     def deleted_elsewhere(self, deleted: frozenset[str]) -> None:

@@ -214,7 +214,7 @@ class Subscriptions:
     def _go_live(self, sub: _Subscription, bell: Bell) -> None:
         """Send what the bells rung since `bell` hold for `sub`, then make it a follower
         of the bell the writer rings next: no await in between, so none is missed."""
-        while bell.rung.is_set():
+        while bell.rung:
             self.take(sub, bell)
             self.flush()
             if sub.id not in self._active:

@@ -39,7 +39,7 @@ async def wait_for(bell: Bell, session_id: str, timeout_s: float) -> bool:
     False when `timeout_s` passes first."""
     # The bells rung since the mark, then (no await between) the live wait from the bell
     # the writer rings next: none is missed.
-    while bell.rung.is_set():
+    while bell.rung:
         if bell.touches(session_id):
             return True
         assert bell.next is not None
