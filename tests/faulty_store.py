@@ -15,7 +15,9 @@ methods, so they work on any store (SQLite, PostgreSQL):
   - `fail_reads(name, exc, times)`: the read method `name` raises `exc` the next times;
   - `before_reads(name, hook)`: the read method `name` awaits `hook()` first, each time
     (a hook that writes through a client makes a write come between a read and the
-    write planned from it).
+    write planned from it);
+  - `after_reads(name, hook)`: the read method `name` reads, then awaits `hook()` before
+    it returns what it read (a write between a read and its answer: the answer is old).
 `heal()` ends every fault. Everything else goes to the real store.
 """
 
@@ -41,6 +43,7 @@ class FaultyStore:
         self._after: tuple[Callable[[Batch], bool], Callable[[], Awaitable[None]]] | None = None
         self._reads: dict[str, tuple[BaseException, int]] = {}
         self._before: dict[str, Callable[[], Awaitable[None]]] = {}
+        self._after_reads: dict[str, Callable[[], Awaitable[None]]] = {}
         self.commits = 0  # commits asked for since the last rule was set
         self.failed = 0  # commits refused by a rule, or broken midway
 
@@ -65,10 +68,14 @@ class FaultyStore:
     def before_reads(self, name: str, hook: Callable[[], Awaitable[None]]) -> None:
         self._before[name] = hook
 
+    def after_reads(self, name: str, hook: Callable[[], Awaitable[None]]) -> None:
+        self._after_reads[name] = hook
+
     def heal(self) -> None:
         self._commit_rule = self._midway = self._moved = self._after = None
         self._reads.clear()
         self._before.clear()
+        self._after_reads.clear()
 
     # --- the Protocol ----------------------------------------------------------------
 
@@ -106,6 +113,14 @@ class FaultyStore:
                 await hook()
                 return await attr(*args, **kwargs)
             return after_hook
+        if name in self._after_reads:
+            later = self._after_reads[name]
+
+            async def read_then_hook(*args: Any, **kwargs: Any) -> Any:
+                found = await attr(*args, **kwargs)
+                await later()
+                return found
+            return read_then_hook
         if name not in self._reads:
             return attr
 

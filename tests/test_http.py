@@ -20,6 +20,7 @@ import anyio
 import httpx
 import pytest
 from conftest import (
+    PATIENCE_S,
     Daemon,
     as_user,
     daemon_config,
@@ -272,8 +273,9 @@ class TestStreams:
 
 class TestLandedNotAnswered:
     """A commit's events are readable a moment before the writer has its answer (a slow
-    checkpoint after COMMIT, a slow network answer): reads stop at the view, and live
-    tails wake for what the view did not hold."""
+    checkpoint after COMMIT, a slow network answer); a view read may be answered after
+    a later commit. A response's offset is never past what the next one accepts, and a
+    live tail misses nothing its view did not hold."""
 
     async def test_reads_stop_at_the_view_and_tails_miss_nothing(
             self, short_dir: str, db_url: str) -> None:
@@ -312,16 +314,19 @@ class TestLandedNotAnswered:
                 tg.start_soon(partial(h.post, "/v1/stream/la", content=b"b",
                                       headers=plain))
                 try:
-                    await landed.wait()  # "b" is stored; the writer has not heard yet
+                    with anyio.fail_after(PATIENCE_S):  # a guard: the hold must run
+                        await landed.wait()  # "b" is stored; the writer has not heard yet
                     assert d.sql(count, "la")[0][0] == stored + 1
+                    async with AsyncClient(d.socket) as rpc:  # the socket API's view too
+                        assert (await rpc.get_session("la")).version == stored + 1
                     read = await h.get("/v1/stream/la", params={"offset": "-1"})
                     at = read.headers["stream-next-offset"]
                     head = await h.head("/v1/stream/la")
-                    # The read stopped at the view the HEAD shows, so its offset is one
-                    # the next request accepts. (SQLite's daemon serves its writer's
-                    # view, which has not "b" yet; PostgreSQL's serves the stored one.)
+                    # While the commit is in flight the view is the store's, which
+                    # holds "b" (the writer's cached one does not yet), and the read
+                    # and the HEAD agree: the offset is one the next request accepts.
+                    assert read.text == "ab" and at != after_a
                     assert at == head.headers["stream-next-offset"]
-                    assert read.text == ("a" if at == after_a else "ab")
                     again = await h.get("/v1/stream/la", params={"offset": at})
                     assert again.status_code == 200 and again.text == ""
                     tg.start_soon(tail, "poll", {"offset": after_a, "live": "long-poll"})
@@ -342,6 +347,56 @@ class TestLandedNotAnswered:
         data = [d for e, d in sse_events(got["sse"]) if e == "data"]
         assert "".join(data) == "btwo"
 
+
+    async def test_a_tail_marks_the_bell_before_the_view_it_reads_up_to(
+            self, short_dir: str, db_url: str) -> None:
+        """The view a tail reads up to is answered late, after a commit that rang its bell
+        (a view cache of one and a hook after the store's read make it so): the tail
+        still gets that commit, at once, from a long poll and from SSE."""
+        port = free_port()
+        config = daemon_config(short_dir, db=db_url, http_listen=[f"127.0.0.1:{port}"],
+                               view_cache_size=1, http_long_poll_s=5.0,
+                               http_sse_close_s=30.0)
+        stores: list[FaultyStore] = []
+        plain = {"content-type": "text/plain"}
+        async with running_daemon(config, store_factory=faulty(stores)) as d, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                                  headers={"authorization": f"Bearer {token(d)}"}) as h, \
+                AsyncClient(d.socket) as rpc:
+            made = await h.put("/v1/stream/lt", content=b"a", headers=plain)
+            other = (await rpc.create_session()).session_id
+            hooks: list[bytes] = []
+
+            async def append_first() -> None:  # once: then the read answers, late
+                if hooks:
+                    await h.post("/v1/stream/lt", content=hooks.pop(), headers=plain)
+
+            stores[0].after_reads("state_json", append_first)
+
+            async def late_view(data: bytes) -> None:
+                """The next read of the view of "lt" answers after `data` is appended."""
+                await rpc.append_message(other, "user", "evicts lt from the view cache")
+                hooks.append(data)
+
+            await late_view(b"beta")
+            poll = await h.get("/v1/stream/lt", params={
+                "offset": made.headers["stream-next-offset"], "live": "long-poll"})
+            assert not hooks and poll.status_code == 200 and poll.text == "beta"
+            await late_view(b"gamma")
+            seen = ""
+            with anyio.fail_after(PATIENCE_S):  # a guard: "gamma" comes at once, or never
+                async with h.stream("GET", "/v1/stream/lt", params={
+                        "offset": poll.headers["stream-next-offset"], "live": "sse"}) as r:
+                    async for text in r.aiter_text():
+                        seen += text
+                        if "event: control" in seen.partition("gamma")[2]:
+                            break
+            assert not hooks
+            assert "".join(d for e, d in sse_events(seen) if e == "data") == "gamma"
+            for live in ("sse", "long-poll"):  # past the end: refused before any wait
+                past = await h.get("/v1/stream/lt", params={"offset": "0" * 17 + "999",
+                                                             "live": live})
+                assert past.status_code == 400 and "past the stream's end" in past.text
 
 class TestShutdown:
     async def test_tails_end_when_the_daemon_stops(self, short_dir: str) -> None:

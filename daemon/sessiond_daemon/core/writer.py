@@ -251,6 +251,7 @@ class Writer:
         self._closed = False
         self._wake: asyncio.Future[None] | None = None  # the writer's, while it waits
         self._cache: OrderedDict[str, Entry] = OrderedDict()
+        self._committing: frozenset[str] = frozenset()  # the sessions a commit in flight changes
         self._prefetched: dict[str, Entry | None] = {}  # the batch's views read before it
         self.next_position = 1
         # Position of the last committed event, and the bell the next commit rings: read
@@ -308,8 +309,11 @@ class Writer:
 
     def cached(self, session_id: str) -> SessionState | None:
         """Return the committed view of a session if the writer holds it (never on a store
-        other daemons write: there the store is read)."""
-        if self.shared:
+        other daemons write: there the store is read). Not while a commit that changes it
+        is in flight: the commit's events and views may be readable before the writer
+        hears back, and then the store's view is the newer; read from the store, views
+        never go back in time."""
+        if self.shared or session_id in self._committing:
             return None
         entry = self._cache.get(session_id)
         return entry.state if entry is not None else None
@@ -549,6 +553,7 @@ class Writer:
             return None
         if self.shared and batch.events:
             self._templates(batch, built)
+        self._committing = frozenset(overlay)
         try:
             moved = await self.store.commit(batch)
         except Exception as exc:
@@ -558,6 +563,8 @@ class Writer:
                 raise _BatchFailed(exc) from exc
             raise _BatchFailed(self._incident("store.batch_crashed",
                                               commands=len(commands))) from exc
+        finally:
+            self._committing = frozenset()  # adopted below, with no await between
         if moved is not None:
             self.next_position = first_position
             return moved

@@ -23,12 +23,11 @@ from sessiond_daemon.serve.web.calls import Caller
 from sessiond_daemon.serve.web.codec import (
     HttpError,
     from_rpc,
-    parse_offset,
     session_id,
     sse_base64,
 )
 from sessiond_daemon.serve.web.listen import ABORT, PEER
-from sessiond_daemon.serve.web.streams import Reply, Request, Streams
+from sessiond_daemon.serve.web.streams import Reply, Request, Streams, offset_within
 from sessiond_daemon.serve.web.view import EXPORT_PREFIX, WebView
 from sessiond_schemas.errors import SessiondError
 
@@ -218,7 +217,7 @@ class App:
         if request.param("offset") is None:
             raise HttpError(400, "live=sse needs an offset (-1 for the start, now)")
         view = await self.streams.view(request.name, request.caller)
-        parse_offset(request.param("offset"), view.version)  # 400 before the stream starts
+        offset_within(request.param("offset"), view)  # 400 before the stream starts
         headers = {"content-type": "text/event-stream", "cache-control": "no-cache, no-store"}
         if sse_base64(view.content_type):
             headers["stream-sse-data-encoding"] = "base64"

@@ -171,12 +171,15 @@ class Streams:
             view = View.of(await self.calls.call("session.get", {"session_id": sid}, caller))
         return view
 
-    async def _after_mark(self, r: Request) -> View:
+    async def _after_mark(self, r: Request, given: str | None) -> View:
         """The view a live tail reads up to, taken after its bell mark: what this view
         does not hold rings a bell past the mark (the writer rings a batch once
         session.get gives its views), so a tail that reads up to it and then waits misses
-        nothing."""
-        return await self.view(r.name, r.caller)
+        nothing. 400 if the offset is past its end (the stream was deleted and made again
+        meanwhile)."""
+        view = await self.view(r.name, r.caller)
+        offset_within(given, view)
+        return view
 
     async def _events(self, view: View, after: int, caller: Caller,
                       chain: list[View] | None = None) -> tuple[list[dict[str, Any]], bool]:
@@ -310,30 +313,29 @@ class Streams:
         if live is not None and given is None:
             raise HttpError(400, f"live={live} needs an offset (-1 for the start, now)")
         view = await self.view(r.name, r.caller, touch=True)
-        after = codec.parse_offset(given, view.version)
-        if after > view.version:
-            raise HttpError(400, f"offset {given} is past the stream's end"
-                            f" {codec.offset(view.version)}")
+        after = offset_within(given, view)
         async with AsyncExitStack() as watching:
             bell: Bell | None = None
             if live == "long-poll":  # the bells are followed from the mark on
                 await watching.enter_async_context(self.writer.watching())
                 bell = tails.mark(self.writer)
-                view = await self._after_mark(r)
+                view = await self._after_mark(r, given)
             page = await self.read(view, after, r.caller)
             if bell is not None and not page.items and not view.closed:
                 woken = False
                 with self._tail():
                     woken = await tails.wait_for(bell, r.name, self.long_poll_s)
                 if woken:
-                    view = await self._after_mark(r)
+                    view = await self._after_mark(r, given)
                     page = await self.read(view, after, r.caller)
                 if not page.items:
                     view = await self.view(r.name, r.caller)
         headers = {"content-type": view.content_type,
                    "stream-next-offset": codec.offset(page.next), "cache-control": "no-store"}
-        closed = view.closed and page.at_tail
-        if page.at_tail:
+        # Of the view in hand (after a wait, newer than the one read up to).
+        at_end = page.at_tail and page.next >= view.version
+        closed = view.closed and at_end
+        if at_end:
             headers["stream-up-to-date"] = "true"
         if closed:
             headers["stream-closed"] = "true"
@@ -573,12 +575,14 @@ class Streams:
     async def sse(self, r: Request, send: Sender) -> None:
         """Send the stream as Server-Sent Events from the offset, then follow it until it
         closes or sse_close_s passes (the client reconnects from the last control event)."""
+        given = r.param("offset")
         view = await self.view(r.name, r.caller, touch=True)
-        after = codec.parse_offset(r.param("offset"), view.version)
+        after = offset_within(given, view)
         binary = codec.sse_base64(view.content_type)
         async with self.writer.watching():
             bell = tails.mark(self.writer)
-            await self._sse_follow(r, send, await self._after_mark(r), after, binary, bell)
+            view = await self._after_mark(r, given)
+            await self._sse_follow(r, send, view, after, binary, bell)
 
     async def _sse_follow(self, r: Request, send: Sender, view: View, after: int,
                           binary: bool, bell: Bell) -> None:
@@ -602,11 +606,12 @@ class Streams:
                     return
                 if page.at_tail:
                     while not await tails.wait_for(bell, r.name, 15.0):
-                        bell = tails.mark(self.writer)  # nothing rung missed: no await since
+                        # Nothing rung for it since wait_for looked (no await between).
+                        bell = tails.mark(self.writer)
                         await send(b": keep-alive\n\n")  # finds a client that went away
                         self.on_idle()  # a rotated token ends this tail (face.py)
                 bell = tails.mark(self.writer)
-                view = await self._after_mark(r)
+                view = await self._after_mark(r, codec.offset(after))
 
     def _sse_data(self, view: View, page: Page, binary: bool) -> str:
         if binary:
@@ -614,6 +619,15 @@ class Streams:
 
             return base64.b64encode(b"".join(page.items)).decode()
         return self.body(view, page).decode("utf-8", errors="replace")
+
+
+def offset_within(given: str | None, view: View) -> int:
+    """The version an offset names; 400 if it is past the end of `view`."""
+    after = codec.parse_offset(given, view.version)
+    if after > view.version:
+        raise HttpError(400, f"offset {given} is past the stream's end"
+                        f" {codec.offset(view.version)}")
+    return after
 
 
 def _same_fork(existing: View, r: Request, sub: int) -> bool:

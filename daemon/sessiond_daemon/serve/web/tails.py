@@ -49,7 +49,8 @@ async def wait_for(bell: Bell, session_id: str, timeout_s: float) -> bool:
     try:
         with anyio.move_on_after(timeout_s):
             await waiter.rung.wait()
-            return True
     finally:
         bell.followers.discard(session_id, waiter)
-    return False
+    # A bell may ring after the timeout cancelled the wait and before this task runs
+    # again: it counts (the caller's next mark would be past it).
+    return waiter.rung.is_set()
