@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from typing import Any
@@ -235,7 +236,11 @@ async def test_thousands_of_connections_at_once(daemon: Daemon) -> None:
                 s.settimeout(30)
                 socks.append(s)
             for s in socks:
-                s.sendall(PING)
+                # A refused connection is answered at once and closed a second later
+                # (server.py, _linger): on a slow machine it can be closed before its
+                # ping is sent. Its answer, -32008, is still there to read.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    s.sendall(PING)
             served = refused = 0
             for s in socks:
                 reply = json.loads(s.makefile("rb").readline())

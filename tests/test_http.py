@@ -365,24 +365,31 @@ class TestLandedNotAnswered:
                 AsyncClient(d.socket) as rpc:
             made = await h.put("/v1/stream/lt", content=b"a", headers=plain)
             other = (await rpc.create_session()).session_id
-            hooks: list[bytes] = []
+            hooks: list[tuple[list[int], bytes]] = []
 
-            async def append_first() -> None:  # once: then the read answers, late
+            async def append_once() -> None:  # then the read answers, late
                 if hooks:
-                    await h.post("/v1/stream/lt", content=hooks.pop(), headers=plain)
+                    skip, data = hooks[0]
+                    if skip[0]:
+                        skip[0] -= 1
+                    else:
+                        hooks.pop()
+                        await h.post("/v1/stream/lt", content=data, headers=plain)
 
-            stores[0].after_reads("state_json", append_first)
+            stores[0].after_reads("state_json", append_once)
 
-            async def late_view(data: bytes) -> None:
-                """The next read of the view of "lt" answers after `data` is appended."""
+            async def late_view(data: bytes, skip: int) -> None:
+                """The read of the view of "lt" after `skip` more answers after `data` is
+                appended: the view a tail takes after its mark (a long poll reads one view
+                before: its offset's check; an SSE response two)."""
                 await rpc.append_message(other, "user", "evicts lt from the view cache")
-                hooks.append(data)
+                hooks.append(([skip], data))
 
-            await late_view(b"beta")
+            await late_view(b"beta", 1)
             poll = await h.get("/v1/stream/lt", params={
                 "offset": made.headers["stream-next-offset"], "live": "long-poll"})
             assert not hooks and poll.status_code == 200 and poll.text == "beta"
-            await late_view(b"gamma")
+            await late_view(b"gamma", 2)
             seen = ""
             with anyio.fail_after(PATIENCE_S):  # a guard: "gamma" comes at once, or never
                 async with h.stream("GET", "/v1/stream/lt", params={

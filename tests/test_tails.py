@@ -39,7 +39,8 @@ async def test_a_ring_between_the_timeout_and_the_return_counts() -> None:
     bell = tails.mark(writer)  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
     waiting = asyncio.ensure_future(tails.wait_for(bell, "s", 0.05))
-    await anyio.sleep(0)  # it waits now, as a follower of "s"
+    await anyio.sleep(0)
+    assert len(writer.followers) == 1  # it waits now, as a follower of "s"
     loop.call_later(0.06, writer.ring, "s")  # due just after the timeout
     time.sleep(0.1)  # the loop is busy: both are due when it next looks
     assert await waiting is True

@@ -558,6 +558,10 @@ class Writer:
             moved = await self.store.commit(batch)
         except Exception as exc:
             self.next_position = first_position
+            # It may have landed all the same (a check after COMMIT failed, the answer was
+            # lost): the cached views of its sessions may be older than the store's.
+            for sid in overlay:
+                self._cache.pop(sid, None)
             if isinstance(exc, SessiondError):
                 log.error("store.batch_failed", commands=len(commands), error=exc.message)
                 raise _BatchFailed(exc) from exc

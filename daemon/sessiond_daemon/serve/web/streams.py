@@ -172,11 +172,11 @@ class Streams:
         return view
 
     async def _after_mark(self, r: Request, given: str | None) -> View:
-        """The view a live tail reads up to, taken after its bell mark: what this view
-        does not hold rings a bell past the mark (the writer rings a batch once
-        session.get gives its views), so a tail that reads up to it and then waits misses
-        nothing. 400 if the offset is past its end (the stream was deleted and made again
-        meanwhile)."""
+        """The view a live tail reads up to, taken after its bell mark: a batch rings only
+        once it has landed, after the mark if this view lacks it, so a tail that reads up
+        to this view and then waits misses nothing. (A view may hold a batch not rung yet:
+        the tail then wakes for what it has read already, and reads nothing more.) 400 if
+        the offset is past its end (the stream was deleted and made again meanwhile)."""
         view = await self.view(r.name, r.caller)
         offset_within(given, view)
         return view
