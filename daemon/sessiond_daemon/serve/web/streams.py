@@ -213,9 +213,8 @@ class Streams:
     async def read(self, view: View, after: int, caller: Caller) -> Page:
         """The data after version `after`, up to about MAX_READ_BYTES, and never past
         `view.version`: the offsets a read gives are the view's, so the next request, whose
-        view is at least as new, never finds its offset past the stream's end. (Events are
-        readable a moment before the writer's view has them: between the commit and its
-        answer.)"""
+        view is at least as new, never finds its offset past the stream's end. (A commit
+        that lands between the view's read and this one is left to the next read.)"""
         items: list[bytes] = []
         size, at, chain = 0, after, [view]
         while size < MAX_READ_BYTES and at < view.version:
