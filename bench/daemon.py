@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -12,11 +13,27 @@ import anyio
 from sessiond import AsyncClient
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used so far."""
-    with open(f"/proc/{pid}/stat") as f:
+def _stat_cpu_s(path: str) -> float:
+    """User + system CPU seconds from a /proc stat file (a process's or a thread's)."""
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far."""
+    return _stat_cpu_s(f"/proc/{pid}/stat")
+
+
+def threads_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of each of the process's threads so far, by thread id (the main
+    thread's is the pid; Python does not name its threads for the OS). A thread that
+    ends meanwhile is left out."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):
+            found[tid] = _stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
+    return found
 
 
 class DaemonProcess:

@@ -16,7 +16,6 @@ round, so load on the machine falls on every side alike; read the ratios.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sqlite3
 import statistics
@@ -28,7 +27,7 @@ import anyio
 
 from sessiond import AsyncClient
 
-from .daemon import DaemonProcess
+from .daemon import DaemonProcess, threads_cpu_s
 
 CONTENT = "x" * 200
 KEYS = ("w1", "w1cpu", "w1thr", "w2", "w2cpu", "w2thr", "w2batch", "pages")
@@ -54,20 +53,6 @@ class TreeDaemon(DaemonProcess):
                 os.environ["PYTHONPATH"] = old
 
 
-def threads_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds of each of the process's threads but its main one. (Python does not
-    name its threads for the OS: the SQLite writer's is the busiest of them.)"""
-    found = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        if tid == str(pid):
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            found[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return found
-
-
 async def workload(d: DaemonProcess, writers: int,
                    per: int) -> tuple[float, float, float, float]:
     """`writers` clients, each `per` appends to a session of its own: (appends/s, daemon
@@ -88,7 +73,9 @@ async def workload(d: DaemonProcess, writers: int,
         for sid in sids:
             tg.start_soon(writer, sid)
     elapsed, cpu = time.perf_counter() - t0, d.cpu_s() - cpu0
-    wcpu = max(v - threads0.get(t, 0.0) for t, v in threads_cpu_s(pid).items())
+    # The busiest thread but the main one: the SQLite writer's.
+    wcpu = max(v - threads0.get(t, 0.0) for t, v in threads_cpu_s(pid).items()
+               if t != str(pid))
     n = writers * per
     async with AsyncClient(d.socket) as c:
         after = await c.stats()

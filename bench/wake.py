@@ -34,6 +34,7 @@ import tempfile
 import time
 from typing import Any
 
+from .daemon import threads_cpu_s
 from .peers import load, result, tree_env, wait_for, worker
 
 VARIANTS = ("commit", "hop", "hop+idle")
@@ -78,19 +79,9 @@ def _daemon(variant: str, sock: str, db: str, idle_s: float) -> None:
 
 def _threads_cpu_s(pid: int) -> tuple[float, float]:
     """CPU seconds of the process's main thread (the event loop) and of all the others."""
-    main = rest = 0.0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        if tid == str(pid):
-            main = cpu
-        else:
-            rest += cpu
-    return main, rest
+    threads = threads_cpu_s(pid)
+    main = threads.pop(str(pid), 0.0)
+    return main, sum(threads.values())
 
 
 def figure(directory: str, tree: str | None, variant: str, appends: int,

@@ -57,10 +57,10 @@ _NEWEST = "SELECT COALESCE(MAX(position), 0) FROM events"
 # per INDEX_RANGE positions, once INDEX_LAG_EVENTS indexed events wait or INDEX_LAG_S
 # after the first of them (the writer runs it between batches), and before anything
 # reads the index (`catch_up`: a search, verify, reindex's count), so a search still
-# sees every acknowledged write. `meta`
-# keeps the position up to which the index holds every event; after a crash, what lies
-# past it is indexed as it would have been, 0.2 s after the open or by the first read of
-# the index (bench/README: "The search index follows the log").
+# sees every acknowledged write. `meta` keeps the position up to which the index holds
+# every event; after a crash, what lies past it is indexed as it would have been, 0.2 s
+# after the open or by the first read of the index (bench/README: "The search index
+# follows the log").
 INDEX_LAG_EVENTS = 256
 INDEX_LAG_S = 0.2
 INDEX_RANGE = 10_000  # positions per catch-up transaction
