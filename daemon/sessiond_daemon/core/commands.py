@@ -180,7 +180,7 @@ class Commands:
 
     async def state(self, session_id: str) -> SessionState:
         """The session's current view (the writer's cache, else the store); -32001 if none."""
-        state = self.writer.cached(session_id)
+        state = await self.writer.view(session_id)
         if state is None:
             raw = await self.store.state_json(session_id)
             try:

@@ -71,6 +71,10 @@ log = structlog.get_logger("sessiond.writer")
 
 _json = msgspec.json.Encoder()
 MAX_MOVES = 8  # decisions of one batch when the store keeps moving under it (other hosts)
+# How long a read of a view waits for the commit in flight that changes it (Writer.view)
+# before it reads the store instead: a commit takes about a millisecond, a stalled disk
+# much longer, and then the stored view is read at once.
+LANDING_WAIT_S = 0.02
 
 
 
@@ -193,6 +197,11 @@ class Command:
 _DELETED = object()
 
 
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def scoped_key(cmd: Command) -> str | None:
     """The command's idempotency key as stored: scoped to the caller's uid ("uid:key"),
     so that one peer's key never answers another's request. (Keys stored before keys were
@@ -252,6 +261,7 @@ class Writer:
         self._wake: asyncio.Future[None] | None = None  # the writer's, while it waits
         self._cache: OrderedDict[str, Entry] = OrderedDict()
         self._committing: frozenset[str] = frozenset()  # the sessions a commit in flight changes
+        self._landing: set[asyncio.Future[None]] = set()  # reads waiting for that commit
         self._prefetched: dict[str, Entry | None] = {}  # the batch's views read before it
         self.next_position = 1
         # Position of the last committed event, and the bell the next commit rings: read
@@ -317,6 +327,22 @@ class Writer:
             return None
         entry = self._cache.get(session_id)
         return entry.state if entry is not None else None
+
+    async def view(self, session_id: str) -> SessionState | None:
+        """`cached`, after the commit in flight if it changes this session (at most
+        LANDING_WAIT_S): its view is then the cache's again, with no store read. None if
+        the writer does not hold the view, the commit failed or a next one changes it
+        already: then read it from the store."""
+        if session_id in self._committing and not self.shared:
+            waiter = asyncio.get_running_loop().create_future()
+            self._landing.add(waiter)
+            timer = waiter.get_loop().call_later(LANDING_WAIT_S, _release, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._landing.discard(waiter)  # past its wait, a stalled commit keeps none
+        return self.cached(session_id)
 
     async def watch(self) -> None:
         """Say that bells will be followed from now on (call before taking the mark: a
@@ -569,6 +595,8 @@ class Writer:
                                               commands=len(commands))) from exc
         finally:
             self._committing = frozenset()  # adopted below, with no await between
+            for waiter in self._landing:  # they run after this step: the views adopted
+                _release(waiter)
         if moved is not None:
             self.next_position = first_position
             return moved

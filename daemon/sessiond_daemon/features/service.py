@@ -264,7 +264,7 @@ class Service:
     async def session_get(self, p: rpc.SessionGetParams,
                           meta: EventMeta) -> SessionState | msgspec.Raw:
         if p.at_version is None:
-            state = self.writer.cached(p.session_id)
+            state = await self.writer.view(p.session_id)
             if state is not None:
                 return state
             raw = await self.store.state_json(p.session_id)
