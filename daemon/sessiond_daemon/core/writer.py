@@ -14,6 +14,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
@@ -307,8 +308,16 @@ class Writer:
         self._queue.append(command)
         self._ring_writer()
         await done
-        if command.error is not None:
-            raise command.error
+        error = command.error
+        if error is not None:
+            # Raised with neither the command nor this frame holding it: its traceback
+            # holds this frame, and the frame the command, so either would be a reference
+            # cycle (tests/test_cycles.py).
+            command.error = None
+            try:
+                raise error
+            finally:
+                del error
         assert command.result is not None
         return command.result
 
@@ -533,7 +542,7 @@ class Writer:
         suspects: set[str] = set()
         batch = Batch()
         built: list[_Built] = []
-        batch.on_renumber = lambda shift: self._renumbered(batch, built, shift)
+        batch.on_renumber = partial(self._renumbered, built)
         overlay: dict[str, Entry | object] = {}
         # First results of idempotency keys: those stored before this batch (read in one
         # hop for the whole batch), then those decided in it.
@@ -644,7 +653,7 @@ class Writer:
             elif b.key is not None:
                 batch.templates[b.key] = b.template
 
-    def _renumbered(self, batch: Batch, built: list[_Built], shift: int) -> None:
+    def _renumbered(self, built: list[_Built], batch: Batch, shift: int) -> None:
         """The store numbered the batch `shift` past the writer's numbering: build again
         the results that quote positions, and the idempotency results among them. Runs
         inside the store's transaction: if a builder fails, nothing is written."""

@@ -116,9 +116,11 @@ class Batch:
     # of the store as committed before it. The writer has already checked them against
     # the batch itself (a fork of a session this batch deletes, say, never gets here).
     requires: list[tuple[str, Precondition]] = field(default_factory=list)
-    # Told the shift when a store gives the events other positions than the writer's
-    # (`renumber`): the writer rebuilds the results that quote positions.
-    on_renumber: Callable[[int], None] | None = None
+    # Told the batch and the shift when a store gives the events other positions than
+    # the writer's (`renumber`): the writer rebuilds the results that quote positions.
+    # (Given the batch, not holding it: a callback holding its batch would make every
+    # batch a reference cycle, left with all it holds for the garbage collector.)
+    on_renumber: Callable[[Batch, int], None] | None = None
     # For a store that numbers the batch inside one statement (PostgreSQL's one-call
     # commit): each idempotency result (session_id, key) as a Template, which that
     # statement fills with the positions it takes. A key without one: the store commits
@@ -138,7 +140,7 @@ class Batch:
         for entry in self.views.values():
             entry.last_position += shift
         if self.on_renumber is not None:
-            self.on_renumber(shift)
+            self.on_renumber(self, shift)
 
     def drop_session(self, session_id: str) -> None:
         """Forget what this batch would write for a session that a later command deletes."""
