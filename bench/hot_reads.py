@@ -2,16 +2,18 @@
 
     python -m bench.hot_reads                              # this tree, 3 rounds
     python -m bench.hot_reads --trees old=/tmp/old,new=. --rounds 4 --gets 2000
+    python -m bench.hot_reads --writers 4      # four writers of "hot": commits back to back
 
-A daemon (of each tree) on a fresh SQLite file, a writer process appending ~200 B
-messages to session "hot" back to back (the blocking `Client`, each append acknowledged
-before the next), and this process reading with `session.get`, one call after another,
-once the writer has written for `--warm-s` seconds: `--gets` reads of "hot", then as many
-of "cold" (a session of 20 messages nobody writes), while the writer goes on (`--phases`
-reads them in other turns, such as cold,hot,cold,hot). A read of "hot" nearly always
-meets a commit in flight that changes it. Printed for each phase: the reads' rate and
-latency (p50, p99), the writer's appends/s meanwhile, and the daemon's CPU per operation
-(its whole CPU over reads plus appends). Rounds alternate the trees' order.
+A daemon (of each tree) on a fresh SQLite file, a writer process (`--writers` of them)
+appending ~200 B messages to session "hot" back to back (the blocking `Client`, each
+append acknowledged before the next), and this process reading with `session.get`, one
+call after another, once the writers have written for `--warm-s` seconds: `--gets` reads
+of "hot", then as many of "cold" (a session of 20 messages nobody writes), while the
+writers go on (`--phases` reads them in other turns, such as cold,hot,cold,hot). A read
+of "hot" nearly always meets a commit in flight that changes it. Printed for each phase:
+the reads' rate and latency (p50, p99), the writers' appends/s meanwhile, and the
+daemon's CPU per operation (its whole CPU over reads plus appends). Rounds alternate the
+trees' order.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ with Client(sys.argv[1]) as c:
 """
 
 
-def figures(directory: str, tree: str | None, gets: int, warm_s: float,
-            phases: list[str]) -> dict[str, tuple[float, ...]]:
+def figures(directory: str, tree: str | None, gets: int, warm_s: float, phases: list[str],
+            writers: int) -> dict[str, tuple[float, ...]]:
     """{phase ("hot", "cold", "hot 2", ...): (reads/s, p50 us, p99 us, writer appends/s,
     daemon CPU us/op)}."""
     from sessiond import Client
@@ -49,7 +51,7 @@ def figures(directory: str, tree: str | None, gets: int, warm_s: float,
     env = tree_env(tree)
     daemon = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--socket", sock,
                                "--db", db, "--log-level", "warning"], env=env)
-    writer = None
+    procs: list[subprocess.Popen[str]] = []
     try:
         wait_for(sock, daemon)
         got: dict[str, tuple[float, ...]] = {}
@@ -58,11 +60,13 @@ def figures(directory: str, tree: str | None, gets: int, warm_s: float,
                 c.create_session(sid)
                 for _ in range(20):
                     c.append_message(sid, "user", CONTENT)
-            writer = subprocess.Popen([sys.executable, "-c", WRITER, sock, CONTENT], env=env,
+            procs = [subprocess.Popen([sys.executable, "-c", WRITER, sock, CONTENT], env=env,
                                       stdout=subprocess.PIPE, text=True)
-            assert writer.stdout is not None
-            if writer.stdout.readline().strip() != "ready":
-                raise RuntimeError("the writer did not connect")
+                     for _ in range(writers)]
+            for writer in procs:
+                assert writer.stdout is not None
+                if writer.stdout.readline().strip() != "ready":
+                    raise RuntimeError("a writer did not connect")
             time.sleep(warm_s)  # past the first WAL checkpoints: the steady state
             for i, sid in enumerate(phases):
                 v0, cpu0, t0 = c.get_session("hot").version, cpu_s(daemon.pid), time.monotonic()
@@ -80,7 +84,7 @@ def figures(directory: str, tree: str | None, gets: int, warm_s: float,
                     appends / (t1 - t0), (cpu1 - cpu0) / (gets + appends) * 1e6)
         return got
     finally:
-        if writer is not None:
+        for writer in procs:
             writer.kill()
             writer.wait()
         daemon.terminate()
@@ -95,6 +99,7 @@ def main() -> None:
     p.add_argument("--warm-s", type=float, default=3.0,
                    help="seconds the writer writes before the reads start")
     p.add_argument("--trees", help="NAME=DIR,... (default: this tree)")
+    p.add_argument("--writers", type=int, default=1, help='processes writing "hot"')
     p.add_argument("--phases", default="hot,cold",
                    help="the sessions read, in turn, on each daemon (hot or cold)")
     args = p.parse_args()
@@ -102,20 +107,22 @@ def main() -> None:
                                     if args.trees else {"this": None})
     names = list(trees)
     phases = [ph for ph in args.phases.split(",") if ph in ("hot", "cold")]
-    print(f"bench.hot_reads: {args.gets:,} reads a figure, {args.rounds} rounds;"
+    print(f"bench.hot_reads: {args.gets:,} reads a figure, {args.writers} writer(s),"
+          f" {args.rounds} rounds;"
           f" load {load()}", flush=True)
     got: dict[tuple[str, str], list[tuple[float, ...]]] = {}
     with tempfile.TemporaryDirectory(prefix="sdb-hot-") as directory:
         for r in range(args.rounds):
             for name in names if r % 2 == 0 else names[::-1]:
-                run = figures(directory, trees[name], args.gets, args.warm_s, phases)
+                run = figures(directory, trees[name], args.gets, args.warm_s, phases,
+                              args.writers)
                 for sid, f in run.items():
                     got.setdefault((name, sid), []).append(f)
                     print(f"  round {r + 1} {name} {sid:<6} {f[0]:6,.0f} reads/s  p50"
                           f" {f[1]:5.0f} us  p99 {f[2]:5.0f} us  writer {f[3]:5,.0f}"
                           f" appends/s  daemon CPU {f[4]:4.0f} us/op", flush=True)
     print(f"load after: {load()}")
-    print("| tree | session | reads/s | read p50, us | read p99, us | writer's appends/s"
+    print("| tree | session | reads/s | read p50, us | read p99, us | writers' appends/s"
           " | daemon CPU per read or append, us |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for (name, sid), fs in got.items():

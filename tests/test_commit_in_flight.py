@@ -1,17 +1,22 @@
 """A session's view read while a commit that changes it is in flight (docs/protocol.md,
 "Writes"): the commit's events may be readable before the writer hears back, so its cached
 view may be older than the store's. The read waits for that commit, up to
-LANDING_WAIT_S, and answers from the writer's cache, with no store read; past that wait it
-reads the store. Either way the view it answers is the landed one. A real daemon on a
-SQLite file (PostgreSQL's store is shared: there every view is read from the store), a
-real client; the store is wrapped only to hold the commit between landing and answer and
-to count the reads of stored views."""
+LANDING_WAIT_S, and is answered with the view the commit left, with no store read, even
+when the writer has begun its next commit by then; past the wait it reads the store.
+Either way the view it answers is the landed one. A real daemon on a SQLite file
+(PostgreSQL's store is shared: there every view is read from the store), real clients; the
+store is wrapped only to hold commits between landing and answer and to count the reads of
+stored views."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import anyio
 import pytest
-from conftest import PATIENCE_S, daemon_config, running_daemon
+from conftest import PATIENCE_S, daemon_config, eventually, running_daemon
 from faulty_store import FaultyStore, faulty, touches
 
 from sessiond import AsyncClient
@@ -20,65 +25,132 @@ from sessiond_daemon.core import writer
 pytestmark = pytest.mark.anyio
 
 
-async def _hold_a_commit(wait_s: float, short_dir: str, monkeypatch: pytest.MonkeyPatch,
-                         release_after_read: bool) -> tuple[int, int, int]:
-    """Append to "s" and hold its commit after it landed; read the view meanwhile. Returns
-    (the version before, the version the read answered, the stored views it read)."""
-    monkeypatch.setattr(writer, "LANDING_WAIT_S", wait_s)
-    stores: list[FaultyStore] = []
-    landed, answer = anyio.Event(), anyio.Event()
-    reads = 0
+class Held:
+    """The daemon of a test: commits touching "s" held after they land, one release each;
+    the stored views it reads counted; its writer seen when a read of "s" waits."""
 
-    async def hold() -> None:
-        landed.set()
-        await answer.wait()
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, wait_s: float) -> None:
+        monkeypatch.setattr(writer, "LANDING_WAIT_S", wait_s)
+        self.stores: list[FaultyStore] = []
+        self.landed = 0  # commits of "s" that landed and are held (or were)
+        self.releases: list[anyio.Event] = []
+        self.stored_reads = 0
+        self.waiting = anyio.Event()  # a read of "s" found a commit of it in flight
+        self.writer: writer.Writer | None = None
+        original = writer.Writer.view
 
-    async def count() -> None:
-        nonlocal reads
-        reads += 1
+        async def view(w: writer.Writer, session_id: str) -> Any:
+            if session_id == "s" and session_id in w._committing:
+                self.writer = w
+                self.waiting.set()
+            return await original(w, session_id)
 
-    async with running_daemon(daemon_config(short_dir), faulty(stores)) as daemon, \
+        monkeypatch.setattr(writer.Writer, "view", view)
+
+    def hold(self) -> None:
+        async def hold() -> None:
+            release = anyio.Event()
+            self.releases.append(release)
+            self.landed += 1
+            await release.wait()
+
+        async def count() -> None:
+            self.stored_reads += 1
+
+        self.stores[0].after_commits(touches("s"), hold)
+        self.stores[0].before_reads("state_json", count)
+
+    async def until(self, ready: Callable[[], Any], what: str) -> None:
+        await eventually(ready, what)
+
+    def release_all(self) -> None:
+        self.stores[0].heal()
+        for release in self.releases:
+            release.set()
+
+
+async def _with_a_held_commit(monkeypatch: pytest.MonkeyPatch, short_dir: str, wait_s: float,
+                              body: Callable[[Held, AsyncClient, AsyncClient, int,
+                                              anyio.abc.TaskGroup], Awaitable[None]]) -> None:
+    """Run `body` with "s" at version `before` and its next commit (appending "b") held."""
+    held = Held(monkeypatch, wait_s)
+    async with running_daemon(daemon_config(short_dir), faulty(held.stores)) as daemon, \
             AsyncClient(daemon.socket) as client, AsyncClient(daemon.socket) as reader:
         before = (await client.append_message(
             (await client.create_session("s")).session_id, "user", "a")).version
-        stores[0].after_commits(touches("s"), hold)
-        stores[0].before_reads("state_json", count)
-        got: list[int] = []
+        held.hold()
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.append_message, "s", "user", "b")
             try:
-                with anyio.fail_after(PATIENCE_S):  # a guard: the hold must run
-                    await landed.wait()  # "b" is stored; the writer has not heard yet
-
-                async def read() -> None:
-                    got.append((await reader.get_session("s")).version)
-
-                tg.start_soon(read)
-                if release_after_read:
-                    with anyio.fail_after(PATIENCE_S):  # a guard: the read must end
-                        while not got:
-                            await anyio.sleep(0.01)
-                else:
-                    await anyio.sleep(0.3)
-                    assert not got  # the read waits for the commit
+                await held.until(lambda: held.landed == 1, "the commit of b landing")
+                await body(held, client, reader, before, tg)
             finally:
-                answer.set()  # never leave the writer waiting
-    return before, got[0], reads
+                held.release_all()  # never leave the writer waiting
 
 
-async def test_a_read_waits_for_the_commit_and_answers_from_the_cache(
+async def test_a_read_waits_for_the_commit_and_answers_from_memory(
         short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    before, read, stored_reads = await _hold_a_commit(60.0, short_dir, monkeypatch,
-                                                      release_after_read=False)
-    assert read == before + 1  # the landed view
-    assert stored_reads == 0  # from the writer's cache, once the commit was adopted
+    got: list[int] = []
+
+    async def body(held: Held, client: AsyncClient, reader: AsyncClient, before: int,
+                   tg: anyio.abc.TaskGroup) -> None:
+        async def read() -> None:
+            got.append((await reader.get_session("s")).version)
+
+        tg.start_soon(read)
+        with anyio.fail_after(PATIENCE_S):  # a guard: the read must reach the writer
+            await held.waiting.wait()
+        await anyio.sleep(0.1)
+        assert not got  # it waits for the commit (LANDING_WAIT_S is a minute here)
+        held.releases[0].set()
+        await held.until(lambda: got, "the read's answer")
+        assert got == [before + 1]  # the landed view
+        assert held.stored_reads == 0  # from memory
+
+    await _with_a_held_commit(monkeypatch, short_dir, 60.0, body)
+
+
+async def test_a_read_gets_its_commits_view_though_the_next_commit_began(
+        short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With writes queued, the writer begins the next commit of the session before the
+    waiting read runs again: the read is answered with the view of the commit it waited
+    for, still from memory."""
+    got: list[int] = []
+
+    async def body(held: Held, client: AsyncClient, reader: AsyncClient, before: int,
+                   tg: anyio.abc.TaskGroup) -> None:
+        async def read() -> None:
+            got.append((await reader.get_session("s")).version)
+
+        tg.start_soon(read)
+        with anyio.fail_after(PATIENCE_S):  # a guard: the read must reach the writer
+            await held.waiting.wait()
+        tg.start_soon(client.append_message, "s", "user", "c")
+        w = held.writer
+        assert w is not None
+        await held.until(lambda: w.queue_depth == 1, "the write of c queued")
+        held.releases[0].set()  # the writer adopts b's view, then begins c's commit
+        await held.until(lambda: held.landed == 2, "the commit of c landing")
+        await held.until(lambda: got, "the read's answer")
+        assert got == [before + 1]  # b's view: the read began before c was sent
+        assert held.stored_reads == 0
+
+    await _with_a_held_commit(monkeypatch, short_dir, 60.0, body)
 
 
 async def test_past_the_wait_a_read_answers_the_stored_view(
         short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A commit that takes long (a stalled disk) does not hold the read past the wait:
     it answers from the store, which holds the landed events already."""
-    before, read, stored_reads = await _hold_a_commit(0.05, short_dir, monkeypatch,
-                                                      release_after_read=True)
-    assert read == before + 1
-    assert stored_reads == 1
+
+    async def body(held: Held, client: AsyncClient, reader: AsyncClient, before: int,
+                   tg: anyio.abc.TaskGroup) -> None:
+        started = time.monotonic()
+        with anyio.fail_after(PATIENCE_S):  # a guard: the read must end while b is held
+            version = (await reader.get_session("s")).version
+        assert time.monotonic() - started >= 0.2  # it waited (LANDING_WAIT_S is 0.2 here)
+        assert held.waiting.is_set()
+        assert version == before + 1  # the store's: b landed
+        assert held.stored_reads == 1
+
+    await _with_a_held_commit(monkeypatch, short_dir, 0.2, body)

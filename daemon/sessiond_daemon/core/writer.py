@@ -73,8 +73,8 @@ log = structlog.get_logger("sessiond.writer")
 _json = msgspec.json.Encoder()
 MAX_MOVES = 8  # decisions of one batch when the store keeps moving under it (other hosts)
 # How long a read of a view waits for the commit in flight that changes it (Writer.view)
-# before it reads the store instead: a commit takes about a millisecond, a stalled disk
-# much longer, and then the stored view is read at once.
+# before it reads the store instead: a commit takes about a millisecond; one that takes
+# longer than this (a stalled disk) leaves the read to the stored view after the wait.
 LANDING_WAIT_S = 0.02
 
 
@@ -198,9 +198,9 @@ class Command:
 _DELETED = object()
 
 
-def _release(waiter: asyncio.Future[None]) -> None:
+def _release(waiter: asyncio.Future[SessionState | None], view: SessionState | None) -> None:
     if not waiter.done():
-        waiter.set_result(None)
+        waiter.set_result(view)
 
 
 def scoped_key(cmd: Command) -> str | None:
@@ -262,7 +262,8 @@ class Writer:
         self._wake: asyncio.Future[None] | None = None  # the writer's, while it waits
         self._cache: OrderedDict[str, Entry] = OrderedDict()
         self._committing: frozenset[str] = frozenset()  # the sessions a commit in flight changes
-        self._landing: set[asyncio.Future[None]] = set()  # reads waiting for that commit
+        # Reads waiting for that commit (Writer.view), and the session each reads.
+        self._landing: dict[asyncio.Future[SessionState | None], str] = {}
         self._prefetched: dict[str, Entry | None] = {}  # the batch's views read before it
         self.next_position = 1
         # Position of the last committed event, and the bell the next commit rings: read
@@ -338,19 +339,24 @@ class Writer:
         return entry.state if entry is not None else None
 
     async def view(self, session_id: str) -> SessionState | None:
-        """`cached`, after the commit in flight if it changes this session (at most
-        LANDING_WAIT_S): its view is then the cache's again, with no store read. None if
-        the writer does not hold the view, the commit failed or a next one changes it
-        already: then read it from the store."""
+        """`cached`, but a session that a commit in flight changes is answered with the
+        view that commit leaves, once it has landed (waiting at most LANDING_WAIT_S): no
+        store read, even if the writer has begun the next commit by the time this read
+        runs again. None when the writer does not hold the view, when the commit failed,
+        deleted the session or was still in flight after the wait: then the caller reads
+        the store."""
         if session_id in self._committing and not self.shared:
-            waiter = asyncio.get_running_loop().create_future()
-            self._landing.add(waiter)
-            timer = waiter.get_loop().call_later(LANDING_WAIT_S, _release, waiter)
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[SessionState | None] = loop.create_future()
+            self._landing[waiter] = session_id
+            timer = loop.call_later(LANDING_WAIT_S, _release, waiter, None)
             try:
-                await waiter
+                landed = await waiter
             finally:
                 timer.cancel()
-                self._landing.discard(waiter)  # past its wait, a stalled commit keeps none
+                del self._landing[waiter]
+            if landed is not None:
+                return landed
         return self.cached(session_id)
 
     async def watch(self) -> None:
@@ -589,8 +595,10 @@ class Writer:
         if self.shared and batch.events:
             self._templates(batch, built)
         self._committing = frozenset(overlay)
+        landed = False
         try:
             moved = await self.store.commit(batch)
+            landed = moved is None
         except Exception as exc:
             self.next_position = first_position
             # It may have landed all the same (a check after COMMIT failed, the answer was
@@ -604,8 +612,11 @@ class Writer:
                                               commands=len(commands))) from exc
         finally:
             self._committing = frozenset()  # adopted below, with no await between
-            for waiter in self._landing:  # they run after this step: the views adopted
-                _release(waiter)
+            # The reads waiting for this commit get the views it left (None: it failed,
+            # or deleted the session; they read the store).
+            for waiter, sid in self._landing.items():
+                entry = overlay.get(sid) if landed else None
+                _release(waiter, entry.state if isinstance(entry, Entry) else None)
         if moved is not None:
             self.next_position = first_position
             return moved
