@@ -60,8 +60,18 @@ class Held:
         self.stores[0].after_commits(touches("s"), hold)
         self.stores[0].before_reads("state_json", count)
 
-    async def until(self, ready: Callable[[], Any], what: str) -> None:
-        await eventually(ready, what)
+    async def start_read(self, reader: AsyncClient, tg: anyio.abc.TaskGroup) -> list[int]:
+        """Start a session.get of "s"; return once it waits for the commit in flight. The
+        list returned gets the version it answers."""
+        got: list[int] = []
+
+        async def read() -> None:
+            got.append((await reader.get_session("s")).version)
+
+        tg.start_soon(read)
+        with anyio.fail_after(PATIENCE_S):  # a guard: the read must reach the writer
+            await self.waiting.wait()
+        return got
 
     def release_all(self) -> None:
         self.stores[0].heal()
@@ -82,7 +92,7 @@ async def _with_a_held_commit(monkeypatch: pytest.MonkeyPatch, short_dir: str, w
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.append_message, "s", "user", "b")
             try:
-                await held.until(lambda: held.landed == 1, "the commit of b landing")
+                await eventually(lambda: held.landed == 1, "the commit of b landing")
                 await body(held, client, reader, before, tg)
             finally:
                 held.release_all()  # never leave the writer waiting
@@ -90,20 +100,13 @@ async def _with_a_held_commit(monkeypatch: pytest.MonkeyPatch, short_dir: str, w
 
 async def test_a_read_waits_for_the_commit_and_answers_from_memory(
         short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    got: list[int] = []
-
     async def body(held: Held, client: AsyncClient, reader: AsyncClient, before: int,
                    tg: anyio.abc.TaskGroup) -> None:
-        async def read() -> None:
-            got.append((await reader.get_session("s")).version)
-
-        tg.start_soon(read)
-        with anyio.fail_after(PATIENCE_S):  # a guard: the read must reach the writer
-            await held.waiting.wait()
+        got = await held.start_read(reader, tg)
         await anyio.sleep(0.1)
         assert not got  # it waits for the commit (LANDING_WAIT_S is a minute here)
         held.releases[0].set()
-        await held.until(lambda: got, "the read's answer")
+        await eventually(lambda: got, "the read's answer")
         assert got == [before + 1]  # the landed view
         assert held.stored_reads == 0  # from memory
 
@@ -115,23 +118,17 @@ async def test_a_read_gets_its_commits_view_though_the_next_commit_began(
     """With writes queued, the writer begins the next commit of the session before the
     waiting read runs again: the read is answered with the view of the commit it waited
     for, still from memory."""
-    got: list[int] = []
 
     async def body(held: Held, client: AsyncClient, reader: AsyncClient, before: int,
                    tg: anyio.abc.TaskGroup) -> None:
-        async def read() -> None:
-            got.append((await reader.get_session("s")).version)
-
-        tg.start_soon(read)
-        with anyio.fail_after(PATIENCE_S):  # a guard: the read must reach the writer
-            await held.waiting.wait()
+        got = await held.start_read(reader, tg)
         tg.start_soon(client.append_message, "s", "user", "c")
         w = held.writer
         assert w is not None
-        await held.until(lambda: w.queue_depth == 1, "the write of c queued")
+        await eventually(lambda: w.queue_depth == 1, "the write of c queued")
         held.releases[0].set()  # the writer adopts b's view, then begins c's commit
-        await held.until(lambda: held.landed == 2, "the commit of c landing")
-        await held.until(lambda: got, "the read's answer")
+        await eventually(lambda: held.landed == 2, "the commit of c landing")
+        await eventually(lambda: got, "the read's answer")
         assert got == [before + 1]  # b's view: the read began before c was sent
         assert held.stored_reads == 0
 
