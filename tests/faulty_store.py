@@ -41,6 +41,8 @@ class FaultyStore:
         self._midway: Callable[[Batch], bool] | None = None
         self._moved: Callable[[Batch], Moved | None] | None = None
         self._after: tuple[Callable[[Batch], bool], Callable[[], Awaitable[None]]] | None = None
+        self._before_commit: tuple[Callable[[Batch], bool],
+                                   Callable[[], Awaitable[None]]] | None = None
         self._reads: dict[str, tuple[BaseException, int]] = {}
         self._before: dict[str, Callable[[], Awaitable[None]]] = {}
         self._after_reads: dict[str, Callable[[], Awaitable[None]]] = {}
@@ -62,6 +64,12 @@ class FaultyStore:
                       hook: Callable[[], Awaitable[None]]) -> None:
         self._after, self.commits = (rule, hook), 0
 
+    def before_commits(self, rule: Callable[[Batch], bool],
+                       hook: Callable[[], Awaitable[None]]) -> None:
+        """Await `hook` before a commit `rule` picks is written: the commit is in flight
+        meanwhile; if the hook raises, the commit fails with nothing written."""
+        self._before_commit, self.commits = (rule, hook), 0
+
     def fail_reads(self, name: str, exc: BaseException, times: int = 1) -> None:
         self._reads[name] = (exc, times)
 
@@ -73,6 +81,7 @@ class FaultyStore:
 
     def heal(self) -> None:
         self._commit_rule = self._midway = self._moved = self._after = None
+        self._before_commit = None
         self._reads.clear()
         self._before.clear()
         self._after_reads.clear()
@@ -88,6 +97,8 @@ class FaultyStore:
 
     async def commit(self, batch: Batch) -> Moved | None:
         self.commits += 1
+        if self._before_commit is not None and self._before_commit[0](batch):
+            await self._before_commit[1]()
         if self._commit_rule is not None:
             exc = self._commit_rule(batch, self.commits)
             if exc is not None:

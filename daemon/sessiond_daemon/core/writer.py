@@ -344,7 +344,8 @@ class Writer:
         store read, even if the writer has begun the next commit by the time this read
         runs again. None when the writer does not hold the view, when the commit failed,
         deleted the session or was still in flight after the wait: then the caller reads
-        the store."""
+        the store. (A commit that wrote nothing, a refused precondition, leaves the cached
+        view, still current.)"""
         if session_id in self._committing and not self.shared:
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[SessionState | None] = loop.create_future()
