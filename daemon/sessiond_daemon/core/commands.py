@@ -179,7 +179,8 @@ class Commands:
                                  expected_version=p.expected_version)
 
     async def state(self, session_id: str) -> SessionState:
-        """The session's current view (the writer's cache, else the store); -32001 if none."""
+        """The session's current view (the writer's, once a commit in flight that changes
+        it has landed: `Writer.view`; else the store's); -32001 if none."""
         state = await self.writer.view(session_id)
         if state is None:
             raw = await self.store.state_json(session_id)
