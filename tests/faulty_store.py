@@ -12,6 +12,9 @@ methods, so they work on any store (SQLite, PostgreSQL):
   - `after_commits(rule, hook)`: for the batches `rule` picks, the commit lands and then
     awaits `hook()` before it returns: its events are readable while the writer has not
     heard yet (as during a slow checkpoint after COMMIT, or an answer slow to come back);
+  - `before_commits(rule, hook)`: for the batches `rule` picks, the commit awaits `hook()`
+    before anything is written: the commit is in flight meanwhile, and if the hook raises
+    it fails with nothing written;
   - `fail_reads(name, exc, times)`: the read method `name` raises `exc` the next times;
   - `before_reads(name, hook)`: the read method `name` awaits `hook()` first, each time
     (a hook that writes through a client makes a write come between a read and the
