@@ -3,10 +3,10 @@
 view may be older than the store's. The read waits for that commit, up to
 LANDING_WAIT_S, and is answered with the view the commit left, with no store read, even
 when the writer has begun its next commit by then; past the wait, or when the commit
-fails, it reads the store. Either way it answers what is stored. A real daemon on a
-SQLite file (PostgreSQL's store is shared: there every view is read from the store), real
-clients; the store is wrapped only to hold commits (after they land, or before they are
-written and then fail) and to count the reads of stored views."""
+fails or deletes the session, it reads the store. Either way it answers what is stored.
+A real daemon on a SQLite file (PostgreSQL's store is shared: there every view is read
+from the store), real clients; the store is wrapped only to hold commits (after they
+land, or before they are written and then fail) and to count the reads of stored views."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import pytest
 from conftest import PATIENCE_S, daemon_config, eventually, running_daemon
 from faulty_store import FaultyStore, faulty, touches
 
-from sessiond import AsyncClient, StorageError
+from sessiond import AsyncClient, SessionNotFoundError, StorageError
 from sessiond_daemon.core import writer
+from sessiond_daemon.stores.interface import Batch
 from sessiond_daemon.stores.sqlite import store as sqlite_store
 
 pytestmark = pytest.mark.anyio
@@ -56,9 +57,10 @@ class Held:
 
         monkeypatch.setattr(writer.Writer, "view", view)
 
-    def hold(self, *, fail: bool) -> None:
-        """Hold the commits of "s": after they land, or (`fail`) before they are written,
-        then failing them."""
+    def hold(self, *, fail: bool, rule: Callable[[Batch], bool] | None = None) -> None:
+        """Hold the commits `rule` picks (by default those appending to "s"): after they
+        land, or (`fail`) before they are written, then failing them."""
+        rule = rule if rule is not None else touches("s")
         async def hold() -> None:
             release = anyio.Event()
             self.releases.append(release)
@@ -72,9 +74,9 @@ class Held:
             self.stored_reads += 1
 
         if fail:
-            self.stores[0].before_commits(touches("s"), hold)
+            self.stores[0].before_commits(rule, hold)
         else:
-            self.stores[0].after_commits(touches("s"), hold)
+            self.stores[0].after_commits(rule, hold)
         self.stores[0].before_reads("state_json", count)
 
     async def start_read(self, reader: AsyncClient, tg: anyio.abc.TaskGroup) -> list[int]:
@@ -198,3 +200,42 @@ async def test_past_the_wait_a_read_answers_the_stored_view(
         assert held.stored_reads == 1
 
     assert await _with_a_held_commit(monkeypatch, short_dir, 0.2, body) == ["ok"]
+
+
+async def test_a_read_during_a_commit_that_deletes_the_session_answers_not_found(
+        short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit in flight deletes the session: the waiting read is handed no view (the
+    writer's cached one is the deleted session's), reads the store, and answers that the
+    session is gone."""
+    held = Held(monkeypatch, 60.0)
+    ended: list[bool] = []
+    async with running_daemon(daemon_config(short_dir), faulty(held.stores)) as daemon, \
+            AsyncClient(daemon.socket) as client, AsyncClient(daemon.socket) as reader:
+        await client.create_session("s")
+        await client.append_message("s", "user", "a")
+        held.hold(fail=False, rule=lambda batch: "s" in batch.deletes)
+
+        async def delete() -> None:
+            ended.append(await client.delete_session("s"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(delete)
+            try:
+                await eventually(lambda: held.held == 1, "the delete's commit held")
+                got: list[str] = []
+
+                async def read() -> None:
+                    with pytest.raises(SessionNotFoundError) as refused:
+                        await reader.get_session("s")
+                    got.append(refused.value.message)
+
+                tg.start_soon(read)
+                with anyio.fail_after(PATIENCE_S):  # a guard: the read must reach the writer
+                    await held.waiting.wait()
+                held.releases[0].set()
+                await eventually(lambda: got, "the read's answer")
+            finally:
+                held.release_all()
+        assert got == ["session s not found"]
+        assert held.stored_reads == 1
+    assert ended == [True]
