@@ -148,8 +148,7 @@ class TestBrowsersAndAccess:
             self, daemon: Daemon, owner: httpx.AsyncClient) -> None:
         """An SSE tail opened with a token ends when the token is rotated (a reload that
         lets a peer in no more ends tails the same way): reconnecting needs the new one."""
-        from sessiond_daemon.serve.web.auth import write_token
-        from sessiond_schemas.paths import http_token_path
+        from sessiond_schemas.paths import http_token_path, write_http_token
 
         await owner.put("/v1/stream/tail", headers=TEXT, content=b"a")
         with anyio.fail_after(PATIENCE_S):
@@ -158,7 +157,7 @@ class TestBrowsersAndAccess:
                 async for line in lines:
                     if line.startswith("data:") and "upToDate" in line:
                         break
-                write_token(http_token_path(daemon.socket))  # sessionctl http-token --rotate
+                write_http_token(http_token_path(daemon.socket))  # sessionctl http-token --rotate
                 # The next request reads the file again and ends what the old token opened.
                 async with httpx.AsyncClient(base_url=base(daemon), timeout=30) as other:
                     await other.get("/v1/stream/tail", headers={

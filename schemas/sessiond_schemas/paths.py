@@ -1,9 +1,14 @@
-"""Where the socket is by default: the contract's order of precedence (daemon and client)."""
+"""Where the socket is by default: the contract's order of precedence (daemon and client);
+the files beside it, and the HTTP face's token files, which the daemon (at each start) and
+`sessionctl http-token --rotate` write the same way."""
 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping
+
+TOKEN_BYTES = 32  # an HTTP bearer token: 256 bits, as URL-safe base64 (43 characters)
 
 
 def default_socket(env: Mapping[str, str] = os.environ) -> str:
@@ -21,6 +26,21 @@ def http_token_path(socket_path: str, *, peer: bool = False) -> str:
     """The HTTP face's bearer token file (the peer token's with `peer`): beside the socket."""
     name = "sessiond.http-peer-token" if peer else "sessiond.http-token"
     return os.path.join(os.path.dirname(os.path.abspath(socket_path)), name)
+
+
+def write_http_token(path: str) -> str:
+    """Write a new bearer token to `path` (0600, synced, replaced atomically: a reader
+    sees the old token or the new one, whole); return it."""
+    token = secrets.token_urlsafe(TOKEN_BYTES)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, token.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return token
 
 
 def http_listen_path(socket_path: str) -> str:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import secrets
 from typing import Any
 
-from sessiond_schemas.paths import default_socket, http_token_path
+from sessiond_schemas.paths import default_socket, http_token_path, write_http_token
 
 from .._sync import Client
 from .registry import CliError, arg, command
@@ -32,15 +30,7 @@ def run(a: argparse.Namespace) -> int:
     path = http_token_path(a.socket or default_socket(), peer=a.peer)
     try:
         if a.rotate:
-            token = secrets.token_urlsafe(32)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, token.encode() + b"\n")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+            token = write_http_token(path)
         else:
             with open(path, encoding="ascii") as f:
                 token = f.read().strip()

@@ -11,32 +11,12 @@ from __future__ import annotations
 
 import hmac
 import os
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sessiond_schemas.paths import http_token_path
+from sessiond_schemas.paths import http_token_path, write_http_token
 
-TOKEN_BYTES = 32  # 256 bits, as URL-safe base64: 43 characters
 PEER_UID = -1  # the uid a peer token's requests are checked (and recorded) as
-
-
-def new_token() -> str:
-    return secrets.token_urlsafe(TOKEN_BYTES)
-
-
-def write_token(path: str) -> str:
-    """Write a new token to `path` (0600, replaced atomically); return it."""
-    token = new_token()
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, token.encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    return token
 
 
 @dataclass(slots=True)
@@ -80,8 +60,8 @@ class Tokens:
 
     def create(self) -> None:
         """Make both tokens at start (a new daemon, new tokens)."""
-        write_token(self.owner.path)
-        write_token(self.peer.path)
+        write_http_token(self.owner.path)
+        write_http_token(self.peer.path)
 
     def uid_of(self, presented: str) -> int | None:
         """The uid a request with this token acts as: ours, PEER_UID, or None (refused)."""
