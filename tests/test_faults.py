@@ -250,21 +250,18 @@ class _CloseFails(FaultyStore):
         raise RuntimeError("the store's close failed")
 
 
-async def test_a_store_whose_close_fails_still_stops(short_dir: str) -> None:
+async def test_a_store_whose_close_fails_still_stops(short_dir: str, db_url: str) -> None:
     """A store's close that raises (a bug, a server gone) does not keep the daemon from
-    stopping: the block ends, and the error is what it ends with."""
+    stopping, on either store: the block ends, the error is what it ends with, and what
+    was acknowledged is stored."""
     # fail_after: a hang fails the test (a guard, not a bound under test)
     with pytest.raises(BaseExceptionGroup) as ended, anyio.fail_after(PATIENCE_S):
-        async with running_daemon(daemon_config(short_dir),
+        async with running_daemon(daemon_config(short_dir, db=db_url),
                                   lambda config: _CloseFails(
                                       lifecycle.default_store(config))) as daemon, \
                 AsyncClient(daemon.socket) as client:
             await client.append_message((await client.create_session()).session_id,
                                         "user", "kept")
     assert ended.group_contains(RuntimeError, match="the store's close failed")
-    con = sqlite3.connect(daemon_config(short_dir).db or "")
-    try:
-        assert con.execute("SELECT COUNT(*) FROM events WHERE type = 'message.appended'"
-                           ).fetchone() == (1,)
-    finally:
-        con.close()
+    assert daemon.sql("SELECT COUNT(*) FROM events WHERE type = 'message.appended'") \
+        == [(1,)]
