@@ -1,30 +1,52 @@
 """The write path leaves no reference cycles: what a batch holds (its commands, events,
 views, results) is freed by reference counting once the batch is answered, not left with
 all it holds for the garbage collector (bench/README, "Reference cycles"). A real daemon
-in this process on each store, a real client; the collector is told to keep what it
+in this process on each store, a real client (and the writer alone on a SQLite file, for
+a submitter cancelled before the writer runs); the collector is told to keep what it
 finds unreachable, and none of it may be the daemon's or the schemas' objects."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 
 from sessiond import AsyncClient, VersionConflictError
+from sessiond_daemon.core.writer import Command, Plan, Writer
+from sessiond_daemon.stores.sqlite import SqliteStore
+from sessiond_schemas.events import EventMeta
 
 pytestmark = pytest.mark.anyio
 OURS = ("sessiond_daemon", "sessiond_schemas")
 
 
-async def test_writes_refusals_and_reads_leave_no_cycles(client: AsyncClient) -> None:
-    sid = (await client.create_session()).session_id
-    await client.append_message(sid, "user", "warm")  # imports, caches: before the count
+@contextlib.contextmanager
+def cyclic_garbage() -> Iterator[Counter[str]]:
+    """Count, by type, the daemon's and the schemas' objects that the block leaves to the
+    collector (filled when the block ends)."""
+    found: Counter[str] = Counter()
     gc.collect()
     gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable goes to gc.garbage
     try:
+        yield found
+        gc.collect()
+        found.update(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage
+                     if type(o).__module__.startswith(OURS))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+async def test_writes_refusals_and_reads_leave_no_cycles(client: AsyncClient) -> None:
+    sid = (await client.create_session()).session_id
+    await client.append_message(sid, "user", "warm")  # imports, caches: before the count
+    with cyclic_garbage() as found:
         for i in range(40):
             await client.append_message(sid, "user" if i % 2 else "assistant", f"m{i}")
         await client.append_messages(sid, [{"role": "user", "content": "a"},
@@ -38,10 +60,40 @@ async def test_writes_refusals_and_reads_leave_no_cycles(client: AsyncClient) ->
         for _ in range(20):  # refused writes: optimistic writers retry on these
             with contextlib.suppress(VersionConflictError):
                 await client.append_message(sid, "user", "stale", expected_version=1)
-        gc.collect()
-        found = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage
-                        if type(o).__module__.startswith(OURS))
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
     assert not found, f"cyclic garbage of the write path: {dict(found)}"
+
+
+async def test_a_refused_write_whose_submitter_was_cancelled_leaves_no_cycle(
+        short_dir: str) -> None:
+    """A submitter cancelled while its write waits in the queue (its connection cut):
+    the write is still decided, and refused; nobody raises that error, and it must not
+    stay on the command, whose frames its traceback holds. The writer on a real SQLite
+    file, driven directly: the cancel has to come before the writer runs."""
+    store = SqliteStore(os.path.join(short_dir, "w.db"))
+    await store.open()
+    writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
+    try:
+        with cyclic_garbage() as found:
+            async with anyio.create_task_group() as tg:
+                cancelled = anyio.CancelScope()
+
+                async def submit() -> None:
+                    with cancelled:
+                        await writer.submit(Command(
+                            session_id="gone", plan=lambda state: Plan([], dict),
+                            meta=EventMeta(), expected_version=5))  # no such session
+
+                tg.start_soon(submit)
+                await wait_until_queued(writer)
+                cancelled.cancel()
+                await tg.start(writer.run)
+                writer.close()
+    finally:
+        await store.close()
+    assert writer.commands == 1  # decided (and refused), though nobody waited for it
+    assert not found, f"cyclic garbage of a cancelled refusal: {dict(found)}"
+
+
+async def wait_until_queued(writer: Writer) -> None:
+    while not writer.queue_depth:
+        await anyio.sleep(0)

@@ -954,8 +954,12 @@ class Writer:
     def _finish(commands: list[Command]) -> None:
         for cmd in commands:
             done = cmd.done
-            if done is not None and not done.done():  # done(): its submitter was cancelled
+            if done is not None and not done.done():
                 done.set_result(None)
+            elif done is not None and done.cancelled():
+                # Its submitter was cancelled: nobody raises the error, whose traceback
+                # holds the frames that decided it, and they the command (a cycle).
+                cmd.error = None
 
     def _trim_rate(self, now_m: float) -> None:
         while self._rate and self._rate[0][0] < now_m - 10.0:
