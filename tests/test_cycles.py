@@ -7,6 +7,7 @@ finds unreachable, and none of it may be the daemon's or the schemas' objects.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import os
@@ -16,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+from conftest import PATIENCE_S
 
 from sessiond import AsyncClient, VersionConflictError
 from sessiond_daemon.core.writer import Command, Plan, Writer
@@ -63,37 +65,44 @@ async def test_writes_refusals_and_reads_leave_no_cycles(client: AsyncClient) ->
     assert not found, f"cyclic garbage of the write path: {dict(found)}"
 
 
+@pytest.mark.parametrize("when", ["queued", "answered"])
 async def test_a_refused_write_whose_submitter_was_cancelled_leaves_no_cycle(
-        short_dir: str) -> None:
-    """A submitter cancelled while its write waits in the queue (its connection cut):
-    the write is still decided, and refused; nobody raises that error, and it must not
-    stay on the command, whose frames its traceback holds. The writer on a real SQLite
-    file, driven directly: the cancel has to come before the writer runs."""
+        short_dir: str, when: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A submitter cancelled (its connection cut) while its write waits in the queue, or
+    once it is answered but before it has run again: the write is decided all the same,
+    and refused; nobody raises that error, and it must not stay on the command, whose
+    frames its traceback holds. The writer on a real SQLite file, driven directly: the
+    cancels have to fall at those two points."""
     store = SqliteStore(os.path.join(short_dir, "w.db"))
     await store.open()
     writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
+    # The submitter's task, held only here: once done, a task holds its frames, and so
+    # what they hold (the command), which would hide a cycle from the collector.
+    submitters = [asyncio.ensure_future(writer.submit(Command(
+        session_id="gone", plan=lambda state: Plan([], dict), meta=EventMeta(),
+        expected_version=5)))]  # no such session: refused
+    if when == "answered":
+        finish = Writer._finish
+
+        def cancel_once_answered(commands: list[Command]) -> None:
+            finish(commands)
+            submitters[0].cancel()  # its answer is set; it has not run since
+
+        monkeypatch.setattr(Writer, "_finish", staticmethod(cancel_once_answered))
     try:
         with cyclic_garbage() as found:
+            with anyio.fail_after(PATIENCE_S):  # a guard: submit queues before it waits
+                while not writer.queue_depth:
+                    await anyio.sleep(0)
+            if when == "queued":
+                submitters[0].cancel()
             async with anyio.create_task_group() as tg:
-                cancelled = anyio.CancelScope()
-
-                async def submit() -> None:
-                    with cancelled:
-                        await writer.submit(Command(
-                            session_id="gone", plan=lambda state: Plan([], dict),
-                            meta=EventMeta(), expected_version=5))  # no such session
-
-                tg.start_soon(submit)
-                await wait_until_queued(writer)
-                cancelled.cancel()
                 await tg.start(writer.run)
                 writer.close()
+            await asyncio.wait(submitters)
+            cancelled = submitters.pop().cancelled()
     finally:
         await store.close()
+    assert cancelled
     assert writer.commands == 1  # decided (and refused), though nobody waited for it
     assert not found, f"cyclic garbage of a cancelled refusal: {dict(found)}"
-
-
-async def wait_until_queued(writer: Writer) -> None:
-    while not writer.queue_depth:
-        await anyio.sleep(0)

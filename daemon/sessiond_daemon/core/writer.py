@@ -308,14 +308,16 @@ class Writer:
         done = command.done = asyncio.get_running_loop().create_future()
         self._queue.append(command)
         self._ring_writer()
-        await done
-        error = command.error
+        try:
+            await done
+        finally:
+            # Taken off the command, even when this submitter is cancelled once answered:
+            # the error's traceback holds the frames that decided it, which hold the
+            # command (a reference cycle, tests/test_cycles.py; a cancel before the answer
+            # is `_finish`'s to clear).
+            error, command.error = command.error, None
         if error is not None:
-            # Raised with neither the command nor this frame holding it: its traceback
-            # holds this frame, and the frame the command, so either would be a reference
-            # cycle (tests/test_cycles.py).
-            command.error = None
-            try:
+            try:  # raised with this frame no longer holding it, for the same reason
                 raise error
             finally:
                 del error
