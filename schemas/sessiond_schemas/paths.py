@@ -4,6 +4,7 @@ the files beside it, and the HTTP face's token files, which the daemon (at each 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Mapping
@@ -35,11 +36,18 @@ def write_http_token(path: str) -> str:
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, token.encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            os.write(fd, token.encode() + b"\n")  # 44 bytes: one write of a new file
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        # Not left behind: a later start with the same pid (a container's pid 1) would
+        # find it and fail (O_EXCL).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
     return token
 
 
