@@ -27,9 +27,10 @@ pytestmark = pytest.mark.anyio
 
 
 class Held:
-    """The daemon of a test: commits touching "s" held, one release each; the stored views
-    it reads counted; its writer seen when a read of "s" waits, and whether a commit of
-    "s" was in flight again when that read was answered."""
+    """The daemon of a test: the commits `hold` picks (by default those appending to "s")
+    held, one release each; the stored views it reads counted; its writer seen when a read
+    of "s" waits, and whether a commit of "s" was in flight again when that read was
+    answered."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, wait_s: float) -> None:
         monkeypatch.setattr(writer, "LANDING_WAIT_S", wait_s)
@@ -37,7 +38,7 @@ class Held:
         # the writer goes from one commit straight to the next queued one.
         monkeypatch.setattr(sqlite_store, "INDEX_LAG_S", 3600.0)
         self.stores: list[FaultyStore] = []
-        self.held = 0  # commits of "s" held (or released)
+        self.held = 0  # commits held (or released)
         self.releases: list[anyio.Event] = []
         self.stored_reads = 0
         self.waiting = anyio.Event()  # a read of "s" found a commit of it in flight
