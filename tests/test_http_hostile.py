@@ -8,6 +8,7 @@ import base64
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import anyio
 import httpx
@@ -213,3 +214,22 @@ class TestSlowClients:
         async with httpx.AsyncClient(base_url=base(daemon), timeout=30, headers={
                 "authorization": f"Bearer {token(daemon)}"}) as owner:
             assert (await owner.get("/v1/stream/none")).status_code == 404
+
+
+def test_a_token_write_that_fails_leaves_no_file_behind(tmp_path: Path) -> None:
+    """The token is written to a pid-named file opened O_EXCL, then moved into place: a
+    move that fails (here: a directory stands at the token's path) removes it, or the
+    next daemon started with the same pid (a container's pid 1) could not write its
+    token."""
+    from sessiond_schemas.paths import write_http_token
+
+    target = tmp_path / "sessiond.http-token"
+    (target / "in-the-way").mkdir(parents=True)
+    with pytest.raises(OSError):
+        write_http_token(str(target))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sessiond.http-token"]
+    (target / "in-the-way").rmdir()
+    target.rmdir()
+    token = write_http_token(str(target))  # the same pid, the same name: no leftover
+    assert target.read_text() == token + "\n"
+    assert target.stat().st_mode & 0o777 == 0o600
