@@ -1,6 +1,6 @@
 """The HTTP face against what another local user, or a careless client, can send: each
-test is a finding of this session's review (the reproduction, through a real daemon),
-held fixed."""
+test is a finding of a review (the reproduction, through a real daemon, or for the token
+file's writer, through the function both the daemon and sessionctl call), held fixed."""
 
 from __future__ import annotations
 
@@ -217,10 +217,9 @@ class TestSlowClients:
 
 
 def test_a_token_write_that_fails_leaves_no_file_behind(tmp_path: Path) -> None:
-    """The token is written to a pid-named file opened O_EXCL, then moved into place: a
-    move that fails (here: a directory stands at the token's path) removes it, or the
-    next daemon started with the same pid (a container's pid 1) could not write its
-    token."""
+    """The token is written to a file of its own beside the token's path (O_EXCL), then
+    moved into place: a move that fails (here: a directory stands at the token's path)
+    removes that file; the next write, once the path is free, succeeds."""
     from sessiond_schemas.paths import write_http_token
 
     target = tmp_path / "sessiond.http-token"
@@ -230,6 +229,6 @@ def test_a_token_write_that_fails_leaves_no_file_behind(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sessiond.http-token"]
     (target / "in-the-way").rmdir()
     target.rmdir()
-    token = write_http_token(str(target))  # the same pid, the same name: no leftover
+    token = write_http_token(str(target))
     assert target.read_text() == token + "\n"
     assert target.stat().st_mode & 0o777 == 0o600

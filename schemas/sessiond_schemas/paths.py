@@ -33,7 +33,9 @@ def write_http_token(path: str) -> str:
     """Write a new bearer token to `path` (0600, synced, replaced atomically: a reader
     sees the old token or the new one, whole); return it."""
     token = secrets.token_urlsafe(TOKEN_BYTES)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    # A name no other write uses: one left by a crash never refuses a later one (O_EXCL;
+    # a pid-named file would, at the next start with that pid: a container's pid 1).
+    tmp = f"{path}.{secrets.token_hex(8)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         try:
@@ -43,9 +45,7 @@ def write_http_token(path: str) -> str:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        # Not left behind: a later start with the same pid (a container's pid 1) would
-        # find it and fail (O_EXCL).
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # the write's own error is the one to raise
             os.unlink(tmp)
         raise
     return token
