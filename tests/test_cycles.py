@@ -2,8 +2,9 @@
 views, results) is freed by reference counting once the batch is answered, not left with
 all it holds for the garbage collector (bench/README, "Reference cycles"). A real daemon
 in this process on each store, a real client (and the writer alone on a SQLite file, for
-a submitter cancelled before the writer runs); the collector is told to keep what it
-finds unreachable, and none of it may be the daemon's or the schemas' objects."""
+a submitter cancelled while its write is queued, or once it is answered); the collector
+is told to keep what it finds unreachable, and none of it may be the daemon's or the
+schemas' objects."""
 
 from __future__ import annotations
 
