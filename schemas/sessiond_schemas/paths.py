@@ -1,6 +1,7 @@
 """Where the socket is by default: the contract's order of precedence (daemon and client);
-the files beside it, and the HTTP face's token files, which the daemon (at each start) and
-`sessionctl http-token --rotate` write the same way."""
+the files beside it, and their one writer (`write_private`): the HTTP face's token files,
+which the daemon (at each start) and `sessionctl http-token --rotate` write, and its
+bound addresses."""
 
 from __future__ import annotations
 
@@ -29,17 +30,18 @@ def http_token_path(socket_path: str, *, peer: bool = False) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(socket_path)), name)
 
 
-def write_http_token(path: str) -> str:
-    """Write a new bearer token to `path` (0600, synced, replaced atomically: a reader
-    sees the old token or the new one, whole); return it."""
-    token = secrets.token_urlsafe(TOKEN_BYTES)
+def write_private(path: str, data: bytes) -> None:
+    """Put `data` at `path`, 0600, synced and replaced atomically: a reader sees the old
+    file or the new one, whole (the files beside the socket: tokens, bound addresses)."""
     # A name no other write uses: one left by a crash never refuses a later one (O_EXCL;
     # a pid-named file would, at the next start with that pid: a container's pid 1).
     tmp = f"{path}.{secrets.token_hex(8)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         try:
-            os.write(fd, token.encode() + b"\n")  # 44 bytes: one write of a new file
+            view = memoryview(data)
+            while view:  # a short write writes the rest
+                view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -48,6 +50,12 @@ def write_http_token(path: str) -> str:
         with contextlib.suppress(OSError):  # the write's own error is the one to raise
             os.unlink(tmp)
         raise
+
+
+def write_http_token(path: str) -> str:
+    """Write a new bearer token to `path` (`write_private`); return it."""
+    token = secrets.token_urlsafe(TOKEN_BYTES)
+    write_private(path, token.encode() + b"\n")
     return token
 
 

@@ -23,7 +23,7 @@ from sessiond_daemon.serve.web.auth import Tokens
 from sessiond_daemon.serve.web.calls import Calls
 from sessiond_daemon.serve.web.streams import Streams
 from sessiond_daemon.serve.web.view import WebView
-from sessiond_schemas.paths import http_listen_path
+from sessiond_schemas.paths import http_listen_path, write_private
 
 log = structlog.get_logger("sessiond.http")
 
@@ -85,7 +85,8 @@ class Face:
             bound = await self._serve(tg, app, config.http_listen, bind_unix,
                                       config.http_max_connections)
             assert config.socket
-            _write_listening(http_listen_path(config.socket), bound)
+            # Where the HTTP face listens, for `sessionctl web`.
+            write_private(http_listen_path(config.socket), json.dumps(bound).encode() + b"\n")
         if config.metrics_listen is not None:
             scrape = App(None, None, self.metrics, lambda: self._settings, metrics_only=True)
             await self._serve(tg, scrape, [config.metrics_listen], bind_unix, MAX_SCRAPES)
@@ -129,14 +130,3 @@ class Face:
             if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == (bound.st_dev,
                                                                          bound.st_ino):
                 os.unlink(path)
-
-
-def _write_listening(path: str, bound: list[str]) -> None:
-    """Say where the HTTP face listens, for `sessionctl web` (0600, replaced atomically)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, json.dumps(bound).encode() + b"\n")
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
