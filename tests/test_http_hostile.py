@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import stat
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -232,3 +234,23 @@ def test_a_token_write_that_fails_leaves_no_file_behind(tmp_path: Path) -> None:
     token = write_http_token(str(target))
     assert target.read_text() == token + "\n"
     assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_token_write_syncs_the_file_then_its_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rotation is on disk when it returns: the new file's bytes are synced before the
+    move, and the directory after it (a power loss would otherwise bring back the old
+    directory entry, the rotated-away token). Each synced descriptor is told by fstat."""
+    from sessiond_schemas.paths import write_http_token
+
+    real_fsync, synced = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        synced.append(("dir" if stat.S_ISDIR(st.st_mode) else "file", st.st_ino))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    target = tmp_path / "sessiond.http-token"
+    write_http_token(str(target))
+    assert synced == [("file", target.stat().st_ino), ("dir", tmp_path.stat().st_ino)]

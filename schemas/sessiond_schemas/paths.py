@@ -32,7 +32,9 @@ def http_token_path(socket_path: str, *, peer: bool = False) -> str:
 
 def write_private(path: str, data: bytes) -> None:
     """Put `data` at `path`, 0600, synced and replaced atomically: a reader sees the old
-    file or the new one, whole (the files beside the socket: tokens, bound addresses)."""
+    file or the new one, whole (the files beside the socket: tokens, bound addresses).
+    The directory is synced after the move, so that once this returns a power loss does
+    not bring the old file back (a rotated-away token)."""
     # A name no other write uses: one left by a crash never refuses a later one (O_EXCL;
     # a pid-named file would, at the next start with that pid: a container's pid 1).
     tmp = f"{path}.{secrets.token_hex(8)}.tmp"
@@ -50,6 +52,11 @@ def write_private(path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):  # the write's own error is the one to raise
             os.unlink(tmp)
         raise
+    directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def write_http_token(path: str) -> str:
