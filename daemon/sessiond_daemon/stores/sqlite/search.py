@@ -42,11 +42,24 @@ _decode = msgspec.json.Decoder(dict[str, Any])
 _json = msgspec.json.Encoder()
 
 
+# The last event's texts: the view asks for an event's body, then for its tags, two calls
+# with the same arguments; the second is answered from here instead of decoding the data
+# again (a quarter of the catch-up's CPU per event: bench/README, "The sixth pass"). One event's
+# worth is held; one tuple, replaced whole, so the connections' threads never see a key
+# with another event's texts.
+_last: list[tuple[str, bytes | str, tuple[str | None, str | None]] | None] = [None]
+
+
 def _sql_text(column: int, event_type: str, data: bytes | str) -> str | None:
+    last = _last[0]
+    if last is not None and last[0] == event_type and last[1] == data:
+        return last[2][column]
     try:
-        return text_of(event_type, _decode.decode(data))[column]
+        texts = text_of(event_type, _decode.decode(data))
     except (msgspec.DecodeError, AttributeError, TypeError):
-        return None
+        texts = (None, None)
+    _last[0] = (event_type, data, texts)
+    return texts[column]
 
 
 def register(con: sqlite3.Connection) -> None:
