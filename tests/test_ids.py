@@ -1,16 +1,18 @@
 """new_id writes ULIDs by hand (a quarter of python-ulid's time, on every append): they must
-be the strings python-ulid would write, carry the time they were made, and sort by it."""
+be the strings python-ulid would write, carry the time they were made, and sort by it.
+now() formats a second once: its strings must be datetime's, whatever the time."""
 
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 from hypothesis import given
 from hypothesis import strategies as st
 from ulid import ULID
 
 from sessiond_schemas import events
-from sessiond_schemas.events import new_id
+from sessiond_schemas.events import new_id, now
 
 
 def test_new_ids_are_ulids_of_now() -> None:
@@ -40,3 +42,24 @@ def test_later_ids_sort_later() -> None:
     while time.time_ns() // 1_000_000 <= ULID.from_str(first).milliseconds:
         pass  # the next millisecond
     assert new_id() > first
+
+
+@given(st.lists(st.integers(0, 253_402_300_799_999_999), min_size=1, max_size=5))
+def test_now_is_datetimes_rfc3339_of_the_clock(times_us: list[int]) -> None:
+    """Any microsecond up to 9999-12-31, in any order (the second remembered, or not): the
+    string datetime writes for it."""
+    real_time_ns = events.time.time_ns
+    try:
+        for us in times_us:
+            events.time.time_ns = lambda us=us: us * 1000 + 999  # type: ignore[misc]
+            expected = datetime.fromtimestamp(us // 1_000_000, UTC).replace(
+                microsecond=us % 1_000_000).isoformat(timespec="microseconds")[:-6] + "Z"
+            assert now() == expected
+    finally:
+        events.time.time_ns = real_time_ns
+
+
+def test_now_is_the_clocks() -> None:
+    before = datetime.now(UTC)
+    made = datetime.fromisoformat(now())
+    assert before <= made <= datetime.now(UTC)
