@@ -632,7 +632,6 @@ class Writer:
         now_m = time.monotonic()
         self._rate.append((now_m, len(batch.events)))
         self._trim_rate(now_m)
-        log.debug("store.batch_committed", commands=len(commands), events=len(batch.events))
         self._ring(batch)
         return None
 
