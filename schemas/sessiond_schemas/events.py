@@ -44,8 +44,9 @@ CURRENT_SCHEMA_VERSION: Final = 1
 
 
 # The last second's "YYYY-MM-DDTHH:MM:SS", formatted once a second: now() costs a third
-# of what datetime's formatting took, on every event (bench/README, "The sixth pass").
-# One tuple, replaced whole: a thread never reads one second's text with another second.
+# of what datetime's formatting took, on every event (bench/README, "Less Python per
+# append"). One tuple, replaced whole: a thread never reads one second's text with
+# another second.
 _second: list[tuple[int, str]] = [(-1, "")]
 
 

@@ -42,11 +42,11 @@ _decode = msgspec.json.Decoder(dict[str, Any])
 _json = msgspec.json.Encoder()
 
 
-# The last event's texts: the view asks for an event's body, then for its tags, two calls
-# with the same arguments; the second is answered from here instead of decoding the data
-# again (a quarter of the catch-up's CPU per event: bench/README, "The sixth pass"). One event's
-# worth is held; one tuple, replaced whole, so the connections' threads never see a key
-# with another event's texts.
+# The last event's texts. The view asks for an event's body, then for its tags: two calls
+# with the same arguments, the second answered from here instead of decoding the data
+# again (a quarter of the catch-up's CPU per event: bench/README, "Less Python per
+# append"). One event's worth is held, in one tuple replaced whole, so a connection's
+# thread never reads one event's key with another event's texts.
 _last: list[tuple[str, bytes | str, tuple[str | None, str | None]] | None] = [None]
 
 
