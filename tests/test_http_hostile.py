@@ -245,12 +245,42 @@ def test_a_token_write_syncs_the_file_then_its_directory(
 
     real_fsync, synced = os.fsync, []
 
+    target = tmp_path / "sessiond.http-token"
+
     def fsync(fd: int) -> None:
         st = os.fstat(fd)
-        synced.append(("dir" if stat.S_ISDIR(st.st_mode) else "file", st.st_ino))
+        # A directory is synced with the new file in place already (after the move).
+        synced.append(("dir", st.st_ino, target.stat().st_ino) if stat.S_ISDIR(st.st_mode)
+                      else ("file", st.st_ino))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_http_token(str(target))
+    new = target.stat().st_ino
+    assert synced == [("file", new), ("dir", tmp_path.stat().st_ino, new)]
+
+
+def test_a_filesystem_that_syncs_no_directory_still_takes_the_token(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsync on a directory fails with EINVAL on some filesystems: the token, in place by
+    then, is written all the same. Another error of that sync is the write's error."""
+    import errno
+
+    from sessiond_schemas.paths import write_http_token
+
+    real_fsync = os.fsync
+    refusal = [errno.EINVAL]
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(refusal[0], os.strerror(refusal[0]))
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
     target = tmp_path / "sessiond.http-token"
-    write_http_token(str(target))
-    assert synced == [("file", target.stat().st_ino), ("dir", tmp_path.stat().st_ino)]
+    token = write_http_token(str(target))
+    assert target.read_text() == token + "\n"
+    refusal[0] = errno.EIO
+    with pytest.raises(OSError) as raised:
+        write_http_token(str(target))
+    assert raised.value.errno == errno.EIO

@@ -6,6 +6,7 @@ bound addresses."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from collections.abc import Mapping
@@ -33,8 +34,8 @@ def http_token_path(socket_path: str, *, peer: bool = False) -> str:
 def write_private(path: str, data: bytes) -> None:
     """Put `data` at `path`, 0600, synced and replaced atomically: a reader sees the old
     file or the new one, whole (the files beside the socket: tokens, bound addresses).
-    The directory is synced after the move, so that once this returns a power loss does
-    not bring the old file back (a rotated-away token)."""
+    The directory is synced after the move (where the filesystem can), so that once this
+    returns a power loss does not bring the old file back (a rotated-away token)."""
     # A name no other write uses: one left by a crash never refuses a later one (O_EXCL;
     # a pid-named file would, at the next start with that pid: a container's pid 1).
     tmp = f"{path}.{secrets.token_hex(8)}.tmp"
@@ -55,6 +56,11 @@ def write_private(path: str, data: bytes) -> None:
     directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(directory)
+    except OSError as exc:
+        # Some filesystems sync no directory (as PostgreSQL's fsync_fname finds); the file
+        # is in place by now, so that is no failure of the write.
+        if exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
     finally:
         os.close(directory)
 
