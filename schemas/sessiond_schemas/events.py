@@ -47,15 +47,25 @@ CURRENT_SCHEMA_VERSION: Final = 1
 # of what datetime's formatting took, on every event (bench/README, "Less Python per
 # append"). One tuple, replaced whole: a thread never reads one second's text with
 # another second.
-_second: list[tuple[int, str]] = [(-1, "")]
+_second: list[tuple[int | None, str]] = [(None, "")]
 
 
 def now() -> str:
     """Return the current UTC time as the contract's RFC 3339 string with microseconds."""
-    seconds, micros = divmod(time.time_ns() // 1000, 1_000_000)
+    return rfc3339(time.time_ns())
+
+
+def rfc3339(ns: int) -> str:
+    """`ns` nanoseconds since the epoch as now() writes it: the string datetime writes
+    (`datetime.fromtimestamp(s, UTC).isoformat(timespec="microseconds")`, "Z" for its
+    offset), microseconds rounded down."""
+    seconds, micros = divmod(ns // 1000, 1_000_000)
     second = _second[0]
     if second[0] != seconds:
-        second = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
+        t = time.gmtime(seconds)
+        # A leap second (a "right/" zone counts them) is :59, as datetime makes it.
+        second = (seconds, f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}"
+                           f":{t.tm_min:02d}:{min(t.tm_sec, 59):02d}")
         _second[0] = second
     return f"{second[1]}.{micros:06d}Z"
 
