@@ -40,3 +40,15 @@ def test_data_that_is_not_json_has_no_text_and_is_not_remembered_as_another() ->
     assert search._sql_text(1, "message.appended", b"{not json") is None
     assert search._sql_text(0, "message.appended", b"{not json") is None
     assert search._sql_text(0, "message.appended", b'{"content": "kept"}') == "kept"
+
+
+def test_a_large_event_is_not_held_after_its_texts() -> None:
+    """Only an event of up to MEMO_MAX_BYTES is remembered: a larger one is decoded for
+    each of its two calls, and nothing of it stays in memory."""
+    small = b'{"content": "small"}'
+    assert search._sql_text(0, "message.appended", small) == "small"
+    large = b'{"content": "' + b"x" * search.MEMO_MAX_BYTES + b'"}'
+    assert search._sql_text(0, "message.appended", large) == "x" * search.MEMO_MAX_BYTES
+    assert search._sql_text(1, "message.appended", large) is None
+    held = search._last[0]
+    assert held is not None and held[1] == small

@@ -46,19 +46,23 @@ _json = msgspec.json.Encoder()
 # with the same arguments, the second answered from here instead of decoding the data
 # again (a quarter of the catch-up's CPU per event: bench/README, "Less Python per
 # append"). One event's worth is held, in one tuple replaced whole, so a connection's
-# thread never reads one event's key with another event's texts.
+# thread never reads one event's key with another event's texts; and only an event of
+# up to MEMO_MAX_BYTES, so that no large event stays in memory after its indexing.
+MEMO_MAX_BYTES: Final = 64 * 1024
 _last: list[tuple[str, bytes | str, tuple[str | None, str | None]] | None] = [None]
 
 
 def _sql_text(column: int, event_type: str, data: bytes | str) -> str | None:
     last = _last[0]
-    if last is not None and last[0] == event_type and last[1] == data:
+    if (last is not None and last[0] == event_type and type(last[1]) is type(data)
+            and last[1] == data):
         return last[2][column]
     try:
         texts = text_of(event_type, _decode.decode(data))
     except (msgspec.DecodeError, AttributeError, TypeError):
         texts = (None, None)
-    _last[0] = (event_type, data, texts)
+    if len(data) <= MEMO_MAX_BYTES:
+        _last[0] = (event_type, data, texts)
     return texts[column]
 
 
