@@ -104,6 +104,24 @@ async def test_subscribe_errors_and_unsubscribe(daemon: Daemon, client: AsyncCli
         await client.call("events.unsubscribe", subscription=started["subscription"])
 
 
+async def test_a_subscription_is_live_once_its_block_runs(daemon: Daemon,
+                                                          client: AsyncClient) -> None:
+    """Entered with `async with`, a subscription "from now" is registered before the block
+    runs: it hands out what the block writes before its first iteration. A subscribe the
+    daemon refuses raises at the entry."""
+    await client.create_session("now")
+    async with client.subscribe("now") as sub:
+        assert sub.start_position is not None  # answered already
+        await client.append_message("now", "user", "first")
+        await client.append_message("now", "user", "second")
+        with anyio.fail_after(30):  # a guard against a hang, not a timing
+            got = [(await sub.__anext__()).fields()["content"] for _ in range(2)]
+    assert got == ["first", "second"]
+    with pytest.raises(SessionNotFoundError):
+        async with client.subscribe("missing"):
+            pytest.fail("entered a subscription to a session that does not exist")
+
+
 async def test_deleted_session_ends_the_subscription(daemon: Daemon, client: AsyncClient) -> None:
     """Deleting the followed session ends it with subscription.dropped saying so."""
     await client.create_session("doomed")

@@ -41,6 +41,7 @@ class Follower:
         self.cursor: int | None = None  # every matching event up to here was handed out
         self.start_position: int | None = None  # where the first subscription began
         self.caught_up = False
+        self.answered = False  # the daemon answered a subscribe: it is registered there
         self.ended: str | None = None  # why the daemon ended it for good
         self._ids = itertools.count(1)
 
@@ -81,6 +82,7 @@ class Follower:
             started = _subscribe_decoder.decode(raise_for(msg))
         except ShuttingDownError:
             return False
+        self.answered = True
         if self.cursor is None:
             self.cursor = self.start_position = started.position
         return True

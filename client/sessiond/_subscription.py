@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from types import TracebackType
 
 import anyio
@@ -14,7 +15,12 @@ from ._wire import ConnectionLostError
 
 
 class Subscription(Follower):
-    """`async with client.subscribe(...) as events: async for event in events: ...`"""
+    """`async with client.subscribe(...) as events: async for event in events: ...`
+
+    Entered with `async with`, it is subscribed once the body runs: a subscription "from
+    now" hands out every event committed after that, those the body writes before its
+    first iteration too, and a subscribe the daemon refuses (no such session) raises
+    there. Iterated without `async with`, it subscribes at the first iteration."""
 
     def __init__(self, socket_path: str, *, session_id: str | None = None,
                  from_position: int | None = None, from_version: int | None = None,
@@ -23,8 +29,26 @@ class Subscription(Follower):
         self.socket_path = socket_path
         self.retry_for = retry_for  # seconds to keep reconnecting; None: for ever
         self._transport: Connection | None = None
+        self._early: deque[Event] = deque()  # events that came before the answer
 
     async def __aenter__(self) -> Subscription:
+        self._transport = await self._connect()  # gives up after retry_for: raises
+        try:
+            await self._transport.send(self.subscribe_line())
+            while not self.answered:
+                try:
+                    line = await self._transport.receive_line()
+                except (EOFError, ConnectionLostError):
+                    line = b""
+                outcome = self.on_line(line) if line else False  # a refusal raises
+                if isinstance(outcome, Event):
+                    self._early.append(outcome)
+                elif outcome is False:  # the daemon went away: the first iteration retries
+                    await self.aclose()
+                    break
+        except BaseException:
+            await self.aclose()
+            raise
         return self
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
@@ -40,6 +64,8 @@ class Subscription(Follower):
         return self
 
     async def __anext__(self) -> Event:
+        if self._early:
+            return self._early.popleft()
         while self.ended is None:
             fresh = self._transport is None
             if self._transport is None:
