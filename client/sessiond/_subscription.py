@@ -46,8 +46,9 @@ class Subscription(Follower):
                 elif outcome is False:  # the daemon went away: the first iteration retries
                     await self.aclose()
                     break
-        except BaseException:
-            await self.aclose()
+        except BaseException:  # a refusal, or cancelled: the connection is not left open
+            with anyio.CancelScope(shield=True):
+                await self.aclose()
             raise
         return self
 
