@@ -311,7 +311,7 @@ async def cross_host_lag(sockets: list[str], samples: int) -> dict[str, Any]:
 
         async def follow() -> None:
             async with on_a.subscribe() as events:
-                async def caught_up() -> None:  # subscribed (it connects when first read)
+                async def caught_up() -> None:  # live from here: its catch-up is done
                     while not events.caught_up:
                         await anyio.sleep(0.001)
                     ready.set()

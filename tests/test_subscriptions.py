@@ -199,6 +199,33 @@ async def test_iterator_survives_a_daemon_restart(short_dir: str, db_url: str) -
     assert [e.version for e in got] == list(range(1, 102))
 
 
+async def test_an_entry_waits_for_the_daemon(short_dir: str, db_url: str) -> None:
+    """Entered before the daemon is up, a subscription waits for it (`retry_for`, as a
+    resubscribe does) and is subscribed when its block runs."""
+    config = daemon_config(short_dir, db=db_url)
+    entered = anyio.Event()
+    got: list[str] = []
+    async with anyio.create_task_group() as tg:
+        async def consume() -> None:
+            async with AsyncClient(config.socket).subscribe(from_position=0,
+                                                            retry_for=60) as sub:
+                assert sub.start_position is not None  # answered already
+                entered.set()
+                async for event in sub:
+                    got.append(event.type)
+                    return
+
+        tg.start_soon(consume)
+        await anyio.sleep(0.2)  # the entry is waiting for a socket nobody listens on
+        assert not entered.is_set()
+        async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+            with anyio.fail_after(60):  # a guard against a hang, not a timing
+                await entered.wait()
+            await c.create_session("late")
+            await eventually(lambda: bool(got), "the subscription's first event")
+    assert got == ["session.created"]
+
+
 async def test_blocking_follow(daemon: Daemon, client: AsyncClient) -> None:
     """Client.subscribe is a blocking generator with the same guarantees."""
     from sessiond import Client

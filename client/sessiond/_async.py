@@ -153,9 +153,11 @@ class AsyncClient(AsyncCalls):
                   retry_for: float | None = None) -> Subscription:
         """Follow events (of one session, or all) on a connection of their own.
 
-        Without from_position/from_version it starts from now. It resubscribes by
-        itself after a drop or a daemon restart (retrying for `retry_for` seconds,
-        for ever when None); each matching event is yielded once, in order.
+        Without from_position/from_version it starts from now: from the `async with`'s
+        entry, which connects and subscribes (waiting for the daemon up to `retry_for`),
+        or from the first iteration without one. It resubscribes by itself after a drop
+        or a daemon restart (retrying for `retry_for` seconds, for ever when None); each
+        matching event is yielded once, in order.
         """
         return Subscription(self.socket_path, session_id=session_id, from_position=from_position,
                             from_version=from_version, types=types, retry_for=retry_for)

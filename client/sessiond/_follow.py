@@ -41,7 +41,7 @@ class Follower:
         self.cursor: int | None = None  # every matching event up to here was handed out
         self.start_position: int | None = None  # where the first subscription began
         self.caught_up = False
-        self.answered = False  # the daemon answered a subscribe: it is registered there
+        self.answered = False  # the daemon has answered a subscribe of this follower once
         self.ended: str | None = None  # why the daemon ended it for good
         self._ids = itertools.count(1)
 

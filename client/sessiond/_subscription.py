@@ -20,7 +20,9 @@ class Subscription(Follower):
     Entered with `async with`, it is subscribed once the body runs: a subscription "from
     now" hands out every event committed after that, those the body writes before its
     first iteration too, and a subscribe the daemon refuses (no such session) raises
-    there. Iterated without `async with`, it subscribes at the first iteration."""
+    there. The entry connects, waiting for the daemon as a resubscribe does (`retry_for`),
+    and subscribes again if the daemon goes away before it answers. Iterated without
+    `async with`, it subscribes at the first iteration."""
 
     def __init__(self, socket_path: str, *, session_id: str | None = None,
                  from_position: int | None = None, from_version: int | None = None,
@@ -32,24 +34,26 @@ class Subscription(Follower):
         self._early: deque[Event] = deque()  # events that came before the answer
 
     async def __aenter__(self) -> Subscription:
-        self._transport = await self._connect()  # gives up after retry_for: raises
-        try:
-            await self._transport.send(self.subscribe_line())
-            while not self.answered:
-                try:
-                    line = await self._transport.receive_line()
-                except (EOFError, ConnectionLostError):
-                    line = b""
-                outcome = self.on_line(line) if line else False  # a refusal raises
-                if isinstance(outcome, Event):
-                    self._early.append(outcome)
-                elif outcome is False:  # the daemon went away: the first iteration retries
-                    await self.aclose()
-                    break
-        except BaseException:  # a refusal, or cancelled: the connection is not left open
-            with anyio.CancelScope(shield=True):
+        while not self.answered and self.ended is None:
+            self._transport = await self._connect()  # gives up after retry_for: raises
+            try:
+                await self._transport.send(self.subscribe_line())
+                while not self.answered:
+                    try:
+                        line = await self._transport.receive_line()
+                    except (EOFError, ConnectionLostError):
+                        line = b""
+                    outcome = self.on_line(line) if line else False  # a refusal raises
+                    if isinstance(outcome, Event):
+                        self._early.append(outcome)
+                    elif outcome is False:  # gone, or going down: subscribe again
+                        break
+            except BaseException:  # a refusal, or cancelled: the connection is not left open
                 await self.aclose()
-            raise
+                raise
+            if not self.answered:
+                await self.aclose()
+                await anyio.sleep(RESUBSCRIBE_PAUSE)
         return self
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
@@ -57,9 +61,11 @@ class Subscription(Follower):
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._transport is not None:
-            await self._transport.aclose()
-            self._transport = None
+        """Close the connection, cancelled or not (it is let go of before the wait)."""
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            with anyio.CancelScope(shield=True):
+                await transport.aclose()
 
     def __aiter__(self) -> Subscription:
         return self
