@@ -5,6 +5,7 @@ file's writer, through the function both the daemon and sessionctl call), held f
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import stat
@@ -264,8 +265,6 @@ def test_a_filesystem_that_syncs_no_directory_still_takes_the_token(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """fsync on a directory fails with EINVAL on some filesystems: the token, in place by
     then, is written all the same. Another error of that sync is the write's error."""
-    import errno
-
     from sessiond_schemas.paths import write_http_token
 
     real_fsync = os.fsync

@@ -35,25 +35,15 @@ class Subscription(Follower):
 
     async def __aenter__(self) -> Subscription:
         while not self.answered and self.ended is None:
-            self._transport = await self._connect()  # gives up after retry_for: raises
             try:
-                await self._transport.send(self.subscribe_line())
-                while not self.answered:
-                    try:
-                        line = await self._transport.receive_line()
-                    except (EOFError, ConnectionLostError):
-                        line = b""
-                    outcome = self.on_line(line) if line else False  # a refusal raises
-                    if isinstance(outcome, Event):
-                        self._early.append(outcome)
-                    elif outcome is False:  # gone, or going down: subscribe again
-                        break
+                outcome = await self._next_line()
             except BaseException:  # a refusal, or cancelled: the connection is not left open
                 await self.aclose()
                 raise
-            if not self.answered:
-                await self.aclose()
-                await anyio.sleep(RESUBSCRIBE_PAUSE)
+            if isinstance(outcome, Event):
+                self._early.append(outcome)
+            elif outcome is False:  # gone, or going down: subscribe again
+                await self._resubscribe()
         return self
 
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
@@ -74,22 +64,31 @@ class Subscription(Follower):
         if self._early:
             return self._early.popleft()
         while self.ended is None:
-            fresh = self._transport is None
-            if self._transport is None:
-                self._transport = await self._connect()  # gives up after retry_for: raises
-            try:
-                if fresh:
-                    await self._transport.send(self.subscribe_line())
-                line = await self._transport.receive_line()
-            except (EOFError, ConnectionLostError):  # dropped: resubscribe below
-                line = b""
-            outcome = self.on_line(line) if line else False
+            outcome = await self._next_line()
             if isinstance(outcome, Event):
                 return outcome
             if outcome is False:  # dropped, or the daemon went away: resubscribe
-                await self.aclose()
-                await anyio.sleep(RESUBSCRIBE_PAUSE)
+                await self._resubscribe()
         raise StopAsyncIteration
+
+    async def _next_line(self) -> Event | bool:
+        """Connect and subscribe when not connected, then take the next line (`on_line`:
+        an event, True to go on, False to subscribe again)."""
+        fresh = self._transport is None
+        if self._transport is None:
+            self._transport = await self._connect()  # gives up after retry_for: raises
+        try:
+            if fresh:
+                await self._transport.send(self.subscribe_line())
+            line = await self._transport.receive_line()
+        except (EOFError, ConnectionLostError):  # dropped: subscribe again
+            line = b""
+        return self.on_line(line) if line else False
+
+    async def _resubscribe(self) -> None:
+        """Let the connection go; the next line read subscribes again, after a pause."""
+        await self.aclose()
+        await anyio.sleep(RESUBSCRIBE_PAUSE)
 
     async def _connect(self) -> Connection:
         pauses = backoff(self.retry_for)
