@@ -15,6 +15,7 @@ import anyio
 import structlog
 
 from sessiond_daemon import host
+from sessiond_daemon.cpu import PIN
 from sessiond_daemon.serve import lifecycle, logs, systemd
 from sessiond_daemon.serve.config import Config, ConfigError, load
 from sessiond_daemon.serve.deadline import MARGIN_S, StopDeadline
@@ -57,6 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cleanup-every-s", type=float, dest="cleanup_every_s")
     p.add_argument("--kill-grace-s", type=float, dest="kill_grace_s",
                    help="seconds session.kill waits after SIGTERM before SIGKILL")
+    p.add_argument("--cpu-affinity", type=_cpu_setting, dest="cpu_affinity",
+                   help="auto (default): the daemon's threads on one CPU, moved as the load"
+                        " asks; a CPU number: on that one; off: wherever the scheduler puts"
+                        " each")
     p.add_argument("--allowed-uids", type=_int_list,
                    help="comma-separated uids let in besides ours")
     p.add_argument("--allowed-gids", type=_int_list, help="comma-separated gids let in")
@@ -85,6 +90,10 @@ def loop_options(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     if importlib.util.find_spec("uvloop") is None:
         return {}  # the pure-asyncio fallback
     return {"use_uvloop": True}
+
+
+def _cpu_setting(text: str) -> str | int:
+    return int(text) if text.strip().isdigit() else text
 
 
 def _int_list(text: str) -> list[int]:
@@ -151,6 +160,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"sessiond: {refused}", file=sys.stderr)
         sys.exit(EX_CONFIG)
     logs.configure(config.log_level, config.log_format)
+    if not args.migrate_only:
+        try:
+            PIN.start(config.cpu_affinity)  # before any thread of the daemon's starts
+        except ValueError as refused:
+            print(f"sessiond: {refused}", file=sys.stderr)
+            sys.exit(EX_CONFIG)
     log = structlog.get_logger("sessiond")
     log.debug("daemon.loop", loop="uvloop" if options else "asyncio")
     # Read (and clear) systemd's variables before anything could start a child process.

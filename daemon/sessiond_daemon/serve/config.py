@@ -122,6 +122,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # None: off (with http_listen, /metrics is also served there, to the owner's token).
     metrics_listen: str | None = None
     max_metrics_labels: Count = 20  # actors / namespaces labelled; the rest are "(other)"
+    # Where the daemon's threads run (sessiond_daemon/cpu.py): "auto", one CPU that follows
+    # the load; a CPU number, that one; "off", wherever the scheduler puts each thread.
+    cpu_affinity: Literal["auto", "off"] | Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = "auto"
 
 
 # Settings SIGHUP applies to a running daemon; the rest take effect at the next start.

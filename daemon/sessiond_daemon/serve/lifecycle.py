@@ -20,6 +20,7 @@ from sessiond_daemon import host
 from sessiond_daemon.core.access import Grants
 from sessiond_daemon.core.commands import Commands, Limits
 from sessiond_daemon.core.writer import Writer
+from sessiond_daemon.cpu import PIN
 from sessiond_daemon.features.executors.methods import Executors
 from sessiond_daemon.features.executors.methods import Settings as ExecutorSettings
 from sessiond_daemon.features.expiry import Expiry
@@ -290,6 +291,8 @@ class Daemon:
                 if config.cleanup_older_than_days > 0:
                     serving.start_soon(_retention, maintenance, config)
                 serving.start_soon(self.expiry.run, config.expire_every_s)  # ends idle TTLs
+                if PIN.setting == "auto" and PIN.cpu is not None:
+                    serving.start_soon(_keep_cpu)
                 log.info("daemon.ready", socket=socket_path, db=config.db,
                          durability=config.durability, pid=os.getpid(),
                          activated=self.inherited is not None)
@@ -461,6 +464,16 @@ def _raise_fd_limit(max_connections: int) -> None:
         if soft < want:
             log.warning("daemon.fd_limit_low", limit=soft, max_connections=max_connections,
                         needed=want, hint="raise LimitNOFILE= (systemd) or ulimit -n")
+
+
+async def _keep_cpu() -> None:
+    """`cpu_affinity = "auto"`: look at the CPUs' load every ~10 s (cpu.py)."""
+    while True:
+        await anyio.sleep(PIN.next_look_s())
+        try:
+            PIN.look()
+        except OSError as exc:  # /proc unreadable, a CPU taken away: stay where we are
+            log.warning("daemon.cpu_look_failed", error=str(exc))
 
 
 async def _retention(maintenance: Maintenance, config: Config) -> None:

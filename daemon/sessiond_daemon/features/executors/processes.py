@@ -29,6 +29,8 @@ import anyio
 import structlog
 from anyio.abc import Process
 
+from sessiond_daemon.cpu import PIN
+
 log = structlog.get_logger("sessiond.executors")
 
 PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: no pid is larger
@@ -307,10 +309,11 @@ async def spawn(argv: list[str], cwd: str | None, env: dict[str, str], stdin: bo
     if problem is not None:
         return problem
     try:
-        return await anyio.open_process(
-            argv, cwd=cwd, env=env, start_new_session=True,
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        with PIN.for_children():  # every CPU the daemon may use, not its own one (cpu.py)
+            return await anyio.open_process(
+                argv, cwd=cwd, env=env, start_new_session=True,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except (OSError, ValueError) as exc:  # ValueError: not encodable for exec
         return f"cannot start {argv[0]!r}: {getattr(exc, 'strerror', None) or exc}"
 
