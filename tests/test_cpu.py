@@ -3,11 +3,13 @@ process and its threads' masks in /proc, its executors' masks, and `auto`'s rule
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import anyio
 import pytest
@@ -16,9 +18,10 @@ from conftest import wait_for_daemon
 from sessiond import AsyncClient
 from sessiond_daemon.cpu import move_to, shares
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")]
 
-ALLOWED = sorted(os.sched_getaffinity(0))
+ALLOWED = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 several = pytest.mark.skipif(len(ALLOWED) < 2, reason="this process may use one CPU only")
 
 
@@ -26,10 +29,8 @@ def masks(pid: int) -> dict[int, list[int]]:
     """Each thread of `pid` and the CPUs it may run on."""
     found = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
             found[int(tid)] = sorted(os.sched_getaffinity(int(tid)))
-        except ProcessLookupError:  # it ended meanwhile
-            pass
     return found
 
 
@@ -67,8 +68,10 @@ async def test_the_daemons_threads_share_one_cpu_and_its_executors_get_them_all(
                 while not (lines := (await client.output("mask")).lines):
                     await anyio.sleep(0.05)
             assert json.loads(lines[0]) == ALLOWED
-        # The spawn's widening of the loop's thread was for the spawn only.
-        assert masks(proc.pid)[proc.pid] == [cpu]
+        # The spawn's widening of the loop's thread was for the spawn only (`auto` may have
+        # moved since: the threads share one CPU, whichever).
+        after = masks(proc.pid)
+        assert len({tuple(m) for m in after.values()}) == 1 and len(after[proc.pid]) == 1
     finally:
         stop(proc)
 
@@ -101,30 +104,89 @@ async def test_a_number_pins_to_that_cpu_and_one_not_allowed_stops_the_start(
             f" ({','.join(map(str, ALLOWED))})") in err.decode()
 
 
-def test_a_move_takes_every_thread_those_started_after_too(short_dir: str) -> None:
-    """`Pin._apply` in a process of its own (it pins the process it runs in): threads that
-    were running, and one started after, all on the new CPU."""
+def in_own_process(body: str, hidden: bool = False) -> Any:
+    """Run `body` in a Python process of its own (a Pin pins the process it runs in), with
+    `pin`, a started `Pin("auto")`, and `masks()`, every thread's CPUs; return what it
+    assigns to `result`. `hidden`: /proc/stat cannot be read (systemd's ProcSubset=pid)."""
     script = textwrap.dedent("""
         import json, os, threading
-        from sessiond_daemon.cpu import Pin
+        from sessiond_daemon import cpu
         stop = threading.Event()
+        def masks():
+            return sorted({tuple(os.sched_getaffinity(int(t)))
+                           for t in os.listdir("/proc/self/task")})
         for _ in range(3):
             threading.Thread(target=stop.wait, daemon=True).start()
-        pin = Pin()
+        if HIDDEN:
+            def hidden():
+                raise FileNotFoundError(2, "No such file or directory", "/proc/stat")
+            cpu._ticks = hidden
+        pin = cpu.Pin()
         pin.start("auto")
-        first = pin.cpu
-        pin._apply(max(pin.allowed - {first}))
-        threading.Thread(target=stop.wait, daemon=True).start()
-        tids = os.listdir("/proc/self/task")
-        print(json.dumps([first, pin.cpu,
-                          sorted({tuple(os.sched_getaffinity(int(t))) for t in tids})]))
-    """)
-    if len(ALLOWED) < 2:
-        pytest.skip("this process may use one CPU only")
+    """).replace("HIDDEN", str(hidden)) + textwrap.dedent(body) + "\nprint(json.dumps(result))\n"
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
                          timeout=60).stdout
-    first, moved, seen = json.loads(out.splitlines()[-1])  # after the start's log line
+    return json.loads(out.splitlines()[-1])  # after the log lines
+
+
+@several
+def test_a_move_takes_every_thread_those_started_while_it_moves_too() -> None:
+    """A thread not yet moved starts another as the move lists the threads: the new one
+    took the old mask, and is moved too."""
+    first, moved, seen = in_own_process("""
+        first = pin.cpu
+        started = threading.Event()
+        listdir = os.listdir
+        def listing(path):
+            names = listdir(path)
+            if not started.is_set():  # an unmoved thread starts one, after this listing
+                threading.Thread(target=lambda: threading.Thread(
+                    target=stop.wait, daemon=True).start() or started.set()).start()
+                started.wait()
+            return names
+        os.listdir = listing
+        pin._move(max(pin.allowed - {first}), "test")
+        os.listdir = listdir
+        result = [first, pin.cpu, masks()]
+    """)
     assert first != moved and seen == [[moved]]
+
+
+@several
+def test_a_cpu_the_kernel_refuses_unpins_and_the_next_look_pins_again() -> None:
+    """A move to a CPU that is not there (offline, out of the cpuset) fails: every thread
+    goes back on the CPUs allowed, nothing raises, and the next look pins again; a spawn
+    meanwhile is not failed."""
+    lost, after, looked, pinned, spawned = in_own_process(f"""
+        assert pin._move({max(ALLOWED) + 1}, "test") is None
+        lost, after = pin.cpu, masks()
+        with pin.for_children():
+            pass
+        looked = pin.look()
+        result = [lost, after, looked, masks(), pin.cpu is not None]
+    """)
+    assert lost is None and after == [ALLOWED]
+    assert looked in ALLOWED and pinned == [[looked]] and spawned
+
+
+@several
+def test_auto_that_cannot_read_the_load_stays_where_it_started() -> None:
+    """/proc/stat hidden (systemd's ProcSubset=pid): pinned, and no look moves it."""
+    pinned, looked = in_own_process("""
+        result = [masks() == [(pin.cpu,)], pin.look()]
+    """, hidden=True)
+    assert pinned and looked is None
+
+
+def test_a_look_at_the_real_load_stays_or_moves_within_the_cpus_allowed() -> None:
+    moved, seen = in_own_process("""
+        import time
+        time.sleep(0.2)
+        moved = pin.look()
+        result = [moved, masks()]
+    """)
+    assert moved is None or moved in ALLOWED
+    assert len(seen) == 1 and len(seen[0]) == (1 if len(ALLOWED) > 1 else len(ALLOWED))
 
 
 def test_auto_moves_when_the_load_that_is_not_its_own_is_heavier_than_elsewhere() -> None:
@@ -175,3 +237,21 @@ def test_a_refused_call_leaves_auto_unpinned_and_stops_a_number(
     if len(ALLOWED) >= 2:
         with pytest.raises(ValueError, match="SystemCallFilter=sched_setaffinity"):
             Pin().start(ALLOWED[0])
+
+
+@several
+def test_a_number_the_kernel_refuses_stops_the_start_with_78(short_dir: str) -> None:
+    """Through `sessiond`'s main, as under a unit whose filter refuses the call."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        def refused(pid, cpus):
+            raise PermissionError(1, "Operation not permitted")
+        os.sched_setaffinity = refused
+        from sessiond_daemon.__main__ import main
+        main(["--socket", {os.path.join(short_dir, "r.sock")!r},
+              "--db", {os.path.join(short_dir, "r.db")!r}, "--cpu-affinity", "{ALLOWED[0]}"])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert done.returncode == 78, done.stderr
+    assert b"SystemCallFilter=sched_setaffinity" in done.stderr
+    assert not os.path.exists(os.path.join(short_dir, "r.sock"))

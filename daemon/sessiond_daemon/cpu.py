@@ -4,7 +4,7 @@ The daemon's Python runs one thread at a time (the GIL): the event loop, the SQL
 writer thread, the read pool. Spread over several CPUs, every hand-over of the GIL
 between the loop and the writer thread (each SQLite call releases it and takes it
 back) wakes a thread on another CPU, which costs more than the work it hands over. Kept
-on one CPU, sixteen writers append about 1.4x as fast at three quarters of the CPU
+on one CPU, sixteen writers append about 1.4x as fast at four fifths of the CPU
 (bench/README, "One CPU for the daemon's threads").
 
 `auto` (the default) starts on the CPU the scheduler ran the daemon on and looks again
@@ -15,6 +15,11 @@ more than a fifth of a core above that one's. A number pins to that CPU and neve
 (executors) get every CPU it was allowed at start: the thread that forks is widened for
 the fork (`for_children`), as a child takes its parent thread's mask.
 
+Nothing here stops the daemon once it serves. Refused the call at start (a seccomp
+filter), `auto` serves unpinned; unable to read the load (/proc/stat hidden), it stays
+where it started. A CPU that goes away (offline, out of the cpuset) unpins every thread
+onto what is left, and the next look pins again.
+
 Only the main process pins: a daemon run inside a test process leaves it alone.
 """
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -92,17 +98,17 @@ class Pin:
     """The process's CPU: `setting` is "auto", "off" or a CPU number."""
 
     setting: str | int = "off"
-    allowed: frozenset[int] = field(default_factory=frozenset)  # the mask at start
+    allowed: frozenset[int] = field(default_factory=frozenset)  # the CPUs it may use
     cpu: int | None = None  # pinned to; None: not pinned
     moves: int = 0
     _forking: int = 0  # spawns in progress: no move meanwhile
-    _last: Ticks | None = None
+    _last: Ticks | None = None  # `auto`'s last reading; None: it cannot see the load
 
     def start(self, setting: str | int) -> None:
         """Pin every thread of the process as `setting` says (at the daemon's start, before
         it starts threads of its own). ValueError: a CPU number this process may not use."""
         self.setting = setting
-        if setting == "off" or not hasattr(os, "sched_setaffinity"):
+        if setting == "off" or not sys.platform.startswith("linux"):
             return
         self.allowed = frozenset(os.sched_getaffinity(0))
         if isinstance(setting, int) and setting not in self.allowed:
@@ -114,9 +120,8 @@ class Pin:
         if cpu not in self.allowed:  # moved since its mask was read
             cpu = min(self.allowed)
         try:
-            self._apply(cpu)
+            self._set_all({cpu})
         except PermissionError as exc:  # a seccomp filter (systemd's ~@resources), say
-            self.cpu = None
             if isinstance(setting, int):
                 raise ValueError(f"cpu_affinity {setting}: the CPU cannot be set ({exc});"
                                  " under systemd allow the call with"
@@ -125,34 +130,63 @@ class Pin:
             log.warning("daemon.cpu_not_pinned", error=str(exc),
                         hint="SystemCallFilter=sched_setaffinity allows it under systemd")
             return
+        self.cpu = cpu
         log.info("daemon.cpu", cpu=cpu, setting=setting, allowed=len(self.allowed))
         if setting == "auto":
-            self._last = _ticks()
+            try:
+                self._last = _ticks()
+            except OSError as exc:  # /proc/stat hidden (systemd's ProcSubset=pid)
+                log.warning("daemon.cpu_fixed", cpu=cpu, error=str(exc),
+                            detail="the CPUs' load cannot be read: auto stays on this CPU")
 
     def look(self) -> int | None:
         """`auto`'s periodic look: move every thread if another CPU is better; return the
-        CPU moved to, or None."""
-        if self.setting != "auto" or self.cpu is None or self._forking:
+        CPU moved to, or None. A pin the kernel undid (our CPU went offline, the cpuset
+        changed) or that a failed move lost is made again on the CPU the loop is on."""
+        if self.setting != "auto" or self._last is None or self._forking:
             return None
+        if self.cpu is None or os.sched_getaffinity(0) != {self.cpu}:
+            self.allowed = frozenset(os.sched_getaffinity(0)) if self.cpu is None else (
+                self._widen())
+            return self._move(current_cpu(), "lost")
         now = _ticks()
         last, self._last = self._last, now
-        if last is None:
-            return None
         ours = self.cpu
         busy, own = shares(last, now, self.allowed, ours)
         target = move_to(ours, busy, own)
-        if target is not None:
-            self._apply(target)
-            self.moves += 1
-            log.info("daemon.cpu_moved", cpu=target, left=ours,
-                     busy=round(busy[ours], 2), own=round(own, 2),
-                     there=round(busy[target], 2))
-        return target
+        if target is None:
+            return None
+        return self._move(target, "load", busy=round(busy[ours], 2), own=round(own, 2),
+                          there=round(busy[target], 2))
 
-    def _apply(self, cpu: int) -> None:
-        """Every thread to `cpu`; threads started meanwhile take their starter's mask, so
-        the listing is walked until it holds no thread not yet moved."""
+    def _move(self, cpu: int, why: str, **figures: float) -> int | None:
+        """Every thread to `cpu`; if the kernel refuses (it went offline, or out of the
+        cpuset), every thread back on what is still allowed, unpinned until the next
+        look. Never raises: a look or a spawn goes on either way."""
+        left = self.cpu
+        try:
+            self._set_all({cpu})
+        except OSError as exc:
+            log.warning("daemon.cpu_unpinned", cpu=cpu, error=str(exc))
+            self.cpu = None
+            with contextlib.suppress(OSError):
+                self.allowed = self._widen()
+            return None
         self.cpu = cpu
+        if cpu != left:
+            self.moves += 1
+            log.info("daemon.cpu_moved", cpu=cpu, left=left, why=why, **figures)
+        return cpu
+
+    def _widen(self) -> frozenset[int]:
+        """Every thread on the CPUs of `allowed` the kernel still lets it use; those."""
+        self._set_all(set(self.allowed))
+        return frozenset(os.sched_getaffinity(0))
+
+    def _set_all(self, cpus: set[int]) -> None:
+        """Every thread to `cpus`. A thread starting meanwhile takes its starter's mask, so
+        the listing is walked again until it holds no thread not yet set (one that is
+        still being made and not yet listed keeps the old mask until the next move)."""
         done: set[int] = set()
         while True:
             tids = {int(t) for t in os.listdir("/proc/self/task")} - done
@@ -160,25 +194,28 @@ class Pin:
                 return
             for tid in tids:
                 with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-                    os.sched_setaffinity(tid, {cpu})
+                    os.sched_setaffinity(tid, cpus)
             done |= tids
 
     @contextlib.contextmanager
     def for_children(self) -> Iterator[None]:
         """Around a spawn: the calling thread (the one that forks) gets the whole mask for
         it, so the child does; then every thread is put back, those this thread started
-        meanwhile too."""
+        meanwhile too. Nothing here fails the spawn."""
         if self.cpu is None:
             yield
             return
+        try:
+            os.sched_setaffinity(0, self.allowed)
+        except OSError:  # the cpuset changed under us: the next look pins again
+            self._move(self.cpu, "spawn")
         self._forking += 1
-        os.sched_setaffinity(0, self.allowed)
         try:
             yield
         finally:
             self._forking -= 1
-            if not self._forking:  # the last of overlapping spawns
-                self._apply(self.cpu)
+            if not self._forking and self.cpu is not None:  # the last of overlapping spawns
+                self._move(self.cpu, "spawn")
 
     def next_look_s(self) -> float:
         return LOOK_EVERY_S * random.uniform(0.8, 1.2)
