@@ -4,7 +4,7 @@ The daemon's Python runs one thread at a time (the GIL): the event loop, the SQL
 writer thread, the read pool. Spread over several CPUs, every hand-over of the GIL
 between the loop and the writer thread (each SQLite call releases it and takes it
 back) wakes a thread on another CPU, which costs more than the work it hands over. Kept
-on one CPU, sixteen writers append about 1.4x as fast at four fifths of the CPU
+on one CPU, sixteen writers append 1.14-1.38x as fast at 0.82-0.91x the daemon's CPU
 (bench/README, "One CPU for the daemon's threads").
 
 `auto` (the default) starts on the CPU the scheduler ran the daemon on and looks again
@@ -100,7 +100,6 @@ class Pin:
     setting: str | int = "off"
     allowed: frozenset[int] = field(default_factory=frozenset)  # the CPUs it may use
     cpu: int | None = None  # pinned to; None: not pinned
-    moves: int = 0
     _forking: int = 0  # spawns in progress: no move meanwhile
     _last: Ticks | None = None  # `auto`'s last reading; None: it cannot see the load
 
@@ -146,8 +145,8 @@ class Pin:
         if self.setting != "auto" or self._last is None or self._forking:
             return None
         if self.cpu is None or os.sched_getaffinity(0) != {self.cpu}:
-            self.allowed = frozenset(os.sched_getaffinity(0)) if self.cpu is None else (
-                self._widen())
+            if self.cpu is not None:  # the kernel undid it: every thread on what is left
+                self.allowed = self._widen()
             return self._move(current_cpu(), "lost")
         now = _ticks()
         last, self._last = self._last, now
@@ -174,7 +173,6 @@ class Pin:
             return None
         self.cpu = cpu
         if cpu != left:
-            self.moves += 1
             log.info("daemon.cpu_moved", cpu=cpu, left=left, why=why, **figures)
         return cpu
 
