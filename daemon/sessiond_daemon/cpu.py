@@ -138,19 +138,24 @@ class Pin:
                 log.warning("daemon.cpu_fixed", cpu=cpu, error=str(exc),
                             detail="the CPUs' load cannot be read: auto stays on this CPU")
 
+    @property
+    def follows_load(self) -> bool:
+        """`auto`, pinned at the start, and able to read the load: worth looking at."""
+        return self.setting == "auto" and self._last is not None
+
     def look(self) -> int | None:
         """`auto`'s periodic look: move every thread if another CPU is better; return the
         CPU moved to, or None. A pin the kernel undid (our CPU went offline, the cpuset
         changed) or that a failed move lost is made again on the CPU the loop is on."""
-        if self.setting != "auto" or self._last is None or self._forking:
+        if not self.follows_load or self._forking:
             return None
         if self.cpu is None or os.sched_getaffinity(0) != {self.cpu}:
             if self.cpu is not None:  # the kernel undid it: every thread on what is left
                 self.allowed = self._widen()
             return self._move(current_cpu(), "lost")
-        now = _ticks()
-        last, self._last = self._last, now
-        ours = self.cpu
+        last, now = self._last, _ticks()
+        assert last is not None  # follows_load
+        self._last, ours = now, self.cpu
         busy, own = shares(last, now, self.allowed, ours)
         target = move_to(ours, busy, own)
         if target is None:

@@ -291,7 +291,7 @@ class Daemon:
                 if config.cleanup_older_than_days > 0:
                     serving.start_soon(_retention, maintenance, config)
                 serving.start_soon(self.expiry.run, config.expire_every_s)  # ends idle TTLs
-                if PIN.setting == "auto" and PIN.cpu is not None:
+                if PIN.follows_load:
                     serving.start_soon(_keep_cpu)
                 log.info("daemon.ready", socket=socket_path, db=config.db,
                          durability=config.durability, pid=os.getpid(),
