@@ -3,6 +3,7 @@ no room for another line is not read (its input waits in the socket, not in the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from typing import Any
@@ -16,6 +17,7 @@ from sessiond import AsyncClient
 pytestmark = pytest.mark.anyio
 
 PING = b'{"jsonrpc":"2.0","id":"p","method":"daemon.ping"}\n'
+REQUEST_TASK = "Server._serve_link.<locals>.run"  # the coroutine of a request's task
 
 
 def read_lines(sock: socket.socket, count: int) -> list[Any]:
@@ -70,6 +72,76 @@ class TestBackPressure:
             assert all(r["id"] == "p" and r["result"]["pong"] for r in replies)
         finally:
             sock.close()
+
+
+    @pytest.mark.fleet  # 4 s: the long suites' run
+    async def test_a_writer_without_room_is_not_read(self, daemon: Daemon) -> None:
+        """As above with appends, which the write lane answers without a task of their
+        own: a client that reads none of its answers stops being read, and once it reads,
+        every whole append it sent is answered and stored, in the order of its lines."""
+        async with AsyncClient(daemon.socket) as c:
+            sid = (await c.create_session()).session_id
+
+        def append(i: int) -> bytes:
+            return json.dumps({"jsonrpc": "2.0", "id": i, "method": "message.append",
+                               "params": {"session_id": sid, "role": "user",
+                                          "content": f"m{i}"}}).encode() + b"\n"
+
+        def send() -> tuple[socket.socket, bytes]:
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(daemon.socket)
+            sock.settimeout(2)  # pacing, as above
+            data = b"".join(append(i) for i in range(200_000))
+            sent = 0
+            try:
+                while sent < len(data):
+                    sent += sock.send(data[sent:sent + (1 << 16)])
+            except TimeoutError:
+                pass
+            return sock, data[:sent]
+
+        sock, sent = await anyio.to_thread.run_sync(send)
+        try:
+            assert len(sent) < 8 << 20, f"the daemon read {len(sent)} bytes of a client" \
+                " that reads nothing"
+            whole = sent.count(b"\n")
+            sock.settimeout(60)
+            replies = await anyio.to_thread.run_sync(read_lines, sock, whole)
+            assert sorted(r["id"] for r in replies) == list(range(whole))
+            assert all(r["result"]["sequence"] == r["id"] for r in replies)
+        finally:
+            sock.close()
+        async with AsyncClient(daemon.socket) as c:
+            assert (await c.get_session(sid)).message_count == whole
+
+
+class TestWriteLane:
+    async def test_appends_are_answered_without_a_task(self, daemon: Daemon,
+                                                       client: AsyncClient) -> None:
+        """message.append and events.append are queued on the writer where their line is
+        read and answered from its decision: no request task; a read gets one."""
+        sid = (await client.create_session()).session_id
+        loop = asyncio.get_running_loop()
+        factory = loop.get_task_factory()
+        made: list[str] = []
+
+        def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> Any:
+            made.append(getattr(coro, "__qualname__", "?"))
+            return factory(loop, coro, **kw) if factory else asyncio.Task(coro, loop=loop, **kw)
+
+        loop.set_task_factory(counting)
+        try:
+            await client.append_message(sid, "user", "hi")
+            await client.call("events.append", Any, session_id=sid, events=[
+                {"type": "metadata.updated", "data": {"patch": {"k": 1}}}])
+            appends = made.count(REQUEST_TASK)
+            await client.get_session(sid)
+            reads = made.count(REQUEST_TASK) - appends
+        finally:
+            loop.set_task_factory(factory)
+        assert (appends, reads) == (0, 1), made
+        events = (await client.read_events(sid)).events
+        assert [e.type for e in events[-2:]] == ["message.appended", "metadata.updated"]
 
 
 class TestLines:

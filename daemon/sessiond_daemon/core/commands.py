@@ -151,6 +151,24 @@ class WriteOptions(Protocol):
     def idempotency_key(self) -> str | None: ...
 
 
+def command(session_id: str, meta: EventMeta, plan: Planner, *,
+            idempotency_key: str | None = None,
+            expected_version: int | None = None) -> Command:
+    """The writer's command for `plan` on the session (the key goes into the events' meta)."""
+    return Command(
+        session_id=session_id, plan=plan,
+        meta=msgspec.structs.replace(meta, idempotency_key=idempotency_key)
+        if idempotency_key is not None else meta,
+        expected_version=expected_version, idempotency_key=idempotency_key,
+    )
+
+
+def params_command(p: WriteOptions, meta: EventMeta, plan: Planner) -> Command:
+    """`command` for the session, idempotency key and expected version that `p` names."""
+    return command(p.session_id, meta, plan, idempotency_key=p.idempotency_key,
+                   expected_version=p.expected_version)
+
+
 class Commands:
     """Plans to the writer, and the checks every write makes before it gets there."""
 
@@ -164,19 +182,14 @@ class Commands:
                      expected_version: int | None = None) -> msgspec.Raw:
         """Have the writer decide `plan` on the session's view and commit what it returns;
         the answer comes back encoded (the writer encodes it once, for the cache too)."""
-        cmd = Command(
-            session_id=session_id, plan=plan,
-            meta=msgspec.structs.replace(meta, idempotency_key=idempotency_key)
-            if idempotency_key is not None else meta,
-            expected_version=expected_version, idempotency_key=idempotency_key,
-        )
-        return msgspec.Raw(await self.writer.submit(cmd))
+        return msgspec.Raw(await self.writer.submit(command(
+            session_id, meta, plan, idempotency_key=idempotency_key,
+            expected_version=expected_version)))
 
     async def submit_params(self, p: WriteOptions, meta: EventMeta,
                             plan: Planner) -> msgspec.Raw:
         """`submit` for the session, idempotency key and expected version that `p` names."""
-        return await self.submit(p.session_id, meta, plan, idempotency_key=p.idempotency_key,
-                                 expected_version=p.expected_version)
+        return msgspec.Raw(await self.writer.submit(params_command(p, meta, plan)))
 
     async def state(self, session_id: str) -> SessionState:
         """The session's current view (the writer's, once a commit in flight that changes

@@ -191,6 +191,10 @@ class Command:
     # Resolved (None) once the command is decided: what its submitter awaits. A plain
     # asyncio future, made by `submit` (an anyio Event costs a backend lookup to make).
     done: asyncio.Future[None] | None = None
+    # Or, instead of `done`: called (soon after, on the loop) once the command is decided,
+    # by a submitter that does not wait (the socket's write lane: serve/server.py). It takes
+    # `result` or `error` off the command.
+    then: Callable[[Command], None] | None = None
     result: bytes | None = None
     error: SessiondError | None = None
 
@@ -301,13 +305,8 @@ class Writer:
     async def submit(self, command: Command) -> bytes:
         """Queue a command and wait for its result (encoded JSON). A submitter that is
         cancelled stops waiting; the command is decided all the same."""
-        if self._closed:
-            raise ShuttingDownError("the daemon is shutting down")
-        if len(self._queue) >= self.max_queue:
-            raise OverloadedError("the write queue is full; retry later", {"retry_after_ms": 50})
         done = command.done = asyncio.get_running_loop().create_future()
-        self._queue.append(command)
-        self._ring_writer()
+        self.enqueue(command)
         try:
             await done
         finally:
@@ -323,6 +322,16 @@ class Writer:
                 del error
         assert command.result is not None
         return command.result
+
+    def enqueue(self, command: Command) -> None:
+        """Queue a command without waiting: its `done` or `then` says when it is decided.
+        Raises ShuttingDownError once the writer is closing, -32008 when the queue is full."""
+        if self._closed:
+            raise ShuttingDownError("the daemon is shutting down")
+        if len(self._queue) >= self.max_queue:
+            raise OverloadedError("the write queue is full; retry later", {"retry_after_ms": 50})
+        self._queue.append(command)
+        self._ring_writer()
 
     def _ring_writer(self) -> None:
         wake = self._wake
@@ -953,7 +962,13 @@ class Writer:
 
     @staticmethod
     def _finish(commands: list[Command]) -> None:
+        call_soon = None
         for cmd in commands:
+            if cmd.then is not None:
+                # Soon, not now: the answers are written while the next batch commits.
+                call_soon = call_soon or asyncio.get_running_loop().call_soon
+                call_soon(cmd.then, cmd)
+                continue
             done = cmd.done
             if done is not None and not done.done():
                 done.set_result(None)

@@ -17,12 +17,13 @@ from sessiond_daemon.core.commands import (
     check_transition,
     created_view,
     default_ttl,
+    params_command,
     require,
     sequenced,
 )
 from sessiond_daemon.core.histories import unreadable_error
 from sessiond_daemon.core.request import page_budget
-from sessiond_daemon.core.writer import Delete, Plan, PlanData, Planner, Writer
+from sessiond_daemon.core.writer import Command, Delete, Plan, PlanData, Planner, Writer
 from sessiond_daemon.features import forks
 from sessiond_daemon.stores.interface import Page, SessionFilters, Store, repage
 from sessiond_schemas import rpc
@@ -407,7 +408,7 @@ class Service:
 
     # --- messages -------------------------------------------------------------------
 
-    async def message_append(self, p: rpc.MessageAppendParams, meta: EventMeta) -> msgspec.Raw:
+    def message_append(self, p: rpc.MessageAppendParams, meta: EventMeta) -> Command:
         self.commands.check_message(p)
 
         def plan(state: SessionState | None) -> Plan:
@@ -415,7 +416,7 @@ class Service:
             return Plan([("message.appended", data)], lambda s, ev: _write_result(
                 s, ev, message_id=data.message_id, sequence=data.sequence))
 
-        return await self.commands.submit_params(p, meta, plan)
+        return params_command(p, meta, plan)
 
     async def message_append_many(self, p: rpc.MessageAppendManyParams,
                                   meta: EventMeta) -> msgspec.Raw:
@@ -632,7 +633,7 @@ class Service:
 
     # --- raw events -----------------------------------------------------------------
 
-    async def events_append(self, p: rpc.EventsAppendParams, meta: EventMeta) -> msgspec.Raw:
+    def events_append(self, p: rpc.EventsAppendParams, meta: EventMeta) -> Command:
         inputs = self._appendable(p.events)
 
         def plan(state: SessionState | None) -> Plan:
@@ -640,7 +641,7 @@ class Service:
             return Plan(sequenced(s, inputs), _write_result,
                         paths=_data_paths(inputs))
 
-        return await self.commands.submit_params(p, meta, plan)
+        return params_command(p, meta, plan)
 
     def _appendable(self, items: list[rpc.EventInput]) -> list[tuple[str, dict[str, Any]]]:
         """Validate events.append items (type, shape, size); return them as (type, data)."""

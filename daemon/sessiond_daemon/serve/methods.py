@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from sessiond_daemon.core.access import append_grant, import_grant, memory_grant
+from sessiond_daemon.core.writer import Command, Writer
 from sessiond_daemon.features.executors.methods import Executors
 from sessiond_daemon.features.forks import Forks
 from sessiond_daemon.features.graphs import Graphs
@@ -49,6 +50,10 @@ class Method:
     on_connection: ConnectionHandler | None = None
     # The grant a call needs (core/access.py), when it is not the method's name.
     grant: Callable[[Any], str] | None = None
+    # Writes that are one command to the writer: checks the params and makes the command
+    # without waiting (raises the contract's error), so the socket hands it to the writer
+    # where the line is read, with no task (serve/server.py); `handler` submits it.
+    command: Callable[[Any, EventMeta], Command] | None = None
 
 
 MethodTable = dict[str, Method]
@@ -64,6 +69,13 @@ class Signature(Generic[P, R]):
     def served_by(self, handler: Callable[[P, EventMeta], Awaitable[R | msgspec.Raw]], *,
                   grant: Callable[[P], str] | None = None) -> Method:
         return Method(self.params, self.result, handler=handler, grant=grant)
+
+    def served_by_writer(self, command: Callable[[P, EventMeta], Command], writer: Writer, *,
+                         grant: Callable[[P], str] | None = None) -> Method:
+        """A write that is one command (its result: the writer's encoded answer)."""
+        async def handler(params: P, meta: EventMeta) -> msgspec.Raw:
+            return msgspec.Raw(await writer.submit(command(params, meta)))
+        return Method(self.params, self.result, handler=handler, grant=grant, command=command)
 
     def served_by_connection(self, handler: Callable[[Subscriptions, P], Awaitable[R]]
                              ) -> Method:
@@ -130,7 +142,7 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
             m.session_import, grant=import_grant),
         # messages, tokens, progress, memory, checkpoints
         "message.append": Signature(rpc.MessageAppendParams, rpc.MessageAppendResult
-                                    ).served_by(s.message_append),
+                                    ).served_by_writer(s.message_append, s.writer),
         "message.append_many": Signature(rpc.MessageAppendManyParams,
                                          rpc.MessageAppendManyResult
                                          ).served_by(s.message_append_many),
@@ -155,8 +167,8 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
         "progress.list": Signature(rpc.ProgressListParams, rpc.ProgressListResult).served_by(
             s.progress_list),
         # raw events, and the connection's subscriptions
-        "events.append": Signature(rpc.EventsAppendParams, rpc.WriteResult).served_by(
-            s.events_append, grant=append_grant),
+        "events.append": Signature(rpc.EventsAppendParams, rpc.WriteResult).served_by_writer(
+            s.events_append, s.writer, grant=append_grant),
         "events.read": Signature(rpc.EventsReadParams, rpc.EventsReadResult).served_by(
             s.events_read),
         "events.subscribe": Signature(rpc.EventsSubscribeParams, rpc.SubscribeResult

@@ -10,7 +10,7 @@ import re
 import select
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -25,7 +25,7 @@ from sessiond_daemon.core import access, text
 from sessiond_daemon.core.access import Grants
 from sessiond_daemon.core.hooks import NO_METRICS, Hooks
 from sessiond_daemon.core.request import client_gone, page_budget
-from sessiond_daemon.core.writer import Writer
+from sessiond_daemon.core.writer import Command, Writer
 from sessiond_daemon.features.service import VERSION, invalid_params
 from sessiond_daemon.features.subscriptions import Subscriptions
 from sessiond_daemon.serve.budget import Holding, ReplyBudget
@@ -100,6 +100,7 @@ class Connection:
     peer: Peer
     subscriptions: Subscriptions
     holding: Holding  # its reply bytes held, in the daemon's budget
+    context: contextvars.Context  # what its requests run in (copies, for tasks)
 
 
 def _failure(request_id: Any, code: int, message: str,
@@ -145,6 +146,9 @@ class Server:
             name: m.on_connection for name, m in methods.items() if m.on_connection is not None}
         self._grants: dict[str, Callable[[Any], str]] = {
             name: m.grant for name, m in methods.items() if m.grant is not None}
+        # The writes that go by the write lane (`_write_lane`): their commands' makers.
+        self._commands: dict[str, Callable[[Any, EventMeta], Command]] = {
+            name: m.command for name, m in methods.items() if m.command is not None}
 
     # --- accepting ------------------------------------------------------------------
 
@@ -281,12 +285,20 @@ class Server:
         # transport's unsent bytes: what it holds of the daemon's reply budget.
         holding = Holding((peer.pid, peer.uid), shut)
 
-        async def run(line: bytes, slot: Slot, share: int) -> None:
-            """Answer a line on its slot; `share`: what its answer may weigh, reserved in
-            the daemon's budget (when the line was taken) while it is built."""
+        # The write lane's commands not yet answered, and what waits for them (the end);
+        # the request tasks that have not yet taken their first step.
+        lanes = unstarted = 0
+        lanes_done: asyncio.Future[None] | None = None
+
+        async def run(line: bytes, slot: Slot, share: int, req: rpc.Request | None) -> None:
+            """Answer a line (`req`: the request it holds, decoded already) on its slot;
+            `share`: what its answer may weigh, reserved in the daemon's budget (when the
+            line was taken) while it is built."""
+            nonlocal unstarted
+            unstarted -= 1
             try:
                 try:
-                    reply = await self.handle_line(line, conn, slot)
+                    reply = await self.handle_line(line, conn, slot, req)
                 except Exception:  # a bug: no line may take down the connection or daemon
                     error_id = new_id()
                     log.exception("rpc.line_failed", error_id=error_id)
@@ -295,43 +307,104 @@ class Server:
                 finally:
                     budget.reserve(holding, -share)
                 if reply is not None:
-                    size = len(reply)
-                    # Past the daemon's budget the connection holding the most is closed
-                    # first, this one if it is that one (then its answer is dropped).
-                    if not budget.make_room(holding, size, built=True):
-                        return
-                    budget.wait(holding, size)
-                    try:
-                        if holding.waiting > max(size, 2 * limits.max_reply_buffer):
-                            # Answers pile up for a client that reads none of them (pages
-                            # can pass their budget: one item always comes whole). Its
-                            # requests are dropped and it is closed.
-                            log.warning("rpc.client_not_reading",
-                                        waiting_bytes=holding.waiting,
-                                        limit=limits.max_reply_buffer)
-                            shut("not reading")
-                            return
-                        # Past max_reply_buffer unsent bytes this answer waits (holding
-                        # its max_inflight slot) until the client reads.
-                        if transport.get_write_buffer_size() > limits.max_reply_buffer:
-                            await self._room_to_reply(writer)
-                        if holding.closed or transport.is_closing():
-                            return  # closed meanwhile (by the budget, or by the client)
-                        # One write() call per line keeps lines whole.
-                        transport.write(reply + b"\n")
-                    finally:
-                        budget.wait(holding, -size)
-                        budget.sample(holding, transport)
-                    # The transport has the line now (a copy): held twice while the
-                    # client does not read, otherwise.
-                    del reply
-                    if link.paused_writing:
-                        await writer.drain()
-                        budget.sample(holding, transport)
+                    await send(reply)
             except ConnectionError:
                 pass  # the client went away; its answer has nowhere to go
             finally:
                 slot.release()
+
+        def admit(size: int) -> bool:
+            """Count an answer of `size` bytes as built and unsent (False: it is dropped)."""
+            # Past the daemon's budget the connection holding the most is closed first,
+            # this one if it is that one (then its answer is dropped).
+            if not budget.make_room(holding, size, built=True):
+                return False
+            budget.wait(holding, size)
+            if holding.waiting > max(size, 2 * limits.max_reply_buffer):
+                # Answers pile up for a client that reads none of them (pages can pass
+                # their budget: one item always comes whole). Its requests are dropped and
+                # it is closed.
+                log.warning("rpc.client_not_reading", waiting_bytes=holding.waiting,
+                            limit=limits.max_reply_buffer)
+                settle(size)
+                shut("not reading")
+                return False
+            return True
+
+        def put(reply: bytes) -> None:
+            if not (holding.closed or transport.is_closing()):  # closed meanwhile (by the
+                transport.write(reply + b"\n")  # budget, or the client); one write() a line
+
+        def settle(size: int) -> None:
+            budget.wait(holding, -size)
+            budget.sample(holding, transport)
+
+        async def send(reply: bytes) -> None:
+            """Hand an answer to the transport, waiting while the client reads too slowly."""
+            size = len(reply)
+            if not admit(size):
+                return
+            try:
+                # Past max_reply_buffer unsent bytes this answer waits (holding its
+                # max_inflight slot) until the client reads.
+                if transport.get_write_buffer_size() > limits.max_reply_buffer:
+                    await self._room_to_reply(writer)
+                put(reply)
+            finally:
+                settle(size)
+            # The transport has the line now (a copy): held twice while the client does
+            # not read, otherwise.
+            del reply
+            await drained()
+
+        async def drained() -> None:
+            if link.paused_writing:
+                await writer.drain()
+                budget.sample(holding, transport)
+
+        def send_now(reply: bytes | None, slot: Slot, share: int) -> None:
+            """`run` without its task, for an answer built without waiting (the write
+            lane's): written at once when `send` would not wait, else by a task."""
+            budget.reserve(holding, -share)
+            if reply is None or holding.closed:
+                slot.release()
+            elif transport.get_write_buffer_size() > limits.max_reply_buffer:
+                spawn(send(reply), slot)
+            else:
+                size = len(reply)
+                if admit(size):
+                    try:
+                        put(reply)
+                    finally:
+                        settle(size)
+                if link.paused_writing:
+                    spawn(drained(), slot)
+                else:
+                    slot.release()
+
+        def answered(slot: Slot, share: int, reply: bytes | None) -> None:
+            nonlocal lanes
+            lanes -= 1
+            send_now(reply, slot, share)
+            if not lanes and lanes_done is not None and not lanes_done.done():
+                lanes_done.set_result(None)
+
+        async def finishing(step: Awaitable[None], slot: Slot) -> None:
+            try:
+                await step
+            except ConnectionError:
+                pass
+            finally:
+                slot.release()
+
+        def spawn(step: Coroutine[Any, Any, None], slot: Slot) -> None:
+            if holding.closed:  # the connection is over: nobody waits for the task
+                step.close()
+                slot.release()
+                return
+            task = loop.create_task(finishing(step, slot), context=context.copy())
+            requests.add(task)
+            task.add_done_callback(finished)
 
         # A plain asyncio task per request, not the task group's: anyio's start_soon costs
         # about 20 us more per request (bench/README: "CPU per append"). The tasks are the
@@ -367,6 +440,7 @@ class Server:
         def take(line: bytes) -> bool:
             """Start answering a line (ready() said there is room); False once this
             connection was closed by the budget."""
+            nonlocal lanes, unstarted
             slot = held.pop()
             # The answer's share of max_page_bytes (as handle_line will give it at most) is
             # reserved now, so that the lines taken next see it in the budget.
@@ -375,7 +449,14 @@ class Server:
                 slot.release()
                 return False  # this connection held the most: it was closed
             budget.reserve(holding, share)
-            task = loop.create_task(run(line, slot, share), context=context.copy())
+            req = _request(line)
+            if req is not None and req.method in self._commands:
+                lanes += 1
+                context.run(self._write_lane, req, conn, partial(answered, slot, share),
+                            unstarted == 0)
+                return True
+            unstarted += 1
+            task = loop.create_task(run(line, slot, share, req), context=context.copy())
             requests.add(task)
             task.add_done_callback(finished)
             return True
@@ -395,7 +476,7 @@ class Server:
                 self.store, self.writer, writer, tg,
                 max_buffer=limits.max_subscription_buffer,
                 max_subscriptions=limits.max_subscriptions,
-                on_count=self.count_subscriptions), holding)
+                on_count=self.count_subscriptions), holding, context)
             self.metrics.connection(conn.subscriptions)
             budget.join(holding)
             self._open.add(conn)
@@ -414,8 +495,12 @@ class Server:
                 # The client stopped sending: its subscriptions end; requests in flight
                 # still get their answers before the connection closes.
                 conn.subscriptions.close()
-                while requests:
-                    await asyncio.wait(set(requests))
+                while requests or lanes:
+                    if lanes:
+                        lanes_done = loop.create_future()
+                        await lanes_done
+                    else:
+                        await asyncio.wait(set(requests))
             finally:
                 for task in requests:
                     task.cancel()
@@ -467,23 +552,26 @@ class Server:
 
     # --- dispatch -------------------------------------------------------------------
 
-    async def handle_line(self, line: bytes, conn: Connection,
-                          slot: Slot | None = None) -> bytes | None:
+    async def handle_line(self, line: bytes, conn: Connection, slot: Slot | None = None,
+                          req: rpc.Request | None = None) -> bytes | None:
         """Answer one NDJSON line: a request or a batch; None when nothing is to be sent.
 
         `slot` is the line's max_inflight slot. A batch's first item runs on it and
         gives it back when done; every other item takes a slot of its own while it runs.
+        `req`: the line's request, when the caller decoded it already.
         """
-        line = line.strip()
-        if not line:
-            return None
-        if line[:1] == b"[":
-            return await self._handle_batch(line, conn, slot)
+        if req is None:
+            line = line.strip()
+            if not line:
+                return None
+            if line[:1] == b"[":
+                return await self._handle_batch(line, conn, slot)
         # Requests running side by side on a connection share its page budget: those
         # that start while n run get 1/n of it, so a pipelining client that does not
         # read holds about max_page_bytes * ln(max_inflight), not max_inflight pages.
         page_budget.set(max(1, self.limits.max_page_bytes // max(1, slot.in_use if slot else 1)))
-        reply = await self._handle_one(msgspec.Raw(line), conn)
+        reply = await (self._handle_one(msgspec.Raw(line), conn) if req is None
+                       else self._handle_request(req, conn))
         return _encoder.encode(reply) if reply is not None else None
 
     async def _handle_batch(self, line: bytes, conn: Connection,
@@ -534,6 +622,10 @@ class Server:
             return _failure(None, INVALID_REQUEST, "invalid request", {"detail": str(exc)})
         except (msgspec.DecodeError, RecursionError) as exc:  # not JSON, not UTF-8, too deep
             return _failure(None, PARSE_ERROR, "parse error", {"detail": str(exc)})
+        return await self._handle_request(req, conn)
+
+    async def _handle_request(self, req: rpc.Request,
+                              conn: Connection) -> rpc.Success | rpc.Failure | None:
         notification = isinstance(req.id, msgspec.UnsetType)
         request_id = None if isinstance(req.id, msgspec.UnsetType) else req.id
         started = self.metrics.clock()
@@ -545,7 +637,81 @@ class Server:
         self.metrics.request(req.method, 0, started)
         return None if notification else rpc.Success(jsonrpc="2.0", id=request_id, result=result)
 
-    async def _dispatch(self, req: rpc.Request, conn: Connection) -> object:
+    def _write_lane(self, req: rpc.Request, conn: Connection,
+                    answer: Callable[[bytes | None], None], first: bool) -> None:
+        """Take a request that is a write of one command (Method.command) where its line is
+        read: checked as `_dispatch` checks it, queued on the writer, answered (`answer`,
+        given the encoded reply, or None for a notification) from the writer's `then`. No
+        task, no future, no loop turn of its own.
+
+        `first`: no request task of the connection's earlier lines is still to take its
+        first step (where it queues its write). Then the command is queued at once; else
+        after those steps, so that a connection's pipelined writes reach the writer in the
+        order they were sent, as when each had a task."""
+        make = self._commands[req.method]
+        notification = isinstance(req.id, msgspec.UnsetType)
+        request_id = None if isinstance(req.id, msgspec.UnsetType) else req.id
+        started = self.metrics.clock()
+        try:
+            params, meta = self._params(req, conn)
+            cmd = make(params, meta)
+            decided = partial(self._decided, req.method, request_id, notification, started,
+                              answer)
+            cmd.then = partial(_run_in, conn.context, decided)  # the connection's context
+        except SessiondError as exc:
+            self.metrics.request(req.method, exc.code, started)
+            answer(None if notification else _encoder.encode(self._error(request_id, exc)))
+            return
+        except Exception:
+            error_id = new_id()
+            log.exception("rpc.internal_error", error_id=error_id, method=req.method)
+            self.metrics.request(req.method, INTERNAL_ERROR, started)
+            answer(None if notification else _encoder.encode(
+                _failure(request_id, INTERNAL_ERROR, "internal error", {"error_id": error_id})))
+            return
+        self._begin()
+        if first:
+            self._enqueue(cmd, decided)
+        else:
+            asyncio.get_running_loop().call_soon(self._enqueue, cmd, decided)
+
+    def _enqueue(self, cmd: Command, decided: Callable[[Command], None]) -> None:
+        try:
+            self.writer.enqueue(cmd)
+        except SessiondError as exc:  # the queue is full, or the writer closing
+            cmd.error = exc
+            decided(cmd)
+
+    def _decided(self, method: str, request_id: Any, notification: bool, started: float,
+                 answer: Callable[[bytes | None], None], cmd: Command) -> None:
+        """The writer decided a command of the write lane: answer it."""
+        self._end()
+        error, cmd.error = cmd.error, None
+        result, cmd.result = cmd.result, None
+        if error is not None:
+            self.metrics.request(method, error.code, started)
+            reply = None if notification else _encoder.encode(self._error(request_id, error))
+        else:
+            assert result is not None
+            self.metrics.request(method, 0, started)
+            reply = None if notification else _encoder.encode(
+                rpc.Success(jsonrpc="2.0", id=request_id, result=msgspec.Raw(result)))
+        del error
+        answer(reply)
+
+    def _begin(self) -> None:
+        self.inflight += 1
+
+    def _end(self) -> None:
+        self.inflight -= 1
+        if not self.inflight and self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
+    def _params(self, req: rpc.Request, conn: Connection) -> tuple[Any, EventMeta]:
+        """What every call checks before its handler runs: the method, the daemon not
+        shutting down, the params (decoded and valid), the caller's grant. Returns the
+        params and the events' meta; raises the contract's error."""
         decoder = self._decoders.get(req.method)
         if decoder is None:
             raise MethodNotFoundError(
@@ -554,9 +720,6 @@ class Server:
                 {"method": req.method, "version": VERSION, "protocol": rpc.PROTOCOL_VERSION})
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down")
-        handler = self._handlers.get(req.method)
-        if handler is None:  # the connection's own (events.subscribe)
-            handler = partial(_on_connection, self._on_connection[req.method], conn)
         peer = conn.peer
         params_raw = req.params if isinstance(req.params, msgspec.Raw) else _EMPTY_PARAMS
         try:
@@ -573,8 +736,14 @@ class Server:
         grant = self._grants.get(req.method)
         self.grants.check(req.method, peer.uid, grant(params) if grant else None)  # or -32006
         access.caller.set((self.grants, peer.uid))  # for grants that depend on stored data
-        meta = EventMeta(peer_uid=peer.uid, peer_pid=peer.pid)
-        self.inflight += 1
+        return params, EventMeta(peer_uid=peer.uid, peer_pid=peer.pid)
+
+    async def _dispatch(self, req: rpc.Request, conn: Connection) -> object:
+        params, meta = self._params(req, conn)
+        handler = self._handlers.get(req.method)
+        if handler is None:  # the connection's own (events.subscribe)
+            handler = partial(_on_connection, self._on_connection[req.method], conn)
+        self._begin()
         try:
             result = await handler(params, meta)
         except SessiondError:
@@ -584,10 +753,7 @@ class Server:
             log.exception("rpc.internal_error", error_id=error_id, method=req.method)
             raise InternalError("internal error", {"error_id": error_id}) from exc
         finally:
-            self.inflight -= 1
-            if not self.inflight and self._idle is not None:
-                self._idle.set()
-                self._idle = None
+            self._end()
         return result
 
     @staticmethod
@@ -747,6 +913,20 @@ class _Link(asyncio.streams.FlowControlMixin, asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+def _request(line: bytes) -> rpc.Request | None:
+    """The request a line holds; None when it holds none (a batch, or not a request: the
+    line's task says what is wrong, or skips a blank line)."""
+    try:
+        return _request_decoder.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+def _run_in(context: contextvars.Context, call: Callable[[Command], None],
+            cmd: Command) -> None:
+    context.run(call, cmd)
 
 
 def _refuse_line(line: bytes) -> bool:
