@@ -385,9 +385,14 @@ class Server:
         def answered(slot: Slot, share: int, reply: bytes | None) -> None:
             nonlocal lanes
             lanes -= 1
-            send_now(reply, slot, share)
-            if not lanes and lanes_done is not None and not lanes_done.done():
-                lanes_done.set_result(None)
+            try:
+                send_now(reply, slot, share)
+            except Exception:  # a bug: the connection is served on, its slot given back
+                slot.release()
+                log.exception("rpc.answer_failed", error_id=new_id())
+            finally:
+                if not lanes and lanes_done is not None and not lanes_done.done():
+                    lanes_done.set_result(None)
 
         async def finishing(step: Awaitable[None], slot: Slot) -> None:
             try:
@@ -684,18 +689,25 @@ class Server:
 
     def _decided(self, method: str, request_id: Any, notification: bool, started: float,
                  answer: Callable[[bytes | None], None], cmd: Command) -> None:
-        """The writer decided a command of the write lane: answer it."""
+        """The writer decided a command of the write lane: answer it (always: the
+        connection counts its lane's commands until each is answered)."""
         self._end()
         error, cmd.error = cmd.error, None
         result, cmd.result = cmd.result, None
-        if error is not None:
-            self.metrics.request(method, error.code, started)
-            reply = None if notification else _encoder.encode(self._error(request_id, error))
-        else:
-            assert result is not None
-            self.metrics.request(method, 0, started)
-            reply = None if notification else _encoder.encode(
-                rpc.Success(jsonrpc="2.0", id=request_id, result=msgspec.Raw(result)))
+        try:
+            if error is not None:
+                self.metrics.request(method, error.code, started)
+                reply = None if notification else _encoder.encode(self._error(request_id, error))
+            else:
+                assert result is not None
+                self.metrics.request(method, 0, started)
+                reply = None if notification else _encoder.encode(
+                    rpc.Success(jsonrpc="2.0", id=request_id, result=msgspec.Raw(result)))
+        except Exception:  # a bug: answered as the task path answers one (`run`)
+            error_id = new_id()
+            log.exception("rpc.line_failed", error_id=error_id, method=method)
+            reply = None if notification else _encoder.encode(_failure(
+                request_id, INTERNAL_ERROR, "internal error", {"error_id": error_id}))
         del error
         answer(reply)
 
