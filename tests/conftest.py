@@ -6,8 +6,8 @@ PostgreSQL database (`[postgresql]`, marked `postgresql`; tests/pg.py says where
 server is). `@pytest.mark.sqlite_only("why")` keeps a test (or module) on SQLite alone,
 for what only a SQLite file has; `@pytest.mark.slow_on_postgresql` marks a long test's
 PostgreSQL variant `fleet`: off the default run, in .ci/run's second one (`-m fleet`).
-The longest suites are marked `fleet` whole, on both stores: the default run stays under
-5 minutes.
+The longest suites are marked `fleet` whole, on both stores; the default run spreads the
+rest over the CPUs (`-n auto`, pytest-xdist): it stays under 5 minutes.
 """
 
 from __future__ import annotations
@@ -105,6 +105,13 @@ async def running_daemon(config: Config, store_factory: lifecycle.StoreFactory
 
 
 STORES = ("sqlite", "postgresql")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker a CPU this process may run on, 4 at most. Each worker runs its
+    own daemons, and each daemon on PostgreSQL holds connections of its own (the server's
+    max_connections is 100 by default)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
