@@ -194,6 +194,9 @@ def _cluster(action: str) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+# In the long suites' run, which is one process: the default run's other workers use the
+# same server.
+@pytest.mark.fleet
 @pytest.mark.skipif(not RESTART, reason="restarts the PostgreSQL server: set"
                     " SESSIOND_TEST_PG_RESTART=1 (as .ci/run does) to allow it")
 async def test_a_postgresql_restart_loses_no_acknowledged_write(pg_url: str,

@@ -403,6 +403,8 @@ class Server:
                 slot.release()
 
         def spawn(step: Coroutine[Any, Any, None], slot: Slot) -> None:
+            """Run the part of a lane answer that must wait (for room, or the drain) in a
+            task of the connection's, holding the line's slot until it is done."""
             if holding.closed:  # the connection is over: nobody waits for the task
                 step.close()
                 slot.release()
