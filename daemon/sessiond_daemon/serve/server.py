@@ -683,6 +683,7 @@ class Server:
             asyncio.get_running_loop().call_soon(self._enqueue, cmd, decided)
 
     def _enqueue(self, cmd: Command, decided: Callable[[Command], None]) -> None:
+        """Queue a lane's command; one the writer refuses is answered at once."""
         try:
             self.writer.enqueue(cmd)
         except SessiondError as exc:  # the queue is full, or the writer closing
@@ -714,9 +715,11 @@ class Server:
         answer(reply)
 
     def _begin(self) -> None:
+        """A call is being executed (a handler runs, or a lane's command is queued)."""
         self.inflight += 1
 
     def _end(self) -> None:
+        """That call is over; `wait_idle` returns once none is left."""
         self.inflight -= 1
         if not self.inflight and self._idle is not None:
             self._idle.set()
