@@ -633,16 +633,26 @@ class Server:
 
     async def _handle_request(self, req: rpc.Request,
                               conn: Connection) -> rpc.Success | rpc.Failure | None:
-        notification = isinstance(req.id, msgspec.UnsetType)
-        request_id = None if isinstance(req.id, msgspec.UnsetType) else req.id
-        started = self.metrics.clock()
+        call = self._call(req)
         try:
             result = await self._dispatch(req, conn)
         except SessiondError as exc:
-            self.metrics.request(req.method, exc.code, started)
-            return None if notification else self._error(request_id, exc)
-        self.metrics.request(req.method, 0, started)
-        return None if notification else rpc.Success(jsonrpc="2.0", id=request_id, result=result)
+            return self._reply(call, error=exc)
+        return self._reply(call, result)
+
+    def _call(self, req: rpc.Request) -> _Call:
+        return _Call(req.method, None if isinstance(req.id, msgspec.UnsetType) else req.id,
+                     isinstance(req.id, msgspec.UnsetType), self.metrics.clock())
+
+    def _reply(self, call: _Call, result: object = None,
+               error: SessiondError | None = None) -> rpc.Success | rpc.Failure | None:
+        """Count a call in the metrics; its answer (None for a notification)."""
+        self.metrics.request(call.method, 0 if error is None else error.code, call.started)
+        if call.notification:
+            return None
+        if error is not None:
+            return self._error(call.id, error)
+        return rpc.Success(jsonrpc="2.0", id=call.id, result=result)
 
     def _write_lane(self, req: rpc.Request, conn: Connection,
                     answer: Callable[[bytes | None], None], first: bool) -> None:
@@ -656,26 +666,18 @@ class Server:
         after those steps, so that a connection's pipelined writes reach the writer in the
         order they were sent, as when each had a task."""
         make = self._commands[req.method]
-        notification = isinstance(req.id, msgspec.UnsetType)
-        request_id = None if isinstance(req.id, msgspec.UnsetType) else req.id
-        started = self.metrics.clock()
+        call = self._call(req)
         try:
             params, meta = self._params(req, conn)
             cmd = make(params, meta)
-            decided = partial(self._decided, req.method, request_id, notification, started,
-                              answer)
-            cmd.then = partial(_run_in, conn.context, decided)  # the connection's context
         except SessiondError as exc:
-            self.metrics.request(req.method, exc.code, started)
-            answer(None if notification else _encoder.encode(self._error(request_id, exc)))
+            answer(_encoded(self._reply(call, error=exc)))
             return
         except Exception:
-            error_id = new_id()
-            log.exception("rpc.internal_error", error_id=error_id, method=req.method)
-            self.metrics.request(req.method, INTERNAL_ERROR, started)
-            answer(None if notification else _encoder.encode(
-                _failure(request_id, INTERNAL_ERROR, "internal error", {"error_id": error_id})))
+            answer(_encoded(self._reply(call, error=_internal_error(req.method))))
             return
+        decided = partial(self._decided, call, answer)
+        cmd.then = partial(_run_in, conn.context, decided)  # the connection's context
         self._begin()
         if first:
             self._enqueue(cmd, decided)
@@ -690,27 +692,22 @@ class Server:
             cmd.error = exc
             decided(cmd)
 
-    def _decided(self, method: str, request_id: Any, notification: bool, started: float,
-                 answer: Callable[[bytes | None], None], cmd: Command) -> None:
+    def _decided(self, call: _Call, answer: Callable[[bytes | None], None],
+                 cmd: Command) -> None:
         """The writer decided a command of the write lane: answer it (always: the
         connection counts its lane's commands until each is answered)."""
         self._end()
         error, cmd.error = cmd.error, None
         result, cmd.result = cmd.result, None
         try:
-            if error is not None:
-                self.metrics.request(method, error.code, started)
-                reply = None if notification else _encoder.encode(self._error(request_id, error))
-            else:
+            if error is None:
                 assert result is not None
-                self.metrics.request(method, 0, started)
-                reply = None if notification else _encoder.encode(
-                    rpc.Success(jsonrpc="2.0", id=request_id, result=msgspec.Raw(result)))
-        except Exception:  # a bug: answered as the task path answers one (`run`)
-            error_id = new_id()
-            log.exception("rpc.line_failed", error_id=error_id, method=method)
-            reply = None if notification else _encoder.encode(_failure(
-                request_id, INTERNAL_ERROR, "internal error", {"error_id": error_id}))
+                reply = _encoded(self._reply(call, msgspec.Raw(result)))
+            else:
+                reply = _encoded(self._reply(call, error=error))
+        except Exception:  # a bug: answered as the task path answers one
+            reply = None if call.notification else _encoder.encode(
+                self._error(call.id, _internal_error(call.method)))
         del error
         answer(reply)
 
@@ -766,9 +763,7 @@ class Server:
         except SessiondError:
             raise
         except Exception as exc:
-            error_id = new_id()
-            log.exception("rpc.internal_error", error_id=error_id, method=req.method)
-            raise InternalError("internal error", {"error_id": error_id}) from exc
+            raise _internal_error(req.method) from exc
         finally:
             self._end()
         return result
@@ -930,6 +925,27 @@ class _Link(asyncio.streams.FlowControlMixin, asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A request being answered: what its answer and its metrics need."""
+
+    method: str
+    id: Any  # None for a notification, which gets no answer
+    notification: bool
+    started: float  # metrics clock
+
+
+def _internal_error(method: str) -> InternalError:
+    """A bug in serving `method`: logged (the exception in hand) under a new error id."""
+    error_id = new_id()
+    log.exception("rpc.internal_error", error_id=error_id, method=method)
+    return InternalError("internal error", {"error_id": error_id})
+
+
+def _encoded(reply: rpc.Success | rpc.Failure | None) -> bytes | None:
+    return None if reply is None else _encoder.encode(reply)
 
 
 def _request(line: bytes) -> rpc.Request | None:
