@@ -294,3 +294,77 @@ async def test_sessionctl_watch_json_and_type_filter(daemon: Daemon, client: Asy
         assert await proc.wait() == 0
     await proc.aclose()
     assert os.path.exists(daemon.socket)
+
+
+class TestSpacedWrites:
+    """subscription_flush_s: a connection that wrote live notifications less than that long
+    ago holds the next ones, and writes them together once it has passed, or before
+    anything else it writes."""
+
+    @pytest.fixture
+    def daemon_overrides(self) -> dict[str, Any]:
+        # Long, so that what is held within a test is still held when its next step runs.
+        return {"subscription_flush_s": 1.0}
+
+    class Lines:
+        """A raw connection's messages, read as they are asked for."""
+
+        def __init__(self, raw: socket.socket) -> None:
+            self.raw, self.buffered = raw, b""
+            raw.settimeout(30)  # a guard against a hang, not a timing
+
+        def until(self, done: Any) -> list[dict[str, Any]]:
+            """The messages up to the first for which `done` is true."""
+            got = []
+            while True:
+                while b"\n" not in self.buffered:
+                    chunk = self.raw.recv(1 << 16)
+                    assert chunk, "the daemon closed the connection"
+                    self.buffered += chunk
+                line, self.buffered = self.buffered.split(b"\n", 1)
+                got.append(json.loads(line))
+                if done(got[-1]):
+                    return got
+
+    async def test_what_is_held_goes_before_the_answers_after_it(
+            self, daemon: Daemon, client: AsyncClient) -> None:
+        """The events of a subscription come before the answer to its unsubscribe, every
+        one of them, however recently the connection wrote: "no event after this answer"
+        holds with writes spaced too."""
+        await client.create_session("held")
+        raw = socket.socket(socket.AF_UNIX)
+        raw.connect(daemon.socket)
+        try:
+            lines = self.Lines(raw)
+            raw.sendall(b'{"jsonrpc":"2.0","id":1,"method":"events.subscribe",'
+                        b'"params":{"session_id":"held"}}\n')
+            started = await anyio.to_thread.run_sync(lines.until, lambda m: m.get("id") == 1)
+            subscription = started[-1]["result"]["subscription"]
+            if not any(m.get("method") == "subscription.caught_up" for m in started):
+                await anyio.to_thread.run_sync(
+                    lines.until, lambda m: m.get("method") == "subscription.caught_up")
+            for i in range(3):  # the first is written at once, the next two are held
+                await client.append_message("held", "user", f"m{i}")
+            raw.sendall(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "events.unsubscribe",
+                                    "params": {"subscription": subscription}}).encode() + b"\n")
+            got = await anyio.to_thread.run_sync(lines.until, lambda m: m.get("id") == 2)
+        finally:
+            raw.close()
+        assert got[-1]["result"] == {"ok": True}
+        contents = [m["params"]["event"]["data"]["content"] for m in got
+                    if m.get("method") == "subscription.event"
+                    and m["params"]["event"]["type"] == "message.appended"]
+        assert contents == ["m0", "m1", "m2"]
+
+    async def test_what_is_held_is_written_when_the_spacing_has_passed(
+            self, daemon: Daemon, client: AsyncClient) -> None:
+        """With nothing else written on the connection, held notifications are written
+        once subscription_flush_s has passed: every event comes, in order."""
+        await client.create_session("later")
+        async with AsyncClient(daemon.socket) as follower, \
+                follower.subscribe("later") as sub:
+            for i in range(5):
+                await client.append_message("later", "user", f"m{i}")
+            with anyio.fail_after(30):  # a guard against a hang, not a timing
+                got = [(await sub.__anext__()).fields()["content"] for _ in range(5)]
+        assert got == [f"m{i}" for i in range(5)]
