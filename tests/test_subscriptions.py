@@ -297,21 +297,30 @@ async def test_sessionctl_watch_json_and_type_filter(daemon: Daemon, client: Asy
 
 
 class TestSpacedWrites:
-    """subscription_flush_s: a connection that wrote live notifications less than that long
-    ago holds the next ones, and writes them together once it has passed, or before
+    """subscription_flush_s: while writes are queued behind a commit, a connection that
+    wrote live notifications less than that long ago holds the next ones; it writes them
+    together once that has passed, at a commit with nothing queued behind it, or before
     anything else it writes."""
+
+    APPENDS = 200
 
     @pytest.fixture
     def daemon_overrides(self) -> dict[str, Any]:
-        # Long, so that what is held within a test is still held when its next step runs.
-        return {"subscription_flush_s": 1.0}
+        # Long, so that what is held stays held while the test's next step runs; a commit
+        # an append, so that the appends pipelined below stay queued behind each commit.
+        return {"subscription_flush_s": 1.0, "max_batch": 1}
 
     class Lines:
         """A raw connection's messages, read as they are asked for."""
 
-        def __init__(self, raw: socket.socket) -> None:
-            self.raw, self.buffered = raw, b""
-            raw.settimeout(30)  # a guard against a hang, not a timing
+        def __init__(self, path: str) -> None:
+            self.raw, self.buffered = socket.socket(socket.AF_UNIX), b""
+            self.raw.connect(path)
+            self.raw.settimeout(30)  # a guard against a hang, not a timing
+
+        def send(self, *requests: dict[str, Any]) -> None:
+            self.raw.sendall(b"".join(json.dumps({"jsonrpc": "2.0", **r}).encode() + b"\n"
+                                      for r in requests))
 
         def until(self, done: Any) -> list[dict[str, Any]]:
             """The messages up to the first for which `done` is true."""
@@ -326,45 +335,73 @@ class TestSpacedWrites:
                 if done(got[-1]):
                     return got
 
-    async def test_what_is_held_goes_before_the_answers_after_it(
-            self, daemon: Daemon, client: AsyncClient) -> None:
-        """The events of a subscription come before the answer to its unsubscribe, every
-        one of them, however recently the connection wrote: "no event after this answer"
-        holds with writes spaced too."""
-        await client.create_session("held")
-        raw = socket.socket(socket.AF_UNIX)
-        raw.connect(daemon.socket)
-        try:
-            lines = self.Lines(raw)
-            raw.sendall(b'{"jsonrpc":"2.0","id":1,"method":"events.subscribe",'
-                        b'"params":{"session_id":"held"}}\n')
-            started = await anyio.to_thread.run_sync(lines.until, lambda m: m.get("id") == 1)
-            subscription = started[-1]["result"]["subscription"]
-            if not any(m.get("method") == "subscription.caught_up" for m in started):
-                await anyio.to_thread.run_sync(
-                    lines.until, lambda m: m.get("method") == "subscription.caught_up")
-            for i in range(3):  # the first is written at once, the next two are held
-                await client.append_message("held", "user", f"m{i}")
-            raw.sendall(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "events.unsubscribe",
-                                    "params": {"subscription": subscription}}).encode() + b"\n")
-            got = await anyio.to_thread.run_sync(lines.until, lambda m: m.get("id") == 2)
-        finally:
-            raw.close()
-        assert got[-1]["result"] == {"ok": True}
-        contents = [m["params"]["event"]["data"]["content"] for m in got
-                    if m.get("method") == "subscription.event"
-                    and m["params"]["event"]["type"] == "message.appended"]
-        assert contents == ["m0", "m1", "m2"]
+    @classmethod
+    def subscribed(cls, path: str, session_id: str) -> tuple[Any, str]:
+        """A raw connection subscribed to `session_id`, caught up; its subscription."""
+        lines = cls.Lines(path)
+        lines.send({"id": 1, "method": "events.subscribe", "params": {"session_id": session_id}})
+        got = lines.until(lambda m: m.get("id") == 1)
+        if not any(m.get("method") == "subscription.caught_up" for m in got):
+            lines.until(lambda m: m.get("method") == "subscription.caught_up")
+        return lines, got[-1]["result"]["subscription"]
 
-    async def test_what_is_held_is_written_when_the_spacing_has_passed(
-            self, daemon: Daemon, client: AsyncClient) -> None:
-        """With nothing else written on the connection, held notifications are written
-        once subscription_flush_s has passed: every event comes, in order."""
+    @classmethod
+    def flood(cls, path: str, session_id: str) -> Any:
+        """A connection that pipelines APPENDS appends to `session_id` in one send."""
+        lines = cls.Lines(path)
+        lines.send(*({"id": i, "method": "message.append", "params": {
+            "session_id": session_id, "role": "user", "content": f"m{i}"}}
+            for i in range(cls.APPENDS)))
+        return lines
+
+    @staticmethod
+    def contents(got: list[dict[str, Any]]) -> list[str]:
+        return [m["params"]["event"]["data"]["content"] for m in got
+                if m.get("method") == "subscription.event"]
+
+    async def test_what_is_held_goes_before_the_answers_after_it(self, daemon: Daemon,
+                                                                 client: AsyncClient) -> None:
+        """The answer to an unsubscribe sent while the appends it follows are queued comes
+        after every event committed before it (held or not), and no event of it comes
+        after the answer: "no event after this answer" holds with writes spaced."""
+        await client.create_session("held")
+        lines, subscription = await anyio.to_thread.run_sync(
+            self.subscribed, daemon.socket, "held")
+        writer = await anyio.to_thread.run_sync(self.flood, daemon.socket, "held")
+        try:
+            # A quarter committed: the events after the first are held, the rest queued.
+            await anyio.to_thread.run_sync(
+                writer.until, lambda m: m.get("id") == self.APPENDS // 4)
+            lines.send({"id": 2, "method": "events.unsubscribe",
+                        "params": {"subscription": subscription}})
+            before = await anyio.to_thread.run_sync(lines.until, lambda m: m.get("id") == 2)
+            assert before[-1]["result"] == {"ok": True}
+            await anyio.to_thread.run_sync(  # every append answered: none is queued now
+                writer.until, lambda m: m.get("id") == self.APPENDS - 1)
+            lines.send({"id": 3, "method": "daemon.ping"})
+            after = await anyio.to_thread.run_sync(lines.until, lambda m: m.get("id") == 3)
+        finally:
+            lines.raw.close()
+            writer.raw.close()
+        sent = self.contents(before)
+        # Every append answered before the unsubscribe was sent was committed while it
+        # was subscribed: its event came, and before the answer.
+        assert len(sent) > self.APPENDS // 4
+        assert sent == [f"m{i}" for i in range(len(sent))]
+        assert self.contents(after) == []
+
+    async def test_held_notifications_all_come_in_order(self, daemon: Daemon,
+                                                        client: AsyncClient) -> None:
+        """Under pipelined appends (held between commits), a subscriber that sends nothing
+        gets every event, in order, once."""
         await client.create_session("later")
-        async with AsyncClient(daemon.socket) as follower, \
-                follower.subscribe("later") as sub:
-            for i in range(5):
-                await client.append_message("later", "user", f"m{i}")
-            with anyio.fail_after(30):  # a guard against a hang, not a timing
-                got = [(await sub.__anext__()).fields()["content"] for _ in range(5)]
-        assert got == [f"m{i}" for i in range(5)]
+        lines, _ = await anyio.to_thread.run_sync(self.subscribed, daemon.socket, "later")
+        writer = await anyio.to_thread.run_sync(self.flood, daemon.socket, "later")
+        try:
+            got = await anyio.to_thread.run_sync(
+                lines.until, lambda m: m.get("method") == "subscription.event"
+                and m["params"]["event"]["data"]["content"] == f"m{self.APPENDS - 1}")
+        finally:
+            lines.raw.close()
+            writer.raw.close()
+        assert self.contents(got) == [f"m{i}" for i in range(self.APPENDS)]

@@ -12,10 +12,12 @@ every session), synchronously as it rings, and each connection writes what they 
 one write. A subscription of another session costs nothing per commit. Its task only
 waits to be cancelled (for the connection's task group to end it with the connection).
 
-Live writes are spaced: a connection that wrote live notifications less than `flush_s`
-ago holds the next ones until that much has passed, then writes all it holds at once (at
-a commit a millisecond and 5 ms, one write and one wake-up of its reader instead of
-five; bench/README, "Live writes spaced"). The first after a quiet spell goes at once.
+Live writes are spaced under load: while more writes wait behind the commit that rang
+it, a connection that wrote live notifications less than `flush_s` ago holds the next
+ones, and writes all it holds at once when that much has passed or the writer's queue is
+empty at a ring (at a commit a millisecond and 5 ms, one write and one wake-up of its
+reader instead of five; bench/README, "Live writes spaced"). The first after a quiet
+spell goes at once, and so does each of a writer that waits for its events to arrive.
 Nothing overtakes what is held: every other write on the connection (a catch-up page, a
 notification, an answer: the server calls `release` first) writes it before its own
 bytes.
@@ -204,8 +206,9 @@ class Subscriptions:
         self.out.write(data)
 
     def release(self) -> None:
-        """Write the live notifications held now: before anything else is written on this
-        connection, and when `flush_s` has passed since the last live write."""
+        """Write the live notifications held now, in one write: before anything else is
+        written on this connection, when `flush_s` has passed since the last live write,
+        and at a ring with no write queued."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -279,22 +282,23 @@ class Subscriptions:
         self._rung.append((sub, sub.session_id is not None and sub.session_id in bell.deleted))
 
     def flush(self) -> None:
-        """Write what the rung subscriptions send, in one write (or hold it, when this
-        connection wrote live less than `flush_s` ago); then end those whose session the
-        batch deleted, and all of them if the consumer is too slow."""
+        """Write what the rung subscriptions send, in one write (or hold it, while writes
+        are queued and this connection wrote live less than `flush_s` ago); then end those
+        whose session the batch deleted, and all of them if the consumer is too slow."""
         pending, rung = self._pending, self._rung
         self._pending, self._rung = [], []
         if pending:
-            now = self._loop.time()
-            if self.held or now - self._written_at < self._flush_s:
-                self.held.extend(pending)
-                self._held_bytes += sum(map(len, pending))
+            self.held.extend(pending)
+            self._held_bytes += sum(map(len, pending))
+            # Held only while more writes wait behind this commit: a writer that waits for
+            # its event to arrive before it writes again gets each at once.
+            if self.writer.queue_depth and \
+                    self._loop.time() - self._written_at < self._flush_s:
                 if self._timer is None:
                     self._timer = self._loop.call_at(self._written_at + self._flush_s,
                                                      self.release)
             else:
-                self._written_at = now
-                self.out.write(pending[0] if len(pending) == 1 else b"".join(pending))
+                self.release()
         waiting = self.out.transport.get_write_buffer_size() + self._held_bytes
         for sub, deleted in rung:
             if deleted:
