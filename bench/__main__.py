@@ -359,7 +359,6 @@ class Bench:
                 cpu0, sub0 = d.cpu_s(), cpu_s(subs.pid)
                 followed.append(await self._appends(d, n))
                 cpu["followed"] += d.cpu_s() - cpu0
-                await anyio.sleep(0.2)  # the last notifications may wait subscription_flush_s
                 cpu["subscribers"] += cpu_s(subs.pid) - sub0
             finally:
                 subs.terminate()

@@ -52,9 +52,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in Config.__struct_fields__:
         if name.startswith("http_") and name.endswith("_s"):
             p.add_argument("--" + name.replace("_", "-"), type=float, dest=name)
-    p.add_argument("--subscription-flush-s", type=float, dest="subscription_flush_s",
-                   help="live notifications go to a connection at most this often, those"
-                        " between in one write (default 0.005; 0: each commit's at once)")
     p.add_argument("--drain-timeout-s", type=float, dest="drain_timeout_s")
     p.add_argument("--cleanup-older-than-days", type=float, dest="cleanup_older_than_days",
                    help="delete ended sessions idle this long, every --cleanup-every-s (0: never)")

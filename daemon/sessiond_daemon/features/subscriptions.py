@@ -11,22 +11,11 @@ session: a commit calls only the subscriptions of the sessions it touched (and t
 every session), synchronously as it rings, and each connection writes what they send in
 one write. A subscription of another session costs nothing per commit. Its task only
 waits to be cancelled (for the connection's task group to end it with the connection).
-
-Live writes are spaced under load: while more writes wait behind the commit that rang
-it, a connection that wrote live notifications less than `flush_s` ago holds the next
-ones, and writes all it holds at once when that much has passed or the writer's queue is
-empty at a ring (at a commit a millisecond and 5 ms, one write and one wake-up of its
-reader instead of five; bench/README, "Live writes spaced"). The first after a quiet
-spell goes at once, and so does each of a writer that waits for its events to arrive.
-Nothing overtakes what is held: every other write on the connection (a catch-up page, a
-notification, an answer: the server calls `release` first) writes it before its own
-bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,7 +70,7 @@ class Subscriptions:
 
     def __init__(self, store: EventStore, writer: Writer, out: asyncio.StreamWriter,
                  tg: TaskGroup, *, max_buffer: int, max_subscriptions: int,
-                 on_count: Callable[[int], None], flush_s: float = 0.0) -> None:
+                 on_count: Callable[[int], None]) -> None:
         self.store, self.writer, self.out, self.tg = store, writer, out, tg
         self.max_buffer = max_buffer
         self.max_subscriptions = max_subscriptions
@@ -91,13 +80,6 @@ class Subscriptions:
         # those rung, to end after it if it deleted their session or the consumer is slow.
         self._pending: list[bytes] = []
         self._rung: list[tuple[_Subscription, bool]] = []
-        # Live notifications held until `flush_s` after the last live write (release).
-        self.held: list[bytes] = []
-        self._held_bytes = 0
-        self._flush_s = flush_s
-        self._written_at = -math.inf  # the loop's clock at the last live write
-        self._timer: asyncio.TimerHandle | None = None
-        self._loop = asyncio.get_running_loop()
 
     async def subscribe(self, p: rpc.EventsSubscribeParams) -> rpc.SubscribeResult:
         if len(self._active) >= self.max_subscriptions:
@@ -134,7 +116,6 @@ class Subscriptions:
 
     def close(self) -> None:
         """End every subscription (the client stopped sending); requests in flight go on."""
-        self.release()
         for sub in list(self._active.values()):
             self._end(sub)
 
@@ -189,7 +170,7 @@ class Subscriptions:
             self.writer.unwatch()
 
     def _notify(self, method: str, params: Any) -> None:
-        self.write(_encoder.encode(
+        self.out.write(_encoder.encode(
             rpc.Notification(jsonrpc="2.0", method=method, params=params)) + b"\n")
 
     def _send_events(self, sub: _Subscription, events_json: list[bytes]) -> None:
@@ -197,28 +178,7 @@ class Subscriptions:
         # per batch, not once per subscriber), in one write: one syscall per batch.
         # Subscription ids are ULIDs, so they need no escaping.
         if events_json:
-            self.write(sub.head + sub.between.join(events_json) + b"}}\n")
-
-    def write(self, data: bytes) -> None:
-        """Write `data` on this connection, after the live notifications held."""
-        if self.held:
-            self.release()
-        self.out.write(data)
-
-    def release(self) -> None:
-        """Write the live notifications held now, in one write: before anything else is
-        written on this connection, when `flush_s` has passed since the last live write,
-        and at a ring with no write queued."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self.held:
-            held, self.held, self._held_bytes = self.held, [], 0
-            self._written_at = self._loop.time()
-            if not self.out.transport.is_closing():  # closed meanwhile: nobody reads
-                # One buffer: uvloop's writelines takes a Py_buffer of each, and costs
-                # more than the copy (bench/README, "Live writes spaced").
-                self.out.write(b"".join(held))
+            self.out.write(sub.head + sub.between.join(events_json) + b"}}\n")
 
     async def _run(self, sub: _Subscription) -> None:
         try:
@@ -282,24 +242,15 @@ class Subscriptions:
         self._rung.append((sub, sub.session_id is not None and sub.session_id in bell.deleted))
 
     def flush(self) -> None:
-        """Write what the rung subscriptions send, in one write (or hold it, while writes
-        are queued and this connection wrote live less than `flush_s` ago); then end those
-        whose session the batch deleted, and all of them if the consumer is too slow."""
+        """Write what the rung subscriptions send, in one write; then end those whose
+        session the batch deleted, and all of them if the consumer is too slow."""
         pending, rung = self._pending, self._rung
         self._pending, self._rung = [], []
-        if pending:
-            self.held.extend(pending)
-            self._held_bytes += sum(map(len, pending))
-            # Held only while more writes wait behind this commit: a writer that waits for
-            # its event to arrive before it writes again gets each at once.
-            if self.writer.queue_depth and \
-                    self._loop.time() - self._written_at < self._flush_s:
-                if self._timer is None:
-                    self._timer = self._loop.call_at(self._written_at + self._flush_s,
-                                                     self.release)
-            else:
-                self.release()
-        waiting = self.out.transport.get_write_buffer_size() + self._held_bytes
+        if len(pending) == 1:
+            self.out.write(pending[0])
+        elif pending:
+            self.out.writelines(pending)
+        waiting = self.out.transport.get_write_buffer_size()
         for sub, deleted in rung:
             if deleted:
                 self._end(sub, "session deleted")

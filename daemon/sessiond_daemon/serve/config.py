@@ -55,9 +55,6 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_inflight: Count = 256
     max_subscriptions: CountOrZero = 64  # 0: no subscriptions
     max_subscription_buffer: Count = 1 << 20
-    # Live notifications are written to a connection at most this often: those of the
-    # commits in between wait and go in one write (the first after a quiet spell at once).
-    subscription_flush_s: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.005
     max_queue: Count = 4096
     max_batch: Count = 512
     view_cache_size: Count = 4096
@@ -134,8 +131,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 # Limits that size a connection's buffers apply to connections opened after the reload.
 RELOADABLE = frozenset({
     "log_level", "log_format", "max_request_bytes", "max_connections", "max_inflight",
-    "max_subscriptions", "max_subscription_buffer", "subscription_flush_s",
-    "max_message_bytes", "max_event_bytes",
+    "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
     "max_checkpoint_bytes", "max_fork_depth", "allowed_uids", "allowed_gids", "peer_methods",
     "drain_timeout_s", "max_batch_requests", "max_reply_buffer", "max_page_bytes",
     "http_cors_origins", "http_send_timeout_s", "default_ttl_s",

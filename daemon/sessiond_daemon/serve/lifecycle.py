@@ -425,7 +425,6 @@ def _server_limits(config: Config) -> ServerLimits:
                         max_inflight=config.max_inflight,
                         max_subscriptions=config.max_subscriptions,
                         max_subscription_buffer=config.max_subscription_buffer,
-                        subscription_flush_s=config.subscription_flush_s,
                         max_batch_requests=config.max_batch_requests,
                         max_reply_buffer=config.max_reply_buffer,
                         max_page_bytes=config.max_page_bytes,

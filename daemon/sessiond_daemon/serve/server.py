@@ -65,7 +65,6 @@ class ServerLimits:
     max_inflight: int = 256
     max_subscriptions: int = 64  # per connection
     max_subscription_buffer: int = 1 << 20  # unread bytes before a live subscriber is dropped
-    subscription_flush_s: float = 0.005  # live writes to a connection at most this often
     max_batch_requests: int = 64  # requests in one batch line
     max_reply_buffer: int = 16 << 20  # unsent reply bytes before we stop reading a client
     max_reply_buffer_total: int = 512 << 20  # reply bytes held across connections (budget.py)
@@ -185,7 +184,7 @@ class Server:
             refused = PermissionDeniedError(
                 f"uid {peer.uid} may not use this daemon: access revoked by a reload",
                 {"uid": peer.uid, "reason": "access revoked"})
-            conn.subscriptions.write(_encoder.encode(self._error(None, refused)) + b"\n")
+            conn.subscriptions.out.write(_encoder.encode(self._error(None, refused)) + b"\n")
             conn.holding.close(reason)
         return len(revoked)
 
@@ -334,9 +333,7 @@ class Server:
 
         def put(reply: bytes) -> None:
             if not (holding.closed or transport.is_closing()):  # closed meanwhile (by the
-                if conn.subscriptions.held:  # budget, or the client)
-                    conn.subscriptions.release()  # the notifications held go first
-                transport.write(reply + b"\n")  # one write() a line
+                transport.write(reply + b"\n")  # budget, or the client); one write() a line
 
         def settle(size: int) -> None:
             budget.wait(holding, -size)
@@ -486,14 +483,13 @@ class Server:
                 self.store, self.writer, writer, tg,
                 max_buffer=limits.max_subscription_buffer,
                 max_subscriptions=limits.max_subscriptions,
-                on_count=self.count_subscriptions,
-                flush_s=limits.subscription_flush_s), holding, context)
+                on_count=self.count_subscriptions), holding, context)
             self.metrics.connection(conn.subscriptions)
             budget.join(holding)
             self._open.add(conn)
             try:
                 try:
-                    link.start(ready, take, partial(self._too_large, conn, transport))
+                    link.start(ready, take, partial(self._too_large, transport))
                     while await link.next_wait():
                         await room()
                 except ConnectionError:
@@ -523,8 +519,7 @@ class Server:
                 link.release()
         return holding
 
-    def _too_large(self, conn: Connection, transport: asyncio.WriteTransport, head: bytes,
-                   size: int) -> None:
+    def _too_large(self, transport: asyncio.WriteTransport, head: bytes, size: int) -> None:
         """Answer a line over max_request_bytes (discarded as it came): -32600 under the
         request's id when the line begins with it."""
         limit = self.limits.max_request_bytes
@@ -536,7 +531,7 @@ class Server:
             {"detail": f"a line may hold at most {limit} bytes (max_request_bytes)",
              "limit": limit, "size": size, "setting": "max_request_bytes"}))
         if not transport.is_closing():
-            conn.subscriptions.write(reply + b"\n")
+            transport.write(reply + b"\n")
 
     async def _room_to_reply(self, writer: asyncio.StreamWriter) -> None:
         """Wait while the client has more than max_reply_buffer unsent reply bytes."""
