@@ -5,6 +5,7 @@
     python -m bench.peers --quick               # 1 round, 800 appends
     python -m bench.peers --trees old=/tmp/old-9b19302,new=.   # sessiond of two trees
     python -m bench.peers --trees old=OLD,server=NEW:OLD        # a tree's daemon, another's client
+    python -m bench.peers --floor               # and bench.floor: the work and SQL alone
 
 The workload: appends of ~200 B messages, durable (acknowledged means on disk), each
 writer its own conversation. W1: one writer, sequential appends. W2: 16 writers at once.
@@ -68,12 +69,14 @@ def report(start: float, end: float, appends: int, cpu: float, **extra: object) 
 
 # --- workers (each its own process) ----------------------------------------------------
 
-def client_worker(socket_path: str, appends: int, what: str = "append") -> None:
-    """One sessiond writer: connect, say ready, wait for go, append (or ping), report."""
+def client_worker(socket_path: str, appends: int, what: str = "append",
+                  session_id: str | None = None) -> None:
+    """One sessiond writer: connect, say ready, wait for go, append (or ping), report.
+    `session_id`: append to that session (made already) instead of a new one."""
     from sessiond import Client
 
     with Client(socket_path) as c:
-        sid = c.create_session().session_id
+        sid = session_id or c.create_session().session_id
         c.append_message(sid, "user", CONTENT)  # warm: the session is in the writer's cache
         print("ready", flush=True)
         sys.stdin.readline()
@@ -229,29 +232,65 @@ def sessiond_figure(directory: str, name: str, tree: str | None, writers: int,
     try:
         wait_for(sock, daemon)
         per = appends // writers
-        procs = [worker(["client", sock, str(per), what], client_env, subprocess.PIPE)
-                 for _ in range(writers)]
-        for p in procs:
-            assert p.stdout is not None
-            if p.stdout.readline().strip() != "ready":
-                raise RuntimeError("a writer did not connect")
-        cpu0 = cpu_s(daemon.pid)
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        results = [result(p) for p in procs]
-        daemon_cpu = cpu_s(daemon.pid) - cpu0
+        return run_writers(name, daemon, [["client", sock, str(per), what]] * writers,
+                           client_env, writers if what == "append" else 0)
     finally:
         daemon.terminate()
         daemon.wait(timeout=60)
+
+
+def run_writers(name: str, server: subprocess.Popen[bytes], workers: list[list[str]],
+                env: dict[str, str], writers: int) -> Figure:
+    """Start a client process for each of `workers` (their arguments), then, once all
+    are ready, let them go together; the server's CPU is read from then to their last
+    report (a little more than the appends' span, never less)."""
+    procs = [worker(args, env, subprocess.PIPE) for args in workers]
+    for p in procs:
+        assert p.stdout is not None
+        if p.stdout.readline().strip() != "ready":
+            raise RuntimeError("a writer did not connect")
+    cpu0 = cpu_s(server.pid)
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = [result(p) for p in procs]
+    server_cpu = cpu_s(server.pid) - cpu0
     total = sum(r["appends"] for r in results)
     span = max(r["end"] for r in results) - min(r["start"] for r in results)
-    # The daemon's CPU is read from the last writer ready to the last report: a little
-    # more than the appends' span (the reports), never less.
-    return Figure(name, writers if what == "append" else 0, total / span,
-                  daemon_cpu / total * 1e6,
+    return Figure(name, writers, total / span, server_cpu / total * 1e6,
                   sum(r["cpu"] for r in results) / total * 1e6)
+
+
+def floor_figure(directory: str, name: str, sql: str, writers: int, appends: int) -> Figure:
+    """bench.floor (sessiond's per-append work and SQL, nothing else) on a database this
+    tree's daemon made, with a session for each writer in it; `writers` client processes."""
+    from sessiond import Client
+
+    home = tempfile.mkdtemp(dir=directory)
+    sock, db = os.path.join(home, "d.sock"), os.path.join(home, "d.db")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = tree_env(root)
+    env["PYTHONPATH"] += os.pathsep + root  # bench.floor itself
+    daemon = subprocess.Popen([sys.executable, "-m", "sessiond_daemon", "--socket", sock,
+                               "--db", db, "--log-level", "warning"], env=env)
+    try:
+        wait_for(sock, daemon)
+        with Client(sock) as c:
+            sids = [c.create_session().session_id for _ in range(writers)]
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=60)
+    floor = subprocess.Popen([sys.executable, "-m", "bench.floor", "--socket", sock, "--db", db,
+                              "--sql", sql], env=env, cwd=root)
+    try:
+        wait_for(sock, floor)
+        per = appends // writers
+        return run_writers(name, floor, [["client", sock, str(per), "append", sid]
+                                         for sid in sids], env, writers)
+    finally:
+        floor.terminate()
+        floor.wait(timeout=60)
 
 
 def wait_for(sock: str, daemon: subprocess.Popen[bytes]) -> None:
@@ -360,12 +399,15 @@ def main() -> None:
     p.add_argument("--trees", help="sessiond of these source trees, NAME=DIR,NAME=DIR"
                                    " (default: the installed one)")
     p.add_argument("--only", help="figures to run: P1, W1, W2 (default all)")
+    p.add_argument("--floor", action="store_true",
+                   help="also bench.floor (sessiond's per-append work and SQL, nothing else)"
+                        " with the view rows in the commit (floor) and without (floor-log)")
     p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         kind, *rest = args.worker
         if kind == "client":
-            client_worker(rest[0], int(rest[1]), rest[2])
+            client_worker(rest[0], int(rest[1]), rest[2], *rest[3:])
         elif kind == "SQLiteSession":
             sqlitesession_worker(rest[0], int(rest[1]), int(rest[2]))
         else:
@@ -378,6 +420,7 @@ def main() -> None:
     only = ({w.strip().upper() for w in args.only.split(",")} if args.only
             else {"P1", "W1", "W2"})
     writers_run = [w for w in WRITERS if f"W{1 if w == 1 else 2}" in only]
+    floors = {"floor": "view", "floor-log": "log"} if args.floor else {}
     print(f"bench.peers: {appends:,} appends a figure, {rounds} rounds; load {load()}",
           flush=True)
     figures: list[Figure] = []
@@ -385,6 +428,8 @@ def main() -> None:
         runs: list[tuple[str, Callable[[int], Figure]]] = [
             *((name, lambda w, n=name, t=tree: sessiond_figure(directory, n, t, w, appends))
               for name, tree in trees.items()),
+            *((name, lambda w, n=name, sql=sql: floor_figure(directory, n, sql, w, appends))
+              for name, sql in (floors.items())),
             ("SQLiteSession", lambda w: peer_figure(directory, "SQLiteSession", w, appends)),
             ("raw", lambda w: peer_figure(directory, "raw", w, appends)),
         ]
@@ -405,7 +450,7 @@ def main() -> None:
                           f"{f.rate:8,.0f} appends/s  CPU/append {f.cpu_us:4.0f} us{extra}",
                           flush=True)
     print(f"load after: {load()}")
-    print("\n".join(summary(figures, list(trees))))
+    print("\n".join(summary(figures, [*trees, *floors])))
 
 
 if __name__ == "__main__":
