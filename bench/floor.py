@@ -19,7 +19,8 @@ validation past its decode, the reply budget, back-pressure, keys, version check
 writer's queue and batch machinery, its cache, bells and subscriptions, metrics, the
 search index's catch-up, failure handling (a failed commit leaves its views decided).
 `--sql log` also leaves the view row out of the commit (the issue's "events and messages
-only" variant): the view is then not stored at all.
+only" variant): the view is then not stored at all. `--decide thread` decides the appends
+on the committing thread instead, just before their commit (issue 31 §2).
 """
 
 from __future__ import annotations
@@ -64,15 +65,19 @@ _META = EventMeta()
 
 
 class Committer:
-    """The write connection's thread: a group commit of whatever is queued."""
+    """The write connection's thread: a group commit of whatever is queued. With `floor`
+    given, the appends are queued undecided (transport, head, params) and decided here,
+    on this thread, before the commit (issue 31 §2's "the writer's whole decide-and-commit
+    on that thread")."""
 
-    def __init__(self, path: str, with_views: bool, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, path: str, with_views: bool, loop: asyncio.AbstractEventLoop,
+                 floor: Floor | None = None) -> None:
         self.con = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.con.execute("PRAGMA busy_timeout = 5000")
         self.con.execute("PRAGMA synchronous = FULL")
         self.con.execute("PRAGMA journal_mode = WAL")
         search.register(self.con)
-        self.with_views, self.loop = with_views, loop
+        self.with_views, self.loop, self.floor = with_views, loop, floor
         self.queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         threading.Thread(target=self._run, daemon=True).start()
 
@@ -85,6 +90,10 @@ class Committer:
                     items.append(q.get_nowait())
                 except queue.Empty:
                     break
+            if self.floor is not None:
+                items = [(transport, head + result + b"}\n", event, entry)
+                         for transport, head, params in items
+                         for result, event, entry in (self.floor.append(params),)]
             batch = Batch(events=[item[2] for item in items])
             if self.with_views:
                 batch.views = {item[3].state.session_id: item[3] for item in items}
@@ -142,8 +151,8 @@ class Floor:
 
 
 class Link(asyncio.Protocol):
-    def __init__(self, floor: Floor, committer: Committer) -> None:
-        self.floor, self.committer = floor, committer
+    def __init__(self, floor: Floor, committer: Committer, on_thread: bool) -> None:
+        self.floor, self.committer, self.on_thread = floor, committer, on_thread
         self.buffered = b""
         self.transport: Any = None  # uvloop's, not an asyncio.Transport
 
@@ -156,7 +165,9 @@ class Link(asyncio.Protocol):
         for line in lines:
             req = _request.decode(line)
             head = b'{"jsonrpc":"2.0","id":' + _json.encode(req.id) + b',"result":'
-            if req.method == "message.append":
+            if req.method == "message.append" and self.on_thread:
+                self.committer.queue.put((self.transport, head, req.params))
+            elif req.method == "message.append":
                 assert isinstance(req.params, msgspec.Raw)
                 result, event, entry = self.floor.append(req.params)
                 self.committer.queue.put((self.transport, head + result + b"}\n", event,
@@ -169,10 +180,12 @@ class Link(asyncio.Protocol):
                 raise ValueError(f"the floor serves no {req.method}")
 
 
-async def serve(socket_path: str, db: str, with_views: bool) -> None:
+async def serve(socket_path: str, db: str, with_views: bool, on_thread: bool) -> None:
     loop = asyncio.get_running_loop()
-    floor, committer = Floor(db), Committer(db, with_views, loop)
-    server = await loop.create_unix_server(lambda: Link(floor, committer), socket_path)
+    floor = Floor(db)
+    committer = Committer(db, with_views, loop, floor if on_thread else None)
+    server = await loop.create_unix_server(lambda: Link(floor, committer, on_thread),
+                                           socket_path)
     async with server:
         await server.serve_forever()
 
@@ -185,10 +198,13 @@ def main() -> None:
     ap.add_argument("--sql", choices=["view", "log"], default="view",
                     help="view: the daemon's commit (events, read models, view rows);"
                          " log: without the view rows")
+    ap.add_argument("--decide", choices=["loop", "thread"], default="loop",
+                    help="loop: each append decided where its line is read, as sessiond's"
+                         " writer does; thread: on the committing thread, before its commit")
     a = ap.parse_args()
     if os.path.exists(a.socket):
         os.unlink(a.socket)
-    uvloop.run(serve(a.socket, a.db, a.sql == "view"))
+    uvloop.run(serve(a.socket, a.db, a.sql == "view", a.decide == "thread"))
 
 
 if __name__ == "__main__":

@@ -262,7 +262,8 @@ def run_writers(name: str, server: subprocess.Popen[bytes], workers: list[list[s
                   sum(r["cpu"] for r in results) / total * 1e6)
 
 
-def floor_figure(directory: str, name: str, sql: str, writers: int, appends: int) -> Figure:
+def floor_figure(directory: str, name: str, floor_args: list[str], writers: int,
+                 appends: int) -> Figure:
     """bench.floor (sessiond's per-append work and SQL, nothing else) on a database this
     tree's daemon made, with a session for each writer in it; `writers` client processes."""
     from sessiond import Client
@@ -282,7 +283,7 @@ def floor_figure(directory: str, name: str, sql: str, writers: int, appends: int
         daemon.terminate()
         daemon.wait(timeout=60)
     floor = subprocess.Popen([sys.executable, "-m", "bench.floor", "--socket", sock, "--db", db,
-                              "--sql", sql], env=env, cwd=root)
+                              *floor_args], env=env, cwd=root)
     try:
         wait_for(sock, floor)
         per = appends // writers
@@ -401,7 +402,8 @@ def main() -> None:
     p.add_argument("--only", help="figures to run: P1, W1, W2 (default all)")
     p.add_argument("--floor", action="store_true",
                    help="also bench.floor (sessiond's per-append work and SQL, nothing else)"
-                        " with the view rows in the commit (floor) and without (floor-log)")
+                        " with the view rows in the commit (floor), without (floor-log), and"
+                        " deciding on the committing thread (floor-thread)")
     p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -420,7 +422,8 @@ def main() -> None:
     only = ({w.strip().upper() for w in args.only.split(",")} if args.only
             else {"P1", "W1", "W2"})
     writers_run = [w for w in WRITERS if f"W{1 if w == 1 else 2}" in only]
-    floors = {"floor": "view", "floor-log": "log"} if args.floor else {}
+    floors = {"floor": ["--sql", "view"], "floor-log": ["--sql", "log"],
+              "floor-thread": ["--sql", "view", "--decide", "thread"]} if args.floor else {}
     print(f"bench.peers: {appends:,} appends a figure, {rounds} rounds; load {load()}",
           flush=True)
     figures: list[Figure] = []
@@ -428,8 +431,8 @@ def main() -> None:
         runs: list[tuple[str, Callable[[int], Figure]]] = [
             *((name, lambda w, n=name, t=tree: sessiond_figure(directory, n, t, w, appends))
               for name, tree in trees.items()),
-            *((name, lambda w, n=name, sql=sql: floor_figure(directory, n, sql, w, appends))
-              for name, sql in (floors.items())),
+            *((name, lambda w, n=name, a=floor_args: floor_figure(directory, n, a, w, appends))
+              for name, floor_args in floors.items()),
             ("SQLiteSession", lambda w: peer_figure(directory, "SQLiteSession", w, appends)),
             ("raw", lambda w: peer_figure(directory, "raw", w, appends)),
         ]
