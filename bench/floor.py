@@ -1,26 +1,37 @@
 """The floor under issue 31's W1 and W2: sessiond's own per-append work and SQL, served
-with nothing else. `python -m bench.floor --socket S --db D [--sql view|log]`.
+with nothing else. `python -m bench.floor --socket S --db D [--sql view|log]
+[--decide lines|thread]`.
 
 A measuring device, not a design: `bench.peers --floor` runs it beside the daemon, in the
 same rounds, on a database the daemon made (the writers' sessions in it). It serves
 `daemon.ping` and `message.append` to sessiond's own `Client` over a Unix socket:
 
 - an asyncio `Protocol` on uvloop cuts the lines where they are received; each append is
-  decided right there, with the helpers sessiond's writer uses (`new_id`, `now`, the two
-  encodes, the bounds scan, `typed_event`, `chain_hash`, `projection.apply`), on the
-  view it holds in memory;
+  decided right there (`--decide lines`), with the helpers sessiond's writer uses
+  (`new_id`, `now`, the two encodes, the bounds scan, `typed_event`, `chain_hash`,
+  `projection.apply`), on the view it holds in memory, and stored with the meta the
+  daemon stores (the peer's uid and pid);
 - one thread commits whatever is queued in one transaction (BEGIN IMMEDIATE, the store's
   own `_write` of the events, the read models and, with `--sql view`, the view rows;
   COMMIT at synchronous=FULL, the daemon's default), then hands the batch back to the
-  loop in one call, which writes each answer. Acknowledged means on disk, as in sessiond.
+  loop in one call, which writes each answer. Acknowledged means on disk, as in sessiond;
+- its threads run on one CPU, the one it started on, as the daemon's do by default
+  (`cpu_affinity = "auto"`).
+
+The order differs from sessiond's writer. Here the appends that come while a batch
+commits are decided at once, so deciding overlaps committing (issue 31 §4's pipelining).
+sessiond's writer decides a batch, waits for its commit, then decides the next one.
+`--decide thread` keeps that serial order: the committing thread decides what it took,
+then commits it (issue 31 §2's "the writer's whole decide-and-commit on that thread").
 
 What it leaves out is everything else sessiond does per append: grants, the request's
 validation past its decode, the reply budget, back-pressure, keys, version checks, the
 writer's queue and batch machinery, its cache, bells and subscriptions, metrics, the
-search index's catch-up, failure handling (a failed commit leaves its views decided).
+search index's catch-up, a snapshot every 1,000 versions, the check of the database
+file after each COMMIT, failure handling (a failed commit leaves its views decided).
 `--sql log` also leaves the view row out of the commit (the issue's "events and messages
-only" variant): the view is then not stored at all. `--decide thread` decides the appends
-on the committing thread instead, just before their commit (issue 31 §2).
+only" variant): the view is then not stored at all. Positions start past the newest
+stored event: right on the fresh databases `bench.peers` gives it.
 """
 
 from __future__ import annotations
@@ -29,7 +40,9 @@ import argparse
 import asyncio
 import os
 import queue
+import socket
 import sqlite3
+import struct
 import threading
 import time
 from typing import Any
@@ -37,6 +50,7 @@ from typing import Any
 import msgspec
 import uvloop
 
+from sessiond_daemon import cpu
 from sessiond_daemon.core import projection
 from sessiond_daemon.core.histories import out_of_bounds
 from sessiond_daemon.stores.interface import Batch, Entry
@@ -61,12 +75,11 @@ _request = msgspec.json.Decoder(rpc.Request)
 _append = msgspec.json.Decoder(rpc.MessageAppendParams)
 _state = msgspec.json.Decoder(SessionState)
 _json = msgspec.json.Encoder()
-_META = EventMeta()
 
 
 class Committer:
     """The write connection's thread: a group commit of whatever is queued. With `floor`
-    given, the appends are queued undecided (transport, head, params) and decided here,
+    given, the appends are queued undecided (transport, head, params, meta) and decided here,
     on this thread, before the commit (issue 31 §2's "the writer's whole decide-and-commit
     on that thread")."""
 
@@ -92,8 +105,8 @@ class Committer:
                     break
             if self.floor is not None:
                 items = [(transport, head + result + b"}\n", event, entry)
-                         for transport, head, params in items
-                         for result, event, entry in (self.floor.append(params),)]
+                         for transport, head, params, meta in items
+                         for result, event, entry in (self.floor.append(params, meta),)]
             batch = Batch(events=[item[2] for item in items])
             if self.with_views:
                 batch.views = {item[3].state.session_id: item[3] for item in items}
@@ -124,7 +137,7 @@ class Floor:
             con.close()
         self.started = time.monotonic()
 
-    def append(self, params: msgspec.Raw) -> tuple[bytes, Any, Entry]:
+    def append(self, params: msgspec.Raw, meta: EventMeta) -> tuple[bytes, Any, Entry]:
         """Decide one append on the view held: (the result's JSON, the event, the entry)."""
         p = _append.decode(params)
         entry = self.views[p.session_id]
@@ -138,7 +151,7 @@ class Floor:
         event = typed_event(position=self.position, session_id=p.session_id,
                             version=state.version + 1, event_id=new_id(),
                             type="message.appended", recorded_at=now(), data=data,
-                            data_json=data_json, meta=_META)
+                            data_json=data_json, meta=meta)
         last_hash = chain_hash(entry.last_hash, event, hash_json)
         event = moved(event, hash=last_hash)
         entry = Entry(projection.apply(state, event), last_hash, self.position)
@@ -158,6 +171,10 @@ class Link(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        peer = transport.get_extra_info("socket")
+        pid, uid, _ = struct.unpack("3i", peer.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        self.meta = EventMeta(peer_uid=uid, peer_pid=pid)
 
     def data_received(self, data: bytes) -> None:
         lines = (self.buffered + data).split(b"\n")
@@ -166,10 +183,10 @@ class Link(asyncio.Protocol):
             req = _request.decode(line)
             head = b'{"jsonrpc":"2.0","id":' + _json.encode(req.id) + b',"result":'
             if req.method == "message.append" and self.on_thread:
-                self.committer.queue.put((self.transport, head, req.params))
+                self.committer.queue.put((self.transport, head, req.params, self.meta))
             elif req.method == "message.append":
                 assert isinstance(req.params, msgspec.Raw)
-                result, event, entry = self.floor.append(req.params)
+                result, event, entry = self.floor.append(req.params, self.meta)
                 self.committer.queue.put((self.transport, head + result + b"}\n", event,
                                           entry))
             elif req.method == "daemon.ping":
@@ -198,12 +215,14 @@ def main() -> None:
     ap.add_argument("--sql", choices=["view", "log"], default="view",
                     help="view: the daemon's commit (events, read models, view rows);"
                          " log: without the view rows")
-    ap.add_argument("--decide", choices=["loop", "thread"], default="loop",
-                    help="loop: each append decided where its line is read, as sessiond's"
-                         " writer does; thread: on the committing thread, before its commit")
+    ap.add_argument("--decide", choices=["lines", "thread"], default="lines",
+                    help="lines: each append decided where its line is read, while the"
+                         " batch before it commits; thread: on the committing thread, then"
+                         " committed (sessiond's writer's serial order)")
     a = ap.parse_args()
     if os.path.exists(a.socket):
         os.unlink(a.socket)
+    os.sched_setaffinity(0, {cpu.current_cpu()})  # before any thread: they inherit it
     uvloop.run(serve(a.socket, a.db, a.sql == "view", a.decide == "thread"))
 
 
