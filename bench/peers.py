@@ -22,6 +22,10 @@ writer its own conversation. W1: one writer, sequential appends. W2: 16 writers 
   transaction and wakes the writers after COMMIT. The ceiling for W2; W1 is context.
 - P1 (sessiond only): one `Client` calling daemon.ping in a loop, the serving path and the
   client's round trip alone (no writer, no SQLite): where the socket levers show.
+- `--floor`: bench/floor.py, sessiond's per-append work and SQL with nothing else, served
+  to the same client processes on a database this tree's daemon made (W1, W2 only):
+  `floor`, `floor-log` (no view row in the commit), `floor-thread` (decided on the
+  committing thread).
 
 Each round runs every variant once, the order reversed every other round; printed are
 each round's figures, then medians with min-max, and the ratios the issue's targets are
