@@ -44,6 +44,7 @@ def settings_of(config: Config) -> Settings:
     return Settings(max_body_bytes=config.max_request_bytes,
                     send_timeout_s=config.http_send_timeout_s,
                     cors_origins=frozenset(config.http_cors_origins),
+                    allowed_hosts=frozenset(h.lower() for h in config.http_allowed_hosts),
                     allowed_uids=frozenset(config.allowed_uids),
                     allowed_gids=frozenset(config.allowed_gids))
 

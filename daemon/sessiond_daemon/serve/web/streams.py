@@ -18,7 +18,6 @@ from typing import Any
 
 import anyio
 
-from sessiond_daemon.core.bells import Bell
 from sessiond_daemon.core.writer import Writer
 from sessiond_daemon.features.forks import WALK_LIMIT
 from sessiond_daemon.serve.web import codec, tails
@@ -172,7 +171,7 @@ class Streams:
         return view
 
     async def _after_mark(self, r: Request, given: str | None) -> View:
-        """The view a live tail reads up to, taken after its bell mark: a batch rings only
+        """The view a live tail reads up to, taken after its tail's mark: a batch rings only
         once it has landed, after the mark if this view lacks it, so a tail that reads up
         to this view and then waits misses nothing. (A view may hold a batch not rung yet:
         the tail then wakes for what it has read already, and reads nothing more.) 400 if
@@ -314,16 +313,16 @@ class Streams:
         view = await self.view(r.name, r.caller, touch=True)
         after = offset_within(given, view)
         async with AsyncExitStack() as watching:
-            bell: Bell | None = None
-            if live == "long-poll":  # the bells are followed from the mark on
-                await watching.enter_async_context(self.writer.watching())
-                bell = tails.mark(self.writer)
+            tail: tails.Tail | None = None
+            if live == "long-poll":  # a follower of the stream's bells from here on
+                tail = await watching.enter_async_context(
+                    tails.following(self.writer, r.name))
                 view = await self._after_mark(r, given)
             page = await self.read(view, after, r.caller)
-            if bell is not None and not page.items and not view.closed:
+            if tail is not None and not page.items and not view.closed:
                 woken = False
                 with self._tail():
-                    woken = await tails.wait_for(bell, r.name, self.long_poll_s)
+                    woken = await tail.wait(self.long_poll_s)
                 if woken:
                     view = await self._after_mark(r, given)
                     page = await self.read(view, after, r.caller)
@@ -578,39 +577,41 @@ class Streams:
         view = await self.view(r.name, r.caller, touch=True)
         after = offset_within(given, view)
         binary = codec.sse_base64(view.content_type)
-        async with self.writer.watching():
-            bell = tails.mark(self.writer)
+        async with tails.following(self.writer, r.name) as tail:
             view = await self._after_mark(r, given)
-            await self._sse_follow(r, send, view, after, binary, bell)
+            with self._tail(), anyio.move_on_after(self.sse_close_s):
+                while True:
+                    after, at_tail, closed = await self._sse_send(r, send, view, after,
+                                                                  binary)
+                    if closed:
+                        return
+                    if at_tail:
+                        # Waiting holds the offset and nothing of what was sent or rung.
+                        while not await tail.wait(15.0):
+                            await send(b": keep-alive\n\n")  # finds a client gone away
+                            self.on_idle()  # a rotated token ends this tail (face.py)
+                    tail.mark()
+                    view = await self._after_mark(r, codec.offset(after))
 
-    async def _sse_follow(self, r: Request, send: Sender, view: View, after: int,
-                          binary: bool, bell: Bell) -> None:
-        with self._tail(), anyio.move_on_after(self.sse_close_s):
-            while True:
-                page = await self.read(view, after, r.caller)
-                # The data and its control event in one write: a reader never sees one
-                # without the other.
-                data = _sse("data", self._sse_data(view, page, binary)) if page.items else b""
-                after = page.next
-                closed = view.closed and page.at_tail
-                control: dict[str, Any] = {"streamNextOffset": codec.offset(after)}
-                if closed:
-                    control |= {"streamClosed": True, "upToDate": True}
-                else:
-                    control["streamCursor"] = codec.cursor(r.param("cursor"))
-                    if page.at_tail:
-                        control["upToDate"] = True
-                await send(data + _sse("control", codec.encode(control).decode()))
-                if closed:
-                    return
-                if page.at_tail:
-                    while not await tails.wait_for(bell, r.name, 15.0):
-                        # Nothing rung for it since wait_for looked (no await between).
-                        bell = tails.mark(self.writer)
-                        await send(b": keep-alive\n\n")  # finds a client that went away
-                        self.on_idle()  # a rotated token ends this tail (face.py)
-                bell = tails.mark(self.writer)
-                view = await self._after_mark(r, codec.offset(after))
+    async def _sse_send(self, r: Request, send: Sender, view: View, after: int,
+                        binary: bool) -> tuple[int, bool, bool]:
+        """Send the data after `after` (a page), with its control event; return the offset
+        sent up to, whether that is the stream's end, and whether the stream is closed
+        there."""
+        page = await self.read(view, after, r.caller)
+        # The data and its control event in one write: a reader never sees one without
+        # the other.
+        data = _sse("data", self._sse_data(view, page, binary)) if page.items else b""
+        closed = view.closed and page.at_tail
+        control: dict[str, Any] = {"streamNextOffset": codec.offset(page.next)}
+        if closed:
+            control |= {"streamClosed": True, "upToDate": True}
+        else:
+            control["streamCursor"] = codec.cursor(r.param("cursor"))
+            if page.at_tail:
+                control["upToDate"] = True
+        await send(data + _sse("control", codec.encode(control).decode()))
+        return page.next, page.at_tail, closed
 
     def _sse_data(self, view: View, page: Page, binary: bool) -> str:
         if binary:

@@ -1,0 +1,148 @@
+"""Host and Origin on every HTTP listener (issue 45 §4; docs/security.md, "DNS rebinding"):
+a rebinding page's requests, straight or through a proxy in front of the Unix socket, are
+refused with 403; a write from another origin too, a no-cors text/plain POST included."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from conftest import Daemon
+from test_http import free_port, http
+
+from sessiond import AsyncClient
+
+pytestmark = pytest.mark.anyio
+__all__ = ["http"]  # the fixture used here: the owner's token, on the TCP listener
+REBIND = "rebind.attacker.example"
+TEXT = {"content-type": "text/plain"}
+
+
+@pytest.fixture
+def daemon_overrides(short_dir: str) -> dict[str, Any]:
+    return {"http_listen": [f"127.0.0.1:{free_port()}", os.path.join(short_dir, "h.sock")],
+            "metrics_listen": f"127.0.0.1:{free_port()}",
+            "http_cors_origins": ["http://localhost:5173"],
+            "http_allowed_hosts": ["sessiond.proxy.example"]}
+
+
+@pytest.fixture
+async def unix(daemon: Daemon) -> AsyncIterator[httpx.AsyncClient]:
+    """What a local proxy in front of the Unix HTTP socket does: it connects as its own
+    uid (the owner's here) and passes on the browser's Host and Origin."""
+    transport = httpx.AsyncHTTPTransport(uds=daemon.config.http_listen[1])
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost",
+                                 timeout=60) as c:
+        yield c
+
+
+def port_of(daemon: Daemon) -> str:
+    return daemon.config.http_listen[0].rsplit(":", 1)[1]
+
+
+def spawn_rpc() -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 1, "method": "session.create", "params": {}}
+
+
+class TestHost:
+    async def test_a_rebinding_host_is_refused_on_tcp(self, daemon: Daemon,
+                                                      http: httpx.AsyncClient,
+                                                      client: AsyncClient) -> None:
+        """With the owner's token even: the page got it no other way than a leak, but a
+        rebinding page must not reach the face at all (the token is not the only guard)."""
+        before = len((await client.list_sessions()).sessions)
+        host = {"host": f"{REBIND}:{port_of(daemon)}"}
+        for method, path, kwargs in [
+                ("POST", "/rpc", {"json": spawn_rpc()}),
+                ("PUT", "/v1/stream/s", {"headers": TEXT, "content": b"x"}),
+                ("GET", "/v1/stream/s?offset=-1", {}),
+                ("GET", "/ui/", {}),
+                ("GET", "/metrics", {}),
+                ("OPTIONS", "/v1/stream/s", {})]:
+            refused = await http.request(method, path, **{
+                **kwargs, "headers": {**kwargs.get("headers", {}), **host}})
+            assert refused.status_code == 403, (method, path, refused.text)
+            assert "http_allowed_hosts" in refused.json()["error"]["message"]
+        assert len((await client.list_sessions()).sessions) == before
+
+    async def test_loopback_names_and_the_listeners_address_pass(
+            self, daemon: Daemon, http: httpx.AsyncClient) -> None:
+        port = port_of(daemon)
+        for host in [f"127.0.0.1:{port}", f"localhost:{port}", "localhost", "LOCALHOST.",
+                     f"app.localhost:{port}", f"127.0.0.2:{port}", "[::1]:80",
+                     f"sessiond.proxy.example:{port}"]:
+            answer = await http.put(f"/v1/stream/h{abs(hash(host))}", headers={
+                **TEXT, "host": host}, content=b"x")
+            assert answer.status_code == 201, (host, answer.text)
+        for host in [REBIND, f"{REBIND}:{port}", "localhost.attacker.example",
+                     "127.0.0.1.attacker.example", "[::1", "localhost:http", "[::1]x",
+                     "proxy.example"]:
+            answer = await http.get("/v1/stream/x?offset=-1", headers={"host": host})
+            assert answer.status_code == 403, host
+
+    async def test_a_rebinding_host_through_a_proxy_on_the_unix_socket(
+            self, daemon: Daemon, unix: httpx.AsyncClient, client: AsyncClient) -> None:
+        """The issue's run: a proxy passes the rebinding page's Host and Origin to the
+        Unix socket, where its uid is allowed; /rpc and the streams refuse it."""
+        before = len((await client.list_sessions()).sessions)
+        rebound = {"host": REBIND, "origin": f"http://{REBIND}"}
+        refused = await unix.post("/rpc", json=spawn_rpc(), headers=rebound)
+        assert refused.status_code == 403
+        refused = await unix.get("/v1/stream/x?offset=-1", headers={"host": REBIND})
+        assert refused.status_code == 403
+        assert len((await client.list_sessions()).sessions) == before
+        # Its own names pass: the loopback ones, and those configured for a proxy.
+        for host in ["localhost", "sessiond.proxy.example"]:
+            ok = await unix.post("/rpc", json=spawn_rpc(), headers={"host": host})
+            assert ok.status_code == 200 and "result" in ok.json(), ok.text
+        assert len((await client.list_sessions()).sessions) == before + 2
+
+    async def test_the_metrics_listener_refuses_a_rebinding_host(self, daemon: Daemon
+                                                                 ) -> None:
+        assert daemon.config.metrics_listen is not None
+        async with httpx.AsyncClient(base_url=f"http://{daemon.config.metrics_listen}",
+                                     timeout=60) as scrape:
+            refused = await scrape.get("/metrics", headers={"host": REBIND})
+            assert refused.status_code == 403
+            ok = await scrape.get("/metrics")
+            assert ok.status_code != 403
+
+
+class TestOrigin:
+    async def test_a_no_cors_text_post_from_another_origin_is_refused(
+            self, daemon: Daemon, http: httpx.AsyncClient, unix: httpx.AsyncClient) -> None:
+        """What chromium sends for a page's `fetch(url, {method: "POST", mode: "no-cors",
+        body: "..."})`: a simple request, no preflight, its Origin the page's."""
+        assert (await http.put("/v1/stream/t", headers=TEXT, content=b"a")).status_code == 201
+        for c in (http, unix):
+            for origin in [f"http://{REBIND}", "null", f"http://{REBIND}:{port_of(daemon)}"]:
+                refused = await c.post("/v1/stream/t", headers={**TEXT, "origin": origin},
+                                       content=b"planted")
+                assert refused.status_code == 403, (origin, refused.text)
+                assert "http_cors_origins" in refused.json()["error"]["message"]
+            for method in ("PUT", "DELETE"):
+                refused = await c.request(method, "/v1/stream/t", headers={
+                    **TEXT, "origin": f"http://{REBIND}"})
+                assert refused.status_code == 403
+        assert (await http.get("/v1/stream/t?offset=-1")).content == b"a"
+
+    async def test_the_faces_own_origin_and_the_cors_origins_may_write(
+            self, daemon: Daemon, http: httpx.AsyncClient, unix: httpx.AsyncClient) -> None:
+        assert (await http.put("/v1/stream/o", headers=TEXT, content=b"a")).status_code == 201
+        own = f"http://{daemon.config.http_listen[0]}"
+        for origin in [own, "http://localhost:5173"]:
+            ok = await http.post("/v1/stream/o", headers={**TEXT, "origin": origin},
+                                content=b"b")
+            assert ok.status_code == 204, (origin, ok.text)
+        # Behind a TLS proxy the scheme differs; the host and port are the Host's.
+        ok = await unix.post("/v1/stream/o", headers={
+            **TEXT, "host": "sessiond.proxy.example", "origin": "https://sessiond.proxy.example"},
+                             content=b"c")
+        assert ok.status_code == 204, ok.text
+        # A read from another origin is answered (without CORS headers, a browser hides it).
+        read = await http.get("/v1/stream/o?offset=-1", headers={"origin": f"http://{REBIND}"})
+        assert read.status_code == 200 and read.content == b"abbc"
+        assert "access-control-allow-origin" not in read.headers
