@@ -5,18 +5,21 @@ refused with 403; a write from another origin too, a no-cors text/plain POST inc
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import AsyncIterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
 from conftest import Daemon
-from test_http import free_port, http
+from test_http import free_port, http, token
+from test_web import browser
 
 from sessiond import AsyncClient
 
 pytestmark = pytest.mark.anyio
-__all__ = ["http"]  # the fixture used here: the owner's token, on the TCP listener
+__all__ = ["browser", "http"]  # fixtures: chromium; the owner's token, on TCP
 REBIND = "rebind.attacker.example"
 TEXT = {"content-type": "text/plain"}
 
@@ -146,3 +149,56 @@ class TestOrigin:
         read = await http.get("/v1/stream/o?offset=-1", headers={"origin": f"http://{REBIND}"})
         assert read.status_code == 200 and read.content == b"abbc"
         assert "access-control-allow-origin" not in read.headers
+
+
+class TestInABrowser:
+    @pytest.mark.slow_on_postgresql
+    async def test_a_page_of_another_origin_cannot_append_with_a_no_cors_post(
+            self, daemon: Daemon, http: httpx.AsyncClient, browser: Any) -> None:
+        """chromium, on a page of another origin (localhost, another port), sends the
+        issue's simple `no-cors` text/plain POST to a stream (the URL holds the token, as
+        a capability URL that leaked would): it is refused; the page's own origin's
+        fetch is not."""
+        assert (await http.put("/v1/stream/b", headers=TEXT, content=b"a")).status_code == 201
+        target = f"http://{daemon.config.http_listen[0]}/t/{token(daemon)}/v1/stream/b"
+        post = ("(url) => fetch(url, {method: 'POST', mode: 'no-cors', body: 'planted',"
+                " headers: {'content-type': 'text/plain'}}).then(() => 'sent',"
+                " (e) => String(e))")
+        with _Page(b"<!doctype html><title>elsewhere</title>") as elsewhere:
+            page = await browser.new_page()
+            await page.goto(elsewhere)
+            # The answer is hidden from it either way (Cross-Origin-Resource-Policy: the
+            # fetch fails); what counts is whether the daemon wrote.
+            await page.evaluate(post, target)
+            assert (await http.get("/v1/stream/b?offset=-1")).content == b"a"
+            # From the face's own origin (its web view's), the same request appends.
+            await page.goto(f"http://{daemon.config.http_listen[0]}/t/{token(daemon)}/ui/")
+            assert await page.evaluate(post, target) == "sent"
+            await page.close()
+        assert (await http.get("/v1/stream/b?offset=-1")).content == b"aplanted"
+
+
+class _Page:
+    """A page served on another loopback port: another origin."""
+
+    def __init__(self, body: bytes) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/html")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+
+    def __enter__(self) -> str:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://localhost:{self.server.server_address[1]}/"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
