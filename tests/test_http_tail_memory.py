@@ -98,7 +98,8 @@ async def test_idle_tails_beside_300_mb_of_writes(
             await eventually(lambda: any("upToDate" in line for line in sse_seen),
                              "the SSE tail to be at the stream's end")
             # The long poll is in its wait once the daemon counts it a live tail.
-            await eventually(lambda: _subscriptions(path) >= 3, "the tails to wait")
+            # 2 socket subscriptions, the SSE tail, and the long poll once it waits.
+            await eventually(lambda: _subscriptions(path) >= 4, "the tails to wait")
 
             baseline = vm(proc.pid, "VmRSS")
             for i in range(WRITES):
@@ -125,6 +126,11 @@ async def test_idle_tails_beside_300_mb_of_writes(
             stalled.close()
             live.close()
             tg.cancel_scope.cancel()
+        # Nothing was held for them: nothing to give back once they are gone either.
+        await eventually(lambda: _subscriptions(path) == 0, "the tails to end")
+        after = vm(proc.pid, "VmRSS")
+        print(f"RSS {after >> 20} MB once the tails ended")
+        assert after - baseline < written // 5
 
 
 def _subscriptions(path: str) -> int:
