@@ -10,13 +10,17 @@ from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import anyio
 import httpx
+import msgspec
 import pytest
-from conftest import Daemon
-from test_http import free_port, http, token
+from conftest import Daemon, daemon_config
+from test_http import base, free_port, http, token
 from test_web import browser
 
 from sessiond import AsyncClient
+from sessiond_daemon.serve import lifecycle
+from sessiond_daemon.serve.config import ConfigError
 
 pytestmark = pytest.mark.anyio
 __all__ = ["browser", "http"]  # fixtures: chromium; the owner's token, on TCP
@@ -202,3 +206,26 @@ class _Page:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class TestConfig:
+    async def test_allowed_hosts_are_reloaded(self, short_dir: str) -> None:
+        """SIGHUP's reload applies http_allowed_hosts to the next request."""
+        config = daemon_config(short_dir, http_listen=[f"127.0.0.1:{free_port()}"])
+        daemon = lifecycle.Daemon(config)
+        shutdown = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run, shutdown)
+            d = Daemon(config, shutdown)
+            async with httpx.AsyncClient(base_url=base(d), timeout=60, headers={
+                    "authorization": f"Bearer {token(d)}", "host": "named.example"}) as c:
+                assert (await c.head("/v1/stream/x")).status_code == 403
+                changed = daemon.reload(msgspec.structs.replace(
+                    config, http_allowed_hosts=["Named.Example"]))
+                assert "http_allowed_hosts" in changed
+                assert (await c.head("/v1/stream/x")).status_code == 404  # let in: no stream
+            shutdown.set()
+
+    def test_an_empty_name_is_refused(self, short_dir: str) -> None:
+        with pytest.raises(ConfigError, match="http_allowed_hosts"):
+            daemon_config(short_dir, http_allowed_hosts=[""])
