@@ -67,7 +67,7 @@ async def http(daemon: Daemon) -> AsyncIterator[httpx.AsyncClient]:
 
 def unix_client(daemon: Daemon) -> httpx.AsyncClient:
     transport = httpx.AsyncHTTPTransport(uds=daemon.config.http_listen[1])
-    return httpx.AsyncClient(transport=transport, base_url="http://sessiond", timeout=60)
+    return httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=60)
 
 
 def sse_events(text: str) -> list[tuple[str, str]]:

@@ -161,7 +161,7 @@ class TestEndpoint:
                 with socket.socket(socket.AF_UNIX) as s:
                     s.connect(path)
                     # Connection: close, or the answer ends only at the idle deadline
-                    s.sendall(line + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    s.sendall(line + b"\r\nHost: localhost\r\nConnection: close\r\n\r\n")
                     chunks = []
                     while chunk := s.recv(65536):
                         chunks.append(chunk)

@@ -1,14 +1,16 @@
 """The writer's bells, and who follows them.
 
-After each commit the writer rings a Bell: the batch's events, the sessions it deleted,
-and the bell of the batch after it. A reader that took a bell (with the writer's
-`committed_position`, no await between) can walk the bells rung since, in order.
+After each commit the writer rings a Bell: the batch's events and the sessions it
+deleted. A bell is given to the followers there and then, and kept by nobody: it links to
+no other bell, so once its ring returns, its batch is freed (a tail or a subscription
+that waits holds its cursor, never a batch: what it has not taken it reads back from the
+store). Whoever must not miss a batch becomes a follower before it reads the store.
 
-Followers that are live (caught up with the store) are not tasks waiting on a bell: they
-are indexed by the session they follow (or as followers of every session), and the ring
-calls the followers of the sessions the batch touched, and those of every session, right
-there. A follower of another session costs nothing per commit; those woken write their
-notifications at once, one write per connection (`Flush`), with no task woken.
+Followers are not tasks waiting on a bell: they are indexed by the session they follow
+(or as followers of every session), and the ring calls the followers of the sessions the
+batch touched, and those of every session, right there. A follower of another session
+costs nothing per commit; those woken write their notifications at once, one write per
+connection (`Flush`), with no task woken.
 """
 
 from __future__ import annotations
@@ -99,18 +101,15 @@ class Followers:
 
 
 class Bell:
-    """One committed batch, rung for subscribers: its events, the sessions it deleted, and
-    the bell of the batch after it. Old bells are freed once no subscriber holds them.
-    `followers` are the live followers of this writer's bells (the same for every bell)."""
+    """One committed batch, rung for the followers: its events and the sessions it
+    deleted. It refers to nothing else (no other bell), and a follower keeps nothing of it
+    past its ring but the bytes it writes."""
 
-    __slots__ = ("_encoded", "deleted", "events", "followers", "next", "rung")
+    __slots__ = ("_encoded", "deleted", "events")
 
-    def __init__(self, followers: Followers) -> None:
-        self.rung = False  # set once rung (a flag: nobody waits on a bell itself)
-        self.events: list[Event] = []
-        self.deleted: frozenset[str] = frozenset()
-        self.next: Bell | None = None
-        self.followers = followers
+    def __init__(self, events: list[Event], deleted: frozenset[str]) -> None:
+        self.events = events
+        self.deleted = deleted
         self._encoded: list[bytes] | None = None
 
     def encoded(self) -> list[bytes]:

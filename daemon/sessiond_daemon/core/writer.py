@@ -270,11 +270,10 @@ class Writer:
         self._landing: dict[asyncio.Future[SessionState | None], str] = {}
         self._prefetched: dict[str, Entry | None] = {}  # the batch's views read before it
         self.next_position = 1
-        # Position of the last committed event, and the bell the next commit rings: read
-        # together (no await between) they tell a subscriber where the store ends.
+        # Position of the last committed event (a follower added with no await after
+        # reading it is rung every batch past it: core/bells.py).
         self.committed_position = 0
         self.followers = Followers()  # the live ones, called by each ring (core/bells.py)
-        self.bell = Bell(self.followers)
         # Fleet mode (a store several daemons share): wakes the follower of the shared log
         # (lifecycle), which rings the bells for batches that do not follow on from
         # `committed_position` (another host's events come between); see `deliver`.
@@ -372,8 +371,8 @@ class Writer:
         return self.cached(session_id)
 
     async def watch(self) -> None:
-        """Say that bells will be followed from now on (call before taking the mark: a
-        subscription's `committed_position` and `bell`, a tail's bell). In fleet mode the
+        """Say that bells will be followed from now on (call before becoming a follower:
+        a subscription, a tail). In fleet mode the
         first one resumes the follower of the shared log (one read of its head)."""
         self.watchers += 1
         if self.resume_follower is not None:
@@ -727,12 +726,9 @@ class Writer:
                         events[-1].position if events else self.committed_position)
 
     def _ring_bell(self, events: list[Event], deleted: frozenset[str], upto: int) -> None:
-        bell = self.bell
-        bell.events, bell.deleted = events, deleted
-        bell.next = self.bell = Bell(self.followers)
         self.committed_position = upto
-        bell.rung = True  # for those walking the bells from a mark (catching up)
-        self.followers.ring(bell)  # the live followers of what it touched
+        # The followers of what it touched; nothing else keeps the bell (core/bells.py).
+        self.followers.ring(Bell(events, deleted))
 
     def deleted_elsewhere(self, deleted: frozenset[str]) -> None:
         """Fleet mode: the follower read that other hosts deleted these sessions. Ring

@@ -26,7 +26,7 @@ from sessiond_daemon.core.request import page_budget
 from sessiond_daemon.core.writer import Command, Delete, Plan, PlanData, Planner, Writer
 from sessiond_daemon.features import forks
 from sessiond_daemon.stores.interface import Page, SessionFilters, Store, repage
-from sessiond_schemas import rpc
+from sessiond_schemas import rpc, streams
 from sessiond_schemas.bounds import INT64_MAX, bound_message, json_out_of_bounds
 from sessiond_schemas.errors import (
     AmbiguousIdError,
@@ -236,6 +236,8 @@ class Service:
             fields["ttl_s"] = default_ttl(self.commands.limits.default_ttl_s, p.namespace)
         data = SessionCreated(**fields)
         self.commands.check_event_size(data, "session.created data")
+        if streams.KEY in p.metadata:
+            _check_stream(p.metadata[streams.KEY], f"$.metadata.{streams.KEY}")
         inputs = self._appendable(p.events)
 
         def plan(state: SessionState | None) -> Plan:
@@ -659,12 +661,18 @@ class Service:
                     f"events[{i}]: {item.type} cannot be appended with events.append;"
                     f" use {_INSTEAD[item.type]}",
                     {"detail": "type not appendable", "path": f"$.events[{i}].type"})
+            typed: Any = None
             try:
                 if shape is not Record:  # a Record is any object: its body
-                    msgspec.convert(item.data, shape)
+                    typed = msgspec.convert(item.data, shape)
             except msgspec.ValidationError as exc:
                 raise invalid_params(exc, path, f"invalid {item.type} data") from exc
             self.commands.check_event_size(item.data, f"events[{i}].data")
+            if isinstance(typed, MessageFields):  # as message.append checks it
+                self.commands.check_message(typed)
+            elif item.type == "metadata.updated" and isinstance(patch := item.data.get(
+                    "patch"), dict) and streams.KEY in patch:
+                _check_stream(patch[streams.KEY], f"{path}.patch.{streams.KEY}")
             inputs.append((item.type, item.data))
         return inputs
 
@@ -686,6 +694,17 @@ class Service:
         if len(events) == p.limit or events.cut:
             nxt = events[-1].version + 1 if p.session_id is not None else events[-1].position
         return rpc.EventsReadResult(events=events, next=nxt, truncated_by_bytes=events.cut)
+
+
+def _check_stream(value: Any, path: str) -> None:
+    """A stream's settings (`metadata.stream`, or a patch of it: null removes), as the
+    HTTP face serves them (sessiond_schemas.streams): -32602 where they do not fit."""
+    if value is None:
+        return
+    try:
+        streams.settings(value)
+    except msgspec.ValidationError as exc:
+        raise invalid_params(exc, path, "invalid stream settings (the HTTP face's)") from exc
 
 
 def invalid_params(exc: msgspec.ValidationError, base: str = "$",

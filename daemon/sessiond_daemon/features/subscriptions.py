@@ -2,9 +2,11 @@
 
 The store is the buffer. A subscriber behind the end reads the store page by
 page; once at the end it takes each committed batch straight from the bell the
-writer rings, so following costs no store reads. Catch-up is paced by the
-consumer (drain); live sends are not awaited, and a consumer whose unread
-output passes `max_buffer` bytes is dropped with the position to resume from.
+writer rings, so following costs no store reads. It is a follower of the bells from
+its start, but takes nothing from them until caught up (a deletion of its session
+excepted, noted): while it catches up, and once live, it holds its cursor, never a
+bell. Catch-up is paced by the consumer (drain); live sends are not awaited, and a
+consumer whose unread output passes `max_buffer` bytes is dropped with the position to resume from.
 
 A live subscription is a follower of the writer's bells (core/bells.py), indexed by its
 session: a commit calls only the subscriptions of the sessions it touched (and those of
@@ -48,6 +50,7 @@ class _Subscription:
     # Live: caught up and a follower of the bells. Every event up to the writer's
     # committed_position has been considered then, rung or not for this subscription.
     live: bool = False
+    deleted: bool = False  # a bell rang its session's deletion while it caught up
     head: bytes = b""  # of its subscription.event notifications, before the event
     between: bytes = b""  # after one event, before the next one's
 
@@ -60,7 +63,11 @@ class _Subscription:
         return ((self.session_id is None or event.session_id == self.session_id)
                 and (self.types is None or event.type in self.types))
 
-    def ring(self, bell: Bell) -> Subscriptions:
+    def ring(self, bell: Bell) -> Subscriptions | None:
+        if not self.live:  # catching up: the events are read from the store
+            if self.session_id is not None and self.session_id in bell.deleted:
+                self.deleted = True
+            return None
         self.owner.take(self, bell)
         return self.owner
 
@@ -132,8 +139,7 @@ class Subscriptions:
     def _end(self, sub: _Subscription, reason: str | None = None) -> None:
         """End `sub` now: no event is sent for it after this (`reason`: say so in a
         subscription.dropped, with the position to resume from)."""
-        if sub.live:
-            self.writer.followers.discard(sub.session_id, sub)
+        self.writer.followers.discard(sub.session_id, sub)
         sub.scope.cancel()
         if reason is not None and sub.id in self._active:
             self._drop(sub, reason)
@@ -183,46 +189,36 @@ class Subscriptions:
     async def _run(self, sub: _Subscription) -> None:
         try:
             with sub.scope:
-                bell = await self._catch_up(sub)
+                # A follower from here on (rung for nothing but its session's deletion
+                # until live): no deletion falls between the checks below and going live.
+                self.writer.followers.add(sub.session_id, sub)
+                await self._catch_up(sub)
                 if sub.session_id is not None and not await self._exists(sub.session_id):
+                    sub.deleted = True
+                await self._catch_up(sub)  # what landed meanwhile; then live, no await
+                sub.live = True
+                if sub.deleted:
                     self._drop(sub, "session deleted")
                     return
                 self._notify("subscription.caught_up",
                              rpc.SubscriptionCaughtUp(subscription=sub.id, position=sub.cursor))
-                self._go_live(sub, bell)
                 await anyio.sleep_forever()  # live: the bells call it (take), ended by _end
         except ConnectionError:
             pass  # the client went away
         finally:
             self._end(sub)
 
-    async def _catch_up(self, sub: _Subscription) -> Bell:
-        """Send stored events up to the end of the store; return the bell to follow from."""
-        while True:
-            # Taken together, with no await between: everything up to `upto` is in the
-            # store, everything after it comes through `bell` and its successors.
-            bell, upto = self.writer.bell, self.writer.committed_position
-            if sub.cursor >= upto:
-                return bell
+    async def _catch_up(self, sub: _Subscription) -> None:
+        """Send stored events up to the end of the store: on return (no await since it
+        read `committed_position`), every batch past the cursor is still to be rung."""
+        while (upto := self.writer.committed_position) > sub.cursor:
             while sub.cursor < upto:
                 page = await self.store.read_after(sub.cursor, upto, sub.session_id, sub.types,
                                                    PAGE)
                 self._send_events(sub, [_encoder.encode(event) for event in page])
                 sub.cursor = page[-1].position if len(page) == PAGE else upto
+                del page
                 await self.out.drain()  # catch-up goes at the consumer's pace
-
-    def _go_live(self, sub: _Subscription, bell: Bell) -> None:
-        """Send what the bells rung since `bell` hold for `sub`, then make it a follower
-        of the bell the writer rings next: no await in between, so none is missed."""
-        while bell.rung:
-            self.take(sub, bell)
-            self.flush()
-            if sub.id not in self._active:
-                return  # ended: its session was deleted, or the consumer is too slow
-            assert bell.next is not None
-            bell = bell.next
-        sub.live = True
-        self.writer.followers.add(sub.session_id, sub)
 
     def take(self, sub: _Subscription, bell: Bell) -> None:
         """`sub`'s part of a rung batch, sent at the flush (with the other subscriptions'

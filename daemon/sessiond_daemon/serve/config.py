@@ -95,6 +95,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     http_listen: list[str] = []
     http_allow_remote: bool = False
     http_cors_origins: list[str] = []  # origins a browser may call from; "*": any
+    # Host names (a request's Host header, its port aside) every HTTP listener answers
+    # besides loopback's and its own address: the names a proxy in front passes on.
+    http_allowed_hosts: list[Annotated[str, msgspec.Meta(min_length=1, max_length=255)]] = []
     http_long_poll_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     http_sse_close_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 60.0
     http_send_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
@@ -134,7 +137,7 @@ RELOADABLE = frozenset({
     "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
     "max_checkpoint_bytes", "max_fork_depth", "allowed_uids", "allowed_gids", "peer_methods",
     "drain_timeout_s", "max_batch_requests", "max_reply_buffer", "max_page_bytes",
-    "http_cors_origins", "http_send_timeout_s", "default_ttl_s",
+    "http_cors_origins", "http_allowed_hosts", "http_send_timeout_s", "default_ttl_s",
     "search_max_terms", "search_max_prefixes", "search_max_prefix_matches", "search_max_steps",
     "search_timeout_s",
     "max_reply_buffer_total",

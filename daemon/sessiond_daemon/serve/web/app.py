@@ -4,6 +4,11 @@ Routes (docs/http.md): `/v1/stream/<session id>` (the Durable Streams protocol, 
 and `/metrics` (Prometheus). On a Unix socket the peer's uid decides, as on the RPC socket;
 on TCP a bearer token, in an `Authorization: Bearer` header or as the capability prefix
 `/t/<token>` of the path (for clients that take only a base URL).
+
+Before either, on every listener (`hosts.py`): a request whose Host is not loopback's, the
+listener's own address or one of `http_allowed_hosts` is refused (403: a DNS-rebinding
+page's, or a proxy's that passes it on), and so is a write (any method but GET, HEAD and
+OPTIONS) whose Origin is neither the face's own nor one of `http_cors_origins`.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import anyio
 import structlog
 
 from sessiond_daemon.serve.server import Peer
+from sessiond_daemon.serve.web import hosts
 from sessiond_daemon.serve.web.auth import Tokens
 from sessiond_daemon.serve.web.calls import Caller
 from sessiond_daemon.serve.web.codec import (
@@ -58,6 +64,7 @@ class Settings:
     max_body_bytes: int
     send_timeout_s: float
     cors_origins: frozenset[str]
+    allowed_hosts: frozenset[str]  # http_allowed_hosts, lower case
     allowed_uids: frozenset[int]
     allowed_gids: frozenset[int]
 
@@ -90,6 +97,8 @@ class App:
                 b"" if scope["method"] == "HEAD" or r.status in (204, 304) else r.body)})
 
         try:
+            hosts.check(scope, _header(scope, b"host"), origin, settings.allowed_hosts,
+                        settings.cors_origins)
             await self._route(scope, receive, send, settings, cors, reply)
         except HttpError as exc:
             await reply(Reply(exc.status, {"content-type": "application/json",

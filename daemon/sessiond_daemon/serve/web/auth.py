@@ -4,7 +4,8 @@ The tokens are files in the runtime directory (0600, next to the socket), made a
 and read again whenever they change, so `sessionctl http-token --rotate` (which replaces
 the file) takes effect at the next request. The owner's token is checked in constant time
 (hmac.compare_digest) and grants what the daemon's own uid may call; the peer token
-grants what any other allowed user may call (core/access.py).
+grants what any other allowed user may call (core/access.py); a reload that lets some
+peer in no more replaces it (face.py).
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ class Tokens:
         """Make both tokens at start (a new daemon, new tokens)."""
         write_http_token(self.owner.path)
         write_http_token(self.peer.path)
+
+    def rotate_peer(self) -> None:
+        """Replace the peer token (a peer's access was revoked: it knew the old one); the
+        next request reads the new file, and what the old token opened ends."""
+        write_http_token(self.peer.path)
+        self.peer.current()
 
     def uid_of(self, presented: str) -> int | None:
         """The uid a request with this token acts as: ours, PEER_UID, or None (refused)."""

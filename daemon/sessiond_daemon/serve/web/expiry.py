@@ -19,20 +19,16 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sessiond_daemon.serve.web.calls import DAEMON, Calls
+from sessiond_schemas.streams import epoch
 
 if TYPE_CHECKING:
     from sessiond_daemon.serve.web.streams import View
 
 MAX_TRACKED = 100_000  # streams whose last read is remembered; the oldest is forgotten
 RENEW_BY = 1.5  # a read renews the session's idle TTL by this many of the stream's TTLs
-
-
-def _epoch(text: str) -> float:
-    return datetime.fromisoformat(text.upper().replace("Z", "+00:00")).timestamp()
 
 
 def idle_ttl(ttl_s: int | None, expires_at: str | None, now: float | None = None
@@ -42,7 +38,7 @@ def idle_ttl(ttl_s: int | None, expires_at: str | None, now: float | None = None
     if ttl_s is not None:
         return max(1, ttl_s)
     if expires_at is not None:
-        left = _epoch(expires_at) - (time.time() if now is None else now)
+        left = epoch(expires_at) - (time.time() if now is None else now)
         return max(1, math.ceil(left))
     return None
 
@@ -60,11 +56,11 @@ class Expiry:
         if state.get("status") == "expired":
             return True
         now = self.clock()
-        if view.expires_at is not None and now >= _epoch(view.expires_at):
+        if view.expires_at is not None and now >= epoch(view.expires_at):
             return True
         if view.ttl_s is None:
             return False
-        last = max(_epoch(state["timestamps"]["updated_at"]),
+        last = max(epoch(state["timestamps"]["updated_at"]),
                    self._read.get(view.session_id, 0.0))
         return now >= last + view.ttl_s
 
@@ -79,7 +75,7 @@ class Expiry:
         while len(self._read) > MAX_TRACKED:
             self._read.popitem(last=False)
         due = state.get("expires_at")
-        if due is not None and _epoch(due) >= now + view.ttl_s:
+        if due is not None and epoch(due) >= now + view.ttl_s:
             return False  # the session outlives this read's window already
         # Renewed for half a window more than asked, so that the renewal (a version) is
         # written at most once per half window while the stream is read: the daemon's

@@ -44,6 +44,7 @@ def settings_of(config: Config) -> Settings:
     return Settings(max_body_bytes=config.max_request_bytes,
                     send_timeout_s=config.http_send_timeout_s,
                     cors_origins=frozenset(config.http_cors_origins),
+                    allowed_hosts=frozenset(h.lower() for h in config.http_allowed_hosts),
                     allowed_uids=frozenset(config.allowed_uids),
                     allowed_gids=frozenset(config.allowed_gids))
 
@@ -71,9 +72,15 @@ class Face:
 
     def reload(self, config: Config) -> None:
         old, self._settings = self._settings, settings_of(config)
-        if (old.allowed_uids, old.allowed_gids) != (self._settings.allowed_uids,
-                                                    self._settings.allowed_gids):
+        new = self._settings
+        if (old.allowed_uids, old.allowed_gids) != (new.allowed_uids, new.allowed_gids):
             self.streams.stop()
+        if self.config.http_listen and (old.allowed_uids - new.allowed_uids
+                                        or old.allowed_gids - new.allowed_gids):
+            # A peer let in no more knew the peer token: it is replaced (the peers still
+            # allowed are handed the new one: sessionctl http-token --peer).
+            self.tokens.rotate_peer()
+            log.info("http.peer_token_rotated", reason="a peer's access was revoked")
 
     async def start(self, tg: TaskGroup, bind_unix: BindUnix) -> None:
         """Open every listener and serve it in `tg` (the tokens are made first)."""

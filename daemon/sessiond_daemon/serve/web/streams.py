@@ -17,21 +17,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import msgspec
+import structlog
 
-from sessiond_daemon.core.bells import Bell
 from sessiond_daemon.core.writer import Writer
 from sessiond_daemon.features.forks import WALK_LIMIT
 from sessiond_daemon.serve.web import codec, tails
 from sessiond_daemon.serve.web.calls import DAEMON, Caller, Calls
 from sessiond_daemon.serve.web.codec import HttpError
 from sessiond_daemon.serve.web.expiry import Expiry, idle_ttl
+from sessiond_schemas import streams
 from sessiond_schemas.errors import InvalidTransitionError, SessiondError, SessionNotFoundError
 from sessiond_schemas.events import TERMINAL_STATUSES
 
+log = structlog.get_logger("sessiond.http")
 MAX_READ_BYTES = 1 << 20  # a catch-up response's data, about (one larger chunk comes alone)
 PAGE = 1000
-MAX_SAFE = 2**53 - 1  # producer epochs and sequence numbers (JavaScript's safe integers)
+MAX_SAFE = streams.MAX_SAFE  # producer epochs and sequence numbers
 WRITER_STATES = 4096  # streams whose producer state is kept in memory (read back if evicted)
+# A snapshot of a stream's producer state is written (metadata.stream.writers) once this
+# many versions passed since the last: reading the state back reads at most about this
+# many events, however long the history.
+SNAPSHOT_EVERY = 1000
 
 
 @dataclass(slots=True)
@@ -62,7 +69,12 @@ class Reply:
 
 
 class StreamExpired(HttpError):
-    """404: the stream is past its Stream-TTL or Stream-Expires-At (expiry.py)."""
+    """404: the stream is past its Stream-TTL or Stream-Expires-At (expiry.py), or the
+    session's own TTL ended it. `generic`: a stream PUT made (a typed session is not)."""
+
+    def __init__(self, message: str, *, generic: bool) -> None:
+        super().__init__(404, message)
+        self.generic = generic
 
 
 @dataclass(slots=True)
@@ -79,26 +91,26 @@ class View:
     forked_from: tuple[str, int] | None
     fork: tuple[int, int] | None  # the (version, sub-offset) a PUT made it a fork at
     deleted: bool  # soft-deleted: DELETEd while it had forks
+    writers: streams.Writers | None = None  # the last snapshot of its producer state
 
     @classmethod
     def of(cls, state: dict[str, Any]) -> View:
         meta = state.get("metadata") or {}
-        stream = meta.get(codec.META) if state.get("source") == codec.SOURCE else None
-        generic = isinstance(stream, dict) and isinstance(stream.get("content_type"), str)
-        if not generic:
-            stream = {}
-        assert isinstance(stream, dict)
+        try:  # checked where written (sessiond_schemas.streams); one stored before, not
+            stream = streams.settings(meta.get(codec.META) or {})
+        except msgspec.ValidationError:
+            stream = streams.StreamSettings()  # a typed session's view: nothing to serve
+        generic = state.get("source") == codec.SOURCE and stream.content_type is not None
         link = state.get("forked_from")
         return cls(
             session_id=state["session_id"], version=state["version"],
-            content_type=stream.get("content_type", codec.JSON),
-            generic=generic, closed=state["status"] in TERMINAL_STATUSES,
-            ttl_s=stream.get("ttl_s"), expires_at=stream.get("expires_at"),
+            content_type=stream.content_type if generic and stream.content_type
+            else codec.JSON, generic=generic, closed=state["status"] in TERMINAL_STATUSES,
+            ttl_s=stream.ttl_s if generic else None,
+            expires_at=stream.expires_at if generic else None,
             forked_from=(link["session_id"], link["version"]) if link else None,
-            fork=(fork["offset"], fork["sub"]) if isinstance(fork := stream.get("fork"), dict)
-            else None,
-            deleted=isinstance(meta.get(codec.META), dict)
-            and meta[codec.META].get("deleted") is True)
+            fork=(stream.fork.offset, stream.fork.sub) if generic and stream.fork else None,
+            deleted=stream.deleted is True, writers=stream.writers)
 
     def headers(self) -> dict[str, str]:
         h = {"content-type": self.content_type,
@@ -128,11 +140,31 @@ class Producer:
 
 @dataclass(slots=True)
 class WriterState:
-    """A stream's Stream-Seq and producers, read from its events up to `version`."""
+    """A stream's Stream-Seq and producers (by the hash of their id, the most recent
+    last), read from its last snapshot and its events after it, up to `version`."""
 
     version: int = 0
     last_seq: str | None = None
     producers: dict[str, Producer] = field(default_factory=dict)
+    snapshot_at: int = 0  # the version of the last snapshot written or read
+
+    @classmethod
+    def of(cls, snapshot: streams.Writers | None) -> WriterState:
+        if snapshot is None:
+            return cls()
+        return cls(version=snapshot.version, last_seq=snapshot.last_seq, producers={
+            h: Producer(epoch, seq, closed) for h, epoch, seq, closed in snapshot.producers},
+            snapshot_at=snapshot.version)
+
+    def snapshot(self) -> dict[str, Any]:
+        """As metadata.stream.writers (the most recent MAX_PRODUCERS producers)."""
+        kept = list(self.producers.items())[-streams.MAX_PRODUCERS:]
+        return {"version": self.version, "last_seq": self.last_seq,
+                "producers": [[h, p.epoch, p.seq, p.closed_it] for h, p in kept]}
+
+    def saw(self, producer_hash: str, producer: Producer) -> None:
+        self.producers.pop(producer_hash, None)  # to the end: the most recent
+        self.producers[producer_hash] = producer
 
 
 Sender = Callable[[bytes], Awaitable[None]]
@@ -166,13 +198,13 @@ class Streams:
             raise HttpError(410, f"stream {sid} was deleted; its forks still share its"
                             " history")
         if not gone_ok and self.expiry.expired(state, view):
-            raise StreamExpired(404, f"no stream {sid}: it expired")
+            raise StreamExpired(f"no stream {sid}: it expired", generic=view.generic)
         if touch and await self.expiry.touch(state, view):
             view = View.of(await self.calls.call("session.get", {"session_id": sid}, caller))
         return view
 
     async def _after_mark(self, r: Request, given: str | None) -> View:
-        """The view a live tail reads up to, taken after its bell mark: a batch rings only
+        """The view a live tail reads up to, taken after its tail's mark: a batch rings only
         once it has landed, after the mark if this view lacks it, so a tail that reads up
         to this view and then waits misses nothing. (A view may hold a batch not rung yet:
         the tail then wakes for what it has read already, and reads nothing more.) 400 if
@@ -280,9 +312,11 @@ class Streams:
     async def _writer_state(self, view: View, caller: Caller) -> WriterState:
         """The stream's Stream-Seq and producers: what is cached, plus its events since
         (another host's writes included)."""
-        ws = self._writers.pop(view.session_id, None) or WriterState()
-        if ws.version > view.version:  # deleted and made again: start over
-            ws = WriterState()
+        ws = self._writers.pop(view.session_id, None)
+        if ws is None or ws.version > view.version:  # not cached, or deleted and made again
+            ws = WriterState.of(view.writers)
+            if ws.version > view.version:
+                ws = WriterState()
         while ws.version < view.version:
             params = {"session_id": view.session_id, "from_version": ws.version + 1,
                       "limit": PAGE}
@@ -314,16 +348,16 @@ class Streams:
         view = await self.view(r.name, r.caller, touch=True)
         after = offset_within(given, view)
         async with AsyncExitStack() as watching:
-            bell: Bell | None = None
-            if live == "long-poll":  # the bells are followed from the mark on
-                await watching.enter_async_context(self.writer.watching())
-                bell = tails.mark(self.writer)
+            tail: tails.Tail | None = None
+            if live == "long-poll":  # a follower of the stream's bells from here on
+                tail = await watching.enter_async_context(
+                    tails.following(self.writer, r.name))
                 view = await self._after_mark(r, given)
             page = await self.read(view, after, r.caller)
-            if bell is not None and not page.items and not view.closed:
+            if tail is not None and not page.items and not view.closed:
                 woken = False
                 with self._tail():
-                    woken = await tails.wait_for(bell, r.name, self.long_poll_s)
+                    woken = await tail.wait(self.long_poll_s)
                 if woken:
                     view = await self._after_mark(r, given)
                     page = await self.read(view, after, r.caller)
@@ -371,7 +405,12 @@ class Streams:
                     raise HttpError(409, f"stream {r.name} was deleted (its forks share its"
                                     " history): the name is not free yet") from exc
                 existing = None
-                if isinstance(exc, StreamExpired):  # its name is free again: remove it
+                if isinstance(exc, StreamExpired):
+                    if not exc.generic:  # a session's history is retention's to remove
+                        raise HttpError(409, f"session {r.name} exists (ended by its TTL;"
+                                        " its history is kept until retention removes it):"
+                                        " the name is not free") from exc
+                    # A stream past its Stream-TTL or Expires-At: its name is free again.
                     await self.calls.call("session.delete", {"session_id": r.name},
                                           r.caller)
                     self.expiry.forget(r.name)
@@ -541,9 +580,25 @@ class Streams:
                 headers["stream-closed"] = "true"
             if producer is not None:
                 pid, epoch, pseq = producer
-                ws.producers[_hash(pid)] = Producer(epoch, pseq, closed_it=close)
+                ws.saw(_hash(pid), Producer(epoch, pseq, closed_it=close))
+            if ws.version - ws.snapshot_at >= SNAPSHOT_EVERY:
+                await self._snapshot(r.name, ws)
+            if producer is not None:
                 return Reply(200 if r.body else 204, {**headers, **_echo(producer)})
             return Reply(204, headers)
+
+    async def _snapshot(self, sid: str, ws: WriterState) -> None:
+        """Write the producer state as of `ws.version` into the stream's settings (as the
+        daemon: the face's bookkeeping). The append it follows is written: a failure here
+        is logged, and the next append tries again."""
+        try:
+            await self.calls.call("events.append", {"session_id": sid, "events": [
+                {"type": "metadata.updated",
+                 "data": {"patch": {codec.META: {"writers": ws.snapshot()}}}}]}, DAEMON)
+        except SessiondError as exc:
+            log.warning("http.producer_snapshot_failed", session_id=sid, code=exc.code)
+            return
+        ws.snapshot_at = ws.version
 
     async def delete(self, r: Request) -> Reply:
         """session.delete; a stream with forks is soft-deleted instead (section 5.4: 410
@@ -578,39 +633,41 @@ class Streams:
         view = await self.view(r.name, r.caller, touch=True)
         after = offset_within(given, view)
         binary = codec.sse_base64(view.content_type)
-        async with self.writer.watching():
-            bell = tails.mark(self.writer)
+        async with tails.following(self.writer, r.name) as tail:
             view = await self._after_mark(r, given)
-            await self._sse_follow(r, send, view, after, binary, bell)
+            with self._tail(), anyio.move_on_after(self.sse_close_s):
+                while True:
+                    after, at_tail, closed = await self._sse_send(r, send, view, after,
+                                                                  binary)
+                    if closed:
+                        return
+                    if at_tail:
+                        # Waiting holds the offset and nothing of what was sent or rung.
+                        while not await tail.wait(15.0):
+                            await send(b": keep-alive\n\n")  # finds a client gone away
+                            self.on_idle()  # a rotated token ends this tail (face.py)
+                    tail.mark()
+                    view = await self._after_mark(r, codec.offset(after))
 
-    async def _sse_follow(self, r: Request, send: Sender, view: View, after: int,
-                          binary: bool, bell: Bell) -> None:
-        with self._tail(), anyio.move_on_after(self.sse_close_s):
-            while True:
-                page = await self.read(view, after, r.caller)
-                # The data and its control event in one write: a reader never sees one
-                # without the other.
-                data = _sse("data", self._sse_data(view, page, binary)) if page.items else b""
-                after = page.next
-                closed = view.closed and page.at_tail
-                control: dict[str, Any] = {"streamNextOffset": codec.offset(after)}
-                if closed:
-                    control |= {"streamClosed": True, "upToDate": True}
-                else:
-                    control["streamCursor"] = codec.cursor(r.param("cursor"))
-                    if page.at_tail:
-                        control["upToDate"] = True
-                await send(data + _sse("control", codec.encode(control).decode()))
-                if closed:
-                    return
-                if page.at_tail:
-                    while not await tails.wait_for(bell, r.name, 15.0):
-                        # Nothing rung for it since wait_for looked (no await between).
-                        bell = tails.mark(self.writer)
-                        await send(b": keep-alive\n\n")  # finds a client that went away
-                        self.on_idle()  # a rotated token ends this tail (face.py)
-                bell = tails.mark(self.writer)
-                view = await self._after_mark(r, codec.offset(after))
+    async def _sse_send(self, r: Request, send: Sender, view: View, after: int,
+                        binary: bool) -> tuple[int, bool, bool]:
+        """Send the data after `after` (a page), with its control event; return the offset
+        sent up to, whether that is the stream's end, and whether the stream is closed
+        there."""
+        page = await self.read(view, after, r.caller)
+        # The data and its control event in one write: a reader never sees one without
+        # the other.
+        data = _sse("data", self._sse_data(view, page, binary)) if page.items else b""
+        closed = view.closed and page.at_tail
+        control: dict[str, Any] = {"streamNextOffset": codec.offset(page.next)}
+        if closed:
+            control |= {"streamClosed": True, "upToDate": True}
+        else:
+            control["streamCursor"] = codec.cursor(r.param("cursor"))
+            if page.at_tail:
+                control["upToDate"] = True
+        await send(data + _sse("control", codec.encode(control).decode()))
+        return page.next, page.at_tail, closed
 
     def _sse_data(self, view: View, page: Page, binary: bool) -> str:
         if binary:
@@ -672,7 +729,7 @@ def _note(ws: WriterState, event: dict[str, Any], *, closing: bool) -> None:
         epoch, seq = int(parts[1]), int(parts[2])
         known = ws.producers.get(parts[3])
         if known is None or (epoch, seq) >= (known.epoch, known.seq):
-            ws.producers[parts[3]] = Producer(epoch, seq, closed_it=closing)
+            ws.saw(parts[3], Producer(epoch, seq, closed_it=closing))
 
 
 def _producer_headers(headers: dict[str, str]) -> tuple[str, int, int] | None:

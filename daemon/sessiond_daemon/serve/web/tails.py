@@ -2,12 +2,17 @@
 
 The store is the buffer: a long poll or an SSE tail reads the store from its offset and,
 once at the end, waits here until the writer rings a bell for its session (in fleet mode
-the follower of the shared log rings the same bells with every host's events). A waiter
-first walks the bells rung since its mark; then it waits as a live follower of its one
-session (core/bells.py), so a commit to another session costs it nothing: no wake-up.
+the follower of the shared log rings the same bells with every host's events). A tail is
+a follower of its one session (core/bells.py) from before its first read to its end, so
+a commit to another session costs it nothing (no wake-up), and no commit to its own
+falls between a read and the wait after it. What a ring leaves it is a flag: the tail
+holds its offset and nothing of any batch; it reads what was rung from the store.
 """
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
 
@@ -15,42 +20,45 @@ from sessiond_daemon.core.bells import Bell, Flush
 from sessiond_daemon.core.writer import Writer
 
 
-def mark(writer: Writer) -> Bell:
-    """The bell to wait on after a read that starts now (taken before the read, so that an
-    event committed while it runs is either read or rings this bell or a later one)."""
-    return writer.bell
+class Tail:
+    """A live tail of one session: woken by every bell that touches it (an event, or its
+    deletion) since its last `mark`."""
 
-
-class _Waiter:
-    """A tail waiting for its session: set by the first bell that touches it."""
-
-    __slots__ = ("rung",)
+    __slots__ = ("_rung",)
 
     def __init__(self) -> None:
-        self.rung = anyio.Event()
+        self._rung = anyio.Event()
 
     def ring(self, bell: Bell) -> Flush | None:
-        self.rung.set()
+        self._rung.set()  # the bell itself is not kept
         return None
 
+    def mark(self) -> None:
+        """Before a read of the view and the store: the rings before it are in what that
+        read sees (a batch rings once it has landed); those after it wake the next wait.
+        (A ring of a batch that the read saw anyway wakes it for nothing new.)"""
+        if self._rung.is_set():
+            self._rung = anyio.Event()
 
-async def wait_for(bell: Bell, session_id: str, timeout_s: float) -> bool:
-    """Wait until a batch from `bell` on touches `session_id` (an event, or its deletion);
-    False when `timeout_s` passes first."""
-    # The bells rung since the mark, then (no await between) the live wait from the bell
-    # the writer rings next: none is missed.
-    while bell.rung:
-        if bell.touches(session_id):
-            return True
-        assert bell.next is not None
-        bell = bell.next
-    waiter = _Waiter()
-    bell.followers.add(session_id, waiter)
-    try:
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait until a bell rang for the session since the mark; False when `timeout_s`
+        passes first."""
+        rung = self._rung
         with anyio.move_on_after(timeout_s):
-            await waiter.rung.wait()
-    finally:
-        bell.followers.discard(session_id, waiter)
-    # A bell may ring after the timeout cancelled the wait and before this task runs
-    # again: it counts (the caller's next mark would be past it).
-    return waiter.rung.is_set()
+            await rung.wait()
+        # A bell may ring after the timeout cancelled the wait and before this task runs
+        # again: it counts (the flag is not cleared but by the next mark).
+        return rung.is_set()
+
+
+@asynccontextmanager
+async def following(writer: Writer, session_id: str) -> AsyncIterator[Tail]:
+    """A tail of `session_id`, marked: rung for every batch that lands after this is
+    entered (read the view and the store after it), until the block ends."""
+    async with writer.watching():  # fleet mode: the shared log is followed from here
+        tail = Tail()
+        writer.followers.add(session_id, tail)
+        try:
+            yield tail
+        finally:
+            writer.followers.discard(session_id, tail)
