@@ -76,3 +76,8 @@ def http_listen_path(socket_path: str) -> str:
     """Where the daemon writes the HTTP face's bound addresses (a JSON list): beside the
     socket, so `sessionctl web` can build the page's URL."""
     return os.path.join(os.path.dirname(os.path.abspath(socket_path)), "sessiond.http-listen")
+
+
+def mcp_socket_path(socket_path: str) -> str:
+    """The MCP socket (docs/mcp.md): beside the RPC socket; `sessionctl mcp` relays to it."""
+    return os.path.join(os.path.dirname(os.path.abspath(socket_path)), "sessiond.mcp.sock")

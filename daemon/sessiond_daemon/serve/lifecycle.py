@@ -280,12 +280,15 @@ class Daemon:
             assert config.socket
             listener = await bind_socket(config.socket, config.socket_mode)
             socket_path, bound = config.socket, os.lstat(config.socket)
+        mcp_bound: tuple[str, os.stat_result] | None = None
         try:
             executors.settings = replace(executors.settings, socket=socket_path)
             async with anyio.create_task_group() as serving:
                 # Executors a previous daemon left are marked before anyone is served.
                 await serving.start(executors.run)
                 await serving.start(server.serve, listener)
+                mcp_bound = await _start_mcp(serving, table, server, socket_path,
+                                             config.socket_mode)
                 if config.http_listen or config.metrics_listen is not None:
                     await self._start_http(serving, config, writer, server, executors, store)
                 if config.cleanup_older_than_days > 0:
@@ -318,6 +321,8 @@ class Daemon:
                 await listener.aclose()
                 if bound is not None:
                     _unlink_socket(socket_path, bound)
+                if mcp_bound is not None:
+                    _unlink_socket(*mcp_bound)
                 if self.http is not None:
                     self.http.close()
 
@@ -486,6 +491,25 @@ async def _retention(maintenance: Maintenance, config: Config) -> None:
         except SessiondError as exc:  # say so, and try again next time
             log.warning("retention.failed", error=exc.message)
         await anyio.sleep(config.cleanup_every_s)
+
+
+async def _start_mcp(tg: TaskGroup, table: methods.MethodTable, server: Server,
+                     socket_path: str, mode: int) -> tuple[str, os.stat_result] | None:
+    """The MCP socket beside the RPC socket (serve/mcp.py, docs/mcp.md), when the mcp SDK
+    is installed; its path and stat, to remove it at the end."""
+    from sessiond_daemon.serve.mcp_tools import sdk_missing
+
+    if not os.path.exists(socket_path):  # systemd's unnamed socket: nowhere beside it
+        return None
+    try:
+        from sessiond_daemon.serve import mcp
+    except ModuleNotFoundError as exc:
+        if not sdk_missing(exc):
+            raise
+        log.info("mcp.off", reason="the mcp package is not installed (the extra sessiond[mcp])")
+        return None
+    return await mcp.start_socket(tg, table, server, socket_path,
+                                  lambda path: bind_socket(path, mode))
 
 
 def _unlink_socket(path: str, bound: os.stat_result) -> None:

@@ -11,15 +11,17 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
 
 import anyio
 import structlog
 
+from sessiond_daemon.serve.mcp_tools import NOT_INSTALLED, sdk_missing
 from sessiond_daemon.serve.server import Peer
 from sessiond_daemon.serve.web.auth import Tokens
-from sessiond_daemon.serve.web.calls import Caller
+from sessiond_daemon.serve.web.calls import Caller, Calls
 from sessiond_daemon.serve.web.codec import (
     HttpError,
     from_rpc,
@@ -31,6 +33,9 @@ from sessiond_daemon.serve.web.streams import Reply, Request, Streams, offset_wi
 from sessiond_daemon.serve.web.view import EXPORT_PREFIX, WebView
 from sessiond_schemas.errors import SessiondError
 
+if TYPE_CHECKING:
+    from sessiond_daemon.serve.mcp import McpServer
+
 log = structlog.get_logger("sessiond.http")
 
 Scope = dict[str, Any]
@@ -39,6 +44,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Metrics = Callable[[str | None], Awaitable[tuple[bytes, str]]]
 
 STREAM_PREFIX = "/v1/stream/"
+MCP_PATH = "/mcp"  # the MCP server, Streamable HTTP (docs/mcp.md)
 # A stream's content type is its writer's choice (text/html, say): a sandbox with no
 # sources keeps a browser that opens a stream URL from running what it holds.
 _SECURITY = [(b"x-content-type-options", b"nosniff"),
@@ -72,6 +78,7 @@ class App:
         self.view = view  # the web view's page and /rpc
         self.settings = settings  # read per request: SIGHUP reloads some
         self.metrics_only = metrics_only
+        self.mcp = _mcp_server(view.calls) if view is not None else None  # /mcp
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -125,6 +132,13 @@ class App:
             if caller.uid != os.getuid():
                 raise HttpError(403, "the metrics are the owner's (use the owner's token)")
             await self._metrics(scope, method, reply)
+            return
+        if path == MCP_PATH and not self.metrics_only:
+            if self.mcp is None:
+                raise HttpError(404, NOT_INSTALLED)
+            # The MCP server (serve/mcp.py), answering as the caller authenticated here.
+            await self.mcp.http(scope, receive, partial(_timed, scope, settings, send), caller,
+                                settings.max_body_bytes)
             return
         if self.view is not None and path.startswith(EXPORT_PREFIX) and method == "GET":
             # A session's export document, streamed a page at a time (its bytes as the
@@ -233,6 +247,18 @@ class App:
         except (HttpError, SessiondError) as exc:  # mid-stream: end it, say why in the log
             log.info("http.sse_ended", reason=str(exc)[:200])
         await _timed(scope, settings, send, {"type": "http.response.body", "body": b""})
+
+
+def _mcp_server(calls: Calls) -> McpServer | None:
+    """The MCP server for /mcp, or None when the mcp SDK is not installed (then /mcp
+    answers 404 saying what to install)."""
+    try:
+        from sessiond_daemon.serve.mcp import McpServer
+    except ModuleNotFoundError as exc:
+        if not sdk_missing(exc):
+            raise
+        return None
+    return McpServer(calls)
 
 
 class _Aborted(Exception):
