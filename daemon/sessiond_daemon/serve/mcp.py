@@ -39,7 +39,7 @@ from sessiond_daemon.serve.methods import MethodTable
 from sessiond_daemon.serve.server import Peer, peer_of
 from sessiond_daemon.serve.server import Server as RpcServer
 from sessiond_daemon.serve.web.calls import Caller, Calls
-from sessiond_schemas.errors import PERMISSION_DENIED, SessiondError
+from sessiond_schemas.errors import INVALID_REQUEST, PERMISSION_DENIED, SessiondError
 from sessiond_schemas.paths import mcp_socket_path
 
 log = structlog.get_logger("sessiond.mcp")
@@ -201,13 +201,19 @@ def _encode(answer: dict[str, Any]) -> str:
 
 async def _refuse(stream: SocketStream, message: str, peer: Peer | None) -> None:
     """Say why a connection ends (a JSON-RPC error without an id), as the RPC socket does."""
-    code = PERMISSION_DENIED if peer is not None else -32600
-    data = {"uid": peer.uid} if peer is not None else {}
-    error = types.JSONRPCError(jsonrpc="2.0", id=None, error=types.ErrorData(
-        code=code, message=message, data=data or None))
-    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-        await stream.send(error.model_dump_json(by_alias=True, exclude_none=True).encode()
-                          + b"\n")
+    code = PERMISSION_DENIED if peer is not None else INVALID_REQUEST
+    error: dict[str, Any] = {"code": code, "message": message}
+    if peer is not None:
+        error["data"] = {"uid": peer.uid}
+    line = msgspec.json.encode({"jsonrpc": "2.0", "id": None, "error": error})
+    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError,
+                             anyio.EndOfStream, OSError), anyio.move_on_after(1):
+        await stream.send(line + b"\n")
+        # Closing on unread input resets the connection, and the client would lose this
+        # answer: end our side, then discard its input for a moment (as server.py does).
+        await stream.send_eof()
+        while await stream.receive():
+            pass
 
 
 def calls_of(table: MethodTable, rpc: RpcServer) -> Calls:
