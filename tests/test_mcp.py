@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import httpx
 import httpx2
 import msgspec
 import pytest
-from conftest import Daemon, daemon_config
+from conftest import Daemon, daemon_config, wait_for_daemon
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from test_security import as_peer, peer_user, shared_dir
@@ -334,3 +335,29 @@ async def test_sessionctl_mcp_without_daemon(short_dir: str) -> None:
                             capture_output=True, input=b"", check=False)
     assert result.returncode == 2
     assert "sessiond.mcp.sock" in result.stderr.decode() and b"Traceback" not in result.stderr
+
+
+@pytest.mark.sqlite_only("what the daemon serves without the SDK: the same on either store")
+def test_without_the_sdk(short_dir: str) -> None:
+    """`pip install -e . && sessiond` without the extra `mcp`: the daemon serves as
+    ever, binds no MCP socket, `/mcp` answers 404 and `sessionctl mcp` exits 2, both
+    saying what to install."""
+    port, sock = free_port(), os.path.join(short_dir, "s.sock")
+    blocked = ("import sys; sys.modules.update(mcp=None, mcp_types=None);"
+               " from sessiond_daemon.__main__ import main; main()")
+    proc = subprocess.Popen([sys.executable, "-c", blocked, "--socket", sock, "--db",
+                             os.path.join(short_dir, "d.db"), "--log-level", "warning",
+                             "--http-listen", f"127.0.0.1:{port}"])
+    try:
+        wait_for_daemon(sock, proc)
+        assert not os.path.exists(mcp_socket_path(sock))
+        answer = httpx.post(f"http://127.0.0.1:{port}/t/{token(sock)}/mcp", timeout=30,
+                            json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert answer.status_code == 404 and "sessiond[mcp]" in answer.text
+        relay = subprocess.run([sys.executable, "-m", "sessiond.cli", "--socket", sock, "mcp"],
+                               capture_output=True, input=b"", check=False)
+        assert relay.returncode == 2 and b"sessiond[mcp]" in relay.stderr, relay.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0

@@ -29,7 +29,7 @@ from sessiond_daemon.features.graphs import Graphs
 from sessiond_daemon.features.maintenance import Maintenance
 from sessiond_daemon.features.search import Search
 from sessiond_daemon.features.service import LiveFigures, Service
-from sessiond_daemon.serve import logs, methods
+from sessiond_daemon.serve import logs, mcp_entry, methods
 from sessiond_daemon.serve.budget import default_budget
 from sessiond_daemon.serve.config import RELOADABLE, Config, differences
 from sessiond_daemon.serve.metrics import MetricsUnavailable, require_client
@@ -287,10 +287,12 @@ class Daemon:
                 # Executors a previous daemon left are marked before anyone is served.
                 await serving.start(executors.run)
                 await serving.start(server.serve, listener)
-                mcp_bound = await _start_mcp(serving, table, server, socket_path,
-                                             config.socket_mode)
                 if config.http_listen or config.metrics_listen is not None:
                     await self._start_http(serving, config, writer, server, executors, store)
+                # The MCP socket beside ours (docs/mcp.md), with the extra `mcp`.
+                mcp_bound = await mcp_entry.start_socket(
+                    serving, table, server, socket_path,
+                    lambda path: bind_socket(path, config.socket_mode))
                 if config.cleanup_older_than_days > 0:
                     serving.start_soon(_retention, maintenance, config)
                 serving.start_soon(self.expiry.run, config.expire_every_s)  # ends idle TTLs
@@ -491,25 +493,6 @@ async def _retention(maintenance: Maintenance, config: Config) -> None:
         except SessiondError as exc:  # say so, and try again next time
             log.warning("retention.failed", error=exc.message)
         await anyio.sleep(config.cleanup_every_s)
-
-
-async def _start_mcp(tg: TaskGroup, table: methods.MethodTable, server: Server,
-                     socket_path: str, mode: int) -> tuple[str, os.stat_result] | None:
-    """The MCP socket beside the RPC socket (serve/mcp.py, docs/mcp.md), when the mcp SDK
-    is installed; its path and stat, to remove it at the end."""
-    from sessiond_daemon.serve.mcp_tools import sdk_missing
-
-    if not os.path.exists(socket_path):  # systemd's unnamed socket: nowhere beside it
-        return None
-    try:
-        from sessiond_daemon.serve import mcp
-    except ModuleNotFoundError as exc:
-        if not sdk_missing(exc):
-            raise
-        log.info("mcp.off", reason="the mcp package is not installed (the extra sessiond[mcp])")
-        return None
-    return await mcp.start_socket(tg, table, server, socket_path,
-                                  lambda path: bind_socket(path, mode))
 
 
 def _unlink_socket(path: str, bound: os.stat_result) -> None:

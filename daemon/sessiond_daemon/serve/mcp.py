@@ -4,10 +4,12 @@ served two ways, with the same grants as every other face.
 - `/mcp` on the HTTP face (Streamable HTTP, stateless, JSON responses; also under the
   capability prefix `/t/<token>/mcp`): the face's app authenticates the request (a Unix
   peer's uid, or a bearer token) and hands it here with its caller.
-- The MCP socket, `sessiond.mcp.sock` beside the RPC socket (paths.mcp_socket_path):
-  newline-delimited JSON-RPC, MCP's stdio framing, one MCP session a connection, whose
-  caller is the peer's uid (SO_PEERCRED), let in as the RPC socket lets peers in.
-  `sessionctl mcp` relays a CLI's stdio to it.
+- The MCP socket, `sessiond.mcp.sock` beside the RPC socket (mcp_entry.py binds it and
+  lets peers in): newline-delimited JSON-RPC, MCP's stdio framing, one MCP session a
+  connection, whose caller is the peer's uid (SO_PEERCRED). `sessionctl mcp` relays a
+  CLI's stdio to it.
+
+This module imports the SDK; mcp_entry.py loads it at the first client.
 
 Either way each tool runs as its caller through `Calls` (the socket's checks: grants,
 draining, page budget), so a peer's agent sees and does only what the peer may.
@@ -15,38 +17,32 @@ draining, page budget), so a peer's agent sees and does only what the peer may.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import mcp_types as types
 import msgspec
 import structlog
-from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup, TaskStatus
+from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from starlette.requests import Request
 
-from sessiond_daemon import host
 from sessiond_daemon.features.service import VERSION
+from sessiond_daemon.serve.mcp_entry import refuse
 from sessiond_daemon.serve.mcp_tools import Tools
-from sessiond_daemon.serve.methods import MethodTable
-from sessiond_daemon.serve.server import Peer, peer_of
-from sessiond_daemon.serve.server import Server as RpcServer
+from sessiond_daemon.serve.server import Peer
 from sessiond_daemon.serve.web.calls import Caller, Calls
-from sessiond_schemas.errors import INVALID_REQUEST, PERMISSION_DENIED, SessiondError
-from sessiond_schemas.paths import mcp_socket_path
+from sessiond_schemas.errors import SessiondError
 
 log = structlog.get_logger("sessiond.mcp")
 logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK's per-request info lines
 
 CALLER = "sessiond.mcp.caller"  # the ASGI scope key of the HTTP request's caller
-MAX_CONNECTIONS = 64  # MCP socket connections served at once; more wait to be accepted
 
 INSTRUCTIONS = (
     "sessiond keeps the sessions of every agent on this host (and Claude Code and Codex"
@@ -105,79 +101,58 @@ class McpServer:
 
     # --- the MCP socket: one MCP session a connection ---------------------------------
 
-    async def serve_socket(self, listener: SocketListener, allowed: Callable[[Peer], bool],
-                           max_line_bytes: int, *,
-                           task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Serve MCP sessions on `listener` until cancelled; `allowed`: whether a peer may
-        use this daemon (asked at connect and again at each message: a reload may revoke)."""
-        task_status.started()
+    async def connection(self, stream: SocketStream, peer: Peer,
+                         allowed: Callable[[Peer], bool], max_line_bytes: int) -> None:
+        """Serve one MCP session on a connection of the MCP socket, as `peer` (let in
+        already; asked again at each message: a reload may revoke)."""
+        caller = Caller(peer.uid, peer.pid)
+        metadata = ServerMessageMetadata(request_context=caller)
+        lines = BufferedByteReceiveStream(stream)
+        to_server, from_client = anyio.create_memory_object_stream[
+            SessionMessage | Exception](0)
+        to_client, from_server = anyio.create_memory_object_stream[SessionMessage](0)
 
-        async def guarded(stream: SocketStream) -> None:
-            try:
-                await self._connection(stream, allowed, max_line_bytes)
-            except Exception:  # one connection's bug must not end the accept loop
-                log.exception("mcp.connection_failed")
+        async def read() -> None:
+            async with to_server:
+                while True:
+                    try:
+                        line = await lines.receive_until(b"\n", max_line_bytes)
+                    except anyio.DelimiterNotFound:
+                        await refuse(stream, f"a message may hold at most"
+                                      f" {max_line_bytes} bytes (max_request_bytes)",
+                                      None)
+                        return
+                    except (anyio.IncompleteRead, anyio.EndOfStream,
+                            anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        return
+                    if not allowed(peer):  # access revoked by a reload
+                        await refuse(stream, f"uid {peer.uid} may not use this daemon:"
+                                      " access revoked by a reload", peer)
+                        return
+                    try:
+                        message = types.jsonrpc_message_adapter.validate_json(
+                            line, by_name=False)
+                    except Exception as exc:  # the SDK answers it as a parse error
+                        await to_server.send(exc)
+                        continue
+                    await to_server.send(SessionMessage(message, metadata=metadata))
 
-        async with listener:
-            await host.accept_forever(listener, guarded, what="mcp",
-                                      slots=anyio.Semaphore(MAX_CONNECTIONS))
+        async def write() -> None:
+            async with from_server:
+                async for out in from_server:
+                    data = out.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    try:
+                        await stream.send(data.encode() + b"\n")
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        return
 
-    async def _connection(self, stream: SocketStream, allowed: Callable[[Peer], bool],
-                          max_line_bytes: int) -> None:
-        peer = peer_of(stream.extra(SocketAttribute.raw_socket))
-        async with stream:
-            if not allowed(peer):
-                log.warning("mcp.peer_refused", uid=peer.uid, pid=peer.pid)
-                await _refuse(stream, f"uid {peer.uid} may not use this daemon", peer)
-                return
-            caller = Caller(peer.uid, peer.pid)
-            metadata = ServerMessageMetadata(request_context=caller)
-            lines = BufferedByteReceiveStream(stream)
-            to_server, from_client = anyio.create_memory_object_stream[
-                SessionMessage | Exception](0)
-            to_client, from_server = anyio.create_memory_object_stream[SessionMessage](0)
-
-            async def read() -> None:
-                async with to_server:
-                    while True:
-                        try:
-                            line = await lines.receive_until(b"\n", max_line_bytes)
-                        except anyio.DelimiterNotFound:
-                            await _refuse(stream, f"a message may hold at most"
-                                          f" {max_line_bytes} bytes (max_request_bytes)",
-                                          None)
-                            return
-                        except (anyio.IncompleteRead, anyio.EndOfStream,
-                                anyio.BrokenResourceError, anyio.ClosedResourceError):
-                            return
-                        if not allowed(peer):  # access revoked by a reload
-                            await _refuse(stream, f"uid {peer.uid} may not use this daemon:"
-                                          " access revoked by a reload", peer)
-                            return
-                        try:
-                            message = types.jsonrpc_message_adapter.validate_json(
-                                line, by_name=False)
-                        except Exception as exc:  # the SDK answers it as a parse error
-                            await to_server.send(exc)
-                            continue
-                        await to_server.send(SessionMessage(message, metadata=metadata))
-
-            async def write() -> None:
-                async with from_server:
-                    async for out in from_server:
-                        data = out.message.model_dump_json(by_alias=True, exclude_unset=True)
-                        try:
-                            await stream.send(data.encode() + b"\n")
-                        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                            return
-
-            log.debug("mcp.connected", uid=peer.uid, pid=peer.pid)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(read)
-                tg.start_soon(write)
-                await self.server.run(from_client, to_client,
-                                      self.server.create_initialization_options())
-                tg.cancel_scope.cancel()
+        log.debug("mcp.connected", uid=peer.uid, pid=peer.pid)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            tg.start_soon(write)
+            await self.server.run(from_client, to_client,
+                                  self.server.create_initialization_options())
+            tg.cancel_scope.cancel()
 
 
 def _caller_of(request: Any) -> Caller:
@@ -197,51 +172,3 @@ def _failed(message: str) -> types.CallToolResult:
 
 def _encode(answer: dict[str, Any]) -> str:
     return msgspec.json.encode(answer).decode()
-
-
-async def _refuse(stream: SocketStream, message: str, peer: Peer | None) -> None:
-    """Say why a connection ends (a JSON-RPC error without an id), as the RPC socket does."""
-    code = PERMISSION_DENIED if peer is not None else INVALID_REQUEST
-    error: dict[str, Any] = {"code": code, "message": message}
-    if peer is not None:
-        error["data"] = {"uid": peer.uid}
-    line = msgspec.json.encode({"jsonrpc": "2.0", "id": None, "error": error})
-    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError,
-                             anyio.EndOfStream, OSError), anyio.move_on_after(1):
-        await stream.send(line + b"\n")
-        # Closing on unread input resets the connection, and the client would lose this
-        # answer: end our side, then discard its input for a moment (as server.py does).
-        await stream.send_eof()
-        while await stream.receive():
-            pass
-
-
-def calls_of(table: MethodTable, rpc: RpcServer) -> Calls:
-    """The method table with the RPC socket's checks, read at each call (a reload changes
-    the grants): as the HTTP face calls it."""
-    return Calls(table, lambda: rpc.grants, lambda: rpc.draining,
-                 lambda: rpc.limits.max_page_bytes)
-
-
-async def start_socket(tg: TaskGroup, table: MethodTable, rpc: RpcServer, socket_path: str,
-                       bind: Callable[[str], Awaitable[SocketListener]]
-                       ) -> tuple[str, os.stat_result] | None:
-    """Serve the MCP socket beside `socket_path` in `tg`; the path bound and its stat (to
-    remove it at the end), or None when it cannot be bound (said in the log: the daemon
-    serves on without it)."""
-    path = mcp_socket_path(socket_path)
-    try:
-        listener = await bind(path)
-    except Exception as exc:  # a path too long, another daemon's socket: no MCP socket
-        log.warning("mcp.socket_not_bound", path=path, error=str(exc))
-        return None
-    bound = os.lstat(path)
-
-    def allowed(peer: Peer) -> bool:  # as the RPC socket lets peers in (reloads change it)
-        return (peer.uid in (os.getuid(), 0) or peer.uid in rpc.allowed_uids
-                or peer.gid in rpc.allowed_gids)
-
-    server = McpServer(calls_of(table, rpc))
-    await tg.start(server.serve_socket, listener, allowed, rpc.limits.max_request_bytes)
-    log.info("mcp.listening", socket=path)
-    return path, bound

@@ -404,13 +404,3 @@ FORK = (
     " is. A write: call it only when the user wants to branch from an earlier session."
     " Answers the new session's state (its id in session.session_id).")
 
-
-def sdk_missing(exc: ModuleNotFoundError) -> bool:
-    """Whether importing serve/mcp.py failed for want of the `mcp` SDK (the extra `mcp`),
-    not for a bug of ours."""
-    return (exc.name or "").split(".")[0] in ("mcp", "mcp_types", "starlette", "pydantic",
-                                              "sse_starlette", "httpx")
-
-
-NOT_INSTALLED = ("MCP needs the mcp package where the daemon runs:"
-                 " pip install 'sessiond[mcp]', then restart sessiond")

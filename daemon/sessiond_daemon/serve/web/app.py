@@ -12,16 +12,16 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 import anyio
 import structlog
 
-from sessiond_daemon.serve.mcp_tools import NOT_INSTALLED, sdk_missing
+from sessiond_daemon.serve.mcp_entry import NOT_INSTALLED, McpLoader, sdk_installed
 from sessiond_daemon.serve.server import Peer
 from sessiond_daemon.serve.web.auth import Tokens
-from sessiond_daemon.serve.web.calls import Caller, Calls
+from sessiond_daemon.serve.web.calls import Caller
 from sessiond_daemon.serve.web.codec import (
     HttpError,
     from_rpc,
@@ -32,9 +32,6 @@ from sessiond_daemon.serve.web.listen import ABORT, PEER
 from sessiond_daemon.serve.web.streams import Reply, Request, Streams, offset_within
 from sessiond_daemon.serve.web.view import EXPORT_PREFIX, WebView
 from sessiond_schemas.errors import SessiondError
-
-if TYPE_CHECKING:
-    from sessiond_daemon.serve.mcp import McpServer
 
 log = structlog.get_logger("sessiond.http")
 
@@ -78,7 +75,8 @@ class App:
         self.view = view  # the web view's page and /rpc
         self.settings = settings  # read per request: SIGHUP reloads some
         self.metrics_only = metrics_only
-        self.mcp = _mcp_server(view.calls) if view is not None else None  # /mcp
+        # /mcp: the MCP server, loaded at its first request (none without the SDK)
+        self.mcp = McpLoader(view.calls) if view is not None and sdk_installed() else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -137,8 +135,9 @@ class App:
             if self.mcp is None:
                 raise HttpError(404, NOT_INSTALLED)
             # The MCP server (serve/mcp.py), answering as the caller authenticated here.
-            await self.mcp.http(scope, receive, partial(_timed, scope, settings, send), caller,
-                                settings.max_body_bytes)
+            server = await self.mcp.get()
+            await server.http(scope, receive, partial(_timed, scope, settings, send), caller,
+                              settings.max_body_bytes)
             return
         if self.view is not None and path.startswith(EXPORT_PREFIX) and method == "GET":
             # A session's export document, streamed a page at a time (its bytes as the
@@ -247,18 +246,6 @@ class App:
         except (HttpError, SessiondError) as exc:  # mid-stream: end it, say why in the log
             log.info("http.sse_ended", reason=str(exc)[:200])
         await _timed(scope, settings, send, {"type": "http.response.body", "body": b""})
-
-
-def _mcp_server(calls: Calls) -> McpServer | None:
-    """The MCP server for /mcp, or None when the mcp SDK is not installed (then /mcp
-    answers 404 saying what to install)."""
-    try:
-        from sessiond_daemon.serve.mcp import McpServer
-    except ModuleNotFoundError as exc:
-        if not sdk_missing(exc):
-            raise
-        return None
-    return McpServer(calls)
 
 
 class _Aborted(Exception):
