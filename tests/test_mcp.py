@@ -16,6 +16,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,7 +28,7 @@ import httpx
 import httpx2
 import msgspec
 import pytest
-from conftest import Daemon, daemon_config, wait_for_daemon
+from conftest import Daemon, as_user, daemon_config, eventually, wait_for_daemon
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from test_security import as_peer, peer_user, shared_dir
@@ -301,7 +303,8 @@ async def test_http_peer_token(short_dir: str, db_url: str) -> None:
 async def test_socket_peers(shared_dir: str) -> None:
     """On the MCP socket the peer's uid (SO_PEERCRED) decides: a uid the daemon does not
     let in gets -32006 and the connection ends; an allowed one is served as itself (its
-    fork recorded with its uid), once a reload lets it in."""
+    fork recorded with its uid), once a reload lets it in; a reload that takes it out
+    ends its open session at the next message."""
     user = peer_user()
     config = daemon_config(shared_dir, socket_mode=0o666)
     daemon = lifecycle.Daemon(config)
@@ -324,8 +327,48 @@ async def test_socket_peers(shared_dir: str) -> None:
             forked = json.loads(answers[2]["result"]["content"][0]["text"])["session"]
             assert forked["forked_from"]["session_id"] == sid
             assert await peer_uid_of(owner, forked["session_id"]) == user.pw_uid
+            # A reload that takes the uid out ends its open session at its next message.
+            lines = await revoked_midway(mcp_sock, user, hello, lambda: daemon.reload(
+                msgspec.structs.replace(config, allowed_uids=[])))
+            assert lines[0]["result"]["serverInfo"]["name"] == "sessiond"
+            assert lines[1]["id"] is None and lines[1]["error"]["code"] == -32006
+            assert "access revoked" in lines[1]["error"]["message"]
         shutdown.set()
     assert not os.path.exists(mcp_sock)  # removed at the end, as the RPC socket is
+
+
+async def revoked_midway(mcp_sock: str, user: Any, hello: dict[str, Any],
+                         reload: Any) -> list[dict[str, Any]]:
+    """As `user`: open an MCP session (initialize), wait while `reload` runs here, then send
+    one more message; the lines the daemon answered."""
+    with tempfile.TemporaryDirectory(prefix="sd-") as flags:
+        os.chmod(flags, 0o777)
+        ready, go = os.path.join(flags, "ready"), os.path.join(flags, "go")
+
+        def job() -> bytes:
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(30)
+            s.connect(mcp_sock)
+            f = s.makefile("rb")
+            s.sendall(json.dumps(hello).encode() + b"\n")
+            first = f.readline()
+            open(ready, "w").close()
+            while not os.path.exists(go):
+                time.sleep(0.02)
+            s.sendall(b'{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}\n')
+            return first + f.readline()
+
+        async with anyio.create_task_group() as tg:
+            out: list[bytes] = []
+
+            async def peer() -> None:
+                out.append(await anyio.to_thread.run_sync(as_user, user, job))
+
+            tg.start_soon(peer)
+            await eventually(lambda: os.path.exists(ready), "the peer's session")
+            reload()
+            open(go, "w").close()
+        return [json.loads(line) for line in out[0].splitlines()]
 
 
 async def test_sessionctl_mcp_without_daemon(short_dir: str) -> None:
