@@ -223,6 +223,8 @@ async def test_size_bounds(daemon: Daemon, client: AsyncClient, transport: str) 
          "metadata": {"tool_calls": [{"id": f"call{i}", "name": "Edit",
                                       "input": {"code": "x" * 8000}}]}}
         for i in range(40)])
+    await client.append_message(big, "assistant", "w" * 50_000, metadata={"tool_calls": [
+        {"id": "i" * 2000, "name": "n" * 2000, "input": {"code": "x" * 20_000}}] * 30})
     await client.update_memory(big, {"notes": "m" * 30_000, "more": ["n" * 100] * 300})
     for i in range(30):
         await client.create_session(task=f"needle haystack {i} " + "h" * 3000)
@@ -231,7 +233,10 @@ async def test_size_bounds(daemon: Daemon, client: AsyncClient, transport: str) 
         pages = await walk(s, "read_messages", "messages", session_id=big, limit=50)
         assert len(pages) > 1
         sequences = [m["sequence"] for p in pages for m in p]
-        assert sequences == list(range(40))
+        assert sequences == list(range(41))
+        widest = (await call(s, "read_messages", session_id=big, from_sequence=40))[
+            "messages"]
+        assert len(widest[0]["tool_calls"]) == 10 and widest[0]["tool_calls_left_out"] == 20
         first = pages[0][0]
         assert len(first["content"]) < CONTENT_CHARS + 100
         assert first["content"].endswith(f"[cut: {len('needle 0 ') + 6000} characters in all]")
@@ -252,7 +257,7 @@ async def test_size_bounds(daemon: Daemon, client: AsyncClient, transport: str) 
         state = await call(s, "get_session", session_id=big)
         assert isinstance(state["session"]["memory"], str) and "[cut:" in state["session"][
             "memory"]
-        assert state["session"]["message_count"] == 40
+        assert state["session"]["message_count"] == 41
 
 
 async def peer_uid_of(client: AsyncClient, session_id: str) -> int:

@@ -37,7 +37,8 @@ from sessiond_daemon.serve.mcp_entry import refuse
 from sessiond_daemon.serve.mcp_tools import Tools
 from sessiond_daemon.serve.server import Peer
 from sessiond_daemon.serve.web.calls import Caller, Calls
-from sessiond_schemas.errors import SessiondError
+from sessiond_schemas.errors import INTERNAL_ERROR, SessiondError
+from sessiond_schemas.events import new_id
 
 log = structlog.get_logger("sessiond.mcp")
 logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK's per-request info lines
@@ -85,6 +86,10 @@ class McpServer:
             # caller is not granted the method the tool calls).
             log.info("mcp.tool_refused", tool=params.name, code=exc.code, uid=caller.uid)
             return _failed(f"error {exc.code}: {exc.message}")
+        except Exception:  # a bug: logged under an id, never its text to the model
+            error_id = new_id()
+            log.exception("mcp.internal_error", error_id=error_id, tool=params.name)
+            return _failed(f"error {INTERNAL_ERROR}: internal error (error_id {error_id})")
         text = types.TextContent(type="text", text=_encode(answer))
         return types.CallToolResult(content=[text])
 

@@ -29,9 +29,10 @@ from sessiond_schemas.errors import InvalidParamsError
 # context is the budget; Claude Code, for one, warns past 10,000 tokens of a tool's output.
 ANSWER_BYTES: Final = 16_000
 CONTENT_CHARS: Final = 2_000  # a message's content
-INPUT_CHARS: Final = 600  # a tool call's input, as JSON
+INPUT_CHARS: Final = 500  # a tool call's input, as JSON
 SNIPPET_CHARS: Final = 400  # a search hit's snippet
 FIELD_CHARS: Final = 300  # a task, an error, a name
+TOOL_CALLS: Final = 10  # a message's tool calls shown (the rest counted)
 JSON_CHARS: Final = 1_500  # a state's memory, metadata, result, ..., as JSON
 ANCESTORS: Final = 8  # the fork chain walked up from a session, at most
 FORKS_PAGE: Final = 20  # a session's forks listed per answer
@@ -193,14 +194,16 @@ def _hit(h: dict[str, Any]) -> dict[str, Any]:
 
 def _found(s: dict[str, Any]) -> dict[str, Any]:
     return {"session_id": s["session_id"], "status": s["status"],
-            "namespace": s["namespace"], "actor_name": s["actor_name"],
+            "namespace": cut(s["namespace"], FIELD_CHARS),
+            "actor_name": cut(s["actor_name"], FIELD_CHARS),
             "task": cut(s["task"], FIELD_CHARS), "updated_at": s["updated_at"],
             "matches": s["matches"], "hits": [_hit(h) for h in s["hits"]]}
 
 
 def _listed(s: dict[str, Any]) -> dict[str, Any]:
     return {"session_id": s["session_id"], "status": s["status"],
-            "namespace": s["namespace"], "actor_name": s["actor_name"],
+            "namespace": cut(s["namespace"], FIELD_CHARS),
+            "actor_name": cut(s["actor_name"], FIELD_CHARS),
             "task": cut(s["task"], FIELD_CHARS), "created_at": s["created_at"],
             "updated_at": s["updated_at"], "message_count": s["message_count"],
             "token_usage": s["token_usage"]}
@@ -209,19 +212,20 @@ def _listed(s: dict[str, Any]) -> dict[str, Any]:
 def _message(m: dict[str, Any]) -> dict[str, Any]:
     """A message as an agent reads it: its text, the tool calls it made (name, id, input),
     or the call it answers (tool_call_id)."""
-    out: dict[str, Any] = {"sequence": m["sequence"], "role": m["role"],
+    out: dict[str, Any] = {"sequence": m["sequence"], "role": cut(m["role"], FIELD_CHARS),
                            "timestamp": m["timestamp"],
                            "content": cut(m["content"], CONTENT_CHARS)}
     if m.get("tool_call_id"):
-        out["tool_call_id"] = m["tool_call_id"]
+        out["tool_call_id"] = cut(m["tool_call_id"], FIELD_CHARS)
     calls = (m.get("metadata") or {}).get("tool_calls")
     if isinstance(calls, list) and calls:
         out["tool_calls"] = [
-            {"id": c.get("id"), "name": c.get("name"),
+            {"id": cut_json(c.get("id"), FIELD_CHARS), "name": cut_json(c.get("name"),
+                                                                       FIELD_CHARS),
              "input": cut_json(c.get("input"), INPUT_CHARS)} if isinstance(c, dict)
-            else cut_json(c, INPUT_CHARS) for c in calls[:20]]
-        if len(calls) > 20:
-            out["tool_calls_left_out"] = len(calls) - 20
+            else cut_json(c, INPUT_CHARS) for c in calls[:TOOL_CALLS]]
+        if len(calls) > TOOL_CALLS:
+            out["tool_calls_left_out"] = len(calls) - TOOL_CALLS
     return out
 
 
@@ -230,8 +234,10 @@ def _state(s: dict[str, Any]) -> dict[str, Any]:
     last = s.get("last_message")
     return {
         "session_id": s["session_id"], "status": s["status"], "version": s["version"],
-        "namespace": s["namespace"], "actor_name": s["actor_name"],
-        "agent_id": s.get("agent_id"), "source": s.get("source"), "model": s.get("model"),
+        "namespace": cut(s["namespace"], FIELD_CHARS),
+        "actor_name": cut(s["actor_name"], FIELD_CHARS),
+        "agent_id": cut(s.get("agent_id"), FIELD_CHARS),
+        "source": cut(s.get("source"), FIELD_CHARS), "model": cut(s.get("model"), FIELD_CHARS),
         "working_dir": cut(s.get("working_dir"), FIELD_CHARS),
         "task": cut(s.get("task"), FIELD_CHARS), "timestamps": s["timestamps"],
         "message_count": s["message_count"], "turn": s["turn"],
@@ -241,7 +247,7 @@ def _state(s: dict[str, Any]) -> dict[str, Any]:
         "problems": cut_json(s.get("problems"), FIELD_CHARS * 2),
         "decisions": cut_json(s.get("decisions"), FIELD_CHARS * 2),
         "last_message": None if last is None else {
-            "sequence": last["sequence"], "role": last["role"],
+            "sequence": last["sequence"], "role": cut(last["role"], FIELD_CHARS),
             "content": cut(last["content"], FIELD_CHARS)},
         "forked_from": s.get("forked_from"), "expires_at": s.get("expires_at"),
     }
@@ -293,7 +299,8 @@ class Tools:
         except msgspec.ValidationError as exc:
             raise invalid_params(exc, context=f"invalid arguments for {name}") from exc
         answer = await tool.run(args, caller)
-        assert size(answer) <= ANSWER_BYTES, (name, size(answer))
+        if size(answer) > ANSWER_BYTES:  # the cuts above make it impossible: a bug
+            raise RuntimeError(f"{name}'s answer is {size(answer)} bytes, over ANSWER_BYTES")
         return answer
 
     async def search(self, a: SearchArgs, caller: Caller) -> dict[str, Any]:
