@@ -382,7 +382,9 @@ async def test_sessionctl_mcp_without_daemon(short_dir: str) -> None:
                              os.path.join(short_dir, "none.sock"), "mcp"],
                             capture_output=True, input=b"", check=False)
     assert result.returncode == 2
-    assert "sessiond.mcp.sock" in result.stderr.decode() and b"Traceback" not in result.stderr
+    where = mcp_socket_path(os.path.join(short_dir, "none.sock"))
+    assert where.endswith("none.mcp.sock")
+    assert where in result.stderr.decode() and b"Traceback" not in result.stderr
 
 
 @pytest.mark.sqlite_only("what the daemon serves without the SDK: the same on either store")

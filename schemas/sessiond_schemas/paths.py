@@ -79,5 +79,8 @@ def http_listen_path(socket_path: str) -> str:
 
 
 def mcp_socket_path(socket_path: str) -> str:
-    """The MCP socket (docs/mcp.md): beside the RPC socket; `sessionctl mcp` relays to it."""
-    return os.path.join(os.path.dirname(os.path.abspath(socket_path)), "sessiond.mcp.sock")
+    """The MCP socket (docs/mcp.md): beside the RPC socket and named after it
+    (`sessiond.sock` -> `sessiond.mcp.sock`), so daemons sharing a directory keep their
+    own; `sessionctl mcp` relays to it."""
+    root, ext = os.path.splitext(os.path.abspath(socket_path))
+    return f"{root}.mcp{ext}"

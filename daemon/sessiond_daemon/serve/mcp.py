@@ -4,10 +4,10 @@ served two ways, with the same grants as every other face.
 - `/mcp` on the HTTP face (Streamable HTTP, stateless, JSON responses; also under the
   capability prefix `/t/<token>/mcp`): the face's app authenticates the request (a Unix
   peer's uid, or a bearer token) and hands it here with its caller.
-- The MCP socket, `sessiond.mcp.sock` beside the RPC socket (mcp_entry.py binds it and
-  lets peers in): newline-delimited JSON-RPC, MCP's stdio framing, one MCP session a
-  connection, whose caller is the peer's uid (SO_PEERCRED). `sessionctl mcp` relays a
-  CLI's stdio to it.
+- The MCP socket, beside the RPC socket (`sessiond.mcp.sock` beside `sessiond.sock`;
+  mcp_entry.py binds it and lets peers in): newline-delimited JSON-RPC, MCP's stdio
+  framing, one MCP session a connection, whose caller is the peer's uid (SO_PEERCRED).
+  `sessionctl mcp` relays a CLI's stdio to it.
 
 This module imports the SDK; mcp_entry.py loads it at the first client.
 
