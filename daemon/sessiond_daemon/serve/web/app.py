@@ -1,9 +1,10 @@
 """The HTTP face's ASGI app: who is asking, which route, and the protocol's headers.
 
-Routes (docs/http.md): `/v1/stream/<session id>` (the Durable Streams protocol, streams.py)
-and `/metrics` (Prometheus). On a Unix socket the peer's uid decides, as on the RPC socket;
-on TCP a bearer token, in an `Authorization: Bearer` header or as the capability prefix
-`/t/<token>` of the path (for clients that take only a base URL).
+Routes (docs/http.md): `/v1/stream/<session id>` (the Durable Streams protocol, streams.py),
+`/metrics` (Prometheus) and `/mcp` (the MCP server, docs/mcp.md). On a Unix socket the
+peer's uid decides, as on the RPC socket; on TCP a bearer token, in an `Authorization:
+Bearer` header or as the capability prefix `/t/<token>` of the path (for clients that
+take only a base URL).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class App:
                 raise HttpError(403, "the metrics are the owner's (use the owner's token)")
             await self._metrics(scope, method, reply)
             return
-        if path == MCP_PATH and not self.metrics_only:
+        if path == MCP_PATH:
             if self.mcp is None:
                 raise HttpError(404, NOT_INSTALLED)
             # The MCP server (serve/mcp.py), answering as the caller authenticated here.
