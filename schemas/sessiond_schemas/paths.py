@@ -76,3 +76,11 @@ def http_listen_path(socket_path: str) -> str:
     """Where the daemon writes the HTTP face's bound addresses (a JSON list): beside the
     socket, so `sessionctl web` can build the page's URL."""
     return os.path.join(os.path.dirname(os.path.abspath(socket_path)), "sessiond.http-listen")
+
+
+def mcp_socket_path(socket_path: str) -> str:
+    """The MCP socket (docs/mcp.md): beside the RPC socket and named after it
+    (`sessiond.sock` -> `sessiond.mcp.sock`), so daemons sharing a directory keep their
+    own; `sessionctl mcp` relays to it."""
+    root, ext = os.path.splitext(os.path.abspath(socket_path))
+    return f"{root}.mcp{ext}"

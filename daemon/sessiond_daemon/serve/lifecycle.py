@@ -29,7 +29,7 @@ from sessiond_daemon.features.graphs import Graphs
 from sessiond_daemon.features.maintenance import Maintenance
 from sessiond_daemon.features.search import Search
 from sessiond_daemon.features.service import LiveFigures, Service
-from sessiond_daemon.serve import logs, methods
+from sessiond_daemon.serve import logs, mcp_entry, methods
 from sessiond_daemon.serve.budget import default_budget
 from sessiond_daemon.serve.config import RELOADABLE, Config, differences
 from sessiond_daemon.serve.metrics import MetricsUnavailable, require_client
@@ -280,6 +280,7 @@ class Daemon:
             assert config.socket
             listener = await bind_socket(config.socket, config.socket_mode)
             socket_path, bound = config.socket, os.lstat(config.socket)
+        mcp_bound: tuple[str, os.stat_result] | None = None
         try:
             executors.settings = replace(executors.settings, socket=socket_path)
             async with anyio.create_task_group() as serving:
@@ -288,6 +289,10 @@ class Daemon:
                 await serving.start(server.serve, listener)
                 if config.http_listen or config.metrics_listen is not None:
                     await self._start_http(serving, config, writer, server, executors, store)
+                # The MCP socket beside ours (docs/mcp.md), with the extra `mcp`.
+                mcp_bound = await mcp_entry.start_socket(
+                    serving, table, server, socket_path,
+                    lambda path: bind_socket(path, config.socket_mode))
                 if config.cleanup_older_than_days > 0:
                     serving.start_soon(_retention, maintenance, config)
                 serving.start_soon(self.expiry.run, config.expire_every_s)  # ends idle TTLs
@@ -318,6 +323,8 @@ class Daemon:
                 await listener.aclose()
                 if bound is not None:
                     _unlink_socket(socket_path, bound)
+                if mcp_bound is not None:
+                    _unlink_socket(*mcp_bound)
                 if self.http is not None:
                     self.http.close()
 

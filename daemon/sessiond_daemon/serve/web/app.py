@@ -1,9 +1,10 @@
 """The HTTP face's ASGI app: who is asking, which route, and the protocol's headers.
 
-Routes (docs/http.md): `/v1/stream/<session id>` (the Durable Streams protocol, streams.py)
-and `/metrics` (Prometheus). On a Unix socket the peer's uid decides, as on the RPC socket;
-on TCP a bearer token, in an `Authorization: Bearer` header or as the capability prefix
-`/t/<token>` of the path (for clients that take only a base URL).
+Routes (docs/http.md): `/v1/stream/<session id>` (the Durable Streams protocol, streams.py),
+`/metrics` (Prometheus) and `/mcp` (the MCP server, docs/mcp.md). On a Unix socket the
+peer's uid decides, as on the RPC socket; on TCP a bearer token, in an `Authorization:
+Bearer` header or as the capability prefix `/t/<token>` of the path (for clients that
+take only a base URL).
 
 Before either, on every listener (`hosts.py`): a request whose Host is not loopback's, the
 listener's own address or one of `http_allowed_hosts` is refused (403: a DNS-rebinding
@@ -16,12 +17,14 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 import anyio
 import structlog
 
+from sessiond_daemon.serve.mcp_entry import NOT_INSTALLED, McpLoader, sdk_installed
 from sessiond_daemon.serve.server import Peer
 from sessiond_daemon.serve.web import hosts
 from sessiond_daemon.serve.web.auth import Tokens
@@ -45,6 +48,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Metrics = Callable[[str | None], Awaitable[tuple[bytes, str]]]
 
 STREAM_PREFIX = "/v1/stream/"
+MCP_PATH = "/mcp"  # the MCP server, Streamable HTTP (docs/mcp.md)
 # A stream's content type is its writer's choice (text/html, say): a sandbox with no
 # sources keeps a browser that opens a stream URL from running what it holds.
 _SECURITY = [(b"x-content-type-options", b"nosniff"),
@@ -79,6 +83,8 @@ class App:
         self.view = view  # the web view's page and /rpc
         self.settings = settings  # read per request: SIGHUP reloads some
         self.metrics_only = metrics_only
+        # /mcp: the MCP server, loaded at its first request (none without the SDK)
+        self.mcp = McpLoader(view.calls) if view is not None and sdk_installed() else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -134,6 +140,14 @@ class App:
             if caller.uid != os.getuid():
                 raise HttpError(403, "the metrics are the owner's (use the owner's token)")
             await self._metrics(scope, method, reply)
+            return
+        if path == MCP_PATH:
+            if self.mcp is None:
+                raise HttpError(404, NOT_INSTALLED)
+            # The MCP server (serve/mcp.py), answering as the caller authenticated here.
+            server = await self.mcp.get()
+            await server.http(scope, receive, partial(_timed, scope, settings, send), caller,
+                              settings.max_body_bytes)
             return
         if self.view is not None and path.startswith(EXPORT_PREFIX) and method == "GET":
             # A session's export document, streamed a page at a time (its bytes as the
