@@ -280,7 +280,25 @@ def summarize(event: Any) -> str:
         return str(d.get("plan_id"))
     if t == "process.output":
         return f"[{d.get('stream', 'stdout')}] {_short(d.get('line'), 70)}"
+    if t in ("graph.checkpoint", "graph.writes"):
+        return graph_summary(d)
     return _short(json.dumps(d, ensure_ascii=False), 80)
+
+
+def graph_summary(d: dict[str, Any]) -> str:
+    """A LangGraph record in words: its values are LangGraph's serializer's bytes, so
+    what is said is where it sits (checkpoint, step, node) and which channels it holds."""
+    ns = f" ns {d['ns']}" if d.get("ns") else ""
+    if "writes" in d:
+        node = (d.get("task_path") or "").rpartition(", ")[2] or "-"
+        channels = [str(w.get("channel")) for w in d.get("writes") or [] if isinstance(w, dict)]
+        what = "interrupted" if "__interrupt__" in channels else "writes " + (
+            ", ".join(c for c in channels if not c.startswith("branch:")) or "-")
+        return f"task {node}{ns}: {what}"
+    meta = d.get("metadata") or {}
+    return (f"checkpoint {str(d.get('checkpoint_id'))[:13]}{ns} step {meta.get('step', '-')}"
+            f" ({meta.get('source', '-')}): " + (", ".join(
+                k for k in d.get("blobs") or {} if not k.startswith("branch:")) or "-"))
 
 
 def render_ping(r: Any) -> None:

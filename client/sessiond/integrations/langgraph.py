@@ -78,13 +78,18 @@ class SessiondSaver(BaseCheckpointSaver[str]):
 
     def __init__(self, socket: str | None = None, *,
                  serde: SerializerProtocol | None = None,
-                 ttl: TTLConfig | None = None, prices: Prices | None = None) -> None:
+                 ttl: TTLConfig | None = None, prices: Prices | None = None,
+                 readable: bool = True) -> None:
+        """`readable=False`: store the checkpoints only, not the messages and graph steps
+        every face of sessiond reads (bench/README.md "LangGraph's readable records")."""
         super().__init__(serde=serde)
         self.prices = prices  # model -> (USD per 1M input, per 1M output tokens); else cost 0
         self.client = Client(socket)
         self.aclient = LoopClient(socket)
         # LangGraph's TTLConfig: default_ttl (minutes) becomes each new thread's idle TTL.
         self.ttl_s = ttl_seconds(ttl)
+        # What each checkpoint adds that sessiond reads itself: messages, graph steps.
+        self.readable = Readable(readable)
 
     # --- opening and closing, as LangGraph's savers ------------------------------------
 
@@ -254,6 +259,12 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         with sized():
             self.client.call("graph.put", rpc.WriteResult,
                              **self._put_params(config, checkpoint, metadata, new_versions))
+        readable = self.readable.of(config, checkpoint, new_versions)
+        if readable.needs_last:
+            readable.last(self.client.get_session(readable.session_id))
+        with sized():
+            for method, params in readable.calls():
+                self.client.call(method, Any, **params)
         return self._stored_config(config, checkpoint)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -315,6 +326,12 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         with sized():
             await self.aclient.call("graph.put", rpc.WriteResult,
                                     **self._put_params(config, checkpoint, metadata, new_versions))
+        readable = self.readable.of(config, checkpoint, new_versions)
+        if readable.needs_last:
+            readable.last(await self.aclient.get_session(readable.session_id))
+        with sized():
+            for method, params in readable.calls():
+                await self.aclient.call(method, Any, **params)
         return self._stored_config(config, checkpoint)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -402,3 +419,119 @@ class _Opened:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.saver.aclose()
         self.saver.close()
+
+
+# --- what sessiond itself reads of a thread ---------------------------------------------
+#
+# A checkpoint's blobs are LangGraph's serializer's bytes, which no face of sessiond can
+# read. So each put also records, as sessiond's own events, what it adds to the root
+# graph's conversation and path: the new messages of its `messages` channel (with their
+# tool calls and results: message.append_many) and the nodes that ran in the step that
+# made it (progress.recorded, through events.append). Each is keyed by the checkpoint, so
+# a put sent again records nothing twice. Token usage is recorded from the writes
+# (`_usage`). A step's node names are read off the checkpoint's versions_seen, compared
+# with the thread's previous checkpoint put through this saver (puts come in order; the
+# writes do not): the first put of a thread in a process has nothing to compare with and
+# records no step.
+
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
+
+
+def readable_message(m: Any) -> dict[str, Any] | None:
+    """A LangChain message as a sessiond message (role, text, tool calls or the call a
+    result answers); None for what is not a conversation message (RemoveMessage, ...)."""
+    role = _ROLES.get(getattr(m, "type", ""))
+    if role is None:
+        return None
+    got = m.text  # a str (newer langchain-core: a str that may also be called) or a method
+    text = str(got) if isinstance(got, str) else got() if callable(got) else str(m.content)
+    meta: dict[str, Any] = {"langgraph": {k: v for k, v in (("id", m.id), ("name", m.name))
+                                          if v}}
+    out: dict[str, Any] = {"role": role, "content": text, "metadata": meta}
+    calls = [{"id": c.get("id"), "name": c.get("name"), "args": c.get("args")}
+             for c in getattr(m, "tool_calls", None) or []]
+    if calls:
+        meta["tool_calls"] = calls
+        if not text.strip():  # what a search finds, and a face shows, for a bare call
+            out["content"] = "\n".join(
+                f"{c['name']}({msgspec.json.encode(c['args']).decode()})" for c in calls)
+    if role == "tool":
+        out["tool_call_id"] = m.tool_call_id
+        if getattr(m, "status", None) == "error":
+            meta["is_error"] = True
+    return out
+
+
+class Readable:
+    """Per thread (and namespace) of this saver: the previous checkpoint's versions_seen
+    and the id of the last message recorded."""
+
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
+        self.seen: dict[tuple[str, str], dict[str, Any]] = {}
+        self.last_id: dict[tuple[str, str], str | None] = {}
+
+    def of(self, config: RunnableConfig, checkpoint: Checkpoint,
+           new_versions: ChannelVersions) -> _Step:
+        conf = config["configurable"]
+        return _Step(self, (conf["thread_id"], conf.get("checkpoint_ns", "")), checkpoint,
+                     self.on and "messages" in new_versions)
+
+
+class _Step:
+    """What one put records; `needs_last`: the thread's last message must be looked up
+    first (`last`) to know which messages are new."""
+
+    def __init__(self, book: Readable, key: tuple[str, str], checkpoint: Checkpoint,
+                 messages_changed: bool) -> None:
+        self.book, self.key, self.checkpoint = book, key, checkpoint
+        self.session_id = session_id_for(key[0])
+        values = checkpoint.get("channel_values") or {}
+        found = values.get("messages") if messages_changed else None
+        self.messages = found if isinstance(found, list) and not key[1] else []
+        self.needs_last = bool(self.messages) and key not in book.last_id
+
+    def last(self, state: Any) -> None:
+        m = state.last_message
+        lg = (m.metadata or {}).get("langgraph") if m is not None else None
+        self.book.last_id[self.key] = lg.get("id") if isinstance(lg, dict) else None
+
+    def calls(self) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        if not self.book.on:
+            return out
+        digest = hashlib.sha256("\0".join((*self.key, self.checkpoint["id"])).encode())
+        key = digest.hexdigest()[:40]
+        new = self._new_messages()
+        if new:
+            out.append(("message.append_many", {"session_id": self.session_id,
+                                                "messages": new,
+                                                "idempotency_key": "lg-messages:" + key}))
+        nodes = self._nodes()
+        if nodes:
+            out.append(("events.append", {
+                "session_id": self.session_id, "idempotency_key": "lg-steps:" + key,
+                "events": [{"type": "progress.recorded", "data": {"node_id": n}}
+                           for n in nodes]}))
+        return out
+
+    def _new_messages(self) -> list[dict[str, Any]]:
+        if not self.messages:
+            return []
+        last = self.book.last_id.get(self.key)
+        ids = [getattr(m, "id", None) for m in self.messages]
+        start = len(ids) - ids[::-1].index(last) if last in ids else 0
+        if last is not None and last not in ids:
+            start = len(ids)  # history rewritten (removed): only what follows is known new
+        found = [r for r in map(readable_message, self.messages[start:]) if r is not None]
+        if self.messages[start:]:
+            self.book.last_id[self.key] = ids[-1]
+        return found
+
+    def _nodes(self) -> list[str]:
+        seen = self.checkpoint.get("versions_seen") or {}
+        before = self.book.seen.get(self.key)
+        self.book.seen[self.key] = {k: dict(v) for k, v in seen.items()}
+        if before is None:
+            return []
+        return [n for n, v in seen.items() if not n.startswith("__") and before.get(n) != v]

@@ -216,6 +216,18 @@ function describe(e) {
       return ["", `output [${d.stream || "stdout"}]`, d.line];
     case "stream.chunk":
       return ["", "chunk", d.text !== undefined && d.text !== null ? d.text : `${Math.floor((d.base64 || "").length * 3 / 4)} bytes (binary)`];
+    case "graph.checkpoint": {
+      // LangGraph's values are its serializer's bytes: what is said is where it sits.
+      const m = d.metadata || {};
+      const chans = Object.keys(d.blobs || {}).filter((k) => !k.startsWith("branch:"));
+      return ["graph", `checkpoint · step ${m.step ?? "-"} (${m.source || "-"})`, `${d.checkpoint_id}${d.ns ? ` · ns ${d.ns}` : ""} · channels: ${chans.join(", ") || "-"}`];
+    }
+    case "graph.writes": {
+      const node = (d.task_path || "").split(", ").pop() || "-";
+      const chans = (d.writes || []).map((w) => w.channel);
+      if (chans.includes("__interrupt__")) return ["graph interrupt", `interrupt in ${node}`, "the graph stopped here and waits to be resumed"];
+      return ["graph", `writes of ${node}`, `channels: ${chans.filter((c) => !String(c).startsWith("branch:")).join(", ") || "-"}`];
+    }
     case "session.forked":
       return ["", "forked", `from ${d.from && d.from.session_id} at v${d.from && d.from.version}`];
     default:
