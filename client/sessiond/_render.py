@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from sessiond_schemas.toolcalls import input_text, is_call_text, tool_calls
+from sessiond_schemas.toolcalls import input_text, is_call_text, message_calls
 
 
 def _console() -> Any:
@@ -183,7 +183,8 @@ def message_text(m: Any, names: dict[str, str], width: int = 80) -> str:
     (`→ name(input)`); a tool result says whose call it answers (`↳ name: …`). `names`
     gathers the calls' names by id as the messages go by."""
     d = m if isinstance(m, dict) else msgspec.to_builtins(m)
-    content, calls = d.get("content") or "", tool_calls(d.get("metadata"))
+    content = d.get("content") or ""
+    calls = message_calls(d.get("metadata"), content)
     for c in calls:
         if c["id"]:
             names[c["id"]] = c["name"]

@@ -37,6 +37,19 @@ def tool_calls(metadata: dict[str, Any] | None) -> list[ToolCall]:
     return out
 
 
+def message_calls(metadata: dict[str, Any] | None, content: str) -> list[ToolCall]:
+    """A message's calls (`tool_calls`), each call's input taken from the content when the
+    call holds none (the Agents SDK and ADK store the arguments once, in the content,
+    as `name(arguments)`, a line a call)."""
+    calls = tool_calls(metadata)
+    lines = content.strip().split("\n") if len(calls) > 1 else [content.strip()]
+    if len(lines) == len(calls):
+        for c, line in zip(calls, lines, strict=True):
+            if c["input"] is None and line.startswith(f"{c['name']}(") and line.endswith(")"):
+                c["input"] = line[len(c["name"]) + 1:-1]
+    return calls
+
+
 def input_text(value: Any) -> str:
     """A call's input on one line: a JSON string parsed first, then compact JSON."""
     if isinstance(value, str):

@@ -17,7 +17,7 @@ from sessiond_schemas.events import (
     ProcessOutput,
     ProcessStarted,
 )
-from sessiond_schemas.toolcalls import is_call_text, tool_calls
+from sessiond_schemas.toolcalls import is_call_text, message_calls
 
 # The events a trajectory is read from.
 TRAJECTORY_TYPES = ("message.appended", "process.started", "process.output", "process.exited")
@@ -63,7 +63,7 @@ def message_steps(m: MessageAppended, turn: int) -> list[rpc.Step]:
     if m.role == "tool":
         return [rpc.Step(type="tool_result", summary=m.content, turn=turn,
                          details={"id": m.tool_call_id})]
-    calls = tool_calls(m.metadata)
+    calls = message_calls(m.metadata, m.content)
     out = [] if calls and is_call_text(m.content, calls) else [
         rpc.Step(type="message", summary=m.content, turn=turn, details={"role": m.role})]
     for c in calls:

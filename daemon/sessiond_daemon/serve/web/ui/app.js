@@ -248,16 +248,18 @@ class Timeline {
   }
 
   item(e) {
-    const [cls, label, body] = describe(e);
     const d = e.data || {};
+    const calls = e.type === "message.appended" ? toolCalls(d) : [];
+    const [cls, label, described] = describe(e);
+    const body = calls.length && isCallText(d.content, calls) ? null : described;
     const inherited = e.session_id && this.own && e.session_id !== this.own;
     const el = h("li", { class: `ev ${cls}${inherited ? " inherited" : ""}`, "data-version": e.version, "data-type": e.type,
       "data-session": inherited ? e.session_id : null },
       h("div", { class: "meta" }, h("span", {}, `v${e.version}`), h("span", { title: e.recorded_at }, e.recorded_at.slice(11, 19)), h("b", {}, label),
         inherited ? h("span", { class: "from" }, "from ", sessionLink(e.session_id)) : null),
       body ? h("div", { class: "body" }, body) : null);
-    if (e.type === "message.appended") {
-      for (const c of toolCalls(d)) {
+    if (calls.length) {
+      for (const c of calls) {
         const call = h("div", { class: "call", "data-call": c.id || "", "data-tool": c.name },
           h("div", {}, h("b", { class: "tool" }, c.name), c.id ? h("span", { class: "muted" }, ` · ${c.id}`) : null),
           c.input !== undefined && c.input !== null ? h("pre", { class: "input" }, showInput(c.input)) : null);
@@ -288,17 +290,35 @@ class Timeline {
 }
 
 export function toolCalls(d) {
-  // The tool calls a message makes, whoever wrote them, as {id, name, input}:
-  // metadata.tool_calls of the importers ({id, name, input}), OpenAI's
-  // ({id, function: {name, arguments}}), LangChain's ({id, name, args}), the Agents SDK's
-  // ({call_id, name, arguments}), ADK's function_calls ({id, name, args}).
+  // The tool calls a message makes, whoever wrote them, as {id, name, input}, as
+  // sessiond_schemas/toolcalls.py reads them: metadata.tool_calls of the importers
+  // ({id, name, input}), OpenAI's ({id, function: {name, arguments}}), LangChain's
+  // ({id, name, args}), the Agents SDK's ({call_id, name, arguments}), ADK's
+  // function_calls ({id, name, args}). A call without its input (the Agents SDK and ADK
+  // keep it once, in the content: `name(arguments)`, a line a call) takes it from there.
   const m = d.metadata || {};
   const calls = [m.tool_calls, m.function_calls].filter(Array.isArray).flat();
-  return calls.filter((c) => c && typeof c === "object").map((c) => {
+  const out = calls.filter((c) => c && typeof c === "object").map((c) => {
     const f = c.function && typeof c.function === "object" ? c.function : {};
     const input = [c.input, c.args, c.arguments, f.arguments].find((x) => x !== undefined && x !== null);
-    return { id: c.id || c.call_id || c.tool_call_id || null, name: c.name || f.name || c.type || "tool", input };
+    return { id: c.id || c.call_id || null, name: String(c.name || f.name || c.type || "tool"), input };
   });
+  const content = (d.content || "").trim();
+  const lines = out.length > 1 ? content.split("\n") : [content];
+  if (lines.length === out.length) {
+    out.forEach((c, i) => {
+      if ((c.input === undefined || c.input === null) && lines[i].startsWith(`${c.name}(`) && lines[i].endsWith(")")) {
+        c.input = lines[i].slice(c.name.length + 1, -1);
+      }
+    });
+  }
+  return out;
+}
+
+function isCallText(content, calls) {
+  // The message's text only names its calls (`Grep({...})`): the calls say it all.
+  const text = (content || "").trim();
+  return calls.length > 0 && text.startsWith(`${calls[0].name}(`) && text.endsWith(")");
 }
 
 function showInput(input) {
