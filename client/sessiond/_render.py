@@ -237,11 +237,12 @@ def render_events(r: Any) -> None:
                           markup=False, style="dim")
     else:  # one line an event, as `watch` prints them: fits 80 columns
         shown = short_ids(sorted({e.session_id for e in page.events}))
+        names: dict[str, str] = {}
         for e in page.events:
             mark = "^" if own and e.session_id != own else " "
             console.print(f"{mark}{e.position:>5} {e.recorded_at[11:19]} "
                           f"{shown[e.session_id]:<10.10} v{e.version:<4} {e.type:<20}"
-                          f" {summarize(e)}", highlight=False,
+                          f" {summarize(e, names)}", highlight=False,
                           no_wrap=True, overflow="ellipsis", markup=False)
     if page.next is not None:
         console.print(f"more from: {page.next}", highlight=False)
@@ -254,12 +255,13 @@ def render_checkpoints(r: Any) -> None:
     _console().print(table)
 
 
-def summarize(event: Any) -> str:
-    """One short, readable line about an event's data."""
+def summarize(event: Any, names: dict[str, str] | None = None) -> str:
+    """One short, readable line about an event's data (`names`: the tool calls' names by
+    id, gathered over the events shown, so a result names the call it answers)."""
     d, t = event.fields(), event.type
     if t == "message.appended":
-        return f"#{d.get('sequence')} {d.get('role')}: {message_text(d, {}, 70)}".replace(
-            "\n", " ")
+        text = message_text(d, {} if names is None else names, 70)
+        return f"#{d.get('sequence')} {d.get('role')}: {text}".replace("\n", " ")
     if t == "session.status_changed":
         why = d.get("reason") or d.get("error")
         return f"{d.get('from')} -> {d.get('to')}" + (f" ({_short(why, 50)})" if why else "")

@@ -455,6 +455,8 @@ def readable_message(m: Any) -> dict[str, Any] | None:
         if not text.strip():  # what a search finds, and a face shows, for a bare call
             out["content"] = "\n".join(
                 f"{c['name']}({msgspec.json.encode(c['args']).decode()})" for c in calls)
+    if not out["content"].strip():  # sessiond keeps no blank message
+        out["content"] = f"[{m.type} message]"
     if role == "tool":
         out["tool_call_id"] = m.tool_call_id
         if getattr(m, "status", None) == "error":
