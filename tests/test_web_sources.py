@@ -18,19 +18,15 @@ from typing import Any
 
 import anyio
 import pytest
+import test_web
 from conftest import Daemon
-from test_web import (  # noqa: F401  (fixtures: browser, shots, daemon_overrides)
-    WAIT_MS,
-    browser,
-    daemon_overrides,
-    new_page,
-    page_url,
-    shots,
-)
+from test_web import WAIT_MS, new_page, page_url
 
 from sessiond import AsyncClient
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
+# test_web's fixtures: Debian's chromium, the screenshots' folder, an HTTP listener
+browser, shots, daemon_overrides = test_web.browser, test_web.shots, test_web.daemon_overrides
 
 TRANSCRIPTS = Path(__file__).parent / "fixtures" / "transcripts"
 CLAUDE_CODE = (TRANSCRIPTS / "claude-code" / "projects" / "-home-dev-shop"
@@ -79,7 +75,7 @@ async def langgraph(daemon: Daemon, client: AsyncClient) -> Source:
     from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
     from langgraph.graph import END, START, StateGraph
     from langgraph.graph.message import add_messages
-    from langgraph.types import Command, interrupt
+    from langgraph.types import interrupt
 
     from sessiond.integrations.langgraph import SessiondSaver
 

@@ -212,6 +212,10 @@ function describe(e) {
       return ["", `step ${d.node_id}`, [d.edge && `edge ${d.edge}`, d.latency_ms ? `${d.latency_ms} ms` : "", d.tokens ? `${d.tokens} tokens` : "", d.retries ? `${d.retries} retries` : "", d.failed ? "FAILED" : ""].filter(Boolean).join(" · ")];
     case "checkpoint.saved":
       return ["", `checkpoint ${d.checkpoint_id}`, `node ${d.node_id || "-"} · ${d.size ?? "?"} B`];
+    case "process.started":
+      return ["", `process started · turn ${d.turn}`, `pid ${d.pid}${d.host ? ` on ${d.host}` : ""} · ${(d.argv || []).join(" ").slice(0, 200)}`];
+    case "process.exited":
+      return ["", `process exited · turn ${d.turn}`, [d.signal ? `signal ${d.signal}` : `exit code ${d.exit_code ?? "?"}`, d.lines !== undefined && d.lines !== null ? `${d.lines} lines` : ""].filter(Boolean).join(" · ")];
     case "process.output":
       return ["", `output [${d.stream || "stdout"}]`, d.line];
     case "stream.chunk":
@@ -621,7 +625,8 @@ async function executorPane(root, state) {
     rpc("session.output", { session_id: state.session_id }).catch((e) => ({ error: e.message })),
   ]);
   const steps = trajectory.steps || [];
-  const running = state.pid !== null && state.pid !== undefined;
+  const running = state.pid !== null && state.pid !== undefined && (state.exit_code === null || state.exit_code === undefined)
+    && ENDABLE.has(state.status);
   fill(root,
     h("p", { id: "process" }, `turn ${state.turn} · `, running ? `running, pid ${state.pid}` : "not running",
       " · exit ", h("span", { id: "exit-code" }, state.exit_code ?? "-"), ` · adapter ${state.adapter || "-"}`),
