@@ -113,8 +113,12 @@ async def langgraph(daemon: Daemon, client: AsyncClient) -> Source:
     assert (await graph.aget_state(thread)).interrupts  # stopped at the review
     await saver.aclose()
     saver.close()
+    RESUME.append(lambda: builder.compile(checkpointer=SessiondSaver(daemon.socket)))
     return Source("weather-thread", "It is sunny in Paris", "get_weather", "call-w1",
                   '"city": "Paris"', "sunny, 21C", ("Graph progress",))
+
+
+RESUME: list[Callable[[], Any]] = []  # the last langgraph() graph, on a saver of its own
 
 
 async def adk(daemon: Daemon, client: AsyncClient) -> Source:
@@ -277,6 +281,17 @@ class TestEverySource:
                                         daemon.socket, "show", source.session_id])
         assert "node agent  steps 3" in done.stdout.decode()
 
+        # Resumed by another saver (another process): it records what the resume adds,
+        # never the thread's messages again.
+        from langgraph.types import Command
+
+        graph = RESUME.pop()()
+        await graph.ainvoke(Command(resume="yes"), {"configurable": {
+            "thread_id": "weather-thread"}})
+        messages = (await client.list_messages(source.session_id)).messages
+        assert [m.content for m in messages[3:]] == [
+            "It is sunny in Paris, 21C.", "the reviewer says yes"]
+
     async def test_a_fork_marks_what_it_inherited(self, daemon: Daemon, client: AsyncClient,
                                                   browser: Any) -> None:
         await fork(daemon, client)
@@ -355,10 +370,14 @@ class TestHostOnAPhone:
         await client.create_session("h-1", actor_name="team/a-rather-long-actor-name")
         await client.record_tokens("h-1", input_tokens=1200, output_tokens=300,
                                    estimated_cost=0.01)
+        await claude_code(daemon, client)  # usage of 2025, arriving after this minute's
         page, _ = await new_page(browser, 390, 844)
         await page.goto(page_url(daemon) + "#/host")
-        await page.locator("[data-actor='team/a-rather-long-actor-name']").wait_for(
-            timeout=WAIT_MS)
+        row = page.locator("[data-actor='team/a-rather-long-actor-name']")
+        await row.wait_for(timeout=WAIT_MS)
         assert await page.evaluate("document.documentElement.scrollWidth") <= 390
+        # Windows by the events' own time: the import's tokens are no one's spend now.
+        assert await page.locator("#actors tbody tr").count() == 1
+        assert "1500" in await row.inner_text()
         if store_kind == "sqlite":
             await page.screenshot(path=str(shots / "host-phone.png"), full_page=True)

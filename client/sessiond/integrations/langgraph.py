@@ -494,9 +494,13 @@ class _Step:
         self.needs_last = bool(self.messages) and key not in book.last_id
 
     def last(self, state: Any) -> None:
+        """What the session's last message says of the thread's messages recorded: none
+        (an empty session), up to this LangGraph message id, or, when the last message is
+        not one of this saver's (`""`), unknown: only what later puts add is recorded."""
         m = state.last_message
         lg = (m.metadata or {}).get("langgraph") if m is not None else None
-        self.book.last_id[self.key] = lg.get("id") if isinstance(lg, dict) else None
+        self.book.last_id[self.key] = None if m is None else \
+            str(lg.get("id") or "") if isinstance(lg, dict) else ""
 
     def calls(self) -> list[tuple[str, dict[str, Any]]]:
         out: list[tuple[str, dict[str, Any]]] = []
@@ -524,7 +528,8 @@ class _Step:
         ids = [getattr(m, "id", None) for m in self.messages]
         start = len(ids) - ids[::-1].index(last) if last in ids else 0
         if last is not None and last not in ids:
-            start = len(ids)  # history rewritten (removed): only what follows is known new
+            # History rewritten (a message removed), or not known: what follows is new.
+            start = len(ids)
         found = [r for r in map(readable_message, self.messages[start:]) if r is not None]
         if self.messages[start:]:
             self.book.last_id[self.key] = ids[-1]
