@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from sessiond_schemas import rpc
+from sessiond_schemas.errors import SessionNotFoundError
 from sessiond_schemas.events import STATUSES
 
 from .._render import Events, print_kv, render_events
@@ -46,7 +47,10 @@ def session_events(c: Client, sid: str, start: int, limit: int,
     link = c.get_session(sid).forked_from
     while link is not None and len(chain) <= 20:
         chain.append((link.session_id, link.version))
-        link = c.get_session(link.session_id).forked_from
+        try:
+            link = c.get_session(link.session_id).forked_from
+        except SessionNotFoundError:  # a source gone: its events are not there to show
+            break
     events: list[Any] = []
     low, nxt = 1, None
     for holder, high in reversed(chain):  # the oldest source's versions first
