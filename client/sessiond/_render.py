@@ -101,7 +101,9 @@ def render_state(s: Any) -> None:
         ("tokens", f"in {u.input_tokens}  out {u.output_tokens}  cost {u.estimated_cost:.4f}"),
         ("progress", f"node {p.current_node or '-'}  steps {p.steps_executed}  "
                      f"retries {p.total_retries}  quality {p.execution_quality}"),
-        ("checkpoints", f"{s.checkpoint_count} (latest {s.latest_checkpoint_id or '-'})"),
+        ("checkpoints", f"{s.checkpoint_count} (latest {s.latest_checkpoint_id or '-'})"
+         if s.checkpoint_count or s.source != "langgraph" else
+         "LangGraph's: events --type graph.checkpoint"),
         ("resumable", f"{s.is_resumable} (from checkpoint: {s.is_resumable_from_checkpoint})"),
         ("error", s.error),
     ]

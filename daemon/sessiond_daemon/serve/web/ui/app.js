@@ -350,7 +350,8 @@ async function sessionView(id) {
       fact("version", state.version, "version"), fact("messages", state.message_count, "messages"),
       fact("tokens in / out", `${u.input_tokens} / ${u.output_tokens}`, "tokens"), fact("cost", money(u.estimated_cost), "cost"),
       fact("created", ago(state.timestamps.created_at)), fact("updated", ago(state.timestamps.updated_at), "updated"),
-      fact("checkpoints", state.checkpoint_count, "checkpoints"), fact("model", state.model || "-", "model")));
+      state.checkpoint_count || state.source !== "langgraph" ? fact("checkpoints", state.checkpoint_count, "checkpoints")
+        : fact("checkpoints", "LangGraph's: in the timeline"), fact("model", state.model || "-", "model")));
   const travel = h("form", { class: "actions", "aria-label": "Time travel", onsubmit: (e) => {
     e.preventDefault();
     const v = new FormData(e.target).get("v");
