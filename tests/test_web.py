@@ -405,6 +405,21 @@ class TestTwoDaemonsOneFolder:
             async with httpx.AsyncClient(timeout=30) as http:  # b is gone; a still opens
                 assert (await http.get(page_url(a))).status_code == 200
 
+    async def test_an_earlier_releases_files_are_read(self, short_dir: str) -> None:
+        """A daemon of an earlier release wrote sessiond.http-* whatever its socket's name:
+        `sessionctl web` and `http-token` read them when the socket's own are not there."""
+        from conftest import daemon_config, running_daemon
+
+        sock = os.path.join(short_dir, "old.sock")
+        Path(short_dir, "sessiond.http-listen").write_text('["127.0.0.1:4999"]\n')
+        Path(short_dir, "sessiond.http-token").write_text("old-token\n")
+        async with running_daemon(daemon_config(short_dir, socket=sock)):
+            for args, want in ((["web", "--print"], "http://127.0.0.1:4999/t/old-token/ui/"),
+                               (["http-token"], "old-token")):
+                done = await anyio.run_process([sys.executable, "-m", "sessiond.cli",
+                                                "--socket", sock, *args], check=False)
+                assert done.stdout.decode().strip() == want, done.stderr
+
 
 class TestFavicon:
     async def test_favicon_is_no_401(self, daemon: Daemon) -> None:

@@ -35,6 +35,15 @@ def beside_socket(socket_path: str, suffix: str) -> str:
     return os.path.join(os.path.dirname(path), f"{stem}.{suffix}")
 
 
+def older_names(path: str) -> list[str]:
+    """`path` (a file `beside_socket`), then the name every socket's file had before they
+    were named after their socket (`sessiond.http-token`, ...), if that is another: what a
+    reader falls back to for a daemon of an earlier release on a socket of another name."""
+    folder, name = os.path.split(path)
+    old = os.path.join(folder, "sessiond." + name.rpartition(".")[2])
+    return [path] if old == path else [path, old]
+
+
 def http_token_path(socket_path: str, *, peer: bool = False) -> str:
     """The HTTP face's bearer token file (the peer token's with `peer`): beside the socket,
     named after it (`beside_socket`)."""
