@@ -113,7 +113,7 @@ async def langgraph(daemon: Daemon, client: AsyncClient) -> Source:
     assert (await graph.aget_state(thread)).interrupts  # stopped at the review
     await saver.aclose()
     saver.close()
-    RESUME.append(lambda: builder.compile(checkpointer=SessiondSaver(daemon.socket)))
+    RESUME[:] = [lambda: builder.compile(checkpointer=SessiondSaver(daemon.socket))] * 2
     return Source("weather-thread", "It is sunny in Paris", "get_weather", "call-w1",
                   '"city": "Paris"', "sunny, 21C", ("Graph progress",))
 
@@ -291,6 +291,17 @@ class TestEverySource:
         messages = (await client.list_messages(source.session_id)).messages
         assert [m.content for m in messages[3:]] == [
             "It is sunny in Paris, 21C.", "the reviewer says yes"]
+
+        # A message not of the saver's last: a new saver records what later puts add.
+        from langchain_core.messages import HumanMessage
+
+        await client.append_message(source.session_id, "user", "a note by hand")
+        await RESUME.pop()().ainvoke({"messages": [HumanMessage(content="and Rome?")]},
+                                     {"configurable": {"thread_id": "weather-thread"}})
+        messages = (await client.list_messages(source.session_id)).messages
+        assert [m.content for m in messages[5:]] == [
+            "a note by hand", 'get_weather({"city":"Paris"})', "sunny, 21C",
+            "It is sunny in Paris, 21C."]
 
     async def test_a_fork_marks_what_it_inherited(self, daemon: Daemon, client: AsyncClient,
                                                   browser: Any) -> None:

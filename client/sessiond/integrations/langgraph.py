@@ -19,7 +19,7 @@ import hashlib
 import math
 import random
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -263,8 +263,9 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         if readable.needs_last:
             readable.last(self.client.get_session(readable.session_id))
         with sized():
-            for method, params in readable.calls():
+            for method, params, recorded in readable.calls():
                 self.client.call(method, Any, **params)
+                recorded()
         return self._stored_config(config, checkpoint)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -330,8 +331,9 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         if readable.needs_last:
             readable.last(await self.aclient.get_session(readable.session_id))
         with sized():
-            for method, params in readable.calls():
+            for method, params, recorded in readable.calls():
                 await self.aclient.call(method, Any, **params)
+                recorded()
         return self._stored_config(config, checkpoint)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -502,28 +504,38 @@ class _Step:
         self.book.last_id[self.key] = None if m is None else \
             str(lg.get("id") or "") if isinstance(lg, dict) else ""
 
-    def calls(self) -> list[tuple[str, dict[str, Any]]]:
-        out: list[tuple[str, dict[str, Any]]] = []
+    def calls(self) -> list[tuple[str, dict[str, Any], Callable[[], None]]]:
+        """The calls to make, each with what to do once it is made: the thread's book
+        moves on only past what was recorded (a call that fails leaves it, so the next
+        put records what this one did not, and nothing twice)."""
+        out: list[tuple[str, dict[str, Any], Callable[[], None]]] = []
         if not self.book.on:
             return out
         digest = hashlib.sha256("\0".join((*self.key, self.checkpoint["id"])).encode())
         key = digest.hexdigest()[:40]
-        new = self._new_messages()
+        new, last = self._new_messages()
         if new:
             out.append(("message.append_many", {"session_id": self.session_id,
                                                 "messages": new,
-                                                "idempotency_key": "lg-messages:" + key}))
-        nodes = self._nodes()
+                                                "idempotency_key": "lg-messages:" + key},
+                        lambda: self.book.last_id.__setitem__(self.key, last)))
+        elif last is not _UNSET:  # nothing to record, but where the next put's start
+            self.book.last_id[self.key] = last
+        nodes, seen = self._nodes()
         if nodes:
             out.append(("events.append", {
                 "session_id": self.session_id, "idempotency_key": "lg-steps:" + key,
                 "events": [{"type": "progress.recorded", "data": {"node_id": n}}
-                           for n in nodes]}))
+                           for n in nodes]}, lambda: self.book.seen.__setitem__(self.key, seen)))
+        else:
+            self.book.seen[self.key] = seen
         return out
 
-    def _new_messages(self) -> list[dict[str, Any]]:
+    def _new_messages(self) -> tuple[list[dict[str, Any]], Any]:
+        """The messages not recorded yet, and the id to take the next put's from (the
+        channel's last message's; _UNSET when the channel is not in this put)."""
         if not self.messages:
-            return []
+            return [], _UNSET
         last = self.book.last_id.get(self.key)
         ids = [getattr(m, "id", None) for m in self.messages]
         start = len(ids) - ids[::-1].index(last) if last in ids else 0
@@ -531,14 +543,17 @@ class _Step:
             # History rewritten (a message removed), or not known: what follows is new.
             start = len(ids)
         found = [r for r in map(readable_message, self.messages[start:]) if r is not None]
-        if self.messages[start:]:
-            self.book.last_id[self.key] = ids[-1]
-        return found
+        return found, ids[-1]  # from here on, what follows it is new
 
-    def _nodes(self) -> list[str]:
+    def _nodes(self) -> tuple[list[str], dict[str, Any]]:
+        """The nodes that ran in this step, and the versions_seen to compare the next with."""
         seen = self.checkpoint.get("versions_seen") or {}
         before = self.book.seen.get(self.key)
-        self.book.seen[self.key] = {k: dict(v) for k, v in seen.items()}
+        now = {k: dict(v) for k, v in seen.items()}
         if before is None:
-            return []
-        return [n for n, v in seen.items() if not n.startswith("__") and before.get(n) != v]
+            return [], now
+        return [n for n, v in seen.items()
+                if not n.startswith("__") and before.get(n) != v], now
+
+
+_UNSET: Any = object()
