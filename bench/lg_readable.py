@@ -7,7 +7,8 @@ Each turn is a real compiled StateGraph run (LangGraph's own loop, no model: fix
 messages): a user message, an agent step that calls a tool, the tool's step, the agent's
 answer; four checkpoints. SessiondSaver runs it with `readable=False` (the checkpoints
 only) and with the readable records (the new messages through message.append_many, the
-nodes that ran as progress.recorded through events.append), each against a fresh daemon.
+nodes that ran as progress.recorded through events.append), each against a daemon of its
+own, their turns interleaved (so the machine's drift hits both alike).
 Printed: the median milliseconds of a turn and of a step (a checkpoint), the events and
 database bytes a step adds.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -27,7 +29,7 @@ from .sdks import db_bytes
 STEPS_A_TURN = 4  # input, agent, tools, agent
 
 
-async def run(readable: bool, turns: int) -> dict[str, float]:
+async def run(turns: int) -> dict[bool, dict[str, float]]:
     from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
     from langgraph.graph import START, StateGraph
     from langgraph.graph.message import add_messages
@@ -61,39 +63,50 @@ async def run(readable: bool, turns: int) -> dict[str, float]:
         "agent", lambda s: "tools" if getattr(s["messages"][-1], "tool_calls", None)
         else "__end__")
     builder.add_edge("tools", "agent")
+    out: dict[bool, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="sdl-") as directory:
-        daemon = DaemonProcess(directory)
-        await daemon.start()
+        daemons = {on: DaemonProcess(os.path.join(directory, "on" if on else "off"))
+                   for on in (False, True)}
+        for d in daemons.values():
+            os.mkdir(os.path.dirname(d.socket))
+            await d.start()
         try:
-            saver = SessiondSaver(daemon.socket, readable=readable)
-            graph = builder.compile(checkpointer=saver)
+            savers = {on: SessiondSaver(d.socket, readable=on) for on, d in daemons.items()}
+            graphs = {on: builder.compile(checkpointer=s) for on, s in savers.items()}
             thread: Any = {"configurable": {"thread_id": "bench-1"}}
-            await graph.ainvoke({"messages": [HumanMessage(content="warm up")]}, thread)
-            async with AsyncClient(daemon.socket) as c:
-                v0 = (await c.get_session("bench-1")).version
-            before = db_bytes(daemon.db)
-            times = []
-            for i in range(turns):
-                t0 = time.perf_counter()
-                await graph.ainvoke(
-                    {"messages": [HumanMessage(content=f"weather in Paris? ({i})")]}, thread)
-                times.append(time.perf_counter() - t0)
-            async with AsyncClient(daemon.socket) as c:
-                v1 = (await c.get_session("bench-1")).version
-            grown = db_bytes(daemon.db) - before
-            await saver.aclose()
-            saver.close()
+            before: dict[bool, tuple[int, int]] = {}
+            for on, graph in graphs.items():
+                await graph.ainvoke({"messages": [HumanMessage(content="warm up")]}, thread)
+                async with AsyncClient(daemons[on].socket) as c:
+                    v0 = (await c.get_session("bench-1")).version
+                before[on] = (v0, db_bytes(daemons[on].db))
+            times: dict[bool, list[float]] = {False: [], True: []}
+            for i in range(turns):  # the two interleaved: the machine's drift hits both
+                for on in ((False, True) if i % 2 else (True, False)):
+                    t0 = time.perf_counter()
+                    await graphs[on].ainvoke(
+                        {"messages": [HumanMessage(content=f"weather in Paris? ({i})")]},
+                        thread)
+                    times[on].append(time.perf_counter() - t0)
+            steps = turns * STEPS_A_TURN
+            for on in (False, True):
+                async with AsyncClient(daemons[on].socket) as c:
+                    v1 = (await c.get_session("bench-1")).version
+                turn_ms = statistics.median(times[on]) * 1000
+                out[on] = {"turn_ms": turn_ms, "step_ms": turn_ms / STEPS_A_TURN,
+                           "events_per_step": (v1 - before[on][0]) / steps,
+                           "bytes_per_step": (db_bytes(daemons[on].db) - before[on][1]) / steps}
+                await savers[on].aclose()
+                savers[on].close()
         finally:
-            daemon.stop()
-    turn_ms = statistics.median(times) * 1000
-    steps = turns * STEPS_A_TURN
-    return {"turn_ms": turn_ms, "step_ms": turn_ms / STEPS_A_TURN,
-            "events_per_step": (v1 - v0) / steps, "bytes_per_step": grown / steps}
+            for d in daemons.values():
+                d.stop()
+    return out
 
 
 async def main(turns: int) -> None:
-    off = await run(False, turns)
-    on = await run(True, turns)
+    both = await run(turns)
+    off, on = both[False], both[True]
     print("| LangGraph chat turn (4 steps) | checkpoints only | with readable records | ratio |")
     print("| --- | --- | --- | --- |")
     for key, label in (("turn_ms", "ms a turn (median)"), ("step_ms", "ms a step"),
