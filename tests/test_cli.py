@@ -22,10 +22,12 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
 
 
 async def ctl(daemon: Daemon, *args: str, stdin: str | None = None,
-              check: bool = True) -> subprocess.CompletedProcess[str]:
+              check: bool = True, columns: int | None = None,
+              ) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket, *args]
+    env = {**os.environ, "COLUMNS": str(columns)} if columns else None
     result = await anyio.run_process(cmd, input=stdin.encode() if stdin is not None else None,
-                                     check=False)
+                                     check=False, env=env)
     done = subprocess.CompletedProcess(cmd, result.returncode, result.stdout.decode(),
                                        result.stderr.decode())
     if check and done.returncode != 0:
@@ -412,3 +414,126 @@ class TestNonFiniteNumbers:
         assert (await client.ping()).pong  # the connection is still good
         with pytest.raises(SessiondError):
             await client.get_session("nf3")
+
+
+CLAUDE_CODE = os.path.join(os.path.dirname(__file__), "fixtures", "transcripts", "claude-code",
+                           "projects", "-home-dev-shop",
+                           "3f6b1c2a-9d84-4e1b-a7c5-1e2f3a4b5c6d.jsonl")
+CC_ID = "3f6b1c2a-9d84-4e1b-a7c5-1e2f3a4b5c6d"
+
+
+class TestEveryFaceReadsTheConversation:
+    """Issue 44 §2: a session reads as its conversation whoever wrote it: tool calls with
+    the tool's name and input, each result under its call, every turn in the trajectory."""
+
+    async def test_an_imported_claude_code_session(self, daemon: Daemon) -> None:
+        await ctl(daemon, "import", "--format", "claude-code", CLAUDE_CODE)
+        messages = (await ctl(daemon, "messages", CC_ID, columns=120)).stdout
+        assert '→ Grep({"' in messages and '"pattern": "def total"' in messages
+        assert "↳ Grep: shop/cart.py:41" in messages  # the result names its call
+        steps = (await ctl(daemon, "trajectory", CC_ID)).stdout.splitlines()
+        assert [line.split()[1] for line in steps] == [
+            "user", "message", "tool_call", "tool_result", "message", "user"]
+        assert "Grep({" in steps[2] and '"path": "shop"' in steps[2]
+        assert "quantize to cents" in steps[4]
+        full = await ctl_json(daemon, "trajectory", CC_ID, "--full")
+        assert full[2]["details"] == {"id": "toolu_01Qw3rTy5uIo7pAs9dFg1hJk",
+                                      "input": {"path": "shop", "pattern": "def total"}}
+        events = (await ctl(daemon, "events", CC_ID, columns=200)).stdout
+        assert "#2 assistant: → Grep(" in events and "#3 tool: ↳ Grep:" in events
+
+    async def test_a_clients_own_tool_calls(self, daemon: Daemon, client: AsyncClient) -> None:
+        """OpenAI's shape of metadata.tool_calls, as a client writes it."""
+        await client.create_session("own-1")
+        await client.append_message("own-1", "user", "what is 6 x 7?")
+        call = {"id": "c-9", "type": "function",
+                "function": {"name": "multiply", "arguments": '{"a": 6, "b": 7}'}}
+        await client.append_message("own-1", "assistant", "let me compute",
+                                    metadata={"tool_calls": [call]})
+        await client.append_message("own-1", "tool", "42", tool_call_id="c-9")
+        out = (await ctl(daemon, "messages", "own-1", columns=120)).stdout
+        assert '→ multiply({"a": 6, "b": 7})' in out and "↳ multiply: 42" in out
+        steps = (await ctl(daemon, "trajectory", "own-1")).stdout
+        assert 'tool_call    multiply({"a": 6, "b": 7})' in steps
+        assert "tool_result  42" in steps
+
+    async def test_a_forks_events_hold_what_it_inherited(self, daemon: Daemon,
+                                                         client: AsyncClient) -> None:
+        await client.create_session("src-1", task="the source")
+        await client.append_message("src-1", "user", "before the fork")
+        fork = await client.fork("src-1", new_session_id="fork-1")
+        await client.append_message("fork-1", "assistant", "after the fork")
+        text = (await ctl(daemon, "events", "fork-1", columns=100)).stdout
+        assert "inherited: the events of src-1" in text
+        lines = [x for x in text.splitlines() if " v" in x]
+        assert [x.lstrip("^").split()[4] for x in lines] == [
+            "session.created", "message.appended", "session.forked", "message.appended"]
+        assert lines[0].startswith("^") and lines[1].startswith("^")  # the source's
+        assert not lines[2].startswith("^")
+        got = await ctl_json(daemon, "events", "fork-1")
+        assert [(e["session_id"], e["version"]) for e in got["events"]] == [
+            ("src-1", 1), ("src-1", 2), ("fork-1", 3), ("fork-1", 4)]
+        assert fork.version == 3
+        page = await ctl_json(daemon, "events", "fork-1", "--from-version", "2", "--limit", "2")
+        assert [e["version"] for e in page["events"]] == [2, 3] and page["next"] == 4
+
+
+class TestFiguresSayWhatTheyCount:
+    async def test_show_says_how_long_an_active_session_ran(self, daemon: Daemon,
+                                                            client: AsyncClient) -> None:
+        """An active session's duration_ms is 0 (it is set at the end): show says the
+        time from its start to its last event instead, and that it has not ended."""
+        await ctl(daemon, "import", "--format", "claude-code", CLAUDE_CODE)
+        out = (await ctl(daemon, "show", CC_ID)).stdout
+        assert "duration_ms" not in out
+        assert "2m 10s to its last event (active, not ended)" in out  # 09:14:02 to 09:16:12
+
+    async def test_stats_says_what_events_and_last_position_count(
+            self, daemon: Daemon, client: AsyncClient) -> None:
+        await client.create_session("gone-1")
+        await client.delete_session("gone-1")
+        out = (await ctl(daemon, "stats", columns=200)).stdout
+        assert "events: events stored now" in out
+        assert "last_position: the newest event's global position" in out
+        assert "since deleted" in out
+
+
+class TestEightyColumns:
+    async def test_ping_lists_every_method(self, daemon: Daemon) -> None:
+        out = (await ctl(daemon, "ping", columns=80)).stdout
+        methods = (await ctl_json(daemon, "ping"))["methods"]
+        listed = out.split("methods:", 1)[1].split()
+        assert listed[0] == str(len(methods)) and listed[1:] == methods
+        assert all(len(line) <= 80 for line in out.splitlines())
+
+    async def test_search_and_events_wide_fit(self, daemon: Daemon, client: AsyncClient) -> None:
+        await ctl(daemon, "import", "--format", "claude-code", CLAUDE_CODE)
+        out = (await ctl(daemon, "search", "total", columns=80)).stdout
+        head = out.splitlines()[0]
+        assert "(7 matching)" in head and len(head) <= 80
+        wide = (await ctl(daemon, "events", "--wide", CC_ID, columns=80)).stdout
+        first = wide.splitlines()[0].split()
+        assert first[:4] == ["15" if first[0] == "15" else first[0], CC_ID, "v1",
+                             "session.created"]
+        assert '"task": "The cart total is off by a cent' in wide.replace("\n", " ")
+        assert all(len(line) <= 80 for line in wide.splitlines())
+
+    async def test_output_into_head_is_quiet(self, daemon: Daemon, client: AsyncClient) -> None:
+        """`sessionctl output ID | head -3`: three lines, no traceback."""
+        fakes = os.path.join(os.path.dirname(__file__), "executors")
+        await ctl(daemon, "spawn", "--adapter", "codex", "--id", "pipe-1", "--task", "x", "--",
+                  os.path.join(fakes, "codex"), "exec", "--json", "x")
+        with anyio.fail_after(30):
+            while (await client.get_session("pipe-1")).status == "active":
+                await anyio.sleep(0.02)
+        command = (f"{sys.executable} -m sessiond.cli --socket {daemon.socket} output pipe-1"
+                   " --turn 1 | head -1")
+        for _ in range(5):  # whether the pipe is closed before the write is a race: try more
+            done = await anyio.run_process(["sh", "-c", command], check=False)
+            assert done.stdout.decode().count("\n") == 1
+            assert b"Traceback" not in done.stderr and b"BrokenPipe" not in done.stderr, \
+                done.stderr
+
+    async def test_the_help_speaks_of_frameworks_not_seeds(self, daemon: Daemon) -> None:
+        out = (await ctl(daemon, "import", "--help")).stdout + (await ctl(daemon, "--help")).stdout
+        assert "seed" not in out.lower()

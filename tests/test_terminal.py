@@ -186,3 +186,24 @@ class TestErrorsInTheFlagsTyped:
         assert bad.returncode == 1
         assert "cannot move from active to pending" in bad.stderr
         assert "paused, completed, failed, cancelled, killed" in bad.stderr
+
+
+class TestLogLinesOnATerminal:
+    async def test_they_wrap_between_fields_never_inside_a_word(self, short_dir: str,
+                                                                 tmux: Tmux) -> None:
+        """The daemon on an 80-column terminal (console logs): a record's line breaks only
+        between its key=value fields, each continuation line indented; never mid-word."""
+        sock = os.path.join(short_dir, "a-socket-with-a-rather-long-name.sock")
+        db = os.path.join(short_dir, "a-database-with-a-long-name-too.db")
+        await screen_of(tmux, "daemon", [sys.executable, "-m", "sessiond_daemon", "--socket",
+                                         sock, "--db", db, "--log-level", "info"])
+        text = await tmux.wait("the start's log lines", lambda s: sock in s.replace("\n", "")
+                               or "listening" in s, window="daemon")
+        await anyio.sleep(1)  # the rest of the start's lines
+        text = await tmux.screen("daemon")
+        await tmux.keys("C-c", window="daemon")
+        lines = [x for x in text.splitlines() if x.strip()]
+        assert any(x.startswith("    ") for x in lines), text  # something did wrap
+        for line in lines:
+            assert len(line) <= WIDTH, line
+            assert line[:2] == "20" or line.startswith("    "), text  # a record, or its rest

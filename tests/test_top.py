@@ -152,3 +152,53 @@ class TestOnce:
         done = await anyio.run_process([*CLI, "--socket", daemon.socket, "--json", "top"],
                                        check=False)
         assert done.returncode == 2 and b"needs --once" in done.stderr
+
+
+CLAUDE_CODE = os.path.join(os.path.dirname(__file__), "fixtures", "transcripts", "claude-code",
+                           "projects", "-home-dev-shop",
+                           "3f6b1c2a-9d84-4e1b-a7c5-1e2f3a4b5c6d.jsonl")
+
+
+class TestWindowsByEventTime:
+    async def test_old_usage_imported_after_new_is_in_no_window(
+            self, daemon: Daemon, client: AsyncClient) -> None:
+        """A Claude Code transcript of 2025 imported after this minute's usage: its tokens
+        are not last hour's spend, nor its events last minute's, whatever their order."""
+        await load(client)
+        imported = await anyio.run_process([*CLI, "--socket", daemon.socket, "import",
+                                            "--format", "claude-code", CLAUDE_CODE])
+        assert imported.returncode == 0
+        done = await anyio.run_process([*CLI, "--socket", daemon.socket, "--json", "top",
+                                        "--once"])
+        f = json.loads(done.stdout)
+        assert sorted((a["actor"], a["tokens_1h"]) for a in f["actors"]) == [
+            ("team/alice", 150), ("team/bob", 50)]
+        assert {r["session_id"] for r in f["busiest"]} == {"alice-1", "bob-1"}
+
+
+class TestExecutorsLine:
+    def test_another_hosts_executor_is_said_to_be_its(self) -> None:
+        """Fleet `top --once` on host B: its own count (0), and a running executor it
+        knows of from the events, with the host that runs it, not a bare `(-)`."""
+        from sessiond._top_model import Model
+        from sessiond.top import executors_line
+        from sessiond_schemas.events import event_from_builtins
+
+        model = Model()
+        model.add(event_from_builtins({
+            "position": 1, "session_id": "01M94QXM6MHN", "version": 2, "event_id": "e",
+            "type": "process.started", "schema_version": 1,
+            "recorded_at": "2026-01-01T00:00:00Z", "meta": {}, "hash": "",
+            "data": {"pid": 4242, "argv": ["codex"], "turn": 1, "host": "alpha"}}))
+
+        class Stats:
+            sessions = events = last_position = connections = subscriptions = 0
+            uptime_s = appends_per_s = 0.0
+            write_queue_depth = db_bytes = 0
+            write_queue_capacity = commit_batch_size = commit_latency_ms = None
+            commit_latency_max_ms = sessions_by_status = None
+            executors_running = 0
+
+        line = executors_line(model.figures(Stats(), 0.0))
+        assert line == ("executors running here 0; in the events:"
+                        " 01M94QXM6MHN (pid 4242 on alpha)")

@@ -295,7 +295,9 @@ class TestWrites:
         page.once("dialog", lambda d: d.accept())
         await page.click("#delete")
         await page.locator("[role=alert]").wait_for(timeout=WAIT_MS)
-        assert "not granted" in await page.locator("[role=alert]").inner_text()
+        said = await page.locator("[role=alert]").inner_text()
+        assert "not granted" in said
+        assert "the HTTP peer token may not call session.delete" in said  # not "uid -1"
         assert (await client.get_session("web-2")).session_id == "web-2"
 
 
@@ -372,3 +374,61 @@ class TestSessionctlWeb:
             done = await anyio.run_process([sys.executable, "-m", "sessiond.cli", "--socket",
                                             plain.socket, "web"], check=False)
         assert done.returncode == 1 and b"--http-listen" in done.stderr
+
+
+class TestTwoDaemonsOneFolder:
+    async def test_each_keeps_its_own_token_and_listen_file(self, short_dir: str) -> None:
+        """Sockets a.sock and b.sock in one folder: b's start leaves a's tokens alone, and
+        `sessionctl web` on each socket opens its own daemon's page."""
+        from conftest import daemon_config, running_daemon
+
+        def config(name: str) -> Any:
+            return daemon_config(short_dir, socket=os.path.join(short_dir, f"{name}.sock"),
+                                 db=os.path.join(short_dir, f"{name}.db"),
+                                 http_listen=[f"127.0.0.1:{free_port()}"])
+
+        async with running_daemon(config("a")) as a:
+            before = (token(a), token(a, peer=True))
+            async with running_daemon(config("b")) as b:
+                assert (token(a), token(a, peer=True)) == before
+                assert token(b) != token(a)
+                names = sorted(p.name for p in Path(short_dir).iterdir() if ".http-" in p.name)
+                assert names == ["a.http-listen", "a.http-peer-token", "a.http-token",
+                                 "b.http-listen", "b.http-peer-token", "b.http-token"]
+                for d in (a, b):
+                    done = await anyio.run_process([sys.executable, "-m", "sessiond.cli",
+                                                    "--socket", d.socket, "web", "--print"])
+                    url = done.stdout.decode().strip()
+                    assert url == page_url(d) and d.config.http_listen[0] in url
+                    async with httpx.AsyncClient(timeout=30) as http:
+                        assert (await http.get(url)).status_code == 200
+            async with httpx.AsyncClient(timeout=30) as http:  # b is gone; a still opens
+                assert (await http.get(page_url(a))).status_code == 200
+
+    async def test_an_earlier_releases_files_are_read(self, short_dir: str) -> None:
+        """A daemon of an earlier release wrote sessiond.http-* whatever its socket's name:
+        `sessionctl web` and `http-token` read them when the socket's own are not there."""
+        from conftest import daemon_config, running_daemon
+
+        sock = os.path.join(short_dir, "old.sock")
+        Path(short_dir, "sessiond.http-listen").write_text('["127.0.0.1:4999"]\n')
+        Path(short_dir, "sessiond.http-token").write_text("old-token\n")
+        async with running_daemon(daemon_config(short_dir, socket=sock)):
+            for args, want in ((["web", "--print"], "http://127.0.0.1:4999/t/old-token/ui/"),
+                               (["http-token"], "old-token")):
+                done = await anyio.run_process([sys.executable, "-m", "sessiond.cli",
+                                                "--socket", sock, *args], check=False)
+                assert done.stdout.decode().strip() == want, done.stderr
+
+
+class TestFavicon:
+    async def test_favicon_is_no_401(self, daemon: Daemon) -> None:
+        """A browser asks /favicon.ico of the host, without the token: 204, no refusal
+        (the page names an inline icon too, so it need not ask)."""
+        async with httpx.AsyncClient(timeout=30) as http:
+            got = await http.get(f"http://{daemon.config.http_listen[0]}/favicon.ico")
+            assert got.status_code == 204 and got.content == b""
+            other = await http.get(f"http://{daemon.config.http_listen[0]}/other.ico")
+            assert other.status_code == 401  # nothing else is served without the token
+            page = await http.get(page_url(daemon))
+        assert b'<link rel="icon" href="data:,">' in page.content

@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 
+from sessiond_schemas.toolcalls import input_text, is_call_text, message_calls
+
 
 def _console() -> Any:
     from rich.console import Console
@@ -93,13 +95,15 @@ def render_state(s: Any) -> None:
         ("goal / agent", f"{s.goal_id or '-'} / {s.agent_id or '-'}"),
         ("model / adapter", f"{s.model or '-'} / {s.adapter or '-'}"), ("source", s.source),
         ("created", t.created_at), ("updated", t.updated_at), ("started", t.started_at),
-        ("completed", t.completed_at), ("duration_ms", s.duration_ms),
+        ("completed", t.completed_at), ("duration", _duration(s)),
         ("messages", s.message_count),
         ("ttl", f"{s.ttl_s} s idle (expires {s.expires_at or '-'})" if s.ttl_s else None),
         ("tokens", f"in {u.input_tokens}  out {u.output_tokens}  cost {u.estimated_cost:.4f}"),
         ("progress", f"node {p.current_node or '-'}  steps {p.steps_executed}  "
                      f"retries {p.total_retries}  quality {p.execution_quality}"),
-        ("checkpoints", f"{s.checkpoint_count} (latest {s.latest_checkpoint_id or '-'})"),
+        ("checkpoints", f"{s.checkpoint_count} (latest {s.latest_checkpoint_id or '-'})"
+         if s.checkpoint_count or s.source != "langgraph" else
+         "LangGraph's: events --type graph.checkpoint"),
         ("resumable", f"{s.is_resumable} (from checkpoint: {s.is_resumable_from_checkpoint})"),
         ("error", s.error),
     ]
@@ -110,6 +114,32 @@ def render_state(s: Any) -> None:
         m = s.last_message
         console.print(f"[bold]{'last message':>16}[/bold]  #{m.sequence} {m.role}: "
                       f"{_short(m.content, 80)}", highlight=False)
+
+
+def _duration(s: Any) -> str | None:
+    """How long the session ran: its stored duration_ms once it ended; before that, from
+    its start (or creation) to its last event, said as not ended (duration_ms is 0 then:
+    the fold sets it when the session ends)."""
+    from datetime import datetime
+
+    if s.timestamps.completed_at is not None or s.duration_ms:
+        return f"{s.duration_ms} ms ({_span(s.duration_ms / 1000)})"
+    t = s.timestamps
+    try:
+        begun, last = (datetime.fromisoformat(x.replace("Z", "+00:00")).timestamp()
+                       for x in (t.started_at or t.created_at, t.updated_at))
+    except (AttributeError, ValueError):
+        return None
+    return f"{_span(max(0.0, last - begun))} to its last event ({s.status}, not ended)"
+
+
+def _span(seconds: float) -> str:
+    """A length of time as people say it: 45s, 12m 5s, 3h 2m, 5d 4h."""
+    s = int(seconds)
+    for big, small, bn, sn in ((86400, 3600, "d", "h"), (3600, 60, "h", "m"), (60, 1, "m", "s")):
+        if s >= big:
+            return f"{s // big}{bn} {s % big // small}{sn}"
+    return f"{seconds:.3g}s" if seconds < 10 else f"{s}s"
 
 
 class Listed(msgspec.Struct):
@@ -150,10 +180,30 @@ def render_list(r: Any) -> None:
         console.print(f"more: --cursor {page.next_cursor}", highlight=False)
 
 
+def message_text(m: Any, names: dict[str, str], width: int = 80) -> str:
+    """A message as sessionctl shows it: its text, then each tool call it makes
+    (`→ name(input)`); a tool result says whose call it answers (`↳ name: …`). `names`
+    gathers the calls' names by id as the messages go by."""
+    d = m if isinstance(m, dict) else msgspec.to_builtins(m)
+    content = d.get("content") or ""
+    calls = message_calls(d.get("metadata"), content)
+    for c in calls:
+        if c["id"]:
+            names[c["id"]] = c["name"]
+    if d.get("role") == "tool" and d.get("tool_call_id"):
+        name = names.get(d["tool_call_id"], d["tool_call_id"])
+        error = " (error)" if (d.get("metadata") or {}).get("is_error") else ""
+        return f"↳ {name}{error}: {_short(content, width)}"
+    lines = [] if calls and is_call_text(content, calls) else [_short(content, width)]
+    lines += [_short(f"→ {c['name']}({input_text(c['input'])})", width) for c in calls]
+    return "\n".join(lines)
+
+
 def render_messages(r: Any) -> None:
     table = _table("#", "role", "time", "content")
+    names: dict[str, str] = {}
     for m in r.messages:
-        table.add_row(str(m.sequence), m.role, m.timestamp, _short(m.content, 80))
+        table.add_row(str(m.sequence), m.role, m.timestamp, message_text(m, names))
     console = _console()
     console.print(table)
     console.print(f"{len(r.messages)} of {r.total}", highlight=False)
@@ -167,22 +217,34 @@ class Events(msgspec.Struct):
 
     page: Any
     wide: bool = False
+    own: str | None = None  # the session asked for: a fork's inherited events are not its
 
 
 def render_events(r: Any) -> None:
     page, wide = (r.page, r.wide) if isinstance(r, Events) else (r, True)
+    own = r.own if isinstance(r, Events) else None
     console = _console()
-    if wide:
-        table = _table("pos", "session", "v", "type", "time", "data")
+    inherited = [e for e in page.events if own and e.session_id != own]
+    if inherited:
+        console.print(f"versions 1-{inherited[-1].version} are inherited: the events of"
+                      f" {inherited[-1].session_id} (marked ^), up to the fork point",
+                      highlight=False, markup=False)
+    if wide:  # whole ids, times and data: a line of facts, the data under it, wrapped
         for e in page.events:
-            table.add_row(str(e.position), e.session_id, str(e.version), e.type,
-                          e.recorded_at, _short(json.dumps(e.fields(), ensure_ascii=False), 60))
-        console.print(table)
+            mark = "^" if own and e.session_id != own else " "
+            console.print(f"{mark}{e.position:>6}  {e.session_id}  v{e.version}  {e.type}"
+                          f"  {e.recorded_at}", highlight=False, markup=False,
+                          overflow="fold")
+            console.print(json.dumps(e.fields(), ensure_ascii=False), highlight=False,
+                          markup=False, style="dim")
     else:  # one line an event, as `watch` prints them: fits 80 columns
         shown = short_ids(sorted({e.session_id for e in page.events}))
+        names: dict[str, str] = {}
         for e in page.events:
-            console.print(f"{e.position:>6} {e.recorded_at[11:19]} {shown[e.session_id]:<10.10}"
-                          f" v{e.version:<4} {e.type:<20} {summarize(e)}", highlight=False,
+            mark = "^" if own and e.session_id != own else " "
+            console.print(f"{mark}{e.position:>5} {e.recorded_at[11:19]} "
+                          f"{shown[e.session_id]:<10.10} v{e.version:<4} {e.type:<20}"
+                          f" {summarize(e, names)}", highlight=False,
                           no_wrap=True, overflow="ellipsis", markup=False)
     if page.next is not None:
         console.print(f"more from: {page.next}", highlight=False)
@@ -195,11 +257,13 @@ def render_checkpoints(r: Any) -> None:
     _console().print(table)
 
 
-def summarize(event: Any) -> str:
-    """One short, readable line about an event's data."""
+def summarize(event: Any, names: dict[str, str] | None = None) -> str:
+    """One short, readable line about an event's data (`names`: the tool calls' names by
+    id, gathered over the events shown, so a result names the call it answers)."""
     d, t = event.fields(), event.type
     if t == "message.appended":
-        return f"#{d.get('sequence')} {d.get('role')}: {_short(d.get('content'), 70)}"
+        text = message_text(d, {} if names is None else names, 70)
+        return f"#{d.get('sequence')} {d.get('role')}: {text}".replace("\n", " ")
     if t == "session.status_changed":
         why = d.get("reason") or d.get("error")
         return f"{d.get('from')} -> {d.get('to')}" + (f" ({_short(why, 50)})" if why else "")
@@ -221,4 +285,58 @@ def summarize(event: Any) -> str:
         return str(d.get("plan_id"))
     if t == "process.output":
         return f"[{d.get('stream', 'stdout')}] {_short(d.get('line'), 70)}"
+    if t in ("graph.checkpoint", "graph.writes"):
+        return graph_summary(d)
     return _short(json.dumps(d, ensure_ascii=False), 80)
+
+
+def graph_summary(d: dict[str, Any]) -> str:
+    """A LangGraph record in words: its values are LangGraph's serializer's bytes, so
+    what is said is where it sits (checkpoint, step, node) and which channels it holds."""
+    ns = f" ns {d['ns']}" if d.get("ns") else ""
+    if "writes" in d:
+        node = (d.get("task_path") or "").rpartition(", ")[2] or "-"
+        channels = [str(w.get("channel")) for w in d.get("writes") or [] if isinstance(w, dict)]
+        what = "interrupted" if "__interrupt__" in channels else "writes " + (
+            ", ".join(c for c in channels if not c.startswith("branch:")) or "-")
+        return f"task {node}{ns}: {what}"
+    meta = d.get("metadata") or {}
+    return (f"checkpoint {str(d.get('checkpoint_id'))[:13]}{ns} step {meta.get('step', '-')}"
+            f" ({meta.get('source', '-')}): " + (", ".join(
+                k for k in d.get("blobs") or {} if not k.startswith("branch:")) or "-"))
+
+
+def render_ping(r: Any) -> None:
+    """ping's answer: the method list whole, wrapped between names at the terminal's width."""
+    import textwrap
+
+    data = msgspec.to_builtins(r)
+    methods = data.pop("methods", None) or []
+    print_kv(data)
+    console = _console()
+    console.print(f"[bold]methods[/bold]: {len(methods)}", highlight=False)
+    for line in textwrap.wrap(" ".join(methods), max(20, console.width - 2),
+                              break_long_words=False, break_on_hyphens=False):
+        console.print("  " + line, highlight=False, markup=False)
+
+
+# What the figures of `sessionctl stats` count that their names do not say.
+STATS_NOTES = {
+    "events": "events stored now (a fork's inherited versions counted once, in its source)",
+    "last_position": "the newest event's global position: every event ever appended, those"
+                     " of sessions since deleted, expired or pruned too; never reused",
+    "sessions": "sessions stored now",
+    "db_bytes": "bytes the store takes on disk",
+}
+
+
+def render_stats(r: Any) -> None:
+    """daemon.stats as `key: value` lines, the figures whose names say too little with
+    what they count (events and last_position differ by what was deleted)."""
+    data = msgspec.to_builtins(r)
+    print_kv(data)
+    console = _console()
+    console.print("", highlight=False)
+    for key, note in STATS_NOTES.items():
+        if key in data:
+            console.print(f"[bold]{key}[/bold]: {note}", highlight=False)

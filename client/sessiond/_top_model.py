@@ -45,7 +45,8 @@ class Model:
         self.sessions: dict[str, Known] = {}
         self._minute: deque[tuple[float, str]] = deque()  # (time, session) per event
         self._spend: deque[tuple[float, str, int, float]] = deque()  # tokens, cost per hour
-        self.executors: dict[str, int] = {}  # session -> pid, from process.* events
+        # session -> (pid, the host whose daemon started it), from process.* events
+        self.executors: dict[str, tuple[int, str | None]] = {}
         self.latest = 0.0  # the newest recorded_at seen: "now" for a frame of old events
 
     def add(self, event: Event) -> None:
@@ -63,15 +64,16 @@ class Model:
                 known.status, known.resolved = d.get("status", "active"), True
             elif event.type == "session.status_changed":
                 known.status = d.get("to")
-            elif event.type == "tokens.recorded":
+            elif event.type == "tokens.recorded" and at >= self.latest - HOUR:
                 tokens = int(d.get("input_tokens", 0)) + int(d.get("output_tokens", 0))
                 self._spend.append((at, event.session_id, tokens,
                                     float(d.get("estimated_cost", 0.0))))
             elif event.type == "process.started":
-                self.executors[event.session_id] = int(d.get("pid", 0))
+                self.executors[event.session_id] = (int(d.get("pid", 0)), d.get("host"))
             elif event.type in ("process.exited", "process.detached"):
                 self.executors.pop(event.session_id, None)
-            self._minute.append((at, event.session_id))
+            if at >= self.latest - MINUTE:  # older: in no window a frame draws
+                self._minute.append((at, event.session_id))
 
     def learn(self, session_id: str, actor: str | None, namespace: str | None,
               status: str | None) -> None:
@@ -91,10 +93,11 @@ class Model:
                 match: str | None = None, limit: int = 10) -> dict[str, Any]:
         """Everything a frame shows, as plain data (this is what `--json --once` prints)."""
         with self.lock:
-            while self._minute and self._minute[0][0] < now - MINUTE:
-                self._minute.popleft()
-            while self._spend and self._spend[0][0] < now - HOUR:
-                self._spend.popleft()
+            # By the events' own time, whatever order they came in: an old-dated event
+            # (an import of last month's usage) read after a new one is in no window.
+            # Each frame keeps only what is in its window, so the deques stay bounded.
+            self._minute = deque(x for x in self._minute if x[0] >= now - MINUTE)
+            self._spend = deque(x for x in self._spend if x[0] >= now - HOUR)
             minute = Counter(sid for at, sid in self._minute)
             spend = list(self._spend)
             sessions = dict(self.sessions)
@@ -160,9 +163,13 @@ class Model:
             },
             "sessions_by_status": (None if stats.sessions_by_status is None  # an old daemon
                                    else dict(sorted(stats.sessions_by_status.items()))),
+            # executors_running: this daemon's own; `executors`: every session whose
+            # process.started has no exit yet, started by this daemon or (in a fleet)
+            # another host's, whose `host` says which.
             "executors_running": stats.executors_running,
-            "executors": [{"session_id": sid, "pid": pid, "actor": who(sid).actor}
-                          for sid, pid in sorted(executors.items())],
+            "executors": [{"session_id": sid, "pid": pid, "host": host,
+                           "actor": who(sid).actor}
+                          for sid, (pid, host) in sorted(executors.items())],
             "busiest": rows[:limit],
             "actors": sorted(actors.values(), key=lambda r: (-r["tokens_1h"], r["actor"])),
             "sort": sort, "filter": match or None,

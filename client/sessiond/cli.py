@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         result = chosen.handler(client, args)
     except BrokenPipeError:  # our reader (say, `head`) has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _reader_gone()
         return
     except KeyboardInterrupt:  # Ctrl-C: the user's choice, not a failure to explain
         print(file=sys.stderr)
@@ -95,10 +95,20 @@ def main(argv: list[str] | None = None) -> None:
         client.close()
     if result is STREAMED:
         return
-    if args.json or chosen.render is None:
-        sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
-    else:
-        chosen.render(result)
+    try:
+        if args.json or chosen.render is None:
+            sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
+        else:
+            chosen.render(result)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `sessionctl output ID | head -3`: not an error either
+        _reader_gone()
+
+
+def _reader_gone() -> None:
+    """stdout's reader has closed it: what is left to write goes nowhere, quietly (the
+    interpreter's own flush at exit would otherwise print a traceback)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -138,6 +138,18 @@ def fit(f: dict[str, Any], height: int | None, *, note: bool = False) -> tuple[i
     return shown_busiest, min(actors, rows - shown_busiest)
 
 
+def executors_line(f: dict[str, Any]) -> str:
+    """The executors: how many this daemon runs, then the running ones it knows of from
+    the events, each with its pid and, when another host's daemon runs it, that host."""
+    line = f"executors running here {_known(f['executors_running'], 'd')}"
+    shown = []
+    for e in f["executors"][:4]:
+        where = f" on {e['host']}" if e.get("host") else ""
+        who = f" {_short(e['actor'], 14)}" if e.get("actor") else ""
+        shown.append(f"{e['session_id'][:12]} (pid {e['pid']}{where}{who})")
+    return line + ("; in the events: " + "  ".join(shown) if shown else "")
+
+
 def frame(f: dict[str, Any], *, selected: int | None = None, prompt: str | None = None,
           note: str | None = None, height: int | None = None) -> Any:
     """One screen of top, from `Model.figures`: fits 80 columns and, given the terminal's
@@ -161,9 +173,7 @@ def frame(f: dict[str, Any], *, selected: int | None = None, prompt: str | None 
         Text("sessions " + str(d["sessions"]) + ": " + (
             "?" if f["sessions_by_status"] is None else "  ".join(
                 f"{k} {v}" for k, v in f["sessions_by_status"].items()) or "none")),
-        Text(f"executors running {_known(f['executors_running'], 'd')}" + (": " + "  ".join(
-            f"{e['session_id'][:12]} ({_short(e['actor'], 14)})"
-            for e in f["executors"][:4]) if f["executors"] else "")),
+        Text(executors_line(f)),
     ]
     busiest = Table(title="busiest sessions (events in the last minute)", title_justify="left",
                     box=None, header_style="bold", padding=(0, 1), expand=False)

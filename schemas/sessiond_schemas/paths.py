@@ -25,10 +25,29 @@ def default_socket(env: Mapping[str, str] = os.environ) -> str:
     return f"/tmp/sessiond-{os.getuid()}/sessiond.sock"
 
 
+def beside_socket(socket_path: str, suffix: str) -> str:
+    """A file of this socket's daemon, in the socket's directory and named after it: the
+    socket's name without `.sock`, then `.suffix` (`sessiond.sock` -> `sessiond.http-token`,
+    the name these files have always had). So two daemons whose sockets share a directory
+    each have their own (`a.sock` -> `a.http-token`, `b.sock` -> `b.http-token`)."""
+    path = os.path.abspath(socket_path)
+    stem = os.path.basename(path).removesuffix(".sock") or "sessiond"
+    return os.path.join(os.path.dirname(path), f"{stem}.{suffix}")
+
+
+def older_names(path: str) -> list[str]:
+    """`path` (a file `beside_socket`), then the name every socket's file had before they
+    were named after their socket (`sessiond.http-token`, ...), if that is another: what a
+    reader falls back to for a daemon of an earlier release on a socket of another name."""
+    folder, name = os.path.split(path)
+    old = os.path.join(folder, "sessiond." + name.rpartition(".")[2])
+    return [path] if old == path else [path, old]
+
+
 def http_token_path(socket_path: str, *, peer: bool = False) -> str:
-    """The HTTP face's bearer token file (the peer token's with `peer`): beside the socket."""
-    name = "sessiond.http-peer-token" if peer else "sessiond.http-token"
-    return os.path.join(os.path.dirname(os.path.abspath(socket_path)), name)
+    """The HTTP face's bearer token file (the peer token's with `peer`): beside the socket,
+    named after it (`beside_socket`)."""
+    return beside_socket(socket_path, "http-peer-token" if peer else "http-token")
 
 
 def write_private(path: str, data: bytes) -> None:
@@ -74,13 +93,13 @@ def write_http_token(path: str) -> str:
 
 def http_listen_path(socket_path: str) -> str:
     """Where the daemon writes the HTTP face's bound addresses (a JSON list): beside the
-    socket, so `sessionctl web` can build the page's URL."""
-    return os.path.join(os.path.dirname(os.path.abspath(socket_path)), "sessiond.http-listen")
+    socket and named after it (`beside_socket`), so `sessionctl web` builds the URL of
+    its own daemon's page."""
+    return beside_socket(socket_path, "http-listen")
 
 
 def mcp_socket_path(socket_path: str) -> str:
-    """The MCP socket (docs/mcp.md): beside the RPC socket and named after it
-    (`sessiond.sock` -> `sessiond.mcp.sock`), so daemons sharing a directory keep their
-    own; `sessionctl mcp` relays to it."""
-    root, ext = os.path.splitext(os.path.abspath(socket_path))
-    return f"{root}.mcp{ext}"
+    """The MCP socket (docs/mcp.md), `beside_socket` (`sessiond.sock` ->
+    `sessiond.mcp.sock`), so daemons sharing a directory keep their own; `sessionctl mcp`
+    relays to it."""
+    return beside_socket(socket_path, "mcp.sock")

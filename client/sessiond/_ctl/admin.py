@@ -14,13 +14,13 @@ import msgspec
 from sessiond_schemas.errors import SessiondError, SessionNotFoundError
 from sessiond_schemas.events import STATUSES
 
-from .._render import print_kv
+from .._render import print_kv, render_ping, render_stats
 from .._sync import Client
 from .inputs import days, file_problem, read_file
 from .registry import STREAMED, CliError, arg, command, full_id
 
 
-@command("ping", "check that the daemon answers", sid=False, render=print_kv)
+@command("ping", "check that the daemon answers", sid=False, render=render_ping)
 def _ping(c: Client, a: argparse.Namespace) -> Any:
     return c.ping()
 
@@ -80,7 +80,8 @@ def _failure(file: str, problem: Any) -> dict[str, Any]:
     return item
 
 
-@command("import", "import export documents, a seed's store or an agent CLI's transcripts"
+@command("import", "import export documents, another agent framework's stored sessions"
+         " (hive, cleveragents, zwarm) or an agent CLI's transcripts"
          " with --format; exit 1 if any file fails", sid=False, args=[
              arg("files", nargs="*", metavar="PATH",
                  help="with --format claude-code or codex, default: the CLI's own folder"
@@ -136,7 +137,7 @@ def _import(c: Client, a: argparse.Namespace) -> Any:
                            "reason": exc.message, "error": exc.message})
 
     def one(path: str) -> None:
-        if a.format:  # a seed's own store: each importer yields export documents
+        if a.format:  # another framework's own store: each importer yields export documents
             for found in FORMATS[a.format](path, a.strict):
                 if found.problem is not None:
                     failed.append(_failure(found.file, found.problem))
@@ -286,6 +287,7 @@ def _cleanup(c: Client, a: argparse.Namespace) -> Any:
     return STREAMED
 
 
-@command("stats", "show the daemon's counters", sid=False, render=print_kv)
+@command("stats", "show the daemon's counters (and what events and last_position count)",
+         sid=False, render=render_stats)
 def _stats(c: Client, a: argparse.Namespace) -> Any:
     return c.stats()

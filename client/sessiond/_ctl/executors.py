@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from sessiond_schemas import rpc
+from sessiond_schemas.toolcalls import input_text
 
 from .._render import render_state
 from .._sync import Client
@@ -76,7 +77,9 @@ def _output(c: Client, a: argparse.Namespace) -> Any:
 
 def _render_steps(steps: Any) -> None:
     for s in steps:
-        print(f"[{s.turn}] {s.type:<12} {s.summary}")
+        call = s.type == "tool_call" and s.details.get("input") is not None
+        summary = f"{s.summary}({input_text(s.details['input'])})" if call else s.summary
+        print(f"[{s.turn}] {s.type:<12} {summary}")
 
 
 @command("trajectory", "list an executor session's steps", render=_render_steps, args=[

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
+from sessiond_schemas import rpc
+from sessiond_schemas.errors import SessionNotFoundError
 from sessiond_schemas.events import STATUSES
 
 from .._render import Events, print_kv, render_events
@@ -21,12 +24,50 @@ from .registry import arg, command, full_id
              arg("--limit", type=int),
              arg("--type", action="append"),
              arg("--wide", action="store_true",
-                 help="a table with whole ids, times and data (wider than 80 columns)")],
+                 help="whole ids, times and data: each event's facts on a line, its data"
+                      " (JSON) under it")],
          wire={"types": "--type"})
 def _events(c: Client, a: argparse.Namespace) -> Any:
-    page = c.read_events(full_id(c, a.id) if a.id else None, from_version=a.from_version,
-                         from_position=a.from_position, limit=a.limit, types=a.type or None)
-    return page if a.json else Events(page, a.wide)
+    if not a.id or a.from_position is not None:
+        page = c.read_events(full_id(c, a.id) if a.id else None, from_version=a.from_version,
+                             from_position=a.from_position, limit=a.limit,
+                             types=a.type or None)
+        return page if a.json else Events(page, a.wide)
+    sid = full_id(c, a.id)
+    page = session_events(c, sid, a.from_version or 1, a.limit or 1000, a.type or None)
+    return page if a.json else Events(page, a.wide, sid)
+
+
+def session_events(c: Client, sid: str, start: int, limit: int,
+                   types: list[str] | None) -> rpc.EventsReadResult:
+    """A page of a session's events from version `start`: a fork's versions up to its
+    fork point are its source's events (read from the source, and so on up the chain,
+    at most 20 sources), as `messages` and the HTTP read show them."""
+    chain: list[tuple[str, float]] = [(sid, math.inf)]
+    link = c.get_session(sid).forked_from
+    while link is not None and len(chain) <= 20:
+        chain.append((link.session_id, link.version))
+        try:
+            link = c.get_session(link.session_id).forked_from
+        except SessionNotFoundError:  # a source gone: its events are not there to show
+            break
+    events: list[Any] = []
+    low, nxt = 1, None
+    for holder, high in reversed(chain):  # the oldest source's versions first
+        at = max(start, low)
+        low = int(high) + 1 if high != math.inf else low
+        if at > high or len(events) >= limit:
+            continue
+        page = c.read_events(holder, from_version=at, limit=limit - len(events), types=types)
+        events += [e for e in page.events if e.version <= high]
+        if page.next is not None and page.next <= high:  # cut by the byte budget
+            nxt = page.next
+            break
+        nxt = page.next if high == math.inf else None
+    if len(events) >= limit and nxt is None and events[-1].version < \
+            c.get_session(sid).version:
+        nxt = events[-1].version + 1
+    return rpc.EventsReadResult(events=events, next=nxt)
 
 
 _MARK = ("\x02", "\x03")  # sessionctl's own marks, turned into highlighting when shown
@@ -39,13 +80,15 @@ def render_search(r: Any) -> None:
         console.print("no session matches")
     for s in r.sessions:
         console.print(f"[bold]{s.session_id}[/bold]  {s.status}  {s.actor_name or '-'}  "
-                      f"{escape((s.task or '')[:80])}  ({s.matches} matching)", highlight=False)
+                      f"({s.matches} matching)  {escape((s.task or '').replace(chr(10), ' '))}",
+                      highlight=False, no_wrap=True, overflow="ellipsis")
         for h in s.hits:
             text = escape(h.snippet.replace("\n", " ")).replace(
                 _MARK[0], "[bold yellow]").replace(_MARK[1], "[/bold yellow]")
             where = (f"#{h.sequence} {h.role}" if h.sequence is not None else h.type)
             gone = "" if h.current is not False else " (taken out)"
-            console.print(f"    {where}{gone}: {text}", highlight=False)
+            console.print(f"    {where}{gone}: {text}", highlight=False, no_wrap=True,
+                          overflow="ellipsis")
     if not r.complete:
         console.print("(only the newest 5,000 matches were ranked: add words or filters"
                       " to reach older sessions)", highlight=False)

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
-from sessiond_schemas.paths import default_socket, http_token_path, write_http_token
+from sessiond_schemas.paths import (
+    default_socket,
+    http_token_path,
+    older_names,
+    write_http_token,
+)
 
 from .._sync import Client
 from .registry import CliError, arg, command
@@ -28,6 +34,8 @@ def _http_token(c: Client, a: argparse.Namespace) -> Any:
 
 def run(a: argparse.Namespace) -> int:
     path = http_token_path(a.socket or default_socket(), peer=a.peer)
+    if not a.rotate:  # a daemon of an earlier release: sessiond.http-token, whatever the socket
+        path = next((p for p in older_names(path) if os.path.exists(p)), path)
     try:
         if a.rotate:
             token = write_http_token(path)

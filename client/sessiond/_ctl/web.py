@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import webbrowser
 from typing import Any
 
-from sessiond_schemas.paths import http_listen_path, http_token_path
+from sessiond_schemas.paths import http_listen_path, http_token_path, older_names
 
 from .._sync import Client
 from .registry import STREAMED, CliError, arg, command
@@ -17,8 +18,15 @@ from .registry import STREAMED, CliError, arg, command
 def page_url(socket_path: str) -> str:
     """The web view's URL on the daemon's first TCP listener, its owner's token in the
     path; CliError when the HTTP face is off or listens on Unix sockets only."""
+    # The socket's own files; a daemon of an earlier release wrote sessiond.http-* for
+    # every socket name (read only when the socket's own are not there).
+    listen_file, token_file = http_listen_path(socket_path), http_token_path(socket_path)
+    for listen, tok in zip(older_names(listen_file), older_names(token_file), strict=True):
+        if os.path.exists(listen):
+            listen_file, token_file = listen, tok
+            break
     try:
-        with open(http_listen_path(socket_path), encoding="utf-8") as f:
+        with open(listen_file, encoding="utf-8") as f:
             bound: list[str] = json.load(f)
     except (OSError, ValueError) as exc:
         raise CliError("the daemon's HTTP face is off: start sessiond with"
@@ -30,11 +38,11 @@ def page_url(socket_path: str) -> str:
                        " which a browser cannot open: add --http-listen 127.0.0.1:4437",
                        "http_unix_only", 1, {"listening": bound})
     try:
-        with open(http_token_path(socket_path), encoding="utf-8") as f:
+        with open(token_file, encoding="utf-8") as f:
             token = f.read().strip()
     except OSError as exc:
-        raise CliError(f"cannot read the HTTP token {http_token_path(socket_path)}:"
-                       f" {exc.strerror}", "file_error", 1) from exc
+        raise CliError(f"cannot read the HTTP token {token_file}: {exc.strerror}",
+                       "file_error", 1) from exc
     return f"http://{tcp[0]}/t/{token}/ui/"
 
 

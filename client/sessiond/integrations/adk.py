@@ -107,6 +107,16 @@ def _render(event: Event, stored: dict[str, Any]) -> tuple[str, str, str | None,
     return role, content, tool_call_id, spans
 
 
+def readable_calls(event: Event) -> list[dict[str, Any]]:
+    """An event's function calls as every face of sessiond reads them
+    (`metadata.function_calls`: the id a function_response names, and the function's
+    name; the arguments are the content's, `name(args)`, stored once)."""
+    parts = event.content.parts if event.content and event.content.parts else []
+    return [{"id": p.function_call.id or p.function_call.name or "",
+             "name": p.function_call.name or "function"}
+            for p in parts if p.function_call]
+
+
 _RETRY_WINDOW = 32  # how far back in session.events a retried append is looked for
 
 
@@ -308,6 +318,9 @@ class SessiondSessionService(BaseSessionService):
             message["metadata"]["spans"] = spans
         if tool_call_id:
             message["tool_call_id"] = tool_call_id
+        calls = readable_calls(event)
+        if calls:
+            message["metadata"]["function_calls"] = calls
         delta = event.actions.state_delta if event.actions and event.actions.state_delta else {}
         events = [{"type": "message.appended", "data": message},
                   *_state_events(delta, session.app_name, session.user_id),

@@ -19,7 +19,7 @@ import hashlib
 import math
 import random
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -78,13 +78,18 @@ class SessiondSaver(BaseCheckpointSaver[str]):
 
     def __init__(self, socket: str | None = None, *,
                  serde: SerializerProtocol | None = None,
-                 ttl: TTLConfig | None = None, prices: Prices | None = None) -> None:
+                 ttl: TTLConfig | None = None, prices: Prices | None = None,
+                 readable: bool = True) -> None:
+        """`readable=False`: store the checkpoints only, not the messages and graph steps
+        every face of sessiond reads (bench/README.md "LangGraph's readable records")."""
         super().__init__(serde=serde)
         self.prices = prices  # model -> (USD per 1M input, per 1M output tokens); else cost 0
         self.client = Client(socket)
         self.aclient = LoopClient(socket)
         # LangGraph's TTLConfig: default_ttl (minutes) becomes each new thread's idle TTL.
         self.ttl_s = ttl_seconds(ttl)
+        # What each checkpoint adds that sessiond reads itself: messages, graph steps.
+        self.readable = Readable(readable)
 
     # --- opening and closing, as LangGraph's savers ------------------------------------
 
@@ -254,6 +259,13 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         with sized():
             self.client.call("graph.put", rpc.WriteResult,
                              **self._put_params(config, checkpoint, metadata, new_versions))
+        readable = self.readable.of(config, checkpoint, new_versions)
+        if readable.needs_last:
+            readable.last(self.client.get_session(readable.session_id))
+        with sized():
+            for method, params, recorded in readable.calls():
+                self.client.call(method, Any, **params)
+                recorded()
         return self._stored_config(config, checkpoint)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -315,6 +327,13 @@ class SessiondSaver(BaseCheckpointSaver[str]):
         with sized():
             await self.aclient.call("graph.put", rpc.WriteResult,
                                     **self._put_params(config, checkpoint, metadata, new_versions))
+        readable = self.readable.of(config, checkpoint, new_versions)
+        if readable.needs_last:
+            readable.last(await self.aclient.get_session(readable.session_id))
+        with sized():
+            for method, params, recorded in readable.calls():
+                await self.aclient.call(method, Any, **params)
+                recorded()
         return self._stored_config(config, checkpoint)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -402,3 +421,139 @@ class _Opened:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.saver.aclose()
         self.saver.close()
+
+
+# --- what sessiond itself reads of a thread ---------------------------------------------
+#
+# A checkpoint's blobs are LangGraph's serializer's bytes, which no face of sessiond can
+# read. So each put also records, as sessiond's own events, what it adds to the root
+# graph's conversation and path: the new messages of its `messages` channel (with their
+# tool calls and results: message.append_many) and the nodes that ran in the step that
+# made it (progress.recorded, through events.append). Each is keyed by the checkpoint, so
+# a put sent again records nothing twice. Token usage is recorded from the writes
+# (`_usage`). A step's node names are read off the checkpoint's versions_seen, compared
+# with the thread's previous checkpoint put through this saver (puts come in order; the
+# writes do not): the first put of a thread in a process has nothing to compare with and
+# records no step.
+
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
+
+
+def readable_message(m: Any) -> dict[str, Any] | None:
+    """A LangChain message as a sessiond message (role, text, tool calls or the call a
+    result answers); None for what is not a conversation message (RemoveMessage, ...)."""
+    role = _ROLES.get(getattr(m, "type", ""))
+    if role is None:
+        return None
+    got = m.text  # a str (newer langchain-core: a str that may also be called) or a method
+    text = str(got) if isinstance(got, str) else got() if callable(got) else str(m.content)
+    meta: dict[str, Any] = {"langgraph": {k: v for k, v in (("id", m.id), ("name", m.name))
+                                          if v}}
+    out: dict[str, Any] = {"role": role, "content": text, "metadata": meta}
+    calls = [{"id": c.get("id"), "name": c.get("name"), "args": c.get("args")}
+             for c in getattr(m, "tool_calls", None) or []]
+    if calls:
+        meta["tool_calls"] = calls
+        if not text.strip():  # what a search finds, and a face shows, for a bare call
+            out["content"] = "\n".join(
+                f"{c['name']}({msgspec.json.encode(c['args']).decode()})" for c in calls)
+    if not out["content"].strip():  # sessiond keeps no blank message
+        out["content"] = f"[{m.type} message]"
+    if role == "tool":
+        out["tool_call_id"] = m.tool_call_id
+        if getattr(m, "status", None) == "error":
+            meta["is_error"] = True
+    return out
+
+
+class Readable:
+    """Per thread (and namespace) of this saver: the previous checkpoint's versions_seen
+    and the id of the last message recorded."""
+
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
+        self.seen: dict[tuple[str, str], dict[str, Any]] = {}
+        self.last_id: dict[tuple[str, str], str | None] = {}
+
+    def of(self, config: RunnableConfig, checkpoint: Checkpoint,
+           new_versions: ChannelVersions) -> _Step:
+        conf = config["configurable"]
+        return _Step(self, (conf["thread_id"], conf.get("checkpoint_ns", "")), checkpoint,
+                     self.on and "messages" in new_versions)
+
+
+class _Step:
+    """What one put records; `needs_last`: the thread's last message must be looked up
+    first (`last`) to know which messages are new."""
+
+    def __init__(self, book: Readable, key: tuple[str, str], checkpoint: Checkpoint,
+                 messages_changed: bool) -> None:
+        self.book, self.key, self.checkpoint = book, key, checkpoint
+        self.session_id = session_id_for(key[0])
+        values = checkpoint.get("channel_values") or {}
+        found = values.get("messages") if messages_changed else None
+        self.messages = found if isinstance(found, list) and not key[1] else []
+        self.needs_last = bool(self.messages) and key not in book.last_id
+
+    def last(self, state: Any) -> None:
+        """What the session's last message says of the thread's messages recorded: none
+        (an empty session), up to this LangGraph message id, or, when the last message is
+        not one of this saver's (`""`), unknown: only what later puts add is recorded."""
+        m = state.last_message
+        lg = (m.metadata or {}).get("langgraph") if m is not None else None
+        self.book.last_id[self.key] = None if m is None else \
+            str(lg.get("id") or "") if isinstance(lg, dict) else ""
+
+    def calls(self) -> list[tuple[str, dict[str, Any], Callable[[], None]]]:
+        """The calls to make, each with what to do once it is made: the thread's book
+        moves on only past what was recorded (a call that fails leaves it, so the next
+        put records what this one did not, and nothing twice)."""
+        out: list[tuple[str, dict[str, Any], Callable[[], None]]] = []
+        if not self.book.on:
+            return out
+        digest = hashlib.sha256("\0".join((*self.key, self.checkpoint["id"])).encode())
+        key = digest.hexdigest()[:40]
+        new, last = self._new_messages()
+        if new:
+            out.append(("message.append_many", {"session_id": self.session_id,
+                                                "messages": new,
+                                                "idempotency_key": "lg-messages:" + key},
+                        lambda: self.book.last_id.__setitem__(self.key, last)))
+        elif last is not _UNSET:  # nothing to record, but where the next put's start
+            self.book.last_id[self.key] = last
+        nodes, seen = self._nodes()
+        if nodes:
+            out.append(("events.append", {
+                "session_id": self.session_id, "idempotency_key": "lg-steps:" + key,
+                "events": [{"type": "progress.recorded", "data": {"node_id": n}}
+                           for n in nodes]}, lambda: self.book.seen.__setitem__(self.key, seen)))
+        else:
+            self.book.seen[self.key] = seen
+        return out
+
+    def _new_messages(self) -> tuple[list[dict[str, Any]], Any]:
+        """The messages not recorded yet, and the id to take the next put's from (the
+        channel's last message's; _UNSET when the channel is not in this put)."""
+        if not self.messages:
+            return [], _UNSET
+        last = self.book.last_id.get(self.key)
+        ids = [getattr(m, "id", None) for m in self.messages]
+        start = len(ids) - ids[::-1].index(last) if last in ids else 0
+        if last is not None and last not in ids:
+            # History rewritten (a message removed), or not known: what follows is new.
+            start = len(ids)
+        found = [r for r in map(readable_message, self.messages[start:]) if r is not None]
+        return found, ids[-1]  # from here on, what follows it is new
+
+    def _nodes(self) -> tuple[list[str], dict[str, Any]]:
+        """The nodes that ran in this step, and the versions_seen to compare the next with."""
+        seen = self.checkpoint.get("versions_seen") or {}
+        before = self.book.seen.get(self.key)
+        now = {k: dict(v) for k, v in seen.items()}
+        if before is None:
+            return [], now
+        return [n for n, v in seen.items()
+                if not n.startswith("__") and before.get(n) != v], now
+
+
+_UNSET: Any = object()

@@ -131,10 +131,20 @@ def as_message(item: Any) -> dict[str, Any]:
         metadata["item"] = msgspec.Raw(text)
     if spans:
         metadata["spans"] = spans
+    if kind == "function_call":
+        metadata["tool_calls"] = readable_calls(item)
     message: dict[str, Any] = {"role": role, "content": content, "metadata": metadata}
     if tool_call_id:
         message["tool_call_id"] = tool_call_id
     return message
+
+
+def readable_calls(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """A function_call item's call as every face of sessiond reads one
+    (`metadata.tool_calls`: its id, which the output's tool_call_id names, and the
+    tool's name; its arguments are the content's, `name(arguments)`, stored once)."""
+    return [{"id": str(item.get("call_id") or item.get("id") or ""),
+             "name": str(item.get("name") or "tool")}]
 
 
 def item_of(message: Any) -> Any:

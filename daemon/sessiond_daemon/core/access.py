@@ -33,6 +33,7 @@ DEFAULT_PEER_METHODS: frozenset[str] = frozenset({
 # each, withheld by default as message.pop and message.clear are. session.import with
 # on_conflict=replace deletes a history; memory.update with a null value deletes a memory
 # key; graph.put of a checkpoint_id the thread holds replaces what graph.get serves.
+PEER_UID = -1  # the uid an HTTP peer token's requests are checked (and recorded) as
 IMPORT_REPLACE = "session.import:replace"
 MEMORY_DELETE = "memory.update:delete"
 GRAPH_REPLACE = "graph.put:replace"
@@ -69,8 +70,9 @@ class Grants:
         grant = grant or method
         if grant not in self.methods:
             how = _HOW.get(grant, "")
+            who = "the HTTP peer token" if uid == PEER_UID else f"uid {uid}"
             raise PermissionDeniedError(
-                f"uid {uid} may not call {method}{how}: not granted to other users"
+                f"{who} may not call {method}{how}: not granted to other users"
                 f" (grant it with peer_methods = [\"{grant}\"])",
                 {"uid": uid, "method": method, "grant": grant})
 

@@ -240,18 +240,19 @@ class Executors:
         at most max_page_bytes (one event at least), so a history of any size is read a
         page at a time; `next_cursor` goes on after it."""
         state = await self.commands.state(p.session_id)
-        version, turn = decode_cursor(p.cursor) if p.cursor is not None else (1, 0)
+        version, turn, running = (decode_cursor(p.cursor) if p.cursor is not None
+                                  else (1, 0, False))
         events = await self.store.read_events(
             session_id=p.session_id, from_version=version, after_position=0,
             limit=TRAJECTORY_READ, types=list(TRAJECTORY_TYPES), max_bytes=page_budget.get())
         rows: list[Data] = [e.data for e in events]
-        found = steps(rows, ADAPTERS.get(state.adapter or ""), turn)
+        found = steps(rows, ADAPTERS.get(state.adapter or ""), turn, running)
         if not p.full:
             found = [truncate_step(s, p.max_output_len) for s in found]
         more = bool(events) and (events.cut or len(events) == TRAJECTORY_READ)
         return rpc.TrajectoryResult(
             steps=found, truncated_by_bytes=events.cut,
-            next_cursor=encode_cursor(events[-1].version + 1, last_turn(rows, turn))
+            next_cursor=encode_cursor(events[-1].version + 1, *last_turn(rows, turn, running))
             if more else None)
 
     def _check_host(self, sid: str, started: dict[str, Any], action: str) -> None:

@@ -135,6 +135,11 @@ class App:
                 "access-control-allow-headers": _ALLOWED_HEADERS,
                 "access-control-max-age": "600"}))
             return
+        if path == "/favicon.ico" and method in ("GET", "HEAD"):
+            # What a browser asks of every host it shows a page of, without the token in
+            # the path: no icon, and no 401 (and its log line) for each page.
+            await reply(Reply(204, {"cache-control": "max-age=86400"}))
+            return
         caller, mount, path = self._authenticate(scope, path, settings)
         if path == "/metrics":
             if caller.uid != os.getuid():

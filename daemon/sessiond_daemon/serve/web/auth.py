@@ -15,9 +15,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sessiond_daemon.core.access import PEER_UID  # the uid of the peer token's requests
 from sessiond_schemas.paths import http_token_path, write_http_token
-
-PEER_UID = -1  # the uid a peer token's requests are checked (and recorded) as
 
 
 @dataclass(slots=True)

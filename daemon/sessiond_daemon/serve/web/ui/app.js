@@ -201,7 +201,7 @@ function describe(e) {
   const d = e.data || {};
   switch (e.type) {
     case "message.appended":
-      return [`role-${d.role}`, `#${d.sequence} ${d.role}${d.tool_call_id ? ` · call ${d.tool_call_id}` : ""}`, d.content];
+      return [`role-${d.role}`, `#${d.sequence} ${d.role}${d.tool_call_id ? ` · result of ${d.tool_call_id}` : ""}${d.metadata && d.metadata.is_error ? " · error" : ""}`, d.content];
     case "session.created":
       return ["", `created ${d.status || "active"}`, [d.task, d.actor_name && `actor ${d.actor_name}`, d.namespace && `ns ${d.namespace}`].filter(Boolean).join(" · ")];
     case "session.status_changed":
@@ -212,10 +212,26 @@ function describe(e) {
       return ["", `step ${d.node_id}`, [d.edge && `edge ${d.edge}`, d.latency_ms ? `${d.latency_ms} ms` : "", d.tokens ? `${d.tokens} tokens` : "", d.retries ? `${d.retries} retries` : "", d.failed ? "FAILED" : ""].filter(Boolean).join(" · ")];
     case "checkpoint.saved":
       return ["", `checkpoint ${d.checkpoint_id}`, `node ${d.node_id || "-"} · ${d.size ?? "?"} B`];
+    case "process.started":
+      return ["", `process started · turn ${d.turn}`, `pid ${d.pid}${d.host ? ` on ${d.host}` : ""} · ${(d.argv || []).join(" ").slice(0, 200)}`];
+    case "process.exited":
+      return ["", `process exited · turn ${d.turn}`, [d.signal ? `signal ${d.signal}` : `exit code ${d.exit_code ?? "?"}`, d.lines !== undefined && d.lines !== null ? `${d.lines} lines` : ""].filter(Boolean).join(" · ")];
     case "process.output":
       return ["", `output [${d.stream || "stdout"}]`, d.line];
     case "stream.chunk":
       return ["", "chunk", d.text !== undefined && d.text !== null ? d.text : `${Math.floor((d.base64 || "").length * 3 / 4)} bytes (binary)`];
+    case "graph.checkpoint": {
+      // LangGraph's values are its serializer's bytes: what is said is where it sits.
+      const m = d.metadata || {};
+      const chans = Object.keys(d.blobs || {}).filter((k) => !k.startsWith("branch:"));
+      return ["graph", `checkpoint · step ${m.step ?? "-"} (${m.source || "-"})`, `${d.checkpoint_id}${d.ns ? ` · ns ${d.ns}` : ""} · channels: ${chans.join(", ") || "-"}`];
+    }
+    case "graph.writes": {
+      const node = (d.task_path || "").split(", ").pop() || "-";
+      const chans = (d.writes || []).map((w) => w.channel);
+      if (chans.includes("__interrupt__")) return ["graph interrupt", `interrupt in ${node}`, "the graph stopped here and waits to be resumed"];
+      return ["graph", `writes of ${node}`, `channels: ${chans.filter((c) => !String(c).startsWith("branch:")).join(", ") || "-"}`];
+    }
     case "session.forked":
       return ["", "forked", `from ${d.from && d.from.session_id} at v${d.from && d.from.version}`];
     default:
@@ -225,17 +241,36 @@ function describe(e) {
 
 class Timeline {
   // The events of a session, paired: a tool result sits under the call it answers.
-  constructor(list) {
+  // `own`: the session whose page this is; an event of another (a fork's source) is
+  // marked as inherited, with a link to the session it belongs to.
+  constructor(list, own) {
     this.list = list;
-    this.calls = new Map(); // tool_call_id -> the element of the message that made the call
+    this.own = own;
+    this.calls = new Map(); // tool_call_id -> the element of the call (or of its message)
     this.seen = 0; // the highest version shown
+    this.onEvent = () => {}; // told of each event added live
   }
 
   item(e) {
-    const [cls, label, body] = describe(e);
-    const el = h("li", { class: `ev ${cls}`, "data-version": e.version, "data-type": e.type },
-      h("div", { class: "meta" }, h("span", {}, `v${e.version}`), h("span", { title: e.recorded_at }, e.recorded_at.slice(11, 19)), h("b", {}, label)),
+    const d = e.data || {};
+    const calls = e.type === "message.appended" ? toolCalls(d) : [];
+    const [cls, label, described] = describe(e);
+    const body = calls.length && isCallText(d.content, calls) ? null : described;
+    const inherited = e.session_id && this.own && e.session_id !== this.own;
+    const el = h("li", { class: `ev ${cls}${inherited ? " inherited" : ""}`, "data-version": e.version, "data-type": e.type,
+      "data-session": inherited ? e.session_id : null },
+      h("div", { class: "meta" }, h("span", {}, `v${e.version}`), h("span", { title: e.recorded_at }, e.recorded_at.slice(11, 19)), h("b", {}, label),
+        inherited ? h("span", { class: "from" }, "from ", sessionLink(e.session_id)) : null),
       body ? h("div", { class: "body" }, body) : null);
+    if (calls.length) {
+      for (const c of calls) {
+        const call = h("div", { class: "call", "data-call": c.id || "", "data-tool": c.name },
+          h("div", {}, h("b", { class: "tool" }, c.name), c.id ? h("span", { class: "muted" }, ` · ${c.id}`) : null),
+          c.input !== undefined && c.input !== null ? h("pre", { class: "input" }, showInput(c.input)) : null);
+        el.append(call);
+        if (c.id) this.calls.set(c.id, call);
+      }
+    }
     return el;
   }
 
@@ -243,12 +278,14 @@ class Timeline {
     const d = e.data || {};
     if (e.type === "message.appended" && d.role === "tool" && d.tool_call_id && this.calls.has(d.tool_call_id)) {
       const call = this.calls.get(d.tool_call_id);
-      call.append(h("div", { class: "result", "data-result-of": d.tool_call_id }, h("b", {}, `result #${d.sequence}: `), d.content));
+      call.append(h("div", { class: `result${d.metadata && d.metadata.is_error ? " failed" : ""}`, "data-result-of": d.tool_call_id, "data-version": e.version },
+        h("b", {}, `result #${d.sequence}${d.metadata && d.metadata.is_error ? " (error)" : ""}: `), d.content));
+      this.seen = Math.max(this.seen, e.version);
       return;
     }
     const el = this.item(e);
-    if (e.type === "message.appended" && d.role !== "tool") {
-      for (const id of toolCallIds(d)) this.calls.set(id, el);
+    if (e.type === "message.appended" && d.role === "assistant" && d.tool_call_id && !this.calls.has(d.tool_call_id)) {
+      this.calls.set(d.tool_call_id, el); // a call named only by the message's own id
     }
     if (where === "start") this.list.prepend(el);
     else this.list.append(el);
@@ -256,29 +293,65 @@ class Timeline {
   }
 }
 
-function toolCallIds(d) {
-  // The ids of the tool calls a message makes: its tool_call_id, or metadata.tool_calls.
-  const calls = (d.metadata && (d.metadata.tool_calls || d.metadata.function_calls)) || [];
-  const out = Array.isArray(calls) ? calls.map((c) => c && (c.id || c.call_id)).filter(Boolean) : [];
-  if (d.role === "assistant" && d.tool_call_id) out.push(d.tool_call_id);
+export function toolCalls(d) {
+  // The tool calls a message makes, whoever wrote them, as {id, name, input}, as
+  // sessiond_schemas/toolcalls.py reads them: metadata.tool_calls of the importers
+  // ({id, name, input}), OpenAI's ({id, function: {name, arguments}}), LangChain's
+  // ({id, name, args}), the Agents SDK's ({call_id, name, arguments}), ADK's
+  // function_calls ({id, name, args}). A call without its input (the Agents SDK and ADK
+  // keep it once, in the content: `name(arguments)`, a line a call) takes it from there.
+  const m = d.metadata || {};
+  const calls = [m.tool_calls, m.function_calls].filter(Array.isArray).flat();
+  const out = calls.filter((c) => c && typeof c === "object").map((c) => {
+    const f = c.function && typeof c.function === "object" ? c.function : {};
+    const input = [c.input, c.args, c.arguments, f.arguments].find((x) => x !== undefined && x !== null);
+    return { id: c.id || c.call_id || null, name: String(c.name || f.name || c.type || "tool"), input };
+  });
+  const content = (d.content || "").trim();
+  const lines = out.length > 1 ? content.split("\n") : [content];
+  if (lines.length === out.length) {
+    out.forEach((c, i) => {
+      if ((c.input === undefined || c.input === null) && lines[i].startsWith(`${c.name}(`) && lines[i].endsWith(")")) {
+        c.input = lines[i].slice(c.name.length + 1, -1);
+      }
+    });
+  }
   return out;
+}
+
+function isCallText(content, calls) {
+  // The message's text only names its calls (`Grep({...})`): the calls say it all.
+  const text = (content || "").trim();
+  return calls.length > 0 && text.startsWith(`${calls[0].name}(`) && text.endsWith(")");
+}
+
+function showInput(input) {
+  // A call's input as people read it: a JSON string parsed, then pretty-printed.
+  let value = input;
+  if (typeof value === "string") {
+    try { value = JSON.parse(value); } catch { return value; }
+  }
+  return typeof value === "string" ? value : JSON.stringify(value, null, 2);
 }
 
 async function sessionView(id) {
   const p = params();
   const at = p.get("v") ? Number(p.get("v")) : null;
   const state = await rpc("session.get", { session_id: id, at_version: at });
-  const current = { version: state.version }; // moves with the live tail
+  const current = { version: state.version, status: state.status, exec: execKey(state) }; // moves with the live tail
   const u = state.token_usage;
   const head = h("section", { "aria-label": "Session" },
     h("h1", {}, state.session_id),
-    h("div", { class: "actions" }, badge(state.status), state.actor_name || "-", "·", state.namespace, "·",
+    h("div", { class: "actions" }, h("span", { id: "status" }, badge(state.status)), state.actor_name || "-", "·", state.namespace, "·",
       state.task ? h("span", { class: "muted" }, state.task.slice(0, 200)) : null),
+    state.forked_from ? h("p", { id: "forked-from" }, "Forked from ", sessionLink(state.forked_from.session_id),
+      ` at v${state.forked_from.version}: the events up to it are its source's, marked “from”.`) : null,
     h("div", { class: "facts", id: "facts" },
       fact("version", state.version, "version"), fact("messages", state.message_count, "messages"),
       fact("tokens in / out", `${u.input_tokens} / ${u.output_tokens}`, "tokens"), fact("cost", money(u.estimated_cost), "cost"),
-      fact("created", ago(state.timestamps.created_at)), fact("updated", ago(state.timestamps.updated_at)),
-      fact("checkpoints", state.checkpoint_count), fact("model", state.model || "-")));
+      fact("created", ago(state.timestamps.created_at)), fact("updated", ago(state.timestamps.updated_at), "updated"),
+      state.checkpoint_count || state.source !== "langgraph" ? fact("checkpoints", state.checkpoint_count, "checkpoints")
+        : fact("checkpoints", "LangGraph's: in the timeline"), fact("model", state.model || "-", "model")));
   const travel = h("form", { class: "actions", "aria-label": "Time travel", onsubmit: (e) => {
     e.preventDefault();
     const v = new FormData(e.target).get("v");
@@ -288,9 +361,11 @@ async function sessionView(id) {
     h("button", { type: "submit" }, "Show"),
     at ? h("a", { href: `#/s/${encodeURIComponent(id)}` }, "Back to now") : null,
     at ? h("span", { class: "muted", role: "status" }, `Showing the state as it was at version ${at}.`) : null);
+  const endButton = h("button", { type: "button", id: "end", onclick: () => end(id, current) }, "End session (completed)");
+  endButton.hidden = Boolean(at) || !ENDABLE.has(state.status);
   const actions = h("div", { class: "actions", "aria-label": "Actions" },
     h("button", { type: "button", id: "fork", onclick: () => fork(id, at || current.version) }, `Fork at v${at || state.version}`),
-    !at && ENDABLE.has(state.status) ? h("button", { type: "button", id: "end", onclick: () => end(id, state) }, "End session (completed)") : null,
+    at ? null : endButton,
     h("button", { type: "button", id: "export", onclick: () => exportSession(id) }, "Export JSON"),
     !at ? h("button", { type: "button", class: "danger", id: "delete", onclick: () => remove(id) }, "Delete…") : null);
   const list = h("ol", { class: "timeline", id: "timeline", "aria-live": "polite" });
@@ -298,60 +373,115 @@ async function sessionView(id) {
   const graph = h("div", { id: "graph" });
   const forks = h("div", { id: "forks" });
   const executor = h("div", { id: "executor" });
+  // A panel is drawn only for what the session has: each starts hidden and shows itself.
+  const panel = (label, title, body) => {
+    const el = h("section", { "aria-label": label, "data-panel": label }, h("h2", {}, title), body);
+    el.hidden = true;
+    return el;
+  };
+  const panels = { graph: panel("Graph progress", "Graph progress", graph), forks: panel("Forks", "Fork tree", forks),
+    executor: panel("Executor", "Executor", executor) };
   show(head, travel, actions,
     h("div", { class: "cols" },
       h("section", { "aria-label": "Timeline" }, h("h2", {}, "Timeline"), earlier, list),
-      h("div", {}, h("section", { "aria-label": "Graph progress" }, h("h2", {}, "Graph progress"), graph),
-        h("section", { "aria-label": "Forks" }, h("h2", {}, "Fork tree"), forks),
-        h("section", { "aria-label": "Executor" }, h("h2", {}, "Executor"), executor),
+      h("div", {}, panels.graph, panels.forks, panels.executor,
         h("section", { "aria-label": "State" }, h("h2", {}, "Memory and metadata"),
           h("pre", {}, JSON.stringify({ memory: state.memory, metadata: state.metadata, progress: state.progress }, null, 2))))));
-  const timeline = new Timeline(list);
+  const timeline = new Timeline(list, id);
+  const segments = await lineage(state);
   const last = state.version;
   let first = Math.max(1, last - EVENTS_PAGE + 1);
-  for (const e of await eventsBetween(id, first, last)) timeline.add(e);
+  for (const e of await eventsBetween(segments, first, last)) timeline.add(e);
   const loadEarlier = async () => {
     if (first <= 1) return;
     const from = Math.max(1, first - EVENTS_PAGE);
-    for (const e of (await eventsBetween(id, from, first - 1)).reverse()) timeline.add(e, "start");
+    for (const e of (await eventsBetween(segments, from, first - 1)).reverse()) timeline.add(e, "start");
     first = from;
     earlier.hidden = first <= 1;
   };
   earlier.addEventListener("click", () => loadEarlier().catch(fail));
   earlier.hidden = first <= 1;
-  graphPath(graph, id, last).catch((err) => fill(graph, h("p", { class: "error" }, err.message)));
-  forkTree(forks, state).catch((err) => fill(forks, h("p", { class: "error" }, err.message)));
-  executorPane(executor, state).catch((err) => fill(executor, h("p", { class: "error" }, err.message)));
+  const drawGraph = () => graphPath(graph, id, at ? last : null).then((n) => { panels.graph.hidden = !n; })
+    .catch((err) => { panels.graph.hidden = false; fill(graph, h("p", { class: "error" }, err.message)); });
+  const drawExecutor = (s) => executorPane(executor, s).then((shown) => { panels.executor.hidden = !shown; })
+    .catch((err) => { panels.executor.hidden = false; fill(executor, h("p", { class: "error" }, err.message)); });
+  drawGraph();
+  forkTree(forks, state).then((n) => { panels.forks.hidden = !n; })
+    .catch((err) => { panels.forks.hidden = false; fill(forks, h("p", { class: "error" }, err.message)); });
+  drawExecutor(state);
   if (!at) {
+    // What the live tail changes besides the timeline: the head's figures, the status and
+    // its End button, the graph, the executor's pane. Redrawn at most once a second.
+    const view = { id, current, endButton, drawGraph, drawExecutor, dirty: new Set() };
+    timeline.onEvent = (e) => view.dirty.add(e.type);
     // A typed session's stream is its events as JSON: follow it over SSE. A generic
     // stream's is its bytes, not events: read its events once a second instead.
     const stream = state.metadata && state.metadata.stream;
-    if (stream && typeof stream.content_type === "string") poll(id, timeline, current);
-    else follow(id, timeline, current);
+    if (stream && typeof stream.content_type === "string") poll(timeline, view);
+    else follow(timeline, view);
   }
 }
 
-async function eventsBetween(id, from, to) {
-  // A session's events from version `from` to `to`: as many pages as the daemon's byte
-  // budget (max_page_bytes) cuts them into.
+function execKey(s) {
+  return `${s.turn}/${s.pid}/${s.exit_code}`;
+}
+
+async function lineage(state) {
+  // Where each version of the session is read from, oldest first: [{id, from, to}]. A
+  // fork's versions up to its fork point are its source's events (and so on up the
+  // chain, at most 20 ancestors), its own from the fork point on.
+  const chain = [{ id: state.session_id, upto: Infinity }];
+  let link = state.forked_from;
+  while (link && chain.length <= 20) {
+    chain.push({ id: link.session_id, upto: link.version });
+    const up = await rpc("session.get", { session_id: link.session_id }).catch(() => null);
+    link = up && up.forked_from;
+  }
   const out = [];
-  let at = from;
-  while (at <= to) {
-    const page = await rpc("events.read", { session_id: id, from_version: at, limit: Math.min(EVENTS_PAGE, to - at + 1) });
-    for (const e of page.events) if (e.version <= to) out.push(e);
-    if (page.next === null || page.next === undefined || !page.events.length) break;
-    at = page.next;
+  let from = 1;
+  for (const seg of chain.reverse()) {
+    out.push({ id: seg.id, from, to: seg.upto });
+    from = seg.upto + 1;
   }
   return out;
 }
 
-function follow(id, timeline, current) {
+async function eventsBetween(segments, from, to) {
+  // The events of versions `from` to `to`, each read from the session that holds it, as
+  // many pages as the daemon's byte budget (max_page_bytes) cuts them into.
+  const out = [];
+  for (const seg of segments) {
+    const lo = Math.max(from, seg.from);
+    const hi = Math.min(to, seg.to);
+    if (lo > hi) continue;
+    let at = lo;
+    while (at <= hi) {
+      const page = await rpc("events.read", { session_id: seg.id, from_version: at, limit: Math.min(EVENTS_PAGE, hi - at + 1) });
+      for (const e of page.events) if (e.version <= hi) out.push(e);
+      if (page.next === null || page.next === undefined || !page.events.length) break;
+      at = page.next;
+    }
+  }
+  return out;
+}
+
+function later(view) {
+  // Redraw what the new events change, at most once a second (a throttle: a steady
+  // stream of events still redraws every second).
+  if (view.timer) return;
+  view.timer = setTimeout(() => {
+    view.timer = null;
+    refresh(view).catch(() => {});
+  }, 1000);
+}
+
+function follow(timeline, view) {
   // The live tail: SSE from the Durable Streams face, from the last version shown. The
   // daemon ends each response after a while (http_sse_close_s); we reopen it from the
   // last offset its control events gave, so nothing is read twice.
+  const id = view.id;
   let offset = String(timeline.seen).padStart(20, "0");
   let source = null;
-  let facts = null;
   let again = null;
   const open = () => {
     const url = new URL(`v1/stream/${encodeURIComponent(id)}?offset=${offset}&live=sse`, BASE);
@@ -359,9 +489,8 @@ function follow(id, timeline, current) {
     source.addEventListener("data", (m) => {
       let events = JSON.parse(m.data);
       if (!Array.isArray(events)) events = [events];
-      for (const e of events) if (e.version > timeline.seen) timeline.add(e);
-      clearTimeout(facts); // the head's figures, at most once a second
-      facts = setTimeout(() => refreshFacts(id, current).catch(() => {}), 1000);
+      for (const e of events) if (e.version > timeline.seen) { timeline.add(e); timeline.onEvent(e); }
+      later(view);
     });
     source.addEventListener("control", (m) => {
       const c = JSON.parse(m.data);
@@ -376,35 +505,55 @@ function follow(id, timeline, current) {
     });
   };
   open();
-  stop = () => { source.close(); clearTimeout(facts); clearTimeout(again); setLive(""); };
+  stop = () => { source.close(); clearTimeout(view.timer); clearTimeout(again); setLive(""); };
 }
 
-function poll(id, timeline, current) {
+function poll(timeline, view) {
   let timer = null;
   let stopped = false;
   const tick = async () => {
     try {
-      const page = await rpc("events.read", { session_id: id, from_version: timeline.seen + 1, limit: EVENTS_PAGE });
-      for (const e of page.events) timeline.add(e);
-      if (page.events.length) await refreshFacts(id, current);
+      const page = await rpc("events.read", { session_id: view.id, from_version: timeline.seen + 1, limit: EVENTS_PAGE });
+      for (const e of page.events) { timeline.add(e); timeline.onEvent(e); }
+      if (page.events.length) await refresh(view);
       setLive("● live (read every second)");
     } catch (err) { setLive(`reconnecting… (${err.message})`); }
     if (!stopped) timer = setTimeout(tick, 1000);
   };
   timer = setTimeout(tick, 1000);
-  stop = () => { stopped = true; clearTimeout(timer); setLive(""); };
+  stop = () => { stopped = true; clearTimeout(timer); clearTimeout(view.timer); setLive(""); };
 }
 
-async function refreshFacts(id, current) {
-  const s = await rpc("session.get", { session_id: id });
+const EXECUTOR_TYPES = new Set(["process.started", "process.output", "process.exited", "process.detached", "message.appended", "session.status_changed"]);
+
+async function refresh(view) {
+  // Everything on the page that the session's events change, from one session.get.
+  const { current } = view;
+  const s = await rpc("session.get", { session_id: view.id });
+  const dirty = view.dirty;
+  view.dirty = new Set();
   current.version = s.version;
   const set = (k, v) => { const el = $(`[data-stat="${k}"]`); if (el) el.textContent = v; };
   set("version", s.version);
   set("messages", s.message_count);
   set("tokens", `${s.token_usage.input_tokens} / ${s.token_usage.output_tokens}`);
   set("cost", money(s.token_usage.estimated_cost));
+  set("updated", ago(s.timestamps.updated_at));
+  set("checkpoints", s.checkpoint_count);
+  set("model", s.model || "-");
   const forkButton = $("#fork");
   if (forkButton) forkButton.textContent = `Fork at v${s.version}`;
+  if (s.status !== current.status) {
+    current.status = s.status;
+    fill($("#status"), badge(s.status));
+  }
+  view.endButton.hidden = !ENDABLE.has(s.status);
+  if (dirty.has("progress.recorded")) view.drawGraph();
+  const exec = execKey(s);
+  if (exec !== current.exec || (hasExecutor(s) && [...dirty].some((t) => EXECUTOR_TYPES.has(t)))) {
+    current.exec = exec;
+    view.drawExecutor(s);
+  }
 }
 
 async function graphPath(root, id, atVersion) {
@@ -416,7 +565,7 @@ async function graphPath(root, id, atVersion) {
     if (page.next === null || page.next === undefined) { after = null; break; }
     after = page.next;
   }
-  if (!steps.length) { fill(root, h("p", { class: "muted" }, "No graph steps.")); return; }
+  if (!steps.length) { fill(root, h("p", { class: "muted" }, "No graph steps.")); return 0; }
   const visits = new Map();
   const path = h("div", { class: "path", id: "path" });
   let prev = null;
@@ -433,6 +582,7 @@ async function graphPath(root, id, atVersion) {
   const counts = h("table", { id: "visits" }, h("thead", {}, h("tr", {}, h("th", {}, "node"), h("th", { class: "num" }, "visits"))),
     h("tbody", {}, [...visits].map(([n, c]) => h("tr", {}, h("td", {}, n), h("td", { class: "num" }, c)))));
   fill(root, path, after !== null ? h("p", { class: "muted" }, `First ${steps.length} steps shown.`) : null, counts);
+  return steps.length;
 }
 
 async function forkTree(root, state) {
@@ -460,26 +610,39 @@ async function forkTree(root, state) {
   }
   const more = forks.count - forks.forks.length;
   fill(root, tree, more > 0 ? h("p", { class: "muted" }, `… and ${more} more forks`) : null);
+  return ancestors.length + forks.count;
+}
+
+function hasExecutor(s) {
+  // An executor ran (or runs) for the session: a turn was started, or a process is live.
+  return s.turn > 0 || (s.pid !== null && s.pid !== undefined);
 }
 
 async function executorPane(root, state) {
-  if (!state.turn && state.pid === null && !state.adapter) {
-    fill(root, h("p", { class: "muted" }, "Not run by an executor."));
-    return;
-  }
+  // The executor's pane, drawn only for a session an executor ran: false otherwise.
+  if (!hasExecutor(state)) return false;
   const [trajectory, output] = await Promise.all([
     rpc("session.trajectory", { session_id: state.session_id }).catch((e) => ({ error: e.message })),
     rpc("session.output", { session_id: state.session_id }).catch((e) => ({ error: e.message })),
   ]);
   const steps = trajectory.steps || [];
-  fill(root, 
-    h("p", {}, `turn ${state.turn} · pid ${state.pid ?? "-"} · exit ${state.exit_code ?? "-"} · adapter ${state.adapter || "-"}`),
+  const running = state.pid !== null && state.pid !== undefined && (state.exit_code === null || state.exit_code === undefined)
+    && ENDABLE.has(state.status);
+  fill(root,
+    h("p", { id: "process" }, `turn ${state.turn} · `, running ? `running, pid ${state.pid}` : "not running",
+      " · exit ", h("span", { id: "exit-code" }, state.exit_code ?? "-"), ` · adapter ${state.adapter || "-"}`),
     h("h2", {}, "Trajectory"),
     trajectory.error ? h("p", { class: "error" }, trajectory.error) :
       h("ol", { id: "trajectory" }, steps.slice(0, 500).map((s) => h("li", {}, h("b", {}, s.type), " ", s.summary))),
     h("h2", {}, `Output of turn ${output.turn ?? "-"}`),
     output.error ? h("p", { class: "error" }, output.error) :
-      h("pre", { id: "output" }, (output.lines || []).map((l) => `[${l.stream}] ${l.line}`).join("\n")));
+      h("pre", { id: "output" }, (output.lines || []).map(outputLine).join("\n")));
+  return true;
+}
+
+function outputLine(l) {
+  // session.output's lines are the turn's text lines, plain strings (docs/protocol.md).
+  return typeof l === "string" ? l : `[${l.stream}] ${l.line}`;
 }
 
 // --- the buttons that write --------------------------------------------------------------
@@ -491,10 +654,10 @@ async function fork(id, version) {
   } catch (err) { fail(err); }
 }
 
-async function end(id, state) {
+async function end(id, current) {
   if (!confirm(`End session ${id}? Its status becomes completed.`)) return;
   try {
-    await rpc("session.transition", { session_id: id, to: "completed", reason: "ended in the web view", expected_version: state.version });
+    await rpc("session.transition", { session_id: id, to: "completed", reason: "ended in the web view", expected_version: current.version });
     route();
   } catch (err) { fail(err); }
 }
@@ -540,7 +703,7 @@ class Host {
     if (e.type === "session.created") Object.assign(s, { actor: d.actor_name || null, namespace: d.namespace || "local", status: d.status || "active", known: true });
     else if (e.type === "session.status_changed") s.status = d.to;
     else if (e.type === "tokens.recorded") this.spend.push([at, e.session_id, (d.input_tokens || 0) + (d.output_tokens || 0), d.estimated_cost || 0]);
-    else if (e.type === "process.started") this.executors.set(e.session_id, d.pid);
+    else if (e.type === "process.started") this.executors.set(e.session_id, { pid: d.pid, host: d.host || null });
     else if (e.type === "process.exited" || e.type === "process.detached") this.executors.delete(e.session_id);
     this.minute.push([at, e.session_id]);
     this.position = Math.max(this.position, e.position);
@@ -565,8 +728,10 @@ class Host {
   }
 
   figures(now) {
-    while (this.minute.length && this.minute[0][0] < now - MINUTE) this.minute.shift();
-    while (this.spend.length && this.spend[0][0] < now - HOUR) this.spend.shift();
+    // Windows by the events' own time, whatever order they arrived in: an old-dated
+    // event (an import of last month's usage) read after a new one is not in them.
+    this.minute = this.minute.filter(([at]) => at >= now - MINUTE);
+    this.spend = this.spend.filter(([at]) => at >= now - HOUR);
     const busy = new Map();
     for (const [, id] of this.minute) busy.set(id, (busy.get(id) || 0) + 1);
     const actors = new Map();
@@ -592,9 +757,9 @@ async function hostView() {
   show(h("h1", {}, "Host"), stats,
     h("div", { class: "cols" },
       h("section", { "aria-label": "Busiest sessions" }, h("h2", {}, "Busiest sessions (events in the last minute)"),
-        h("table", { id: "busiest" }, h("thead", {}, h("tr", {}, h("th", {}, "session"), h("th", {}, "actor"), h("th", {}, "status"), h("th", { class: "num" }, "events/1m"))), busiest)),
-      h("section", { "aria-label": "Spend by actor" }, h("h2", {}, "Spend by actor"),
-        h("table", { id: "actors" }, h("thead", {}, h("tr", {}, h("th", {}, "actor"), ["tokens/1m", "cost/1m", "tokens/1h", "cost/1h"].map((c) => h("th", { class: "num" }, c)))), actors))),
+        h("table", { id: "busiest", class: "responsive" }, h("thead", {}, h("tr", {}, h("th", {}, "session"), h("th", {}, "actor"), h("th", {}, "status"), h("th", { class: "num" }, "events/1m"))), busiest)),
+      h("section", { "aria-label": "Spend by actor" }, h("h2", {}, "Spend by actor (by the usage's own time)"),
+        h("table", { id: "actors", class: "responsive" }, h("thead", {}, h("tr", {}, h("th", {}, "actor"), ["tokens/1m", "cost/1m", "tokens/1h", "cost/1h"].map((c) => h("th", { class: "num" }, c)))), actors))),
     h("section", { "aria-label": "Executors" }, h("h2", {}, "Executors running"), executors));
   const host = new Host();
   let first = await rpc("daemon.stats");
@@ -610,12 +775,13 @@ async function hostView() {
     const f = host.figures(Date.now());
     fill(busiest, ...f.busiest.map(([id, n]) => {
       const k = host.sessions.get(id) || {};
-      return h("tr", {}, h("td", {}, sessionLink(id)), h("td", {}, k.actor || "-"), h("td", {}, k.status ? badge(k.status) : "-"), h("td", { class: "num" }, n));
+      return h("tr", {}, h("td", { "data-label": "session" }, sessionLink(id)), h("td", { "data-label": "actor" }, k.actor || "-"),
+        h("td", { "data-label": "status" }, k.status ? badge(k.status) : "-"), h("td", { class: "num", "data-label": "events/1m" }, n));
     }));
-    fill(actors, ...f.actors.map((a) => h("tr", { "data-actor": a.actor }, h("td", {}, a.actor),
-      h("td", { class: "num" }, a.tokens_1m), h("td", { class: "num" }, money(a.cost_1m)),
-      h("td", { class: "num" }, a.tokens_1h), h("td", { class: "num" }, money(a.cost_1h)))));
-    fill(executors, ...[...host.executors].map(([id, pid]) => h("li", {}, sessionLink(id), ` pid ${pid}`)));
+    fill(actors, ...f.actors.map((a) => h("tr", { "data-actor": a.actor }, h("td", { "data-label": "actor" }, a.actor),
+      h("td", { class: "num", "data-label": "tokens/1m" }, a.tokens_1m), h("td", { class: "num", "data-label": "cost/1m" }, money(a.cost_1m)),
+      h("td", { class: "num", "data-label": "tokens/1h" }, a.tokens_1h), h("td", { class: "num", "data-label": "cost/1h" }, money(a.cost_1h)))));
+    fill(executors, ...[...host.executors].map(([id, x]) => h("li", {}, sessionLink(id), ` pid ${x.pid}${x.host ? ` on ${x.host}` : ""}`)));
     if (!host.executors.size) fill(executors, h("li", { class: "muted" }, "none"));
     setLive(`● live · updated ${new Date().toLocaleTimeString()}`);
   };
@@ -632,7 +798,8 @@ function drawStats(root, s) {
   const f = (n) => (n === null || n === undefined ? "?" : n);
   const up = Math.floor(s.uptime_s);
   fill(root, 
-    fact("sessions", s.sessions, "sessions"), fact("events", s.events, "events"),
+    fact("sessions", s.sessions, "sessions"), fact("events stored", s.events, "events"),
+    fact("last position", s.last_position, "last_position"),
     fact("connections", s.connections, "connections"), fact("subscriptions", s.subscriptions, "subscriptions"),
     fact("write queue", `${s.write_queue_depth} / ${f(s.write_queue_capacity)}`, "queue"),
     fact("commit latency", s.commit_latency_ms === null || s.commit_latency_ms === undefined ? "?" : `${s.commit_latency_ms.toFixed(2)} ms`, "commit_latency"),
