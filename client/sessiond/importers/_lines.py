@@ -14,10 +14,29 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from ._builder import Problem, TDict, TList, json_problem, plain, problem_of, root_object
 
 SOURCE_LIMIT = 100_000  # characters of one tool input/output kept in a message
+# Every line is kept as the CLI wrote it, in the data of its first event (LINE_FIELD), so
+# that `sessionctl restore` writes the transcript back line for line. It is one field of
+# its own, the only copy of the line outside the messages, so that a redaction has one
+# place to rewrite. A line longer than LINE_LIMIT characters is kept cut, with
+# LINE_CUT_FIELD saying its length (restore leaves such a line out and says so).
+LINE_FIELD = "transcript_line"
+LINE_CUT_FIELD = "transcript_line_cut"
+LINE_LIMIT = 8 << 20
+
+
+def namespace_for(namespace: str | None, project_key: str, session_id: str | None = None) -> str:
+    """The sessiond namespace of a Claude Code project's main transcripts (or, with
+    `session_id`, of that session's sub-agents'), escaped so that no two collide: where
+    the importer puts them, and SessiondSessionStore(namespace=None) finds them
+    (`namespace` N: `claude-code+N:...`)."""
+    base = "claude-code" if namespace is None else "claude-code+" + quote(namespace, safe="")
+    found = f"{base}:{quote(project_key, safe='')}"
+    return found if session_id is None else f"{found}:{quote(session_id, safe='')}"
 
 
 @dataclass
@@ -28,6 +47,17 @@ class Line:
     number: int
     at: str | None  # the time the CLI recorded
     events: list[dict[str, Any]] = field(default_factory=list)
+
+    def keep(self, text: str) -> None:
+        """Keep the line's own text in its first event (a line that says nothing for the
+        session gets an event that changes nothing: metadata.updated with no patch)."""
+        if not self.events:
+            self.events.append({"type": "metadata.updated", "data": {"patch": {}}})
+        data = self.events[0]["data"] = dict(self.events[0]["data"])
+        if len(text) > LINE_LIMIT:
+            data[LINE_FIELD], data[LINE_CUT_FIELD] = text[:LINE_LIMIT], len(text)
+        else:
+            data[LINE_FIELD] = text
 
 
 @dataclass
@@ -92,12 +122,21 @@ class Parser:
         except ValueError as exc:
             raise _at_line(json_problem(exc), number) from None
         try:
-            return self.convert(root_object(loaded, "a transcript line"), text, number)
+            line = self.convert(root_object(loaded, "a transcript line"), text, number)
         except Exception as exc:  # a line's failure is its own result
             raise _at_line(problem_of(exc), number) from None
+        if line is not None:
+            line.keep(text)
+        return line
 
     def convert(self, obj: TDict, text: str, number: int) -> Line | None:
+        """The line's events (an empty list when it says nothing for the session: it is
+        kept all the same); None only for a line not to keep at all."""
         raise NotImplementedError
+
+    def namespace(self) -> str | None:
+        """The namespace its session is made in (None: the daemon's default)."""
+        return None
 
     def note_time(self, at: str | None) -> None:
         if at and self.facts.first_at is None:
@@ -142,8 +181,22 @@ class ClaudeCode(Parser):
             self.facts.session_id = stem
         elif len(parts) >= 3 and parts[-2] == "subagents":
             self._parent(parts[-3])
-        self.facts.extra["project"] = parts[-2] if self.agent is None else None
+        # The project folder (the CLI's name for the cwd: the Agent SDK's project_key), and
+        # for a sub-agent the SDK's subpath: what SessiondSessionStore finds sessions by.
+        nested = self.agent is not None and len(parts) >= 4 and parts[-2] == "subagents"
+        self.facts.extra["project"] = parts[-4] if nested else parts[-2]
+        if self.agent is not None:
+            self.facts.extra["subpath"] = f"subagents/agent-{self.agent}"
         self._usage_seen: set[str] = set()
+
+    def namespace(self) -> str | None:
+        project = self.facts.extra.get("project")
+        if not isinstance(project, str):
+            return None
+        if self.agent is None:
+            return namespace_for(None, project)
+        parent = self.facts.parent_session_id
+        return namespace_for(None, project, parent) if parent else None
 
     def _parent(self, parent: str) -> None:
         self.facts.parent_session_id = parent
@@ -177,7 +230,7 @@ class ClaudeCode(Parser):
             line.events.append(_message("system", obj["content"],
                                         self._meta(obj, uuid, at, subtype=obj.get("subtype"))))
         # file-history-snapshot, queue-operation, progress, ...: nothing for a session
-        return line if line.events else None
+        return line
 
     def _meta(self, obj: TDict, uuid: str | None, at: str | None, **more: Any) -> dict[str, Any]:
         source = {"uuid": uuid, "parent_uuid": obj.get("parentUuid"), "timestamp": at}
@@ -284,7 +337,7 @@ class Codex(Parser):
         elif kind is None and obj.get("record_type") is None and obj.get("id"):
             kind, payload = "session_meta", obj  # before the envelope: the first line
         elif obj.get("record_type") == "state":
-            return None
+            return Line(self.content_key("cx", text), number, at)
         else:
             kind, payload = "response_item", obj
         self.note_time(at or (payload.time("timestamp") if kind == "session_meta" else None))
@@ -304,7 +357,7 @@ class Codex(Parser):
             self._item(payload, at, line)
         elif kind == "event_msg" and payload.get("type") == "token_count":
             self._tokens(payload, line)
-        return line if line.events else None
+        return line
 
     def _meta_line(self, p: TDict) -> None:
         if p.get("id"):

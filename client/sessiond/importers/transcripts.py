@@ -217,8 +217,11 @@ class TranscriptImporter:
             "git_branch": f.first_git_branch, "cli_version": f.cli_version,
             "transcript": os.path.abspath(parser.path),
             "parent_session_id": f.parent_session_id, **f.extra}.items() if v is not None}
+        namespace = parser.namespace()
+        created: dict[str, Any] = {"namespace": namespace} if namespace else {}
         b.add("session.created", {
-            "task": f.task, "working_dir": f.working_dir, "model": f.first_model or f.model,
+            **created, "task": f.task, "working_dir": f.working_dir,
+            "model": f.first_model or f.model,
             "adapter": parser.adapter, "source": parser.adapter,
             "correlation_id": f.parent_session_id, "metadata": metadata}, first)
         at, sequence = first, 0

@@ -1,0 +1,121 @@
+"""SessiondSessionStore against the Claude Agent SDK's own conformance harness and readers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import sys
+from typing import Any
+
+import anyio
+import pytest
+from conftest import Daemon
+from sdk_extras import require_sdk
+
+require_sdk("claude_agent_sdk", "claude-agent-sdk")
+from claude_agent_sdk import (  # noqa: E402
+    get_session_messages_from_store,
+    list_sessions_from_store,
+)
+from claude_agent_sdk.testing import run_session_store_conformance  # noqa: E402
+
+from sessiond import AsyncClient  # noqa: E402
+from sessiond.integrations.claude_agent_sdk import SessiondSessionStore  # noqa: E402
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "transcripts", "claude-code",
+                        "projects")
+PROJECT = "-home-dev-shop"
+SID = "3f6b1c2a-9d84-4e1b-a7c5-1e2f3a4b5c6d"
+counter = itertools.count()
+
+
+def lines_of(path: str) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+async def test_conformance(daemon: Daemon) -> None:
+    """The SDK's 14 contracts, a namespace per store so that each starts empty."""
+    stores: list[SessiondSessionStore] = []
+
+    def make() -> SessiondSessionStore:
+        stores.append(SessiondSessionStore(namespace=f"conformance-{next(counter)}",
+                                           socket=daemon.socket))
+        return stores[-1]
+
+    try:
+        await run_session_store_conformance(make)
+    finally:
+        for store in stores:
+            store.close()
+    assert len(stores) >= 14  # one per contract, and the probe: none was skipped
+
+
+async def test_a_transcript_through_the_store_is_a_session(daemon: Daemon,
+                                                           client: AsyncClient) -> None:
+    """Entries become the session's messages, tool calls and results and token usage,
+    as the importer makes them; load gives back every entry as it was appended."""
+    entries = lines_of(os.path.join(FIXTURES, PROJECT, f"{SID}.jsonl"))
+    store = SessiondSessionStore(socket=daemon.socket)
+    key = {"project_key": PROJECT, "session_id": SID}
+    try:
+        await store.append(key, entries[:3])  # type: ignore[arg-type]
+        await store.append(key, entries[3:])  # type: ignore[arg-type]
+        await store.append(key, entries[3:5])  # type: ignore[arg-type]  # a retry: no dup
+        assert await store.load(key) == entries  # type: ignore[arg-type]
+    finally:
+        store.close()
+    s = await client.get_session(SID)
+    assert (s.namespace, s.working_dir, s.model, s.adapter, s.source) == (
+        f"claude-code:{PROJECT}", "/home/dev/shop", "claude-sonnet-4-20250514", "claude-code",
+        "claude-agent-sdk")
+    assert s.task == entries[1]["message"]["content"]
+    msgs = (await client.list_messages(SID)).messages
+    assert [(m.role, m.tool_call_id) for m in msgs] == [
+        ("user", None), ("assistant", None), ("assistant", None),
+        ("tool", "toolu_01Qw3rTy5uIo7pAs9dFg1hJk"), ("assistant", None), ("user", None)]
+    assert msgs[2].metadata["tool_calls"][0]["name"] == "Grep"
+    usage = [e["message"]["usage"] for e in entries[2:] if e["type"] == "assistant"]
+    assert s.token_usage.output_tokens == usage[0]["output_tokens"] + usage[2]["output_tokens"]
+    found = await client.search("rounding")
+    assert SID in [h.session_id for h in found.sessions]
+    assert (await client.verify()).ok
+
+
+async def test_store_and_importer_see_one_session(daemon: Daemon, client: AsyncClient,
+                                                  short_dir: str) -> None:
+    """The store writes half a transcript, the importer reads the whole file: one session,
+    no line twice; then the SDK's own readers list it and read its messages."""
+    root = os.path.join(short_dir, "projects")
+    shutil.copytree(FIXTURES, root)
+    path = os.path.join(root, PROJECT, f"{SID}.jsonl")
+    entries = lines_of(path)
+    store = SessiondSessionStore(socket=daemon.socket)
+    key = {"project_key": PROJECT, "session_id": SID}
+    try:
+        await store.append(key, entries[:4])  # type: ignore[arg-type]
+        result = await anyio.run_process(
+            [sys.executable, "-m", "sessiond.cli", "--socket", daemon.socket, "import",
+             "--format", "claude-code", "--json", root], check=False)
+        assert result.returncode == 0, result.stderr
+        out = json.loads(result.stdout)
+        mine = [i for i in out["imported"] if i["session_id"] == SID]
+        assert [i["lines"] for i in mine] == [len(entries) - 4]
+        assert await store.load(key) == entries  # type: ignore[arg-type]
+        events = (await client.read_events(SID, limit=10_000)).events
+        keys = [e.meta.idempotency_key for e in events if e.meta.idempotency_key]
+        assert len(dict.fromkeys(keys)) == len(entries)  # each line once
+        # The sub-agent the importer read is the store's subkey of its session.
+        api = "7d1c2b9e-5a44-4f0b-9e61-3c8a2d4f6b10"
+        assert await store.list_subkeys({"project_key": "-home-dev-api", "session_id": api}
+                                        ) == ["subagents/agent-a3f9c21"]
+        listed = await list_sessions_from_store(store, directory="/home/dev/shop")
+        assert SID in [info.session_id for info in listed]
+        read = await get_session_messages_from_store(store, SID, directory="/home/dev/shop")
+        assert [m.type for m in read][:2] == ["user", "assistant"]
+        assert read[0].message["content"] == entries[1]["message"]["content"]
+    finally:
+        store.close()
