@@ -843,3 +843,57 @@ class TestFollowKeepsItsFootprint:
                 return [m.content for m in c.list_messages(str(sid), limit=10).messages]
 
         assert await anyio.to_thread.run_sync(follow) == ["first", "second", "third"]
+
+
+CURRENT = os.path.join(SOURCES, "current")
+
+
+async def test_current_claude_code_records(daemon: Daemon, client: AsyncClient,
+                                           short_dir: str) -> None:
+    """Claude Code 2.1.90: a sub-agent in subagents/, a compact_boundary and the summary
+    after it, a custom title, progress and last-prompt lines (kept, nothing in the view)."""
+    root = os.path.join(short_dir, "projects")
+    shutil.copytree(os.path.join(CURRENT, "claude-code", "projects"), root)
+    code, out = await import_json(daemon, "--format", "claude-code", root)
+    assert code == 0 and out["failed"] == [] and len(out["imported"]) == 2
+    sid = "9c8b7a6d-5e4f-4a3b-8c2d-1e0f9a8b7c6e"
+    s = await client.get_session(sid)
+    assert (s.namespace, s.task, s.model, s.metadata["title"], s.metadata["project"]) == (
+        "claude-code:-home-dev-web", "Why does the build fail on CI only?", "claude-opus-4-6",
+        "CI Node version", "-home-dev-web")
+    msgs = (await client.list_messages(sid)).messages
+    assert [m.role for m in msgs] == ["user", "assistant", "tool", "system", "user",
+                                      "assistant"]
+    boundary, summary = msgs[3].metadata["claude_code"], msgs[4].metadata["claude_code"]
+    assert (boundary["subtype"], boundary["compact_trigger"], boundary["compact_pre_tokens"],
+            boundary["logical_parent_uuid"]) == (
+        "compact_boundary", "manual", 48210, "d00dfeed-0000-4000-8000-000000000005")
+    assert summary["is_compact_summary"] is True
+    sub = await client.get_session(f"{sid}.agent-b7e1d20")
+    assert (sub.namespace, sub.metadata["subpath"], sub.correlation_id) == (
+        f"claude-code:-home-dev-web:{sid}", "subagents/agent-b7e1d20", sid)
+    assert [m.role for m in (await client.list_messages(sub.session_id)).messages] == [
+        "user", "assistant", "tool", "assistant"]
+    assert (await client.verify()).ok
+
+
+async def test_current_codex_rollout(daemon: Daemon, client: AsyncClient,
+                                     short_dir: str) -> None:
+    """Codex 0.169: a fork (forked_from_id, and the source's meta line copied after its
+    own), a rollback (thread_rolled_back) and a compaction (compacted)."""
+    root = os.path.join(short_dir, "sessions")
+    shutil.copytree(os.path.join(CURRENT, "codex", "sessions"), root)
+    code, out = await import_json(daemon, "--format", "codex", root)
+    assert code == 0 and out["failed"] == []
+    sid = "019ad0c4-7e21-7b3a-9f10-3c4d5e6f7a8b"
+    assert [i["session_id"] for i in out["imported"]] == [sid]  # not the fork's source
+    s = await client.get_session(sid)
+    assert (s.metadata["forked_from_id"], s.metadata["cli_version"], s.model) == (
+        "019ad0a0-1111-7222-8333-444455556666", "0.169.0", "gpt-5.3-codex")
+    msgs = (await client.list_messages(sid)).messages
+    assert [m.role for m in msgs] == ["user", "assistant", "tool", "assistant", "system",
+                                      "user", "assistant"]
+    assert msgs[4].metadata["codex"]["rolled_back_turns"] == 1
+    assert (s.token_usage.input_tokens, s.token_usage.output_tokens) == (5000 + 6000, 80 + 40)
+    with pytest.raises(SessionNotFoundError):
+        await client.get_session("019ad0a0-1111-7222-8333-444455556666")

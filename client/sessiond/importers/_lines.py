@@ -224,12 +224,22 @@ class ClaudeCode(Parser):
         if kind == "summary" and obj.get("summary"):
             line.events.append({"type": "metadata.updated",
                                 "data": {"patch": {"summary": obj.text("summary")}}})
+        elif kind == "custom-title" and obj.get("customTitle"):  # /rename (2.1)
+            line.events.append({"type": "metadata.updated",
+                                "data": {"patch": {"title": obj.text("customTitle")}}})
         elif kind in ("user", "assistant"):
             self._chat(obj, kind, uuid, at, line)
         elif kind == "system" and isinstance(obj.get("content"), str) and obj["content"].strip():
-            line.events.append(_message("system", obj["content"],
-                                        self._meta(obj, uuid, at, subtype=obj.get("subtype"))))
-        # file-history-snapshot, queue-operation, progress, ...: nothing for a session
+            # compact_boundary (2.1): where /compact or auto-compaction cut the context;
+            # the summary that replaces what came before is the next (isCompactSummary) line.
+            compact = obj.obj("compactMetadata")
+            line.events.append(_message("system", obj["content"], self._meta(
+                obj, uuid, at, subtype=obj.get("subtype"),
+                logical_parent_uuid=obj.get("logicalParentUuid"),
+                compact_trigger=compact.get("trigger"),
+                compact_pre_tokens=compact.get("preTokens"))))
+        # file-history-snapshot, queue-operation, progress, last-prompt, ...: kept as lines
+        # (restore writes them back), nothing for the session's view
         return line
 
     def _meta(self, obj: TDict, uuid: str | None, at: str | None, **more: Any) -> dict[str, Any]:
@@ -238,6 +248,8 @@ class ClaudeCode(Parser):
             source["is_sidechain"] = True
         if obj.get("isMeta"):
             source["is_meta"] = True
+        if obj.get("isCompactSummary"):
+            source["is_compact_summary"] = True
         source.update({k: v for k, v in more.items() if v is not None})
         return {"claude_code": {k: v for k, v in source.items() if v is not None}}
 
@@ -277,7 +289,8 @@ class ClaudeCode(Parser):
                 self.facts.model = self.facts.model or model
         text = "\n".join(t for t in texts if t.strip())
         if text.strip() or calls:
-            if self.facts.task is None and kind == "user" and not obj.get("isMeta"):
+            if (self.facts.task is None and kind == "user" and not obj.get("isMeta")
+                    and not obj.get("isCompactSummary")):
                 self.facts.task = text.strip()[:200]
             meta = self._meta(obj, uuid, at, message_id=msg.get("id"),
                               request_id=obj.get("requestId"))
@@ -328,6 +341,7 @@ class Codex(Parser):
         found = _ROLLOUT_ID.findall(os.path.basename(path))
         self.facts.session_id = found[-1] if found else None
         self._total: Any = None
+        self._met = False  # the first session_meta line read: it is this file's session
 
     def convert(self, obj: TDict, text: str, number: int) -> Line | None:
         kind = obj.text("type")
@@ -343,7 +357,9 @@ class Codex(Parser):
         self.note_time(at or (payload.time("timestamp") if kind == "session_meta" else None))
         line = Line(self.content_key("cx", text), number, at)
         if kind == "session_meta":
-            self._meta_line(payload)
+            if not self._met:  # a fork or resume copies its source's meta lines after its own
+                self._meta_line(payload)
+            self._met = True
         elif kind == "turn_context":
             model = payload.text("model")
             if model and model != self.facts.model:
@@ -357,6 +373,15 @@ class Codex(Parser):
             self._item(payload, at, line)
         elif kind == "event_msg" and payload.get("type") == "token_count":
             self._tokens(payload, line)
+        elif kind == "event_msg" and payload.get("type") == "thread_rolled_back":
+            # The thread API's rollback (0.169): the last num_turns user turns leave the
+            # model's context. Their messages stay here (history is kept); this says where.
+            turns = int(payload.number("num_turns"))
+            line.events.append(_message(
+                "system", f"Codex rolled back the last {turns} turn(s): they left the"
+                " model's context.", self._source(payload, at, rolled_back_turns=turns)))
+        # compacted, event_msg (but token_count, thread_rolled_back), reasoning, ...: kept
+        # as lines (restore writes them back), nothing for the session's view
         return line
 
     def _meta_line(self, p: TDict) -> None:
@@ -368,7 +393,8 @@ class Codex(Parser):
         git = p.obj("git")
         f.git_branch = git.text("branch") or f.git_branch
         f.first_git_branch = f.first_git_branch or f.git_branch
-        for key in ("originator", "model_provider", "source"):
+        for key in ("originator", "model_provider", "source", "forked_from_id",
+                    "agent_nickname", "agent_role"):
             if isinstance(p.get(key), str):
                 f.extra[key] = p[key]
         if git.text("commit_hash"):
