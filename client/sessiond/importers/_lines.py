@@ -8,12 +8,14 @@ session in the daemon says itself which lines it holds.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 from urllib.parse import quote
 
 from ._builder import Problem, TDict, TList, json_problem, plain, problem_of, root_object
@@ -47,6 +49,30 @@ class Line:
     number: int
     at: str | None  # the time the CLI recorded
     events: list[dict[str, Any]] = field(default_factory=list)
+
+    def cut(self, budget: int) -> Line:
+        """This line made small enough to store (the daemon refused it whole): each
+        message's content and the kept line cut to `budget` characters, tool inputs left
+        out, and marked: `transcript_line_cut` is the line's length, the content ends
+        saying it was cut."""
+        events: list[dict[str, Any]] = []
+        for event in self.events:
+            data = dict(event["data"])
+            if LINE_FIELD in data:
+                data[LINE_CUT_FIELD] = data.get(LINE_CUT_FIELD, len(data[LINE_FIELD]))
+                data[LINE_FIELD] = data[LINE_FIELD][:budget]
+            if event["type"] == "message.appended":
+                content = data.get("content", "")
+                if len(content) > budget:
+                    data["content"] = (content[:budget]
+                                       + f"\n[cut: {len(content)} characters in all]")
+                metadata = dict(data.get("metadata") or {})
+                if "tool_calls" in metadata:
+                    metadata["tool_calls"] = [{**c, "input": "[cut]"}
+                                              for c in metadata["tool_calls"]]
+                data["metadata"] = metadata
+            events.append({**event, "data": data})
+        return Line(self.key, self.number, self.at, events)
 
     def keep(self, text: str) -> None:
         """Keep the line's own text in its first event (a line that says nothing for the
@@ -138,6 +164,19 @@ class Parser:
         """The namespace its session is made in (None: the daemon's default)."""
         return None
 
+    def made_from_here(self, source: str, metadata: dict[str, Any], namespace: str) -> bool:
+        """Whether an existing session (its `source`, `metadata`, `namespace`) is the one
+        this transcript makes: imported from a file of the same name (a rotated copy's
+        name without its `.N`) in a folder of the same name, wherever the CLI's root is
+        now. Else the transcript names a session it did not make: nothing is appended."""
+        made = metadata.get("transcript")
+        if source != self.adapter or not isinstance(made, str):
+            return False
+        def place(path: str) -> tuple[str, str]:
+            path = re.sub(r"(\.jsonl)\.\d+$", r"\1", os.path.normpath(path))
+            return os.path.basename(os.path.dirname(path)), os.path.basename(path)
+        return place(made) == place(self.path)
+
     def note_time(self, at: str | None) -> None:
         if at and self.facts.first_at is None:
             self.facts.first_at = at
@@ -197,6 +236,13 @@ class ClaudeCode(Parser):
             return namespace_for(None, project)
         parent = self.facts.parent_session_id
         return namespace_for(None, project, parent) if parent else None
+
+    def made_from_here(self, source: str, metadata: dict[str, Any], namespace: str) -> bool:
+        # A session the Agent SDK mirrored (SessiondSessionStore) is this transcript's too
+        # when it is where the importer would have put it: one session, keys once.
+        if source == "claude-agent-sdk":
+            return namespace == self.namespace()
+        return super().made_from_here(source, metadata, namespace)
 
     def _parent(self, parent: str) -> None:
         self.facts.parent_session_id = parent
@@ -461,18 +507,48 @@ class Codex(Parser):
 PARSERS: dict[str, type[Parser]] = {"claude-code": ClaudeCode, "codex": Codex}
 
 
+def regular(path: str) -> bool:
+    """Whether `path` itself (not what a symlink names) is a regular file: a FIFO would
+    block the reader, a symlink could lead anywhere; neither is a transcript."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def open_transcript(path: str) -> IO[bytes]:
+    """Open a transcript to read, only if it is a regular file and not a symlink (checked
+    on the file opened: one swapped in after listing is refused too)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Problem("a symbolic link: not followed") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Problem("not a regular file (a FIFO, a device, ...): not read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def transcript_files(fmt: str, root: str) -> list[str]:
     """The transcripts under a root (or the one file given), oldest first within a
-    session: rotated copies (`x.jsonl.1`) before the file itself."""
-    if os.path.isfile(root):
-        return [root]
+    session: rotated copies (`x.jsonl.1`) before the file itself. Symlinks (to files or
+    folders) and FIFOs under the root are not followed; the root itself may be a link."""
+    if os.path.isfile(root) or (os.path.exists(root) and not os.path.isdir(root)):
+        return [root]  # one file given: opening it says what is wrong with it
     found: list[str] = []
     for folder, dirs, files in os.walk(root):
         dirs.sort()
         for name in files:
             if fmt == "codex" and not name.startswith("rollout-"):
                 continue
-            if re.search(r"\.jsonl(\.\d+)?$", name):
+            if re.search(r"\.jsonl(\.\d+)?$", name) and regular(os.path.join(folder, name)):
                 found.append(os.path.join(folder, name))
 
     def order(path: str) -> tuple[str, int]:

@@ -11,12 +11,14 @@ exactly the lines the daemon does not have, in their order.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from sessiond_schemas.errors import (
     InvalidParamsError,
+    InvalidRequestError,
     SessiondError,
     SessionExistsError,
     SessionImportError,
@@ -28,7 +30,7 @@ from sessiond_schemas.events import new_id, now
 from .._sync import Client
 from .._wire import ConnectionLostError
 from ._builder import DocumentBuilder, Problem, problem_of
-from ._lines import PARSERS, Line, Parser, transcript_files
+from ._lines import PARSERS, Line, Parser, open_transcript, transcript_files
 
 
 @dataclass
@@ -43,10 +45,13 @@ class Result:
     failures: list[Problem] = field(default_factory=list)
     error: Problem | None = None  # the whole file failed
     moved: bool = False  # the file listed is no longer at its path: list again
+    pending: int = 0  # a last line still being written (no newline, not whole JSON)
+    warnings: list[str] = field(default_factory=list)
 
     def as_item(self) -> dict[str, Any]:
         return {"file": self.file, "session_id": self.session_id, "version": self.version,
-                "lines": self.appended, "created": self.created, "warnings": []}
+                "lines": self.appended, "created": self.created, "pending": self.pending,
+                "warnings": self.warnings}
 
 
 @dataclass
@@ -62,6 +67,7 @@ class _Tail:
     pending: list[Line] = field(default_factory=list)  # parsed, not yet in the daemon
 
 
+CUT_BUDGET = 256 << 10  # characters of content and of the kept line a cut line keeps
 OPEN_FILES = 64  # transcripts kept open between passes of --follow (a descriptor each)
 
 
@@ -98,7 +104,7 @@ class TranscriptImporter:
     def _open(self, path: str, tail: _Tail) -> None:
         if tail.handle is not None:
             tail.handle.close()
-        tail.handle = open(path, "rb")  # noqa: SIM115 - kept open across passes
+        tail.handle = open_transcript(path)  # kept open across passes
         tail.inode = os.fstat(tail.handle.fileno()).st_ino
         tail.partial, tail.number, tail.offset = b"", 0, 0
         tail.parser.from_start()
@@ -122,7 +128,7 @@ class TranscriptImporter:
     def _reopen(self, path: str, tail: _Tail) -> None:
         """A tail closed by `_opened`: the same file again at its place, or the new one."""
         try:
-            handle = open(path, "rb")  # noqa: SIM115 - kept open across passes
+            handle = open_transcript(path)  # kept open across passes
         except FileNotFoundError:
             return  # rotated away: its rotated copy is listed, and keys count lines once
         if os.fstat(handle.fileno()).st_ino == tail.inode:
@@ -159,12 +165,25 @@ class TranscriptImporter:
                 continue
             break
         if final:
-            self._finish(tail, result)
+            self._finish(tail, result, growing=True)
 
-    def _finish(self, tail: _Tail, result: Result) -> None:
-        """The end of a file that will not grow: a last line without newline counts."""
+    def _finish(self, tail: _Tail, result: Result, growing: bool = False) -> None:
+        """The end of a file: a last line without newline counts if it is whole JSON.
+        In a file that may still grow (`growing`: a one-off import of a transcript the
+        CLI may be writing) one that is not is pending, not a failure: the CLI is still
+        writing it, and the next run reads it."""
         if tail.partial.strip():
-            rest, tail.partial = tail.partial, b""
+            rest = tail.partial
+            if growing:
+                try:
+                    json.loads(rest)
+                except ValueError:
+                    result.pending += 1
+                    result.warnings.append(f"line {tail.number + 1} has no newline yet (the"
+                                           " CLI is writing it): left for the next run")
+                    tail.partial = b""
+                    return
+            tail.partial = b""
             self._lines(tail, rest + b"\n", result)
         tail.partial = b""
 
@@ -192,14 +211,20 @@ class TranscriptImporter:
 
     # -- writing -------------------------------------------------------------------
 
-    def _known(self, sid: str) -> set[str] | None:
-        """The line keys session `sid` holds (None: no such session)."""
+    def _known(self, sid: str, parser: Parser) -> set[str] | None:
+        """The line keys session `sid` holds (None: no such session). A session this
+        transcript did not make (another file's, another program's) is a Problem: the
+        importer appends only to its own."""
         if sid in self.known:
             return self.known[sid]
         try:
-            self.client.get_session(sid)
+            view = self.client.get_session(sid)
         except SessionNotFoundError:
             return None
+        if not parser.made_from_here(view.source, view.metadata, view.namespace):
+            made = view.metadata.get("transcript") or f"source {view.source!r}"
+            raise Problem(f"session {sid} exists and was not made from this transcript"
+                          f" (but from {made}): nothing appended to it")
         keys: set[str] = set()
         version: int | None = 1
         while version is not None:
@@ -275,7 +300,11 @@ class TranscriptImporter:
         return result
 
     def _write(self, tail: _Tail, sid: str, result: Result) -> None:
-        known = self._known(sid)
+        try:
+            known = self._known(sid, tail.parser)
+        except Problem:
+            tail.pending.clear()  # not this transcript's session: its lines go nowhere
+            raise
         if known is None:
             lines, tail.pending = tail.pending, []
             try:
@@ -284,7 +313,8 @@ class TranscriptImporter:
                 self.known.pop(sid, None)
                 tail.pending = lines + tail.pending
                 return self._write(tail, sid, result)
-            except (SessionImportError, InvalidParamsError, TooLargeError):
+            except (SessionImportError, InvalidParamsError, TooLargeError,
+                    InvalidRequestError):
                 # The daemon refuses some line's data. The session goes in without its
                 # lines, which follow one by one: the bad one fails alone (the others
                 # then carry the daemon's time, their own in their metadata).
@@ -303,9 +333,20 @@ class TranscriptImporter:
             line = tail.pending[0]
             if line.key not in known:
                 try:
-                    write = self.client.append_events(sid, line.events,
-                                                      idempotency_key=line.key)
-                except (InvalidParamsError, TooLargeError) as exc:
+                    try:
+                        write = self.client.append_events(sid, line.events,
+                                                          idempotency_key=line.key)
+                    except (TooLargeError, InvalidRequestError) as exc:
+                        if isinstance(exc, InvalidRequestError) and (
+                                exc.data.get("setting") != "max_request_bytes"):
+                            raise
+                        # Over a size cap of the daemon: stored cut, marked as such.
+                        write = self.client.append_events(sid, line.cut(CUT_BUDGET).events,
+                                                          idempotency_key=line.key)
+                        result.warnings.append(f"line {line.number}: over the daemon's"
+                                               f" {exc.data.get('setting', 'size cap')}:"
+                                               " stored cut")
+                except (InvalidParamsError, TooLargeError, InvalidRequestError) as exc:
                     # The daemon refuses this line's data: it is this line's failure,
                     # and the lines after it still go in.
                     result.failures.append(Problem(exc.message, line=line.number))
