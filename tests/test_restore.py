@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 from conftest import Daemon
+from sdk_extras import require_sdk
 
 from sessiond import AsyncClient
 
@@ -79,7 +80,7 @@ async def test_the_agent_sdk_reads_a_restored_claude_code_session(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Restored into $CLAUDE_CONFIG_DIR/projects (the default --to), the Claude Agent SDK's
     own readers list the session and read its messages."""
-    sdk = pytest.importorskip("claude_agent_sdk", reason="pip install -e '.[claude-agent-sdk]'")
+    sdk = require_sdk("claude_agent_sdk", "claude-agent-sdk")
     root = os.path.join(short_dir, "projects")
     shutil.copytree(ROOTS["claude-code"][0], root)
     code, out, _ = await sessionctl(daemon, "import", "--format", "claude-code", root)
@@ -130,7 +131,7 @@ async def test_a_session_made_elsewhere_is_a_transcript_each_cli_reads(
     assert item["left_out"] == ["a system message (version 3)"]
     assert os.path.dirname(item["file"]) == os.path.join(root, "-home-dev-made")
     cli_id = os.path.basename(item["file"]).removesuffix(".jsonl")
-    sdk = pytest.importorskip("claude_agent_sdk", reason="pip install -e '.[claude-agent-sdk]'")
+    sdk = require_sdk("claude_agent_sdk", "claude-agent-sdk")
     monkeypatch.setenv("CLAUDE_CONFIG_DIR", short_dir)
     os.rename(root, os.path.join(short_dir, "projects"))
     messages = sdk.get_session_messages(cli_id, directory="/home/dev/made")
@@ -149,3 +150,46 @@ async def test_a_session_made_elsewhere_is_a_transcript_each_cli_reads(
     assert [(m.role, m.tool_call_id) for m in back] == [(m.role, m.tool_call_id) for m in mine]
     assert back[-1].content == mine[-1].content
     assert back[1].metadata["tool_calls"][0]["input"] == json.dumps({"command": "ls"})
+
+
+async def test_a_session_mirrored_by_the_agent_sdk_goes_back_to_its_key(
+        daemon: Daemon, client: AsyncClient, short_dir: str) -> None:
+    """SessiondSessionStore's sessions go back where the key names them, a sub-agent's
+    under its session: the lines as the SDK gave them."""
+    require_sdk("claude_agent_sdk", "claude-agent-sdk")
+    from sessiond.integrations.claude_agent_sdk import SessiondSessionStore
+
+    main = os.path.join(ROOTS["claude-code"][1], "-home-dev-web",
+                        "9c8b7a6d-5e4f-4a3b-8c2d-1e0f9a8b7c6e")
+    key = {"project_key": "-home-dev-web", "session_id": "9c8b7a6d-5e4f-4a3b-8c2d-1e0f9a8b7c6e"}
+    store = SessiondSessionStore(socket=daemon.socket)
+    try:
+        for k, path in ((key, main + ".jsonl"),
+                        ({**key, "subpath": "subagents/agent-b7e1d20"},
+                         os.path.join(main, "subagents", "agent-b7e1d20.jsonl"))):
+            with open(path) as f:
+                await store.append(k, [json.loads(line) for line in f])  # type: ignore[arg-type]
+    finally:
+        store.close()
+    root = os.path.join(short_dir, "projects")
+    for sid in (key["session_id"], f"{key['session_id']}.agent-b7e1d20"):
+        code, item, err = await sessionctl(daemon, "restore", sid, "--format", "claude-code",
+                                           "--to", root)
+        assert code == 0 and item["lines"] == item["original_lines"], err
+    for source in (main + ".jsonl", os.path.join(main, "subagents", "agent-b7e1d20.jsonl")):
+        mine = os.path.join(root, os.path.relpath(source, ROOTS["claude-code"][1]))
+        with open(mine) as a, open(source) as b:
+            assert [json.loads(x) for x in a] == [json.loads(x) for x in b]
+
+
+async def test_metadata_never_puts_a_file_outside_the_root(daemon: Daemon, client: AsyncClient,
+                                                          short_dir: str) -> None:
+    """A session whose metadata names `..` is refused, nothing written."""
+    await client.create_session("sneaky", adapter="claude-code", metadata={
+        "project": "..", "sdk_session_id": "../../escaped"})
+    await client.append_message("sneaky", "user", "hi")
+    root = os.path.join(short_dir, "a", "projects")
+    code, _, err = await sessionctl(daemon, "restore", "sneaky", "--format", "claude-code",
+                                    "--to", root)
+    assert code == 1 and "outside" in err
+    assert not os.path.exists(os.path.join(short_dir, "escaped.jsonl"))

@@ -28,6 +28,8 @@ def _restore(c: Client, a: argparse.Namespace) -> Any:
                        {"file": exc.args[0]}) from None
     except OSError as exc:
         raise CliError(f"cannot write the transcript: {exc}", "io", 1) from None
+    except ValueError as exc:
+        raise CliError(str(exc), "invalid_params", 1) from None
     if a.json:
         return result.as_item()
     print(f"restored {sid} to {result.file} ({result.lines} lines, {result.original} as the"

@@ -72,7 +72,15 @@ def cli_session_id(session_id: str) -> str:
 
 def target(view: SessionState, fmt: str, root: str) -> str:
     """Where the CLI looks for this session under `root`: the imported file's own place
-    when the session came from the CLI, else the place the CLI would have given it."""
+    when the session came from the CLI, else the place the CLI would have given it. A
+    place a session's metadata would put outside `root` (`..`) is refused."""
+    path = os.path.normpath(_place(view, fmt, root))
+    if not path.startswith(os.path.join(os.path.normpath(root), "")):
+        raise ValueError(f"session {view.session_id} would be written outside {root}")
+    return path
+
+
+def _place(view: SessionState, fmt: str, root: str) -> str:
     md = view.metadata
     source = md.get("transcript") if view.adapter == fmt else None
     if isinstance(source, str):
@@ -83,6 +91,12 @@ def target(view: SessionState, fmt: str, root: str) -> str:
             return os.path.join(root, *parts[at:])
         if fmt == "codex" and len(parts) >= 4 and all(p.isdigit() for p in parts[-4:-1]):
             return os.path.join(root, *parts[-4:])
+    if fmt == "claude-code" and isinstance(md.get("project"), str) \
+            and isinstance(md.get("sdk_session_id"), str):
+        # Mirrored by the Agent SDK's SessiondSessionStore: the place its key names.
+        sub = md.get("subpath")
+        name = md["sdk_session_id"] + (f"/{sub}" if isinstance(sub, str) else "")
+        return os.path.join(root, md["project"], name + ".jsonl")
     sid = cli_session_id(view.session_id)
     if fmt == "claude-code":
         return os.path.join(root, project_folder(view.working_dir or os.getcwd()),
