@@ -119,3 +119,25 @@ async def test_store_and_importer_see_one_session(daemon: Daemon, client: AsyncC
         assert read[0].message["content"] == entries[1]["message"]["content"]
     finally:
         store.close()
+
+
+async def test_any_json_entry_comes_back(daemon: Daemon, client: AsyncClient) -> None:
+    """Entries are opaque to a store: one whose messages the daemon would refuse (a
+    number past int64 in a tool's input), odd text, no uuid, repeated: each comes back."""
+    odd = [
+        {"type": "assistant", "uuid": "u-1", "message": {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t1", "name": "Big", "input": {"n": 2**70}}]}},
+        {"type": "user", "uuid": "u-2", "message": {"role": "user", "content": "ünï \u2028 😀"}},
+        {"type": "tag", "tag": "x"},
+        {"type": "tag", "tag": "x"},  # no uuid: appended again, not taken for the first
+        {"type": "x", "nested": {"a": [1, 2.5, None, True, {"b": "c"}]}},
+    ]
+    store = SessiondSessionStore(namespace="odd", socket=daemon.socket)
+    key = {"project_key": "p", "session_id": "s"}
+    try:
+        await store.append(key, odd[:3])  # type: ignore[arg-type]
+        await store.append(key, odd[3:])  # type: ignore[arg-type]
+        assert await store.load(key) == odd  # type: ignore[comparison-overlap]
+    finally:
+        store.close()
+    assert (await client.verify()).ok

@@ -42,7 +42,12 @@ from claude_agent_sdk.types import (
 )
 
 from sessiond_schemas import rpc
-from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError, VersionConflictError
+from sessiond_schemas.errors import (
+    InvalidParamsError,
+    SessionExistsError,
+    SessionNotFoundError,
+    VersionConflictError,
+)
 from sessiond_schemas.events import parse_time
 from sessiond_schemas.state import SessionState
 
@@ -243,7 +248,16 @@ class SessiondSessionStore(SessionStore):
             elif line.key in known:
                 continue
             with sized():
-                await self.client.append_events(sid, line.events, idempotency_key=line.key)
+                try:
+                    await self.client.append_events(sid, line.events,
+                                                    idempotency_key=line.key)
+                except InvalidParamsError:
+                    # The daemon refuses what the entry's messages would hold (a number
+                    # past int64, say): the entry is kept all the same, as its text only.
+                    bare = Line(line.key, 0, None)
+                    bare.keep(line.events[0]["data"][LINE_FIELD])
+                    await self.client.append_events(sid, bare.events,
+                                                    idempotency_key=line.key)
             known.add(line.key)
             written.append(entry)
         return written
