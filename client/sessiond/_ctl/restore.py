@@ -24,12 +24,12 @@ def _restore(c: Client, a: argparse.Namespace) -> Any:
         result = restore(c, sid, a.format, a.to)
     except FileExistsError as exc:
         raise CliError(f"{exc.args[0]} exists: a restore never overwrites a file (move it"
-                       " away, or restore --to another folder)", "exists", 1,
+                       " away, or restore --to another folder)", "file_error", 1,
                        {"file": exc.args[0]}) from None
     except OSError as exc:
-        raise CliError(f"cannot write the transcript: {exc}", "io", 1) from None
+        raise CliError(f"cannot write the transcript: {exc}", "file_error", 1) from None
     except ValueError as exc:
-        raise CliError(str(exc), "invalid_params", 1) from None
+        raise CliError(str(exc), "file_error", 1) from None
     if a.json:
         return result.as_item()
     print(f"restored {sid} to {result.file} ({result.lines} lines, {result.original} as the"
