@@ -106,8 +106,9 @@ async def test_store_and_importer_see_one_session(daemon: Daemon, client: AsyncC
         assert [i["lines"] for i in mine] == [len(entries) - 4]
         assert await store.load(key) == entries  # type: ignore[arg-type]
         events = (await client.read_events(SID, limit=10_000)).events
-        keys = [e.meta.idempotency_key for e in events if e.meta.idempotency_key]
-        assert len(dict.fromkeys(keys)) == len(entries)  # each line once
+        kept = [e.fields()["transcript_line"] for e in events
+                if "transcript_line" in e.fields()]
+        assert [json.loads(k) for k in kept] == entries  # each line once, in order
         # The sub-agent the importer read is the store's subkey of its session.
         api = "7d1c2b9e-5a44-4f0b-9e61-3c8a2d4f6b10"
         assert await store.list_subkeys({"project_key": "-home-dev-api", "session_id": api}
@@ -141,3 +142,33 @@ async def test_any_json_entry_comes_back(daemon: Daemon, client: AsyncClient) ->
     finally:
         store.close()
     assert (await client.verify()).ok
+
+
+async def test_concurrent_appends_keep_every_line_and_one_summary(daemon: Daemon) -> None:
+    """Two stores (two SDK processes) append to one session at once: every entry once,
+    and the summary is the fold of all of them, in the order stored."""
+    from claude_agent_sdk import fold_session_summary
+
+    key = {"project_key": "p", "session_id": "busy"}
+    stores = [SessiondSessionStore(namespace="busy", socket=daemon.socket) for _ in range(2)]
+
+    async def writer(i: int) -> None:
+        for n in range(8):
+            await stores[i].append(key, [  # type: ignore[arg-type]
+                {"type": "user", "uuid": f"w{i}-{n}-{k}", "customTitle": f"t{i}{n}",
+                 "timestamp": f"2026-01-01T00:{n:02d}:{k:02d}.000Z",
+                 "message": {"role": "user", "content": f"from {i}: {n}.{k}"}}
+                for k in range(3)])
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for i in range(2):
+                tg.start_soon(writer, i)
+        loaded = await stores[0].load(key)  # type: ignore[arg-type]
+        assert loaded is not None and len(loaded) == 48
+        assert len({e["uuid"] for e in loaded}) == 48
+        [summary] = await stores[1].list_session_summaries("p")
+        assert summary["data"] == fold_session_summary(None, key, loaded)["data"]  # type: ignore[arg-type]
+    finally:
+        for store in stores:
+            store.close()

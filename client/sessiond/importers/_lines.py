@@ -14,9 +14,12 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 from urllib.parse import quote
+
+from sessiond_schemas.events import Event
 
 from ._builder import Problem, TDict, TList, json_problem, plain, problem_of, root_object
 
@@ -29,6 +32,22 @@ SOURCE_LIMIT = 100_000  # characters of one tool input/output kept in a message
 LINE_FIELD = "transcript_line"
 LINE_CUT_FIELD = "transcript_line_cut"
 LINE_LIMIT = 8 << 20
+# Lines appended together in one write (SessiondSessionStore's batches, whose write has a
+# key of its own, `ccb:...`) name each line's key in its first event's data.
+LINE_KEY_FIELD = "transcript_line_key"
+
+
+def line_keys(events: Iterable[Event]) -> Iterator[str]:
+    """The line keys stored events hold: each write's idempotency key (a line appended
+    alone, or imported), and in a batch's write, the key each of its lines names."""
+    for event in events:
+        key = event.meta.idempotency_key
+        if key:
+            yield key
+            if key.startswith("ccb:"):
+                named = event.fields().get(LINE_KEY_FIELD)
+                if isinstance(named, str):
+                    yield named
 
 
 def namespace_for(namespace: str | None, project_key: str, session_id: str | None = None) -> str:

@@ -30,7 +30,7 @@ from sessiond_schemas.events import new_id, now
 from .._sync import Client
 from .._wire import ConnectionLostError
 from ._builder import DocumentBuilder, Problem, problem_of
-from ._lines import PARSERS, Line, Parser, open_transcript, transcript_files
+from ._lines import PARSERS, Line, Parser, line_keys, open_transcript, transcript_files
 
 
 @dataclass
@@ -229,7 +229,7 @@ class TranscriptImporter:
         version: int | None = 1
         while version is not None:
             page = self.client.read_events(sid, from_version=version, limit=10_000)
-            keys.update(e.meta.idempotency_key for e in page.events if e.meta.idempotency_key)
+            keys.update(line_keys(page.events))
             version = page.next
         self.known[sid] = keys
         return keys

@@ -52,12 +52,21 @@ from sessiond_schemas.events import parse_time
 from sessiond_schemas.state import SessionState
 
 from ..importers._builder import Problem
-from ..importers._lines import LINE_CUT_FIELD, LINE_FIELD, ClaudeCode, Line, namespace_for
+from ..importers._lines import (
+    LINE_CUT_FIELD,
+    LINE_FIELD,
+    LINE_KEY_FIELD,
+    ClaudeCode,
+    Line,
+    line_keys,
+    namespace_for,
+)
 from ._loop import LoopClient, sized
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _AGENT = re.compile(r"^subagents/agent-([A-Za-z0-9_-]{1,64})$")
 _PAGE = 1000
+_BATCH_BYTES = 32 << 20  # well under the daemon's default max_request_bytes (128 MiB)
 SOURCE = "claude-agent-sdk"
 
 
@@ -73,6 +82,21 @@ def _candidates(namespace: str | None, key: SessionKey) -> list[str]:
     found = [c for c in found if _ID.match(c)]
     whole = "\0".join((namespace or "", key["project_key"], sid, sub or "")).encode()
     return [*found, "cas-" + hashlib.sha256(whole).hexdigest()[:40]]
+
+
+def _batches(lines: list[Line]) -> list[list[Line]]:
+    """Lines in writes of at most 10,000 events and about _BATCH_BYTES of kept text."""
+    batches: list[list[Line]] = [[]]
+    events = size = 0
+    for line in lines:
+        cost = 2 * len(line.events[0]["data"][LINE_FIELD])  # the line, and its messages
+        if batches[-1] and (events + len(line.events) > 10_000 or size + cost > _BATCH_BYTES):
+            batches.append([])
+            events = size = 0
+        batches[-1].append(line)
+        events += len(line.events)
+        size += cost
+    return batches
 
 
 def _ms(time: str) -> int:
@@ -162,8 +186,7 @@ class SessiondSessionStore(SessionStore):
             version: int | None = 1
             while version is not None:
                 page = await self.client.read_events(sid, from_version=version, limit=10_000)
-                keys.update(e.meta.idempotency_key for e in page.events
-                            if e.meta.idempotency_key)
+                keys.update(line_keys(page.events))
                 version = page.next
             self._known[sid] = keys
         return self._known[sid]
@@ -220,47 +243,102 @@ class SessiondSessionStore(SessionStore):
                 correlation_id=parent,
                 metadata={k: v for k, v in metadata.items() if v is not None})
 
+        summarize = key if sub is None else None  # sub-agents' lines are not summarized
         try:
             sid = await self._resolve(key, create)
             assert sid is not None
-            written = await self._write(sid, lines)
+            await self._write(sid, lines, summarize)
         except SessionNotFoundError:  # deleted behind this store's back: made again
             self._forget(key)
             sid = await self._resolve(key, create)
             assert sid is not None
-            written = await self._write(sid, lines)
-        if sub is None and written:
-            await self._summarize(sid, key, written)
+            await self._write(sid, lines, summarize)
 
-    async def _write(self, sid: str, lines: list[tuple[SessionStoreEntry, Line]]
-                     ) -> list[SessionStoreEntry]:
-        """Append the lines the session does not hold, each with its key; an entry without
-        a uuid is never taken for another (a repeat of its text gets the next number)."""
+    async def _write(self, sid: str, lines: list[tuple[SessionStoreEntry, Line]],
+                     summarize: SessionKey | None) -> None:
+        """Append the lines the session does not hold, in one write (or a few, for huge
+        batches), with the summary folded over them when `summarize`; an entry without a
+        uuid is never taken for another (a repeat of its text gets the next number).
+        One write holds the lines and the summary, at the version the summary was read
+        at: if anything was written between, both are worked out again."""
+        while True:
+            new = await self._new(sid, lines)
+            if not new:
+                return
+            batches = _batches([line for _, line in new])
+            if summarize is None or len(batches) > 1:
+                for batch in batches:
+                    await self._append(sid, batch)
+                if summarize is not None:
+                    await self._summarize(sid, summarize, [entry for entry, _ in new])
+                return
+            view = await self.client.get_session(sid)
+            folded = fold_session_summary(self._summary(view), summarize,
+                                          [entry for entry, _ in new])
+            events = sum(len(line.events) for _, line in new)
+            summary = {"type": "metadata.updated", "data": {"patch": {"sdk_summary": {
+                "data": json.dumps(folded["data"]), "version": view.version + events + 1}}}}
+            try:
+                if not await self._append(sid, batches[0], summary, view.version):
+                    await self._summarize(sid, summarize, [entry for entry, _ in new])
+                return
+            except VersionConflictError:
+                self._known.pop(sid, None)  # written meanwhile: read what it holds again
+
+    async def _new(self, sid: str, lines: list[tuple[SessionStoreEntry, Line]]
+                   ) -> list[tuple[SessionStoreEntry, Line]]:
+        """The lines the session does not hold yet, each with its key."""
         known = await self._keys(sid)
-        written = []
+        new: list[tuple[SessionStoreEntry, Line]] = []
+        taken: set[str] = set()
         for entry, line in lines:
             if not (isinstance(entry, dict) and entry.get("uuid")):
                 base, n = line.key.split("#")[0], 1
                 line.key = base
-                while line.key in known:
+                while line.key in known or line.key in taken:
                     n += 1
                     line.key = f"{base}#{n}"
-            elif line.key in known:
-                continue
+            elif line.key in known or line.key in taken:
+                continue  # stored already (the SDK retries batches), or twice in this one
+            taken.add(line.key)
+            new.append((entry, line))
+        return new
+
+    async def _append(self, sid: str, lines: list[Line], summary: dict[str, Any] | None = None,
+                      expected_version: int | None = None) -> bool:
+        """One events.append of these lines (and the summary after them, at
+        `expected_version`), each line's key in its first event (`LINE_KEY_FIELD`), the
+        write's key made of theirs: a retry of the same batch writes nothing again. If
+        the daemon refuses what some entry's messages would hold (a number past int64,
+        say), the lines go one by one, that entry kept all the same, as its text only,
+        and the summary is not written (False: the caller writes it)."""
+        events = []
+        for line in lines:
+            first = {**line.events[0], "data": {**line.events[0]["data"],
+                                                LINE_KEY_FIELD: line.key}}
+            events += [first, *line.events[1:]]
+        whole = "\n".join(line.key for line in lines).encode()
+        known = self._known.setdefault(sid, set())
+        try:
             with sized():
-                try:
-                    await self.client.append_events(sid, line.events,
-                                                    idempotency_key=line.key)
-                except InvalidParamsError:
-                    # The daemon refuses what the entry's messages would hold (a number
-                    # past int64, say): the entry is kept all the same, as its text only.
-                    bare = Line(line.key, 0, None)
-                    bare.keep(line.events[0]["data"][LINE_FIELD])
-                    await self.client.append_events(sid, bare.events,
-                                                    idempotency_key=line.key)
-            known.add(line.key)
-            written.append(entry)
-        return written
+                await self.client.append_events(
+                    sid, events + ([summary] if summary else []),
+                    expected_version=expected_version,
+                    idempotency_key="ccb:" + hashlib.sha256(whole).hexdigest()[:40])
+            known.update(line.key for line in lines)
+            return True
+        except InvalidParamsError:
+            if len(lines) > 1:
+                for line in lines:
+                    await self._append(sid, [line])
+                return summary is None
+            bare = Line(lines[0].key, 0, None)
+            bare.keep(lines[0].events[0]["data"][LINE_FIELD])
+            with sized():
+                await self.client.append_events(sid, bare.events,
+                                                idempotency_key=lines[0].key)
+            known.add(lines[0].key)
+            return summary is None
 
     async def _summarize(self, sid: str, key: SessionKey,
                          entries: list[SessionStoreEntry]) -> None:
