@@ -172,3 +172,30 @@ async def test_concurrent_appends_keep_every_line_and_one_summary(daemon: Daemon
     finally:
         for store in stores:
             store.close()
+
+
+async def test_a_line_another_writer_stored_is_not_stored_again(daemon: Daemon) -> None:
+    """Store A knows what it wrote; B (another process, or the importer) writes a line
+    A is then given too: stored once. B deletes the session and starts it again: A
+    finds that out and goes on."""
+    def entry(n: int) -> dict[str, Any]:
+        return {"type": "user", "uuid": f"e-{n}", "message": {"role": "user",
+                                                            "content": f"line {n}"}}
+
+    a, b = (SessiondSessionStore(namespace="two", socket=daemon.socket) for _ in range(2))
+    for sub in (None, "subagents/agent-1"):
+        key: Any = {"project_key": "p", "session_id": "s"}
+        if sub:
+            key["subpath"] = sub
+        try:
+            await a.append(key, [entry(0), entry(1)])
+            await b.append(key, [entry(2)])
+            await a.append(key, [entry(2), entry(3)])
+            assert await b.load(key) == [entry(n) for n in range(4)]
+            await b.delete(key)
+            await b.append(key, [entry(5)])
+            await a.append(key, [entry(5), entry(6)])
+            assert await a.load(key) == [entry(5), entry(6)]
+        finally:
+            a.close()
+            b.close()

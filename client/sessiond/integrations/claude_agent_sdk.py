@@ -128,6 +128,7 @@ class SessiondSessionStore(SessionStore):
         self.client = client or LoopClient(socket)
         self._sids: dict[tuple[str, str, str | None], str] = {}
         self._known: dict[str, set[str]] = {}  # sessiond id -> line keys it holds
+        self._at: dict[str, int] = {}  # sessiond id -> the version _known is exact at
         self._parsers: dict[tuple[str, str, str | None], ClaudeCode] = {}
 
     # --- where a key lives -------------------------------------------------------------
@@ -168,7 +169,6 @@ class SessiondSessionStore(SessionStore):
                 if not self._owns(view, key):
                     continue
             self._sids[ck] = sid
-            self._known[sid] = set()
             return sid
         raise RuntimeError(f"no session id free for {key!r}")  # every candidate taken
 
@@ -178,18 +178,24 @@ class SessiondSessionStore(SessionStore):
         sid = self._sids.pop(ck, None)
         if sid is not None:
             self._known.pop(sid, None)
+            self._at.pop(sid, None)
 
-    async def _keys(self, sid: str) -> set[str]:
-        """The line keys session `sid` holds (read once, then kept up to date here)."""
-        if sid not in self._known:
-            keys: set[str] = set()
-            version: int | None = 1
-            while version is not None:
-                page = await self.client.read_events(sid, from_version=version, limit=10_000)
-                keys.update(line_keys(page.events))
-                version = page.next
-            self._known[sid] = keys
-        return self._known[sid]
+    async def _keys(self, sid: str, version: int | None = None) -> set[str]:
+        """The line keys session `sid` holds, as of its latest version (read once, then
+        only the events written since: `version`, when known, says whether any were)."""
+        keys = self._known.setdefault(sid, set())
+        at = self._at.get(sid, 0)
+        if version is not None and version == at:
+            return keys
+        start: int | None = at + 1
+        while start is not None:
+            page = await self.client.read_events(sid, from_version=start, limit=10_000)
+            keys.update(line_keys(page.events))
+            if page.events:
+                at = page.events[-1].version
+            start = page.next
+        self._at[sid] = at
+        return keys
 
     # --- writing ------------------------------------------------------------------------
 
@@ -259,36 +265,44 @@ class SessiondSessionStore(SessionStore):
         """Append the lines the session does not hold, in one write (or a few, for huge
         batches), with the summary folded over them when `summarize`; an entry without a
         uuid is never taken for another (a repeat of its text gets the next number).
-        One write holds the lines and the summary, at the version the summary was read
-        at: if anything was written between, both are worked out again."""
+        The write is at the version the session's line keys (and summary) were read at:
+        if anything was written between (the importer, another store), the new lines and
+        the summary are worked out again, so no line is stored twice."""
+        conflicts = 0
         while True:
-            new = await self._new(sid, lines)
+            view = await self.client.get_session(sid) if summarize is not None else None
+            if conflicts > 1 or (view is not None and view.version < self._at.get(sid, 0)):
+                # Not just written meanwhile: deleted and made again. Read it afresh.
+                self._known.pop(sid, None)
+                self._at.pop(sid, None)
+            new = await self._new(sid, lines, view.version if view is not None else None)
             if not new:
                 return
+            entries = [entry for entry, _ in new]
             batches = _batches([line for _, line in new])
-            if summarize is None or len(batches) > 1:
-                for batch in batches:
-                    await self._append(sid, batch)
-                if summarize is not None:
-                    await self._summarize(sid, summarize, [entry for entry, _ in new])
-                return
-            view = await self.client.get_session(sid)
-            folded = fold_session_summary(self._summary(view), summarize,
-                                          [entry for entry, _ in new])
-            events = sum(len(line.events) for _, line in new)
-            summary = {"type": "metadata.updated", "data": {"patch": {"sdk_summary": {
-                "data": json.dumps(folded["data"]), "version": view.version + events + 1}}}}
+            summary = None
+            if view is not None and summarize is not None and len(batches) == 1:
+                folded = fold_session_summary(self._summary(view), summarize, entries)
+                events = sum(len(line.events) for _, line in new)
+                summary = {"type": "metadata.updated", "data": {"patch": {"sdk_summary": {
+                    "data": json.dumps(folded["data"]),
+                    "version": view.version + events + 1}}}}
             try:
-                if not await self._append(sid, batches[0], summary, view.version):
-                    await self._summarize(sid, summarize, [entry for entry, _ in new])
-                return
+                done = True
+                for batch in batches:
+                    done = await self._append(sid, batch, summary) and done
             except VersionConflictError:
-                self._known.pop(sid, None)  # written meanwhile: read what it holds again
+                conflicts += 1
+                continue  # written meanwhile: what it holds now, and again
+            if summarize is not None and (summary is None or not done):
+                await self._summarize(sid, summarize, entries)
+            return
 
-    async def _new(self, sid: str, lines: list[tuple[SessionStoreEntry, Line]]
-                   ) -> list[tuple[SessionStoreEntry, Line]]:
-        """The lines the session does not hold yet, each with its key."""
-        known = await self._keys(sid)
+    async def _new(self, sid: str, lines: list[tuple[SessionStoreEntry, Line]],
+                   version: int | None) -> list[tuple[SessionStoreEntry, Line]]:
+        """The lines the session does not hold yet (at `version`, if known), each with
+        its key."""
+        known = await self._keys(sid, version)
         new: list[tuple[SessionStoreEntry, Line]] = []
         taken: set[str] = set()
         for entry, line in lines:
@@ -304,14 +318,15 @@ class SessiondSessionStore(SessionStore):
             new.append((entry, line))
         return new
 
-    async def _append(self, sid: str, lines: list[Line], summary: dict[str, Any] | None = None,
-                      expected_version: int | None = None) -> bool:
-        """One events.append of these lines (and the summary after them, at
-        `expected_version`), each line's key in its first event (`LINE_KEY_FIELD`), the
-        write's key made of theirs: a retry of the same batch writes nothing again. If
-        the daemon refuses what some entry's messages would hold (a number past int64,
-        say), the lines go one by one, that entry kept all the same, as its text only,
-        and the summary is not written (False: the caller writes it)."""
+    async def _append(self, sid: str, lines: list[Line],
+                      summary: dict[str, Any] | None = None) -> bool:
+        """One events.append of these lines (and the summary after them), at the version
+        the line keys are exact at; each line's key in its first event
+        (`LINE_KEY_FIELD`), the write's key made of theirs: a retry of the same batch
+        writes nothing again. If the daemon refuses what some entry's messages would
+        hold (a number past int64, say), the lines go one by one, that entry kept all the
+        same, as its text only, and the summary is not written (False: the caller
+        writes it)."""
         events = []
         for line in lines:
             first = {**line.events[0], "data": {**line.events[0]["data"],
@@ -321,12 +336,10 @@ class SessiondSessionStore(SessionStore):
         known = self._known.setdefault(sid, set())
         try:
             with sized():
-                await self.client.append_events(
+                write = await self.client.append_events(
                     sid, events + ([summary] if summary else []),
-                    expected_version=expected_version,
+                    expected_version=self._at.get(sid, 0),
                     idempotency_key="ccb:" + hashlib.sha256(whole).hexdigest()[:40])
-            known.update(line.key for line in lines)
-            return True
         except InvalidParamsError:
             if len(lines) > 1:
                 for line in lines:
@@ -335,10 +348,15 @@ class SessiondSessionStore(SessionStore):
             bare = Line(lines[0].key, 0, None)
             bare.keep(lines[0].events[0]["data"][LINE_FIELD])
             with sized():
-                await self.client.append_events(sid, bare.events,
-                                                idempotency_key=lines[0].key)
+                write = await self.client.append_events(
+                    sid, bare.events, expected_version=self._at.get(sid, 0),
+                    idempotency_key=lines[0].key)
             known.add(lines[0].key)
+            self._at[sid] = write.version
             return summary is None
+        known.update(line.key for line in lines)
+        self._at[sid] = write.version
+        return True
 
     async def _summarize(self, sid: str, key: SessionKey,
                          entries: list[SessionStoreEntry]) -> None:
