@@ -199,3 +199,35 @@ async def test_a_line_another_writer_stored_is_not_stored_again(daemon: Daemon) 
         finally:
             a.close()
             b.close()
+
+
+async def test_a_following_importer_and_the_store_write_each_line_once(
+        daemon: Daemon, short_dir: str) -> None:
+    """`import --follow` holds what it knows of a session; the store mirrors a line to it
+    meanwhile; the CLI's file then gets that line: the follower does not store it again."""
+    from sessiond import Client
+    from sessiond.importers.transcripts import TranscriptImporter
+
+    folder = os.path.join(short_dir, "projects", PROJECT)
+    os.makedirs(folder)
+    path = os.path.join(folder, f"{SID}.jsonl")
+    entries = lines_of(os.path.join(FIXTURES, PROJECT, f"{SID}.jsonl"))
+    with open(path, "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in entries[:3])
+    with Client(daemon.socket) as sync:
+        follower = TranscriptImporter(sync, "claude-code")
+        first = await anyio.to_thread.run_sync(lambda: follower.sync(path, final=False))
+        assert first.error is None and first.appended == 3
+        store = SessiondSessionStore(socket=daemon.socket)
+        try:
+            await store.append({"project_key": PROJECT, "session_id": SID},
+                               entries[3:5])  # type: ignore[arg-type]
+            with open(path, "a") as f:
+                f.writelines(json.dumps(e) + "\n" for e in entries[3:])
+            again = await anyio.to_thread.run_sync(lambda: follower.sync(path, final=False))
+            assert again.error is None and again.appended == len(entries) - 5
+            loaded = await store.load({"project_key": PROJECT, "session_id": SID})
+        finally:
+            store.close()
+            follower.close()
+    assert loaded == entries

@@ -24,6 +24,7 @@ from sessiond_schemas.errors import (
     SessionImportError,
     SessionNotFoundError,
     TooLargeError,
+    VersionConflictError,
 )
 from sessiond_schemas.events import new_id, now
 
@@ -80,6 +81,7 @@ class TranscriptImporter:
         self.tails: dict[str, _Tail] = {}
         self._recent: dict[str, None] = {}  # the open tails' paths, least recent first
         self.known: dict[str, set[str]] = {}  # session -> line keys the daemon holds
+        self.at: dict[str, int] = {}  # session -> the version `known` is exact at
 
     def files(self, root: str) -> list[tuple[str, int]]:
         """The transcripts under `root`, oldest first, with the inode each had when
@@ -225,14 +227,22 @@ class TranscriptImporter:
             made = view.metadata.get("transcript") or f"source {view.source!r}"
             raise Problem(f"session {sid} exists and was not made from this transcript"
                           f" (but from {made}): nothing appended to it")
-        keys: set[str] = set()
-        version: int | None = 1
-        while version is not None:
-            page = self.client.read_events(sid, from_version=version, limit=10_000)
-            keys.update(line_keys(page.events))
-            version = page.next
-        self.known[sid] = keys
-        return keys
+        self.known[sid], self.at[sid] = set(), 0
+        self._since(sid)
+        return self.known[sid]
+
+    def _since(self, sid: str) -> bool:
+        """Add the line keys of the events written to `sid` since `self.at[sid]` (by
+        another writer: SessiondSessionStore, another importer); whether there were any."""
+        start: int | None = self.at[sid] + 1
+        found = False
+        while start is not None:
+            page = self.client.read_events(sid, from_version=start, limit=10_000)
+            self.known[sid].update(line_keys(page.events))
+            if page.events:
+                self.at[sid], found = page.events[-1].version, True
+            start = page.next
+        return found
 
     def _document(self, parser: Parser, sid: str, lines: list[Line]) -> dict[str, Any]:
         f = parser.facts
@@ -320,13 +330,13 @@ class TranscriptImporter:
                 # then carry the daemon's time, their own in their metadata).
                 tail.pending = lines + tail.pending
                 state = self.client.import_session(self._document(tail.parser, sid, []))
-                self.known[sid] = set()
+                self.known[sid], self.at[sid] = set(), state.version
                 result.created, result.version = True, state.version
                 return self._write(tail, sid, result)
             except BaseException:
                 tail.pending = lines + tail.pending
                 raise
-            self.known[sid] = {x.key for x in lines}
+            self.known[sid], self.at[sid] = {x.key for x in lines}, state.version
             result.created, result.appended, result.version = True, len(lines), state.version
             return None
         while tail.pending:
@@ -334,24 +344,34 @@ class TranscriptImporter:
             if line.key not in known:
                 try:
                     try:
-                        write = self.client.append_events(sid, line.events,
-                                                          idempotency_key=line.key)
+                        write = self.client.append_events(
+                            sid, line.events, idempotency_key=line.key,
+                            expected_version=self.at[sid])
                     except (TooLargeError, InvalidRequestError) as exc:
                         if isinstance(exc, InvalidRequestError) and (
                                 exc.data.get("setting") != "max_request_bytes"):
                             raise
                         # Over a size cap of the daemon: stored cut, marked as such.
-                        write = self.client.append_events(sid, line.cut(CUT_BUDGET).events,
-                                                          idempotency_key=line.key)
+                        write = self.client.append_events(
+                            sid, line.cut(CUT_BUDGET).events, idempotency_key=line.key,
+                            expected_version=self.at[sid])
                         result.warnings.append(f"line {line.number}: over the daemon's"
                                                f" {exc.data.get('setting', 'size cap')}:"
                                                " stored cut")
+                except VersionConflictError:
+                    # Written meanwhile (the Agent SDK's store mirrors the same session):
+                    # what it holds now, then this line again, unless it is among it.
+                    if not self._since(sid):  # not appended to: made again, read afresh
+                        self.known.pop(sid, None)
+                        self.at.pop(sid, None)
+                        return self._write(tail, sid, result)
+                    continue
                 except (InvalidParamsError, TooLargeError, InvalidRequestError) as exc:
                     # The daemon refuses this line's data: it is this line's failure,
                     # and the lines after it still go in.
                     result.failures.append(Problem(exc.message, line=line.number))
                 else:
-                    result.version = write.version
+                    result.version = self.at[sid] = write.version
                     result.appended += 1
                     known.add(line.key)
             tail.pending.pop(0)
