@@ -14,7 +14,7 @@ import pytest
 from conftest import Daemon
 from sdk_extras import require_sdk
 
-require_sdk("claude_agent_sdk", "claude-agent-sdk")
+sdk = require_sdk("claude_agent_sdk", "claude-agent-sdk")
 from claude_agent_sdk import (  # noqa: E402
     get_session_messages_from_store,
     list_sessions_from_store,
@@ -22,6 +22,7 @@ from claude_agent_sdk import (  # noqa: E402
 from claude_agent_sdk.testing import run_session_store_conformance  # noqa: E402
 
 from sessiond import AsyncClient  # noqa: E402
+from sessiond_schemas.errors import SessionNotFoundError  # noqa: E402
 from sessiond.integrations.claude_agent_sdk import SessiondSessionStore  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
@@ -118,6 +119,21 @@ async def test_store_and_importer_see_one_session(daemon: Daemon, client: AsyncC
         read = await get_session_messages_from_store(store, SID, directory="/home/dev/shop")
         assert [m.type for m in read][:2] == ["user", "assistant"]
         assert read[0].message["content"] == entries[1]["message"]["content"]
+        # The SDK's other store helpers: sub-agents, rename, fork, delete.
+        assert await sdk.list_subagents_from_store(store, api, directory="/home/dev/api"
+                                                   ) == ["a3f9c21"]
+        sub = await sdk.get_subagent_messages_from_store(store, api, "a3f9c21",
+                                                         directory="/home/dev/api")
+        assert [m.type for m in sub][:2] == ["user", "assistant"]
+        await sdk.rename_session_via_store(store, SID, "Rounding", directory="/home/dev/shop")
+        info = await sdk.get_session_info_from_store(store, SID, directory="/home/dev/shop")
+        assert info is not None and info.custom_title == "Rounding"
+        fork = await sdk.fork_session_via_store(store, SID, directory="/home/dev/shop")
+        listed = await list_sessions_from_store(store, directory="/home/dev/shop")
+        assert {SID, fork.session_id} <= {info.session_id for info in listed}
+        await sdk.delete_session_via_store(store, fork.session_id, directory="/home/dev/shop")
+        with pytest.raises(SessionNotFoundError):
+            await client.get_session(fork.session_id)
     finally:
         store.close()
 
