@@ -22,8 +22,8 @@ from claude_agent_sdk import (  # noqa: E402
 from claude_agent_sdk.testing import run_session_store_conformance  # noqa: E402
 
 from sessiond import AsyncClient  # noqa: E402
-from sessiond_schemas.errors import SessionNotFoundError  # noqa: E402
 from sessiond.integrations.claude_agent_sdk import SessiondSessionStore  # noqa: E402
+from sessiond_schemas.errors import SessionNotFoundError  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow_on_postgresql]
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "transcripts", "claude-code",
