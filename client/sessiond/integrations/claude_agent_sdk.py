@@ -269,34 +269,40 @@ class SessiondSessionStore(SessionStore):
         if anything was written between (the importer, another store), the new lines and
         the summary are worked out again, so no line is stored twice."""
         conflicts = 0
+        pending = list(lines)  # not stored by this call yet
+        stored: list[SessionStoreEntry] = []  # stored by this call, not summarized yet
         while True:
             view = await self.client.get_session(sid) if summarize is not None else None
             if conflicts > 1 or (view is not None and view.version < self._at.get(sid, 0)):
                 # Not just written meanwhile: deleted and made again. Read it afresh.
                 self._known.pop(sid, None)
                 self._at.pop(sid, None)
-            new = await self._new(sid, lines, view.version if view is not None else None)
+            new = await self._new(sid, pending, view.version if view is not None else None)
             if not new:
-                return
-            entries = [entry for entry, _ in new]
+                break
             batches = _batches([line for _, line in new])
             summary = None
             if view is not None and summarize is not None and len(batches) == 1:
-                folded = fold_session_summary(self._summary(view), summarize, entries)
+                folded = fold_session_summary(self._summary(view), summarize,
+                                              stored + [entry for entry, _ in new])
                 events = sum(len(line.events) for _, line in new)
                 summary = {"type": "metadata.updated", "data": {"patch": {"sdk_summary": {
                     "data": json.dumps(folded["data"]),
                     "version": view.version + events + 1}}}}
             try:
-                done = True
                 for batch in batches:
-                    done = await self._append(sid, batch, summary) and done
+                    summarized = await self._append(sid, batch, summary)
+                    ids = {id(line) for line in batch}
+                    stored += [entry for entry, line in pending if id(line) in ids]
+                    pending = [(entry, line) for entry, line in pending if id(line) not in ids]
+                    if summary is not None and summarized:
+                        stored = []
             except VersionConflictError:
                 conflicts += 1
                 continue  # written meanwhile: what it holds now, and again
-            if summarize is not None and (summary is None or not done):
-                await self._summarize(sid, summarize, entries)
-            return
+            break
+        if summarize is not None and stored:
+            await self._summarize(sid, summarize, stored)
 
     async def _new(self, sid: str, lines: list[tuple[SessionStoreEntry, Line]],
                    version: int | None) -> list[tuple[SessionStoreEntry, Line]]:
