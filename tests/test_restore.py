@@ -110,7 +110,7 @@ async def made_here(client: AsyncClient) -> str:
     await client.append_messages(sid, [
         {"role": "user", "content": "What is in the folder?"},
         {"role": "system", "content": "Be brief."},
-        {"role": "assistant", "content": "ls()", "metadata": {"tool_calls": [
+        {"role": "assistant", "content": "Let me look.", "metadata": {"tool_calls": [
             {"id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]}},
         {"role": "tool", "content": "a.txt\nb.txt", "tool_call_id": "toolu_1"},
         {"role": "assistant", "content": "Two files: a.txt and b.txt."}])
@@ -136,7 +136,8 @@ async def test_a_session_made_elsewhere_is_a_transcript_each_cli_reads(
     os.rename(root, os.path.join(short_dir, "projects"))
     messages = sdk.get_session_messages(cli_id, directory="/home/dev/made")
     assert [m.type for m in messages] == ["user", "assistant", "user", "assistant"]
-    assert messages[1].message["content"][0]["name"] == "Bash"
+    assert [(b["type"], b.get("text") or b.get("name")) for b in messages[1].message["content"]
+            ] == [("text", "Let me look."), ("tool_use", "Bash")]
     assert messages[2].message["content"][0]["tool_use_id"] == "toolu_1"
 
     root = os.path.join(short_dir, "codex")
@@ -146,10 +147,12 @@ async def test_a_session_made_elsewhere_is_a_transcript_each_cli_reads(
     code, out, err = await sessionctl(daemon, "import", "--format", "codex", root)
     assert code == 0 and len(out["imported"]) == 1, (out, err)
     back = (await client.list_messages(out["imported"][0]["session_id"])).messages
-    mine = [m for m in (await client.list_messages(sid)).messages if m.role != "system"]
-    assert [(m.role, m.tool_call_id) for m in back] == [(m.role, m.tool_call_id) for m in mine]
-    assert back[-1].content == mine[-1].content
-    assert back[1].metadata["tool_calls"][0]["input"] == json.dumps({"command": "ls"})
+    # Codex says an answer's text and its calls as items of their own: two messages.
+    assert [(m.role, m.tool_call_id, m.content) for m in back] == [
+        ("user", None, "What is in the folder?"), ("assistant", None, "Let me look."),
+        ("assistant", None, 'Bash({"command": "ls"})'), ("tool", "toolu_1", "a.txt\nb.txt"),
+        ("assistant", None, "Two files: a.txt and b.txt.")]
+    assert back[2].metadata["tool_calls"][0]["input"] == json.dumps({"command": "ls"})
 
 
 async def test_a_session_mirrored_by_the_agent_sdk_goes_back_to_its_key(

@@ -131,6 +131,11 @@ def _dumps(value: Any) -> str:
                                                            sort_keys=True)
 
 
+def calls_text(calls: list[dict[str, Any]]) -> str:
+    """The content of an assistant message that is tool calls only: `name(input)` each."""
+    return "\n".join(f"{c['name']}({_cut(_dumps(c['input']))})" for c in calls)
+
+
 def _message(role: str, content: str, metadata: dict[str, Any],
              tool_call_id: str | None = None) -> dict[str, Any]:
     data: dict[str, Any] = {"role": role, "content": _cut(content), "metadata": metadata}
@@ -361,8 +366,7 @@ class ClaudeCode(Parser):
                               request_id=obj.get("requestId"))
             if calls:
                 meta["tool_calls"] = calls
-                text = text or "\n".join(
-                    f"{c['name']}({_cut(_dumps(c['input']))})" for c in calls)
+                text = text or calls_text(calls)
             line.events.append(_message("assistant" if kind == "assistant" else "user",
                                         text, meta))
         for r in results:
@@ -494,7 +498,7 @@ class Codex(Parser):
             args = p.get("arguments", p.get("input", p.get("action")))
             meta = self._source(p, at)
             meta["tool_calls"] = [{"id": call_id, "name": name, "input": plain(args)}]
-            line.events.append(_message("assistant", f"{name}({_cut(_dumps(plain(args)))})",
+            line.events.append(_message("assistant", calls_text(meta["tool_calls"]),
                                         meta))
         elif itype in _OUTPUTS:
             call_id = p.text("call_id", required=True)

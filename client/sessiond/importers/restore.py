@@ -24,7 +24,7 @@ from sessiond_schemas.events import Event, parse_time
 from sessiond_schemas.state import SessionState
 
 from .._sync import Client
-from ._lines import LINE_CUT_FIELD, LINE_FIELD
+from ._lines import LINE_CUT_FIELD, LINE_FIELD, calls_text
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _PAGE = 1000
@@ -174,8 +174,9 @@ class _Writer:
                 "cwd": self.view.working_dir or os.getcwd(), "sessionId": self.cli_id,
                 "version": str(self.view.metadata.get("cli_version") or "2.1.0")}
         if role == "assistant":
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": content}] if not calls \
-                else []
+            # The text, unless it is only the rendering of the calls the importer made.
+            blocks: list[dict[str, Any]] = [] if calls and content == calls_text(calls) \
+                else [{"type": "text", "text": content}]
             for c in calls:
                 blocks.append({"type": "tool_use", "id": c["id"], "name": str(c.get("name")),
                                "input": c.get("input") if isinstance(c.get("input"), dict)
@@ -214,6 +215,9 @@ class _Writer:
                        "payload": meta})
         items: list[dict[str, Any]] = []
         if role == "assistant" and calls:
+            if content != calls_text(calls):  # said besides the calls
+                items.append({"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": content}]})
             for c in calls:
                 args = c.get("input")
                 items.append({"type": "function_call", "name": str(c.get("name")),
