@@ -1017,3 +1017,29 @@ async def test_fifos_and_symlinks_are_not_followed(daemon: Daemon, client: Async
         with anyio.fail_after(120):
             code, out = await import_json(daemon, "--format", "claude-code", path)
         assert code == 1 and why in out["failed"][0]["reason"], out
+
+
+async def test_a_long_transcript_goes_in_as_a_document_then_appends(
+        daemon: Daemon, client: AsyncClient, short_dir: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first import sends at most about DOCUMENT_BYTES in its session.import (the lines
+    keep their recorded times); the rest follow as appends, every line once."""
+    from sessiond import Client
+    from sessiond.importers import transcripts
+
+    monkeypatch.setattr(transcripts, "DOCUMENT_BYTES", 2000)
+    folder = os.path.join(short_dir, "projects", "-home-me-app")
+    os.makedirs(folder)
+    path = os.path.join(folder, "0d1e2f3a-4b5c-4d6e-8f70-8192a3b4c5d6.jsonl")
+    put(path, *(cc_line(n, f"line {n}") for n in range(1, 11)))
+    with Client(daemon.socket) as sync:
+        importer = transcripts.TranscriptImporter(sync, "claude-code")
+        result = await anyio.to_thread.run_sync(lambda: importer.sync(path))
+        importer.close()
+    assert result.error is None and (result.created, result.appended) == (True, 10)
+    msgs = (await client.list_messages("0d1e2f3a-4b5c-4d6e-8f70-8192a3b4c5d6")).messages
+    assert [m.content for m in msgs] == [f"line {n}" for n in range(1, 11)]
+    assert msgs[0].timestamp == rfc3339("2026-03-01T09:00:01.000Z")  # in the document
+    assert msgs[-1].timestamp != rfc3339("2026-03-01T09:00:10.000Z")  # appended after it
+    assert await keys_of(client, "0d1e2f3a-4b5c-4d6e-8f70-8192a3b4c5d6") == [
+        f"cc:5e0c1d2a-0000-4000-8000-{n:012d}" for n in range(1, 11)]

@@ -31,7 +31,15 @@ from sessiond_schemas.events import new_id, now
 from .._sync import Client
 from .._wire import ConnectionLostError
 from ._builder import DocumentBuilder, Problem, problem_of
-from ._lines import PARSERS, Line, Parser, line_keys, open_transcript, transcript_files
+from ._lines import (
+    LINE_FIELD,
+    PARSERS,
+    Line,
+    Parser,
+    line_keys,
+    open_transcript,
+    transcript_files,
+)
 
 
 @dataclass
@@ -68,6 +76,9 @@ class _Tail:
     pending: list[Line] = field(default_factory=list)  # parsed, not yet in the daemon
 
 
+# A first import's document holds about this much of the transcript (the session.import
+# request stays well under the daemon's default max_request_bytes, 128 MiB).
+DOCUMENT_BYTES = 48 << 20
 CUT_BUDGET = 256 << 10  # characters of content and of the kept line a cut line keeps
 OPEN_FILES = 64  # transcripts kept open between passes of --follow (a descriptor each)
 
@@ -316,7 +327,15 @@ class TranscriptImporter:
             tail.pending.clear()  # not this transcript's session: its lines go nowhere
             raise
         if known is None:
-            lines, tail.pending = tail.pending, []
+            # The first lines, up to about DOCUMENT_BYTES, go in with the session (at
+            # their recorded times); the rest follow as appends.
+            size, take = 0, 0
+            for line in tail.pending:
+                size += 2 * len(line.events[0]["data"].get(LINE_FIELD, "")) + 512
+                if take and size > DOCUMENT_BYTES:
+                    break
+                take += 1
+            lines, tail.pending = tail.pending[:take], tail.pending[take:]
             try:
                 state = self.client.import_session(self._document(tail.parser, sid, lines))
             except SessionExistsError:  # another importer was first: append instead
@@ -337,8 +356,9 @@ class TranscriptImporter:
                 tail.pending = lines + tail.pending
                 raise
             self.known[sid], self.at[sid] = {x.key for x in lines}, state.version
-            result.created, result.appended, result.version = True, len(lines), state.version
-            return None
+            result.created, result.version = True, state.version
+            result.appended += len(lines)
+            return self._write(tail, sid, result) if tail.pending else None
         while tail.pending:
             line = tail.pending[0]
             if line.key not in known:
