@@ -110,6 +110,37 @@ async def langgraph_conformance(socket: str) -> Suite:
     return suite
 
 
+# --- Claude Agent SDK: claude_agent_sdk.testing.run_session_store_conformance -------
+
+
+async def claude_conformance(socket: str) -> Suite:
+    suite = Suite("claude-agent-sdk session store conformance", version("claude-agent-sdk"))
+    try:
+        from claude_agent_sdk.testing import run_session_store_conformance
+
+        from sessiond.integrations.claude_agent_sdk import SessiondSessionStore
+    except ImportError as e:
+        suite.skipped["*"] = f"not installed ({e}): pip install -e '.[claude-agent-sdk]'"
+        return suite
+    stores: list[SessiondSessionStore] = []
+
+    def make() -> SessiondSessionStore:  # a namespace per contract: each starts empty
+        stores.append(SessiondSessionStore(namespace=f"suite-{len(stores)}", socket=socket))
+        return stores[-1]
+
+    try:
+        await run_session_store_conformance(make)
+        suite.passed = 14  # the harness asserts its 14 contracts; it skips none here
+    except AssertionError as e:
+        suite.failed = 1
+        suite.failures["*"] = [repr(e)]
+    finally:
+        for store in stores:
+            store.close()
+    suite.detail["stores"] = len(stores)
+    return suite
+
+
 # --- ADK and openai-agents: the tests their wheels ship (none, in the releases seen) --
 
 def shipped_or_skipped(name: str, dist: str, where: str) -> Suite:
@@ -133,7 +164,8 @@ async def run(db: str | None) -> list[Suite]:
             daemon.db = db
         await daemon.start()
         try:
-            suites = [await langgraph_conformance(daemon.socket)]
+            suites = [await langgraph_conformance(daemon.socket),
+                      await claude_conformance(daemon.socket)]
         finally:
             daemon.stop()
     suites.append(shipped_or_skipped("ADK session-service tests", "google-adk", "session-service"))

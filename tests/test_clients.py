@@ -126,7 +126,8 @@ async def test_async_client_reports_a_lost_daemon(short_dir: str) -> None:
 def test_plain_import_pulls_in_no_sdk() -> None:
     """`import sessiond` (and its integrations package) imports none of the SDKs."""
     code = ("import sys, sessiond, sessiond.integrations; "
-            "print([m for m in ('agents', 'langgraph', 'google.adk') if m in sys.modules])")
+            "print([m for m in ('agents', 'langgraph', 'google.adk', 'claude_agent_sdk')"
+            " if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
                              ["client", "daemon", "schemas"])}, cwd=Path(__file__).parent.parent)

@@ -14,6 +14,7 @@ from sdk_extras import require_sdk
 require_sdk("langgraph.checkpoint.conformance", "sdk-tests")
 require_sdk("agents", "openai-agents")
 require_sdk("google.adk", "adk")
+require_sdk("claude_agent_sdk", "claude-agent-sdk")
 
 pytestmark = pytest.mark.slow_on_postgresql
 
@@ -36,6 +37,8 @@ def test_the_shipped_suites_pass_or_say_why_not(db_url: str) -> None:
         assert lg["passed"] == 81  # 0.0.2, the newest release
         assert "SessiondSaver overrides aget_delta_channel_history" in \
             lg["skipped"]["delta_channel_history"]
+    claude = suites["claude-agent-sdk session store conformance"]
+    assert (claude["passed"], claude["failed"], claude["skipped"]) == (14, 0, {}), claude
     # ADK and openai-agents ship no session tests in their wheels: skipped, with the version.
     for name, dist in (("ADK session-service tests", "google-adk"),
                        ("openai-agents session store tests", "openai-agents")):

@@ -17,7 +17,7 @@ import msgspec
 
 from sessiond_schemas.errors import INVALID_PARAMS, SessiondError
 
-from ._ctl import admin, executors, history, http, mcp, migrate, registry, sessions, web
+from ._ctl import admin, executors, history, http, mcp, migrate, registry, restore, sessions, web
 from ._ctl.registry import COMMANDS, STREAMED, CliError
 from ._sync import Client
 from ._wire import ConnectionLostError
@@ -26,7 +26,7 @@ __all__ = ["CliError", "build_parser", "main"]
 
 # The modules declaring the commands (importing them registers them), in the order
 # `sessionctl --help` lists them; each module's commands in the order it declares them.
-SECTIONS = (admin, migrate, http, mcp, web, sessions, executors, history)
+SECTIONS = (admin, migrate, http, mcp, web, sessions, executors, history, restore)
 # Commands that run here without a daemon: name -> runner (its return is the exit status).
 LOCAL = {"migrate": migrate.run, "http-token": http.run, "mcp": mcp.run}
 

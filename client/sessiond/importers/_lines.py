@@ -8,16 +8,56 @@ session in the daemon says itself which lines it holds.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
+from urllib.parse import quote
+
+from sessiond_schemas.events import Event
 
 from ._builder import Problem, TDict, TList, json_problem, plain, problem_of, root_object
 
 SOURCE_LIMIT = 100_000  # characters of one tool input/output kept in a message
+# Every line is kept as the CLI wrote it, in the data of its first event (LINE_FIELD), so
+# that `sessionctl restore` writes the transcript back line for line. It is one field of
+# its own, the only copy of the line outside the messages, so that a redaction has one
+# place to rewrite. A line longer than LINE_LIMIT characters is kept cut, with
+# LINE_CUT_FIELD saying its length (restore leaves such a line out and says so).
+LINE_FIELD = "transcript_line"
+LINE_CUT_FIELD = "transcript_line_cut"
+LINE_LIMIT = 8 << 20
+# Lines appended together in one write (SessiondSessionStore's batches, whose write has a
+# key of its own, `ccb:...`) name each line's key in its first event's data.
+LINE_KEY_FIELD = "transcript_line_key"
+
+
+def line_keys(events: Iterable[Event]) -> Iterator[str]:
+    """The line keys stored events hold: each write's idempotency key (a line appended
+    alone, or imported), and in a batch's write, the key each of its lines names."""
+    for event in events:
+        key = event.meta.idempotency_key
+        if key:
+            yield key
+            if key.startswith("ccb:"):
+                named = event.fields().get(LINE_KEY_FIELD)
+                if isinstance(named, str):
+                    yield named
+
+
+def namespace_for(namespace: str | None, project_key: str, session_id: str | None = None) -> str:
+    """The sessiond namespace of a Claude Code project's main transcripts (or, with
+    `session_id`, of that session's sub-agents'), escaped so that no two collide: where
+    the importer puts them, and SessiondSessionStore(namespace=None) finds them
+    (`namespace` N: `claude-code+N:...`)."""
+    base = "claude-code" if namespace is None else "claude-code+" + quote(namespace, safe="")
+    found = f"{base}:{quote(project_key, safe='')}"
+    return found if session_id is None else f"{found}:{quote(session_id, safe='')}"
 
 
 @dataclass
@@ -28,6 +68,41 @@ class Line:
     number: int
     at: str | None  # the time the CLI recorded
     events: list[dict[str, Any]] = field(default_factory=list)
+
+    def cut(self, budget: int) -> Line:
+        """This line made small enough to store (the daemon refused it whole): each
+        message's content and the kept line cut to `budget` characters, tool inputs left
+        out, and marked: `transcript_line_cut` is the line's length, the content ends
+        saying it was cut."""
+        events: list[dict[str, Any]] = []
+        for event in self.events:
+            data = dict(event["data"])
+            if LINE_FIELD in data:
+                data[LINE_CUT_FIELD] = data.get(LINE_CUT_FIELD, len(data[LINE_FIELD]))
+                data[LINE_FIELD] = data[LINE_FIELD][:budget]
+            if event["type"] == "message.appended":
+                content = data.get("content", "")
+                if len(content) > budget:
+                    data["content"] = (content[:budget]
+                                       + f"\n[cut: {len(content)} characters in all]")
+                metadata = dict(data.get("metadata") or {})
+                if "tool_calls" in metadata:
+                    metadata["tool_calls"] = [{**c, "input": "[cut]"}
+                                              for c in metadata["tool_calls"]]
+                data["metadata"] = metadata
+            events.append({**event, "data": data})
+        return Line(self.key, self.number, self.at, events)
+
+    def keep(self, text: str) -> None:
+        """Keep the line's own text in its first event (a line that says nothing for the
+        session gets an event that changes nothing: metadata.updated with no patch)."""
+        if not self.events:
+            self.events.append({"type": "metadata.updated", "data": {"patch": {}}})
+        data = self.events[0]["data"] = dict(self.events[0]["data"])
+        if len(text) > LINE_LIMIT:
+            data[LINE_FIELD], data[LINE_CUT_FIELD] = text[:LINE_LIMIT], len(text)
+        else:
+            data[LINE_FIELD] = text
 
 
 @dataclass
@@ -54,6 +129,11 @@ def _cut(text: str) -> str:
 def _dumps(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
                                                            sort_keys=True)
+
+
+def calls_text(calls: list[dict[str, Any]]) -> str:
+    """The content of an assistant message that is tool calls only: `name(input)` each."""
+    return "\n".join(f"{c['name']}({_cut(_dumps(c['input']))})" for c in calls)
 
 
 def _message(role: str, content: str, metadata: dict[str, Any],
@@ -92,12 +172,34 @@ class Parser:
         except ValueError as exc:
             raise _at_line(json_problem(exc), number) from None
         try:
-            return self.convert(root_object(loaded, "a transcript line"), text, number)
+            line = self.convert(root_object(loaded, "a transcript line"), text, number)
         except Exception as exc:  # a line's failure is its own result
             raise _at_line(problem_of(exc), number) from None
+        if line is not None:
+            line.keep(text)
+        return line
 
     def convert(self, obj: TDict, text: str, number: int) -> Line | None:
+        """The line's events (an empty list when it says nothing for the session: it is
+        kept all the same); None only for a line not to keep at all."""
         raise NotImplementedError
+
+    def namespace(self) -> str | None:
+        """The namespace its session is made in (None: the daemon's default)."""
+        return None
+
+    def made_from_here(self, source: str, metadata: dict[str, Any], namespace: str) -> bool:
+        """Whether an existing session (its `source`, `metadata`, `namespace`) is the one
+        this transcript makes: imported from a file of the same name (a rotated copy's
+        name without its `.N`) in a folder of the same name, wherever the CLI's root is
+        now. Else the transcript names a session it did not make: nothing is appended."""
+        made = metadata.get("transcript")
+        if source != self.adapter or not isinstance(made, str):
+            return False
+        def place(path: str) -> tuple[str, str]:
+            path = re.sub(r"(\.jsonl)\.\d+$", r"\1", os.path.normpath(path))
+            return os.path.basename(os.path.dirname(path)), os.path.basename(path)
+        return place(made) == place(self.path)
 
     def note_time(self, at: str | None) -> None:
         if at and self.facts.first_at is None:
@@ -142,8 +244,29 @@ class ClaudeCode(Parser):
             self.facts.session_id = stem
         elif len(parts) >= 3 and parts[-2] == "subagents":
             self._parent(parts[-3])
-        self.facts.extra["project"] = parts[-2] if self.agent is None else None
+        # The project folder (the CLI's name for the cwd: the Agent SDK's project_key), and
+        # for a sub-agent the SDK's subpath: what SessiondSessionStore finds sessions by.
+        nested = self.agent is not None and len(parts) >= 4 and parts[-2] == "subagents"
+        self.facts.extra["project"] = parts[-4] if nested else parts[-2]
+        if self.agent is not None:
+            self.facts.extra["subpath"] = f"subagents/agent-{self.agent}"
         self._usage_seen: set[str] = set()
+
+    def namespace(self) -> str | None:
+        project = self.facts.extra.get("project")
+        if not isinstance(project, str):
+            return None
+        if self.agent is None:
+            return namespace_for(None, project)
+        parent = self.facts.parent_session_id
+        return namespace_for(None, project, parent) if parent else None
+
+    def made_from_here(self, source: str, metadata: dict[str, Any], namespace: str) -> bool:
+        # A session the Agent SDK mirrored (SessiondSessionStore) is this transcript's too
+        # when it is where the importer would have put it: one session, keys once.
+        if source == "claude-agent-sdk":
+            return namespace == self.namespace()
+        return super().made_from_here(source, metadata, namespace)
 
     def _parent(self, parent: str) -> None:
         self.facts.parent_session_id = parent
@@ -171,13 +294,23 @@ class ClaudeCode(Parser):
         if kind == "summary" and obj.get("summary"):
             line.events.append({"type": "metadata.updated",
                                 "data": {"patch": {"summary": obj.text("summary")}}})
+        elif kind == "custom-title" and obj.get("customTitle"):  # /rename (2.1)
+            line.events.append({"type": "metadata.updated",
+                                "data": {"patch": {"title": obj.text("customTitle")}}})
         elif kind in ("user", "assistant"):
             self._chat(obj, kind, uuid, at, line)
         elif kind == "system" and isinstance(obj.get("content"), str) and obj["content"].strip():
-            line.events.append(_message("system", obj["content"],
-                                        self._meta(obj, uuid, at, subtype=obj.get("subtype"))))
-        # file-history-snapshot, queue-operation, progress, ...: nothing for a session
-        return line if line.events else None
+            # compact_boundary (2.1): where /compact or auto-compaction cut the context;
+            # the summary that replaces what came before is the next (isCompactSummary) line.
+            compact = obj.obj("compactMetadata")
+            line.events.append(_message("system", obj["content"], self._meta(
+                obj, uuid, at, subtype=obj.get("subtype"),
+                logical_parent_uuid=obj.get("logicalParentUuid"),
+                compact_trigger=compact.get("trigger"),
+                compact_pre_tokens=compact.get("preTokens"))))
+        # file-history-snapshot, queue-operation, progress, last-prompt, ...: kept as lines
+        # (restore writes them back), nothing for the session's view
+        return line
 
     def _meta(self, obj: TDict, uuid: str | None, at: str | None, **more: Any) -> dict[str, Any]:
         source = {"uuid": uuid, "parent_uuid": obj.get("parentUuid"), "timestamp": at}
@@ -185,6 +318,8 @@ class ClaudeCode(Parser):
             source["is_sidechain"] = True
         if obj.get("isMeta"):
             source["is_meta"] = True
+        if obj.get("isCompactSummary"):
+            source["is_compact_summary"] = True
         source.update({k: v for k, v in more.items() if v is not None})
         return {"claude_code": {k: v for k, v in source.items() if v is not None}}
 
@@ -224,14 +359,14 @@ class ClaudeCode(Parser):
                 self.facts.model = self.facts.model or model
         text = "\n".join(t for t in texts if t.strip())
         if text.strip() or calls:
-            if self.facts.task is None and kind == "user" and not obj.get("isMeta"):
+            if (self.facts.task is None and kind == "user" and not obj.get("isMeta")
+                    and not obj.get("isCompactSummary")):
                 self.facts.task = text.strip()[:200]
             meta = self._meta(obj, uuid, at, message_id=msg.get("id"),
                               request_id=obj.get("requestId"))
             if calls:
                 meta["tool_calls"] = calls
-                text = text or "\n".join(
-                    f"{c['name']}({_cut(_dumps(c['input']))})" for c in calls)
+                text = text or calls_text(calls)
             line.events.append(_message("assistant" if kind == "assistant" else "user",
                                         text, meta))
         for r in results:
@@ -275,6 +410,7 @@ class Codex(Parser):
         found = _ROLLOUT_ID.findall(os.path.basename(path))
         self.facts.session_id = found[-1] if found else None
         self._total: Any = None
+        self._met = False  # the first session_meta line read: it is this file's session
 
     def convert(self, obj: TDict, text: str, number: int) -> Line | None:
         kind = obj.text("type")
@@ -284,13 +420,15 @@ class Codex(Parser):
         elif kind is None and obj.get("record_type") is None and obj.get("id"):
             kind, payload = "session_meta", obj  # before the envelope: the first line
         elif obj.get("record_type") == "state":
-            return None
+            return Line(self.content_key("cx", text), number, at)
         else:
             kind, payload = "response_item", obj
         self.note_time(at or (payload.time("timestamp") if kind == "session_meta" else None))
         line = Line(self.content_key("cx", text), number, at)
         if kind == "session_meta":
-            self._meta_line(payload)
+            if not self._met:  # a fork or resume copies its source's meta lines after its own
+                self._meta_line(payload)
+            self._met = True
         elif kind == "turn_context":
             model = payload.text("model")
             if model and model != self.facts.model:
@@ -304,7 +442,16 @@ class Codex(Parser):
             self._item(payload, at, line)
         elif kind == "event_msg" and payload.get("type") == "token_count":
             self._tokens(payload, line)
-        return line if line.events else None
+        elif kind == "event_msg" and payload.get("type") == "thread_rolled_back":
+            # The thread API's rollback (0.169): the last num_turns user turns leave the
+            # model's context. Their messages stay here (history is kept); this says where.
+            turns = int(payload.number("num_turns"))
+            line.events.append(_message(
+                "system", f"Codex rolled back the last {turns} turn(s): they left the"
+                " model's context.", self._source(payload, at, rolled_back_turns=turns)))
+        # compacted, event_msg (but token_count, thread_rolled_back), reasoning, ...: kept
+        # as lines (restore writes them back), nothing for the session's view
+        return line
 
     def _meta_line(self, p: TDict) -> None:
         if p.get("id"):
@@ -315,7 +462,8 @@ class Codex(Parser):
         git = p.obj("git")
         f.git_branch = git.text("branch") or f.git_branch
         f.first_git_branch = f.first_git_branch or f.git_branch
-        for key in ("originator", "model_provider", "source"):
+        for key in ("originator", "model_provider", "source", "forked_from_id",
+                    "agent_nickname", "agent_role"):
             if isinstance(p.get(key), str):
                 f.extra[key] = p[key]
         if git.text("commit_hash"):
@@ -350,7 +498,7 @@ class Codex(Parser):
             args = p.get("arguments", p.get("input", p.get("action")))
             meta = self._source(p, at)
             meta["tool_calls"] = [{"id": call_id, "name": name, "input": plain(args)}]
-            line.events.append(_message("assistant", f"{name}({_cut(_dumps(plain(args)))})",
+            line.events.append(_message("assistant", calls_text(meta["tool_calls"]),
                                         meta))
         elif itype in _OUTPUTS:
             call_id = p.text("call_id", required=True)
@@ -382,18 +530,48 @@ class Codex(Parser):
 PARSERS: dict[str, type[Parser]] = {"claude-code": ClaudeCode, "codex": Codex}
 
 
+def regular(path: str) -> bool:
+    """Whether `path` itself (not what a symlink names) is a regular file: a FIFO would
+    block the reader, a symlink could lead anywhere; neither is a transcript."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def open_transcript(path: str) -> IO[bytes]:
+    """Open a transcript to read, only if it is a regular file and not a symlink (checked
+    on the file opened: one swapped in after listing is refused too)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Problem("a symbolic link: not followed") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Problem("not a regular file (a FIFO, a device, ...): not read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def transcript_files(fmt: str, root: str) -> list[str]:
     """The transcripts under a root (or the one file given), oldest first within a
-    session: rotated copies (`x.jsonl.1`) before the file itself."""
-    if os.path.isfile(root):
-        return [root]
+    session: rotated copies (`x.jsonl.1`) before the file itself. Symlinks (to files or
+    folders) and FIFOs under the root are not followed; the root itself may be a link."""
+    if os.path.isfile(root) or (os.path.exists(root) and not os.path.isdir(root)):
+        return [root]  # one file given: opening it says what is wrong with it
     found: list[str] = []
     for folder, dirs, files in os.walk(root):
         dirs.sort()
         for name in files:
             if fmt == "codex" and not name.startswith("rollout-"):
                 continue
-            if re.search(r"\.jsonl(\.\d+)?$", name):
+            if re.search(r"\.jsonl(\.\d+)?$", name) and regular(os.path.join(folder, name)):
                 found.append(os.path.join(folder, name))
 
     def order(path: str) -> tuple[str, int]:

@@ -11,24 +11,35 @@ exactly the lines the daemon does not have, in their order.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from sessiond_schemas.errors import (
     InvalidParamsError,
+    InvalidRequestError,
     SessiondError,
     SessionExistsError,
     SessionImportError,
     SessionNotFoundError,
     TooLargeError,
+    VersionConflictError,
 )
 from sessiond_schemas.events import new_id, now
 
 from .._sync import Client
 from .._wire import ConnectionLostError
 from ._builder import DocumentBuilder, Problem, problem_of
-from ._lines import PARSERS, Line, Parser, transcript_files
+from ._lines import (
+    LINE_FIELD,
+    PARSERS,
+    Line,
+    Parser,
+    line_keys,
+    open_transcript,
+    transcript_files,
+)
 
 
 @dataclass
@@ -43,10 +54,13 @@ class Result:
     failures: list[Problem] = field(default_factory=list)
     error: Problem | None = None  # the whole file failed
     moved: bool = False  # the file listed is no longer at its path: list again
+    pending: int = 0  # a last line still being written (no newline, not whole JSON)
+    warnings: list[str] = field(default_factory=list)
 
     def as_item(self) -> dict[str, Any]:
         return {"file": self.file, "session_id": self.session_id, "version": self.version,
-                "lines": self.appended, "created": self.created, "warnings": []}
+                "lines": self.appended, "created": self.created, "pending": self.pending,
+                "warnings": self.warnings}
 
 
 @dataclass
@@ -62,6 +76,10 @@ class _Tail:
     pending: list[Line] = field(default_factory=list)  # parsed, not yet in the daemon
 
 
+# A first import's document holds about this much of the transcript (the session.import
+# request stays well under the daemon's default max_request_bytes, 128 MiB).
+DOCUMENT_BYTES = 48 << 20
+CUT_BUDGET = 256 << 10  # characters of content and of the kept line a cut line keeps
 OPEN_FILES = 64  # transcripts kept open between passes of --follow (a descriptor each)
 
 
@@ -74,6 +92,7 @@ class TranscriptImporter:
         self.tails: dict[str, _Tail] = {}
         self._recent: dict[str, None] = {}  # the open tails' paths, least recent first
         self.known: dict[str, set[str]] = {}  # session -> line keys the daemon holds
+        self.at: dict[str, int] = {}  # session -> the version `known` is exact at
 
     def files(self, root: str) -> list[tuple[str, int]]:
         """The transcripts under `root`, oldest first, with the inode each had when
@@ -98,7 +117,7 @@ class TranscriptImporter:
     def _open(self, path: str, tail: _Tail) -> None:
         if tail.handle is not None:
             tail.handle.close()
-        tail.handle = open(path, "rb")  # noqa: SIM115 - kept open across passes
+        tail.handle = open_transcript(path)  # kept open across passes
         tail.inode = os.fstat(tail.handle.fileno()).st_ino
         tail.partial, tail.number, tail.offset = b"", 0, 0
         tail.parser.from_start()
@@ -122,7 +141,7 @@ class TranscriptImporter:
     def _reopen(self, path: str, tail: _Tail) -> None:
         """A tail closed by `_opened`: the same file again at its place, or the new one."""
         try:
-            handle = open(path, "rb")  # noqa: SIM115 - kept open across passes
+            handle = open_transcript(path)  # kept open across passes
         except FileNotFoundError:
             return  # rotated away: its rotated copy is listed, and keys count lines once
         if os.fstat(handle.fileno()).st_ino == tail.inode:
@@ -159,12 +178,25 @@ class TranscriptImporter:
                 continue
             break
         if final:
-            self._finish(tail, result)
+            self._finish(tail, result, growing=True)
 
-    def _finish(self, tail: _Tail, result: Result) -> None:
-        """The end of a file that will not grow: a last line without newline counts."""
+    def _finish(self, tail: _Tail, result: Result, growing: bool = False) -> None:
+        """The end of a file: a last line without newline counts if it is whole JSON.
+        In a file that may still grow (`growing`: a one-off import of a transcript the
+        CLI may be writing) one that is not is pending, not a failure: the CLI is still
+        writing it, and the next run reads it."""
         if tail.partial.strip():
-            rest, tail.partial = tail.partial, b""
+            rest = tail.partial
+            if growing:
+                try:
+                    json.loads(rest)
+                except ValueError:
+                    result.pending += 1
+                    result.warnings.append(f"line {tail.number + 1} has no newline yet (the"
+                                           " CLI is writing it): left for the next run")
+                    tail.partial = b""
+                    return
+            tail.partial = b""
             self._lines(tail, rest + b"\n", result)
         tail.partial = b""
 
@@ -192,22 +224,36 @@ class TranscriptImporter:
 
     # -- writing -------------------------------------------------------------------
 
-    def _known(self, sid: str) -> set[str] | None:
-        """The line keys session `sid` holds (None: no such session)."""
+    def _known(self, sid: str, parser: Parser) -> set[str] | None:
+        """The line keys session `sid` holds (None: no such session). A session this
+        transcript did not make (another file's, another program's) is a Problem: the
+        importer appends only to its own."""
         if sid in self.known:
             return self.known[sid]
         try:
-            self.client.get_session(sid)
+            view = self.client.get_session(sid)
         except SessionNotFoundError:
             return None
-        keys: set[str] = set()
-        version: int | None = 1
-        while version is not None:
-            page = self.client.read_events(sid, from_version=version, limit=10_000)
-            keys.update(e.meta.idempotency_key for e in page.events if e.meta.idempotency_key)
-            version = page.next
-        self.known[sid] = keys
-        return keys
+        if not parser.made_from_here(view.source, view.metadata, view.namespace):
+            made = view.metadata.get("transcript") or f"source {view.source!r}"
+            raise Problem(f"session {sid} exists and was not made from this transcript"
+                          f" (but from {made}): nothing appended to it")
+        self.known[sid], self.at[sid] = set(), 0
+        self._since(sid)
+        return self.known[sid]
+
+    def _since(self, sid: str) -> bool:
+        """Add the line keys of the events written to `sid` since `self.at[sid]` (by
+        another writer: SessiondSessionStore, another importer); whether there were any."""
+        start: int | None = self.at[sid] + 1
+        found = False
+        while start is not None:
+            page = self.client.read_events(sid, from_version=start, limit=10_000)
+            self.known[sid].update(line_keys(page.events))
+            if page.events:
+                self.at[sid], found = page.events[-1].version, True
+            start = page.next
+        return found
 
     def _document(self, parser: Parser, sid: str, lines: list[Line]) -> dict[str, Any]:
         f = parser.facts
@@ -217,8 +263,11 @@ class TranscriptImporter:
             "git_branch": f.first_git_branch, "cli_version": f.cli_version,
             "transcript": os.path.abspath(parser.path),
             "parent_session_id": f.parent_session_id, **f.extra}.items() if v is not None}
+        namespace = parser.namespace()
+        created: dict[str, Any] = {"namespace": namespace} if namespace else {}
         b.add("session.created", {
-            "task": f.task, "working_dir": f.working_dir, "model": f.first_model or f.model,
+            **created, "task": f.task, "working_dir": f.working_dir,
+            "model": f.first_model or f.model,
             "adapter": parser.adapter, "source": parser.adapter,
             "correlation_id": f.parent_session_id, "metadata": metadata}, first)
         at, sequence = first, 0
@@ -272,42 +321,77 @@ class TranscriptImporter:
         return result
 
     def _write(self, tail: _Tail, sid: str, result: Result) -> None:
-        known = self._known(sid)
+        try:
+            known = self._known(sid, tail.parser)
+        except Problem:
+            tail.pending.clear()  # not this transcript's session: its lines go nowhere
+            raise
         if known is None:
-            lines, tail.pending = tail.pending, []
+            # The first lines, up to about DOCUMENT_BYTES, go in with the session (at
+            # their recorded times); the rest follow as appends.
+            size, take = 0, 0
+            for line in tail.pending:
+                size += 2 * len(line.events[0]["data"].get(LINE_FIELD, "")) + 512
+                if take and size > DOCUMENT_BYTES:
+                    break
+                take += 1
+            lines, tail.pending = tail.pending[:take], tail.pending[take:]
             try:
                 state = self.client.import_session(self._document(tail.parser, sid, lines))
             except SessionExistsError:  # another importer was first: append instead
                 self.known.pop(sid, None)
                 tail.pending = lines + tail.pending
                 return self._write(tail, sid, result)
-            except (SessionImportError, InvalidParamsError, TooLargeError):
+            except (SessionImportError, InvalidParamsError, TooLargeError,
+                    InvalidRequestError):
                 # The daemon refuses some line's data. The session goes in without its
                 # lines, which follow one by one: the bad one fails alone (the others
                 # then carry the daemon's time, their own in their metadata).
                 tail.pending = lines + tail.pending
                 state = self.client.import_session(self._document(tail.parser, sid, []))
-                self.known[sid] = set()
+                self.known[sid], self.at[sid] = set(), state.version
                 result.created, result.version = True, state.version
                 return self._write(tail, sid, result)
             except BaseException:
                 tail.pending = lines + tail.pending
                 raise
-            self.known[sid] = {x.key for x in lines}
-            result.created, result.appended, result.version = True, len(lines), state.version
-            return None
+            self.known[sid], self.at[sid] = {x.key for x in lines}, state.version
+            result.created, result.version = True, state.version
+            result.appended += len(lines)
+            return self._write(tail, sid, result) if tail.pending else None
         while tail.pending:
             line = tail.pending[0]
             if line.key not in known:
                 try:
-                    write = self.client.append_events(sid, line.events,
-                                                      idempotency_key=line.key)
-                except (InvalidParamsError, TooLargeError) as exc:
+                    try:
+                        write = self.client.append_events(
+                            sid, line.events, idempotency_key=line.key,
+                            expected_version=self.at[sid])
+                    except (TooLargeError, InvalidRequestError) as exc:
+                        if isinstance(exc, InvalidRequestError) and (
+                                exc.data.get("setting") != "max_request_bytes"):
+                            raise
+                        # Over a size cap of the daemon: stored cut, marked as such.
+                        write = self.client.append_events(
+                            sid, line.cut(CUT_BUDGET).events, idempotency_key=line.key,
+                            expected_version=self.at[sid])
+                        result.warnings.append(f"line {line.number}: over the daemon's"
+                                               f" {exc.data.get('setting', 'size cap')}:"
+                                               " stored cut")
+                except VersionConflictError:
+                    # Written meanwhile (the Agent SDK's store mirrors the same session):
+                    # what it holds now, then this line again, unless it is among it.
+                    if not self._since(sid):  # not appended to: made again, read afresh
+                        self.known.pop(sid, None)
+                        self.at.pop(sid, None)
+                        return self._write(tail, sid, result)
+                    continue
+                except (InvalidParamsError, TooLargeError, InvalidRequestError) as exc:
                     # The daemon refuses this line's data: it is this line's failure,
                     # and the lines after it still go in.
                     result.failures.append(Problem(exc.message, line=line.number))
                 else:
-                    result.version = write.version
+                    result.version = self.at[sid] = write.version
                     result.appended += 1
                     known.add(line.key)
             tail.pending.pop(0)
