@@ -9,6 +9,8 @@ import msgspec
 
 from sessiond_schemas.toolcalls import input_text, is_call_text, message_calls
 
+from .importers._lines import LINE_FIELD
+
 
 def _console() -> Any:
     from rich.console import Console
@@ -235,8 +237,8 @@ def render_events(r: Any) -> None:
             console.print(f"{mark}{e.position:>6}  {e.session_id}  v{e.version}  {e.type}"
                           f"  {e.recorded_at}", highlight=False, markup=False,
                           overflow="fold")
-            console.print(json.dumps(e.fields(), ensure_ascii=False), highlight=False,
-                          markup=False, style="dim")
+            console.print(json.dumps(_shown_fields(e), ensure_ascii=False),
+                          highlight=False, markup=False, style="dim")
     else:  # one line an event, as `watch` prints them: fits 80 columns
         shown = short_ids(sorted({e.session_id for e in page.events}))
         names: dict[str, str] = {}
@@ -248,6 +250,17 @@ def render_events(r: Any) -> None:
                           no_wrap=True, overflow="ellipsis", markup=False)
     if page.next is not None:
         console.print(f"more from: {page.next}", highlight=False)
+
+
+def _shown_fields(event: Any) -> dict[str, Any]:
+    """An event's data for people: an imported transcript's kept line (restore's copy of
+    what the CLI wrote, repeating the event's own fields) is named by its length."""
+    data: dict[str, Any] = event.fields()
+    kept = data.get(LINE_FIELD)
+    if isinstance(kept, str):
+        data = {**data, LINE_FIELD: f"[the transcript's line as written: {len(kept)} "
+                                    "characters; sessionctl restore writes it back]"}
+    return data
 
 
 def render_checkpoints(r: Any) -> None:
