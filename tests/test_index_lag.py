@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import daemon_config, eventually, running_daemon
+from conftest import PATIENCE_S, daemon_config, eventually, running_daemon
 from test_crash import DaemonProcess
 
 from sessiond import AsyncClient
@@ -262,7 +262,9 @@ async def test_one_large_append_does_not_stall_the_writes_behind_it(
         return " ".join("".join(rng.choices(string.ascii_lowercase, k=7))
                         for _ in range(1 << 17))
 
-    async with running_daemon(daemon_config(short_dir)) as daemon, \
+    # The search waits for the whole catch-up: more than its default time on a slow box.
+    config = daemon_config(short_dir, search_timeout_s=PATIENCE_S)
+    async with running_daemon(config) as daemon, \
             AsyncClient(daemon.socket) as c, AsyncClient(daemon.socket) as other:
         await c.create_session("big")
         await other.create_session("small")

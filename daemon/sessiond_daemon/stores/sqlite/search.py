@@ -29,6 +29,7 @@ from sessiond_daemon.stores.models import search as model
 from sessiond_daemon.stores.models import snippet
 from sessiond_daemon.stores.models.conversation import relink
 from sessiond_daemon.stores.models.search_text import INDEXED_TYPES, text_of
+from sessiond_daemon.stores.models.unicode61 import tokens
 from sessiond_daemon.stores.rows import EVENT_COLUMNS, event_from_row
 from sessiond_daemon.stores.sqlite import executor
 from sessiond_daemon.stores.sqlite.migrations import INDEXED_UPTO, SEARCH_FUNCTION
@@ -204,8 +205,13 @@ class FullText:
         return None
 
     async def search(self, q: SearchQuery, budget: SearchBudget) -> SearchResult:
-        deadline = time.monotonic() + budget.timeout_s  # its wait for the lane counts
-        await self._caught_up()
+        deadline = time.monotonic() + budget.timeout_s  # its waits count
+        # The catch-up goes on without it (a step at a time, between the writer's
+        # batches) when its time runs out first.
+        with anyio.move_on_after(budget.timeout_s) as waited:
+            await self._caught_up()
+        if waited.cancelled_caught:
+            raise stopped("search_timeout_s", budget)
         try:
             await self._take_lane(budget, deadline)
             try:
@@ -468,8 +474,9 @@ def query(con: sqlite3.Connection, q: SearchQuery, budget: SearchBudget | None =
 # FTS5's snippet() scores a window at each match by looking at every match of the
 # document: its cost grows with the square of the matches, in one call the progress
 # handler cannot stop (262,144 matches: minutes). It cuts the snippets of documents
-# whose tokens times the query's words are at most this (about 30 ms at worst, measured
-# in bench/README "Search snippets"); the daemon cuts the others (models/snippet.py).
+# whose tokens times the query's tokens are at most this (about 30 ms at worst, measured
+# in bench/README "Search snippets and the index's catch-up"); the daemon cuts the others
+# (models/snippet.py).
 SNIPPET_FTS_MATCHES: Final = 512
 
 
@@ -482,7 +489,8 @@ def _ranked(con: sqlite3.Connection, matched: str, args: list[Any],
     hits: dict[int, SearchHit] = {}
     if ids := ranked.chosen:
         words = model.words(q.text)
-        small = _small(con, ids, max(1, len(words)))
+        # every token of the query (operators, repeats too) may be a phrase of its own
+        small = _small(con, ids, max(1, len(tokens(q.text))))
         # One walk over the hits' range (a prefix's doclists are merged once, not once
         # per hit); `+rowid` keeps the IN out of FTS5, so that snippets are cut only
         # for the chosen rows, and by FTS5 only for the small ones (CASE evaluates its
