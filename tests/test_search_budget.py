@@ -120,3 +120,34 @@ async def test_reads_are_answered_while_two_searches_run(
         gate.set()
     assert [[s.session_id for s in a.sessions] for a in answers] == [["s"], ["s"]]
     assert 1 <= len(entered) <= 2
+
+
+async def test_a_search_waiting_for_its_turn_ends_when_its_client_goes(
+        store_kind: str, daemon: Daemon, client: AsyncClient,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search in flight holds the searches' connection; another client's search waits
+    for its turn, and its client leaves: that search never runs. The next one does."""
+    await client.create_session(session_id="s", task="the wombat task")
+    entered: list[int] = []
+    gate = threading.Event()
+    _hold(store_kind, monkeypatch, entered, gate)
+    answers: list[Any] = []
+
+    async def search() -> None:
+        async with AsyncClient(daemon.socket) as own:
+            answers.append(await own.search("wombat"))
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(search)
+            await eventually(lambda: entered, "a search holds its connection")
+            async with anyio.create_task_group() as leaving:
+                leaving.start_soon(search)
+                await anyio.sleep(0.2)  # pacing: its request reaches the daemon, and waits
+                leaving.cancel_scope.cancel()  # the client closes its connection
+            await anyio.sleep(0.5)  # pacing: the daemon sees it gone (it looks every 50 ms)
+            gate.set()
+        assert (await client.search("wombat")).sessions[0].session_id == "s"
+    finally:
+        gate.set()
+    assert len(answers) == 1 and len(entered) == 2  # the first, and the last: not the one gone
