@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import daemon_config, running_daemon
+from conftest import PATIENCE_S, daemon_config, eventually, running_daemon
 from test_crash import DaemonProcess
 
 from sessiond import AsyncClient
@@ -241,3 +241,42 @@ async def test_a_catch_up_that_keeps_failing_is_not_retried_in_a_loop(
         assert len(tries) < 40, len(tries)
         monkeypatch.setattr(search, "index_range", index_range)  # the stop catches up
     assert indexed(daemon.db) == (21, 21)
+
+
+async def test_one_large_append_does_not_stall_the_writes_behind_it(
+        short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 45 §6: seven large messages of distinct words in one append_many, then a
+    read of the index makes the store catch up. It does so in steps bounded by bytes and
+    time (INDEX_STEP_BYTES, INDEX_STEP_S), a transaction each, not in one range of
+    positions holding all seven: the mark moves past some and not all of them, and
+    another client's write, sent then, is acknowledged before the index holds them all
+    (the writer's batches go between the steps)."""
+    import random
+    import string
+
+    from sessiond_daemon.stores.sqlite import store
+    monkeypatch.setattr(store, "INDEX_LAG_S", 3600.0)  # only the search catches it up
+    rng = random.Random(45)
+
+    def distinct() -> str:  # ~1 MiB of distinct words: the index's costliest text
+        return " ".join("".join(rng.choices(string.ascii_lowercase, k=7))
+                        for _ in range(1 << 17))
+
+    # The search waits for the whole catch-up: more than its default time on a slow box.
+    config = daemon_config(short_dir, search_timeout_s=PATIENCE_S)
+    async with running_daemon(config) as daemon, \
+            AsyncClient(daemon.socket) as c, AsyncClient(daemon.socket) as other:
+        await c.create_session("big")
+        await other.create_session("small")
+        await c.append_messages("big", [{"role": "user", "content": distinct()}
+                                        for _ in range(7)])
+        [(last,)] = daemon.sql("SELECT MAX(position) FROM events")
+        assert indexed(daemon.db) == (0, 0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.search, "wombat")  # catches the index up first
+            await eventually(lambda: 0 < indexed(daemon.db)[0] < 2 + 7,
+                             "the index takes some of the seven, in a step of its own")
+            await other.append_message("small", "user", "a small write")
+            assert indexed(daemon.db)[1] < last, "the write waited for the whole catch-up"
+        assert (await c.verify()).ok  # which catches the index up again
+        assert indexed(daemon.db)[0] == 2 + 7 + 1  # all, the small one too, at last

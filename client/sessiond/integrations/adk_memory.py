@@ -43,6 +43,7 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.state import Message
 
+from . import _search_query
 from ._loop import LoopClient, sized
 from ._text import Piece, compose, lift, restore
 from .adk import session_id_for
@@ -275,9 +276,12 @@ class SessiondMemoryService(BaseMemoryService):
     async def _candidates(self, namespace: str, words: set[str]) -> list[tuple[_Order, Message]]:
         """The best hits of the best sessions session.search finds in the namespace, each
         with its place in the order of adding."""
-        query = " OR ".join(f'"{w}"' for w in sorted(words))  # words: \w+, no quotes
-        found = await self.client.search(query, namespace=namespace, limit=CANDIDATE_SESSIONS,
-                                         hits=CANDIDATE_HITS)
+        async def search(query: str) -> rpc.SearchResult:
+            return await self.client.search(query, namespace=namespace,
+                                            limit=CANDIDATE_SESSIONS, hits=CANDIDATE_HITS)
+
+        # "any of the words" (\w+, no quotes), in as many queries as its length needs
+        found = await _search_query.each(search, sorted(words))
         gate = asyncio.Semaphore(_CONCURRENT)
 
         async def message(session_id: str, sequence: int) -> Message | None:
@@ -290,8 +294,9 @@ class SessiondMemoryService(BaseMemoryService):
             async with gate:
                 return (await self.client.get_session(session_id)).timestamps.created_at
 
-        hits = [(s.session_id, h.sequence) for s in found.sessions for h in s.hits
-                if h.type == "message.appended" and h.sequence is not None]
+        hits = list(dict.fromkeys(
+            (s.session_id, h.sequence) for result in found for s in result.sessions
+            for h in s.hits if h.type == "message.appended" and h.sequence is not None))
         fetched = await asyncio.gather(*(message(sid, seq) for sid, seq in hits))
         sessions = list(dict.fromkeys(sid for sid, _ in hits))
         when = dict(zip(sessions, await asyncio.gather(*(created(sid) for sid in sessions)),

@@ -65,6 +65,7 @@ from sessiond_schemas.errors import (
 )
 from sessiond_schemas.state import SessionState
 
+from . import _search_query
 from ._loop import LoopClient, sized
 from ._store_rules import (
     check_labels,
@@ -454,8 +455,26 @@ class SessiondStore(BaseStore):
                          filter: dict[str, Any] | None, wanted: int,
                          gate: asyncio.Semaphore) -> list[tuple[SessionState, float | None]]:
         """Items ranked by session.search (bm25; score is minus it, higher is better): any
-        of the query's words, in the item's current value, under the prefix."""
-        query = "(" + " OR ".join(f'"{w}"' for w in words) + f") AND tags: {_prefix_tag(prefix)}"
+        of the query's words, in the item's current value, under the prefix. A query too
+        long for one session.search is several (_search_query.py), their items merged,
+        each at its best score."""
+        tag = _prefix_tag(prefix)
+        lists = await _search_query.each(
+            lambda query: self._full_text_of(client, query, filter, wanted, gate), words,
+            lambda any_of: f"({any_of}) AND tags: {tag}")
+        if len(lists) == 1:
+            return lists[0]
+        best: dict[str, tuple[SessionState, float | None]] = {}
+        for view, score in (pair for found in lists for pair in found):
+            held = best.get(view.session_id)
+            if held is None or (score or 0.0) > (held[1] or 0.0):
+                best[view.session_id] = (view, score)
+        return sorted(best.values(), key=lambda pair: -(pair[1] or 0.0))[:wanted]
+
+    async def _full_text_of(self, client: LoopClient, query: str,
+                            filter: dict[str, Any] | None, wanted: int,
+                            gate: asyncio.Semaphore) -> list[tuple[SessionState, float | None]]:
+        """The first `wanted` items one session.search query finds, best first."""
         found: list[tuple[SessionState, float | None]] = []
         cursor, now = None, _now()
 

@@ -44,6 +44,42 @@ def prefixes(text: str) -> list[str]:
     return found
 
 
+_OPERATORS: Final = frozenset({"AND", "OR", "NOT", "NEAR"})
+
+
+def words(text: str) -> list[tuple[str, bool]]:
+    """The words a query looks for, as the index holds them, each with whether it is a
+    prefix (`deplo*`): the tokens of its strings and barewords, without its operators,
+    column names (`body:`), NEAR's distances or the word or string right after a NOT.
+    What a snippet the daemon cuts marks (snippet.py)."""
+    found: dict[str, bool] = {}
+    pieces = list(_PIECES.finditer(text))  # a query is at most 1,000 characters
+    last: str | None = None  # the last token of the piece before, for a `*` after it
+    skip = False  # the next word or string is NOT's operand
+    for i, piece in enumerate(pieces):
+        quoted, bare, star = piece.groups()
+        after = pieces[i + 1].group(0) if i + 1 < len(pieces) else ""
+        before = pieces[i - 1].group(0) if i else ""
+        if star:
+            if last is not None:
+                found[last] = True
+            last = None
+            continue
+        last = None
+        if quoted is None and bare is None:
+            continue
+        if bare in _OPERATORS:
+            skip = skip or bare == "NOT"
+            continue
+        if skip or after == ":" or (before == "," and bare is not None and bare.isdigit()):
+            skip = False
+            continue
+        for token in tokens(quoted.replace('""', '"') if quoted is not None else bare):
+            found.setdefault(token, False)
+            last = token
+    return list(found.items())
+
+
 def too_broad(found: int, limit: int) -> InvalidParamsError:
     """-32602 for a query whose prefix terms' words are in more indexed events than
     search_max_prefix_matches allows (estimated from the index, before the query runs)."""

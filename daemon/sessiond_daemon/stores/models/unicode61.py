@@ -24,7 +24,8 @@ _RANGES: Final = "".join(re.escape(chr(lo)) if lo == hi else
                          f"{re.escape(chr(lo))}-{re.escape(chr(hi))}" for lo, hi in SEPARATORS)
 # ASCII's separators (all but letters and digits), the measured ones, and the surrogates
 # (no UTF-8 text holds them).
-_TOKEN: Final = re.compile(f"[^\\x00-/:-@\\[-`{{-\\x7f{_RANGES}\\ud800-\\udfff]+")
+TOKEN_CHAR: Final = f"[^\\x00-/:-@\\[-`{{-\\x7f{_RANGES}\\ud800-\\udfff]"  # one, as a regex
+_TOKEN: Final = re.compile(TOKEN_CHAR + "+")
 _FOLD: Final = {**{c: chr(c + 32) for c in range(ord("A"), ord("Z") + 1)},
                 **{c: (f or None) for c, f in FOLD.items()}}
 

@@ -643,10 +643,15 @@ _POLL_S: Final = 0.05  # how often a running query looks whether its client is s
 
 class FullText:
     """The `full_text` capability of the PostgreSQL store, on its read pool (the query)
-    and on connections of their own (reindex, in ranges)."""
+    and on connections of their own (reindex, in ranges).
+
+    At most one pool connection less than the pool holds runs a search (`_lanes`, at
+    least one), so the other reads always have a connection to take; a search waiting
+    for its turn waits within its time and ends when its client goes."""
 
     def __init__(self, store: Any) -> None:
         self.store = store  # a PostgresStore: its pool (`_pool`) and `connect`
+        self._lanes = anyio.Semaphore(max(1, int(store._reader_count) - 1))
 
     async def search(self, q: SearchQuery, budget: SearchBudget) -> SearchResult:
         tsquery = to_tsquery_text(q.text)
@@ -659,7 +664,7 @@ class FullText:
 
         async def run(scope: anyio.CancelScope) -> None:
             try:
-                async with self.store._pool.acquire() as con:
+                async with self._lanes, self.store._pool.acquire() as con:
                     result.append(await _query(con, q, tsquery, budget))
             except Exception as exc:  # raised below, outside the task group
                 failed.append(exc)

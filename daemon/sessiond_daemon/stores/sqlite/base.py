@@ -113,7 +113,10 @@ class SqliteReads:
     async def on_reader(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn` with a read connection on that connection's thread (several statements,
         one hop); driver errors become -32012."""
-        db = self._r()
+        return await self._on_connection(self._r(), fn)
+
+    async def _on_connection(self, db: aiosqlite.Connection,
+                             fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
             # aiosqlite's own thread for this connection (private, and untyped, API)
             result: T = await db._execute(fn, db._conn)  # type: ignore[no-untyped-call]

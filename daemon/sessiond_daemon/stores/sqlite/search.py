@@ -14,18 +14,22 @@ history: their hits say `current: false`.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
+import anyio
 import msgspec
 import structlog
 
 from sessiond_daemon.stores.interface import SearchBudget, SearchQuery, SqlAccess
 from sessiond_daemon.stores.models import search as model
+from sessiond_daemon.stores.models import snippet
 from sessiond_daemon.stores.models.conversation import relink
 from sessiond_daemon.stores.models.search_text import INDEXED_TYPES, text_of
+from sessiond_daemon.stores.models.unicode61 import tokens
 from sessiond_daemon.stores.rows import EVENT_COLUMNS, event_from_row
 from sessiond_daemon.stores.sqlite import executor
 from sessiond_daemon.stores.sqlite.migrations import INDEXED_UPTO, SEARCH_FUNCTION
@@ -40,6 +44,7 @@ _TYPES_SQL: Final = ", ".join(f"'{t}'" for t in INDEXED_TYPES)
 log = structlog.get_logger("sessiond.search")
 _decode = msgspec.json.Decoder(dict[str, Any])
 _json = msgspec.json.Encoder()
+T = TypeVar("T")
 
 
 # The last event's texts. The view asks for an event's body, then for its tags: two calls
@@ -119,6 +124,24 @@ def index_range(db: sqlite3.Connection, after: int, upto: int) -> None:
                " (SELECT 1 FROM search_docsize WHERE id = position)", (after, upto))
 
 
+def piece_end(db: sqlite3.Connection, after: int, upto: int, max_bytes: int) -> tuple[int, int]:
+    """Where a piece of the catch-up starting past `after` ends (<= `upto`), so that its
+    events of indexed types hold at most `max_bytes` of data (at least one event), and
+    those bytes. Reads the sizes only (length() of a blob reads none of its pages)."""
+    total = 0
+    cur = db.execute(f"SELECT position, length(data) FROM events WHERE position > ? AND"
+                     f" position <= ? AND type IN ({_TYPES_SQL}) ORDER BY position",
+                     (after, upto))
+    try:
+        for position, size in cur:
+            if total and total + size > max_bytes:
+                return int(position) - 1, total
+            total += int(size)
+    finally:
+        cur.close()
+    return upto, total
+
+
 def count(db: sqlite3.Connection) -> int:
     return int(db.execute("SELECT COUNT(*) FROM search_docsize").fetchone()[0])
 
@@ -147,17 +170,30 @@ def problems(db: sqlite3.Connection) -> list[str]:
     return model.problems(missing, extra)
 
 
+class Lane(Protocol):
+    """Runs a function on the search lane's connection, on its thread."""
+
+    async def __call__(self, fn: Callable[[sqlite3.Connection], T], /) -> T: ...
+
+
 class FullText:
     """The `full_text` capability of the SQLite store: these functions on its
-    connections (a read connection's thread for the query, the writer's for the rest).
+    connections (the search lane's thread for the query, the writer's for the rest).
     Each read of the index first has the store index what its commits left out
     (`catch_up`), so it sees every acknowledged write. When that cannot be written (a full
     disk, as writes then fail too), reads go on with the index as it stands, and verify
-    says what waits."""
+    says what waits.
 
-    def __init__(self, sql: SqlAccess, catch_up: Callable[[], Awaitable[None]]) -> None:
+    Queries run on a read connection of their own, the search lane (`lane`), one at a
+    time: the other reads never wait behind a search. A query waiting for the lane waits
+    here, where its client's leaving or its time running out ends the wait."""
+
+    def __init__(self, sql: SqlAccess, catch_up: Callable[[], Awaitable[None]],
+                 lane: Lane) -> None:
         self.sql = sql
         self.catch_up = catch_up
+        self.lane = lane
+        self._busy = anyio.Lock()
 
     async def _caught_up(self) -> str | None:
         """Catch the index up; what stopped it, if something did."""
@@ -169,13 +205,31 @@ class FullText:
         return None
 
     async def search(self, q: SearchQuery, budget: SearchBudget) -> SearchResult:
-        await self._caught_up()
+        deadline = time.monotonic() + budget.timeout_s  # its waits count
+        # The catch-up goes on without it (a step at a time, between the writer's
+        # batches) when its time runs out first.
+        with anyio.move_on_after(budget.timeout_s) as waited:
+            await self._caught_up()
+        if waited.cancelled_caught:
+            raise stopped("search_timeout_s", budget)
         try:
-            return await self.sql.on_reader(lambda con: query(con, q, budget))
+            await self._take_lane(budget, deadline)
+            try:
+                return await self.lane(lambda con: query(con, q, budget, deadline))
+            finally:
+                self._busy.release()
         finally:
-            # Cancelled (the client went, the daemon stops): the query on the reader's
+            # Cancelled (the client went, the daemon stops): the query on the lane's
             # thread stops at its next progress call instead of running on.
             budget.stop.set()
+
+    async def _take_lane(self, budget: SearchBudget, deadline: float) -> None:
+        while True:
+            with anyio.move_on_after(_POLL_S):
+                await self._busy.acquire()
+                return
+            if (why := _why(budget, deadline)) is not None:
+                raise stopped(why, budget)
 
     async def clear(self) -> int:
         return await self.sql.on_writer(clear)
@@ -210,26 +264,44 @@ def _bad_query(exc: sqlite3.OperationalError) -> InvalidParamsError | None:
 
 
 _STEPS: Final = 1000  # VM instructions between two calls of the progress handler
+_POLL_S: Final = 0.05  # how often a query waiting for the lane looks at its budget
 
 
-def _watch(con: sqlite3.Connection, budget: SearchBudget) -> Callable[[], str | None]:
-    """Install the budget's progress handler on `con` (on its own thread, where the query
-    runs); return what stopped the query, if anything did."""
-    deadline = time.monotonic() + budget.timeout_s
-    state = {"steps": 0, "why": None}  # type: dict[str, Any]
+def _why(budget: SearchBudget, deadline: float) -> str | None:
+    """What ends a query now, if anything: its time, or its client gone."""
+    if time.monotonic() > deadline:
+        return "search_timeout_s"
+    if budget.stop.is_set() or budget.gone():
+        return "client gone"
+    return None
 
-    def progress() -> int:
-        state["steps"] += _STEPS
-        if state["steps"] > budget.max_steps:
-            state["why"] = "search_max_steps"
-        elif time.monotonic() > deadline:
-            state["why"] = "search_timeout_s"
-        elif budget.stop.is_set() or (state["steps"] % (_STEPS * 16) == 0 and budget.gone()):
-            state["why"] = "client gone"
-        return 1 if state["why"] else 0
 
-    con.set_progress_handler(progress, _STEPS)
-    return lambda: state["why"]
+class _Watch:
+    """The budget's progress handler on a connection (on its own thread, where the query
+    runs), and the same checks for the Python work between statements (`check`)."""
+
+    def __init__(self, con: sqlite3.Connection, budget: SearchBudget, deadline: float) -> None:
+        self.budget, self.deadline = budget, deadline
+        self.steps = 0
+        self.why: str | None = None
+        con.set_progress_handler(self._progress, _STEPS)
+
+    def _progress(self) -> int:
+        self.steps += _STEPS
+        if self.steps > self.budget.max_steps:
+            self.why = "search_max_steps"
+        elif time.monotonic() > self.deadline:
+            self.why = "search_timeout_s"
+        elif self.budget.stop.is_set() or (
+                self.steps % (_STEPS * 16) == 0 and self.budget.gone()):
+            self.why = "client gone"
+        return 1 if self.why else 0
+
+    def check(self) -> None:
+        """Stop the query (-32012) when its time has run out or its client went."""
+        self.why = self.why or _why(self.budget, self.deadline)
+        if self.why is not None:
+            raise stopped(self.why, self.budget)
 
 
 def stopped(why: str, budget: SearchBudget) -> SessiondError:
@@ -349,8 +421,8 @@ def prefix_matches(con: sqlite3.Connection, words: list[str]) -> int:
     return size // ENTRY_BYTES
 
 
-def query(con: sqlite3.Connection, q: SearchQuery,
-          budget: SearchBudget | None = None) -> SearchResult:
+def query(con: sqlite3.Connection, q: SearchQuery, budget: SearchBudget | None = None,
+          deadline: float | None = None) -> SearchResult:
     """Sessions whose events match `q.text`, best first, each with its best hits.
 
     The cost is bounded: only the newest `window` matching events (after the filters)
@@ -358,7 +430,7 @@ def query(con: sqlite3.Connection, q: SearchQuery,
     double (2 x window positions first), each read forward, as FTS5 reads doclists best
     (a descending walk of a long doclist costs its whole length); then ranked by bm25 and
     grouped by session (stores/models/search.py). Snippets are cut for this page's hits
-    only."""
+    only, within the budget too (`_snippets`)."""
     where, args = ["search MATCH ?"], [q.text]  # type: tuple[list[str], list[Any]]
     joins = " FROM search f JOIN events e ON e.position = f.rowid"
     session_where: list[str] = []
@@ -378,15 +450,16 @@ def query(con: sqlite3.Connection, q: SearchQuery,
             args.append(value)
     budget = budget or SearchBudget()
     con.execute("BEGIN")  # one snapshot for the estimate, the ranking and the snippets
-    why = _watch(con, budget)
+    watch = _Watch(con, budget, deadline if deadline is not None
+                   else time.monotonic() + budget.timeout_s)
     try:
         # A prefix merges all its words' doclists, whatever the LIMIT: refused up front
         # when they are too long, in a few index seeks.
         if (found := prefix_matches(con, model.prefixes(q.text))) > budget.max_prefix_matches:
             raise model.too_broad(found, budget.max_prefix_matches)
-        return _ranked(con, joins + " WHERE " + " AND ".join(where), args, q)
+        return _ranked(con, joins + " WHERE " + " AND ".join(where), args, q, watch)
     except sqlite3.OperationalError as exc:
-        reason = why()
+        reason = watch.why
         if reason is not None:
             raise stopped(reason, budget) from exc
         bad = _bad_query(exc)
@@ -398,36 +471,80 @@ def query(con: sqlite3.Connection, q: SearchQuery,
         con.execute("COMMIT")
 
 
+# FTS5's snippet() scores a window at each match by looking at every match of the
+# document: its cost grows with the square of the matches, in one call the progress
+# handler cannot stop (262,144 matches: minutes). It cuts the snippets of documents
+# whose tokens times the query's tokens are at most this (about 30 ms at worst, measured
+# in bench/README "Search snippets and the index's catch-up"); the daemon cuts the others
+# (models/snippet.py).
+SNIPPET_FTS_MATCHES: Final = 512
+
+
 def _ranked(con: sqlite3.Connection, matched: str, args: list[Any],
-            q: SearchQuery) -> SearchResult:
+            q: SearchQuery, watch: _Watch) -> SearchResult:
     """The query's page: ranked on (position, session_id, score) only; the events, their
     snippets and views are read for the page's hits alone."""
     rows, complete = _newest(con, matched, args, q.window)
     ranked = model.rank(rows, q.after, q.limit, q.hits)
     hits: dict[int, SearchHit] = {}
     if ids := ranked.chosen:
+        words = model.words(q.text)
+        # every token of the query (operators, repeats too) may be a phrase of its own
+        small = _small(con, ids, max(1, len(tokens(q.text))))
         # One walk over the hits' range (a prefix's doclists are merged once, not once
         # per hit); `+rowid` keeps the IN out of FTS5, so that snippets are cut only
-        # for the chosen rows.
+        # for the chosen rows, and by FTS5 only for the small ones (CASE evaluates its
+        # THEN only when its WHEN holds).
         # The message fields of the hits, never their whole event (a message may
         # be 16 MiB, and a page may show 2,000 hits).
-        for row in con.execute(
-                "SELECT f.rowid, e.version, e.type, e.recorded_at,"
-                " json_extract(e.data, '$.sequence'), json_extract(e.data, '$.role'),"
-                f" substr(snippet(search, -1, ?, ?, '\u2026', 12), 1, {model.SNIPPET_CHARS}),"
-                " e.session_id FROM search f JOIN events e"
-                " ON e.position = f.rowid WHERE search MATCH ? AND f.rowid >= ?"
-                " AND f.rowid <= ? AND +f.rowid IN (SELECT value FROM json_each(?))",
-                (*q.mark, q.text, ids[0], ids[-1], _json.encode(ids))):
+        found = con.execute(
+            "SELECT f.rowid, e.version, e.type, e.recorded_at,"
+            " json_extract(e.data, '$.sequence'), json_extract(e.data, '$.role'),"
+            " CASE WHEN +f.rowid IN (SELECT value FROM json_each(?)) THEN"
+            f" substr(snippet(search, -1, ?, ?, '\u2026', 12), 1, {model.SNIPPET_CHARS}) END,"
+            " e.session_id FROM search f JOIN events e"
+            " ON e.position = f.rowid WHERE search MATCH ? AND f.rowid >= ?"
+            " AND f.rowid <= ? AND +f.rowid IN (SELECT value FROM json_each(?))",
+            (_json.encode(small), *q.mark, q.text, ids[0], ids[-1],
+             _json.encode(ids))).fetchall()
+        pattern = snippet.pattern(words)
+        for row in found:
+            watch.check()  # between hits: the Python work below is outside the handler
+            text = row[6] if row[6] is not None else _cut(con, row[0], pattern, q.mark)
             current = (_current(con, row[7], row[0], row[4])
                        if row[2] == "message.appended" else None)
-            hits[row[0]] = model.hit(row[0], row[1], row[2], row[3], row[4], row[5], row[6],
+            hits[row[0]] = model.hit(row[0], row[1], row[2], row[3], row[4], row[5], text,
                                      current)
     page = ranked.page
     views = {r[0]: r[1:] for r in con.execute(
         "SELECT session_id, status, namespace, actor_name, task, updated_at FROM sessions"
         f" WHERE session_id IN ({', '.join('?' * len(page))})", tuple(ranked.best))} if page else {}
     return model.result(ranked, hits, views, complete)
+
+
+def _small(con: sqlite3.Connection, ids: list[int], words: int) -> list[int]:
+    """The hits whose snippet FTS5 may cut (SNIPPET_FTS_MATCHES), from the documents'
+    token counts (`search_docsize`: a varint per column)."""
+    small = []
+    for position, sizes in con.execute(
+            "SELECT id, sz FROM search_docsize WHERE id IN (SELECT value FROM json_each(?))",
+            (_json.encode(ids),)):
+        block, at, tokens = bytes(sizes), 0, 0
+        while at < len(block):
+            size, at = _varint(block, at)
+            tokens += size
+        if tokens * words <= SNIPPET_FTS_MATCHES:
+            small.append(position)
+    return small
+
+
+def _cut(con: sqlite3.Connection, position: int, pattern: re.Pattern[str] | None,
+         mark: tuple[str, str]) -> str:
+    """A large document's snippet, cut by the daemon from its text (models/snippet.py)."""
+    row = con.execute("SELECT body, tags FROM search_source WHERE position = ?",
+                      (position,)).fetchone()
+    texts = (None, None) if row is None else (row[0], row[1])
+    return snippet.cut(texts, pattern, mark)[:model.SNIPPET_CHARS]
 
 
 def _current(con: sqlite3.Connection, sid: str, position: int, sequence: int | None) -> bool:

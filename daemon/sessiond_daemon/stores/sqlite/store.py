@@ -61,9 +61,18 @@ _NEWEST = "SELECT COALESCE(MAX(position), 0) FROM events"
 # every event; after a crash, what lies past it is indexed as it would have been, 0.2 s
 # after the open or by the first read of the index (bench/README: "The search index
 # follows the log").
+# A catch-up step (one transaction; the writer's batches go between steps) is bounded
+# by positions, bytes and time: it indexes pieces of at most INDEX_PIECE_BYTES of events
+# (or one larger event), a statement each, and takes no further piece once
+# INDEX_STEP_BYTES are indexed or INDEX_STEP_S have passed. So a write waits behind at
+# most INDEX_STEP_S plus one piece (issue 45 §6: by positions alone, one step took
+# 7 x 16 MiB and every writer waited 15 s); docs/reliability.md, "Budgets".
 INDEX_LAG_EVENTS = 256
 INDEX_LAG_S = 0.2
-INDEX_RANGE = 10_000  # positions per catch-up transaction
+INDEX_RANGE = 10_000  # positions per catch-up transaction, at most
+INDEX_STEP_BYTES = 4 << 20
+INDEX_PIECE_BYTES = 256 << 10
+INDEX_STEP_S = 0.05
 INDEX_RETRY_MAX_S = 5.0  # a failing catch-up is tried again after INDEX_LAG_S, doubling
 _COMMIT_RULES = tuple(r for r in models.RULES if r is not search_rows)
 _HIGH_WATER = "position_high_water"
@@ -183,11 +192,14 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         self._retry_at = 0.0  # after a failed catch-up: when to try again, and why it failed
         self._index_error = StorageError("storage error: the search index is behind")
         self._failures = 0  # the catch-ups failed in a row
+        # The search lane: a read connection for session.search alone (search.FullText).
+        self._lane: aiosqlite.Connection | None = None
+        self._full_text = search.FullText(self, self.catch_up, self.on_search_lane)
 
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(engine="sqlite", integrity=self, backup=self, size=self,
-                            full_text=search.FullText(self, self.catch_up))
+                            full_text=self._full_text)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -203,6 +215,7 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
                 await _connect(self.path, self.synchronous, query_only=True)
                 for _ in range(self._reader_count)
             ]
+            self._lane = await _connect(self.path, self.synchronous, query_only=True)
         except SchemaRefused:
             await self.close()
             raise
@@ -223,6 +236,9 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         for db in self._readers:
             await db.close()
         self._readers = []
+        if self._lane is not None:
+            await self._lane.close()
+            self._lane = None
         if self._pool is not None:
             await self._on_writer(self._close_writer)
             self._pool.shutdown()
@@ -528,15 +544,14 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
         self._retry_at, self._failures = 0.0, 0
 
     def _catch_up_now(self, ranges: int | None = None) -> None:
-        """Index the events past the mark, at most `ranges` ranges of INDEX_RANGE
-        positions (None: all), a transaction each."""
+        """Index the events past the mark, at most `ranges` steps (None: all), a
+        transaction each (INDEX_STEP_BYTES, INDEX_STEP_S)."""
         con = self._w
         while self._indexed_upto < self._head and ranges != 0:
-            upto = min(self._head, self._indexed_upto + INDEX_RANGE)
             self._keep_under_cap(before_commit=True)  # max_db_bytes holds for the index too
             con.execute("BEGIN IMMEDIATE")
             try:
-                search.index_range(con, self._indexed_upto, upto)
+                upto = self._index_step_now(con)
                 con.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                             (migrations.INDEXED_UPTO, str(upto)))
                 con.execute("COMMIT")
@@ -548,6 +563,19 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
             ranges = None if ranges is None else ranges - 1
         if self._indexed_upto >= self._head:
             self._unindexed, self._lag_since = 0, None
+
+    def _index_step_now(self, con: sqlite3.Connection) -> int:
+        """One step's pieces, in the open transaction; the position indexed up to."""
+        started = time.monotonic()
+        after, last, done = self._indexed_upto, min(self._head,
+                                                    self._indexed_upto + INDEX_RANGE), 0
+        while after < last:
+            upto, size = search.piece_end(con, after, last, INDEX_PIECE_BYTES)
+            search.index_range(con, after, upto)
+            after, done = upto, done + size
+            if done >= INDEX_STEP_BYTES or time.monotonic() - started >= INDEX_STEP_S:
+                break
+        return after
 
     # --- reads of the log ---------------------------------------------------------------
 
@@ -647,6 +675,11 @@ class SqliteStore(SessionViews, AgentReads, ModelQueries):
             return await anyio.to_thread.run_sync(copy)
         except sqlite3.Error as exc:
             raise storage_error(exc) from exc
+
+    async def on_search_lane(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` on the search lane's connection, on its thread (search.FullText)."""
+        assert self._lane is not None, "store is not open"
+        return await self._on_connection(self._lane, fn)
 
     async def on_writer(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn` in a transaction of its own on the write connection (maintenance)."""
