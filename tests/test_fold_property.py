@@ -45,6 +45,7 @@ commands = st.one_of(
     st.tuples(st.just("clear")),
     st.tuples(st.just("ttl"), st.one_of(st.none(), st.integers(1, 10**6))),
     st.tuples(st.just("expire")),
+    st.tuples(st.just("compact"), st.integers(-1, 6), texts),
     st.tuples(st.just("events"), st.lists(st.sampled_from(
         ["plan", "problem", "decision", "result", "metadata", "started", "output", "exited",
          "detached", "state", "app_state", "chunk", "chunk_bytes"]),
@@ -97,6 +98,10 @@ async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
         await c.set_ttl(sid, cmd[1])
     elif kind == "expire":
         await expire(c, sid)
+    elif kind == "compact":  # a summary of up to cmd[1] + 1 messages (-1: of none)
+        count = (await c.get_session(sid)).message_count
+        await c.compact(sid, [{"role": "system", "content": cmd[2]}],
+                        through_sequence=min(cmd[1], count - 1))
     elif kind == "message":
         await c.append_message(sid, cmd[1], cmd[2])
     elif kind == "messages":
@@ -218,6 +223,11 @@ async def test_stored_view_equals_fresh_fold(daemon: Daemon, client: AsyncClient
         else:
             del conversation[data["from_sequence"]:]
     assert [m.content for m in messages] == conversation
+    # The context read: the messages after the last compaction still standing.
+    context = await client.context(sid, limit=1000)
+    start = fresh.context.through_sequence + 1 if fresh.context is not None else 0
+    assert [m.content for m in context.messages] == conversation[start:]
+    assert (context.compaction is None) == (fresh.context is None)
 
 
 IDENTITY = ("session_id", "forked_from")  # what a fork's view has of its own (docs/protocol.md)

@@ -21,6 +21,7 @@ from sessiond_daemon.core.access import Grants
 from sessiond_daemon.core.commands import Commands, Limits
 from sessiond_daemon.core.writer import Writer
 from sessiond_daemon.cpu import PIN
+from sessiond_daemon.features.context import Context
 from sessiond_daemon.features.executors.methods import Executors
 from sessiond_daemon.features.executors.methods import Settings as ExecutorSettings
 from sessiond_daemon.features.expiry import Expiry
@@ -259,7 +260,7 @@ class Daemon:
         self.methods = table = methods.table(
             service, maintenance, Graphs(store, commands),
             Search(store, commands), Forks(store, commands, service.state_at),
-            executors)
+            executors, Context(store, commands))
         methods.check(table)  # exactly the contract's methods, or no start
         self.server = server = Server(
             table, _server_limits(config), store=store, writer=writer,

@@ -21,6 +21,7 @@ import msgspec
 
 from sessiond_daemon.core.access import append_grant, import_grant, memory_grant
 from sessiond_daemon.core.writer import Command, Writer
+from sessiond_daemon.features.context import Context
 from sessiond_daemon.features.executors.methods import Executors
 from sessiond_daemon.features.forks import Forks
 from sessiond_daemon.features.graphs import Graphs
@@ -102,7 +103,7 @@ def check(methods: MethodTable) -> None:
 
 
 def table(service: Service, maintenance: Maintenance, graphs: Graphs,
-          search: Search, forks: Forks, executors: Executors) -> MethodTable:
+          search: Search, forks: Forks, executors: Executors, context: Context) -> MethodTable:
     """Every method of the contract and what serves it."""
     s, m, g, x = service, maintenance, graphs, executors
     return {
@@ -208,4 +209,9 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
             forks.session_fork),
         "session.forks": Signature(rpc.SessionForksParams, rpc.ForksResult).served_by(
             forks.session_forks),
+        # compaction and the context read
+        "session.compact": Signature(rpc.SessionCompactParams, SessionState).served_by(
+            context.session_compact),
+        "session.context": Signature(rpc.SessionContextParams, rpc.SessionContextResult
+                                     ).served_by(context.session_context),
     }

@@ -38,6 +38,12 @@ from .checkpoints import (
     CheckpointSaveParams,
     CheckpointSaveResult,
 )
+from .context import (
+    Compaction,
+    SessionCompactParams,
+    SessionContextParams,
+    SessionContextResult,
+)
 from .daemon import (
     BackupParams,
     BackupResult,
@@ -196,6 +202,8 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "session.fork": (SessionForkParams, SessionState),
     "session.forks": (SessionForksParams, ForksResult),
     "daemon.reindex": (NoParams, ReindexResult),
+    "session.compact": (SessionCompactParams, SessionState),
+    "session.context": (SessionContextParams, SessionContextResult),
 }
 
 __all__ = [
@@ -213,6 +221,7 @@ __all__ = [
     "CheckpointSaveParams",
     "CheckpointSaveResult",
     "CleanupResult",
+    "Compaction",
     "DeleteResult",
     "ErrorObject",
     "EventInput",
@@ -272,6 +281,9 @@ __all__ = [
     "SearchResult",
     "SearchSession",
     "SessionCleanupParams",
+    "SessionCompactParams",
+    "SessionContextParams",
+    "SessionContextResult",
     "SessionCreateParams",
     "SessionDeleteParams",
     "SessionExportParams",

@@ -1,0 +1,57 @@
+"""Compaction methods: session.compact (a compaction event) and session.context (what the
+model sees now: the last compaction's summary and the messages after it, paged)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from ..bounds import INT64_MAX, NonNegInt
+from ..events import MAX_SUMMARY_MESSAGES, CompactedBy, SummaryMessage
+from ..state import Message
+from .base import Limit1000, Params, WriteParams
+
+Sequence = Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)]
+
+
+class SessionCompactParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
+    # The summary: one or more messages that stand for the messages up to through_sequence.
+    summary: Annotated[list[SummaryMessage], msgspec.Meta(min_length=1,
+                                                          max_length=MAX_SUMMARY_MESSAGES)]
+    # The last message the summary stands for (-1: none); left out: every message so far.
+    through_sequence: Sequence | None = None
+    by: CompactedBy = "api"
+    reason: str | None = None
+
+
+class SessionContextParams(Params, kw_only=True, forbid_unknown_fields=True):
+    session_id: str
+    limit: Limit1000 = 100
+    # The page after this sequence (the last page's `next`); left out: the first page,
+    # which carries the summary.
+    after_sequence: Sequence | None = None
+
+
+class Compaction(msgspec.Struct, kw_only=True):
+    """The compaction a context starts at: where its event is, what it stands for, who
+    made it."""
+
+    session_id: str  # the session whose history holds it (a fork's source, if inherited)
+    version: int
+    through_sequence: int
+    through_version: int
+    recorded_at: str
+    by: str
+    reason: str | None = None
+
+
+class SessionContextResult(msgspec.Struct, kw_only=True):
+    session_id: str
+    version: int  # the session's version the read saw
+    compaction: Compaction | None  # None: never compacted, the context is every message
+    summary: list[SummaryMessage]  # on the first page only (empty on the next ones)
+    messages: list[Message]
+    total: NonNegInt  # messages in the context (after the summary)
+    next: int | None  # after_sequence of the next page; None: this was the last
+    truncated_by_bytes: bool = False
