@@ -108,6 +108,49 @@ async def openai_reads(socket: str, store: str, n: int, samples: int
     return [report(store, "SessiondSession.get_items() (1 + 100 items)", small, large, n)]
 
 
+async def adk_reads(socket: str, store: str, n: int, samples: int) -> list[dict[str, Any]]:
+    """ADK's get_session with GetSessionConfig(num_recent_events=100) on sessions of 100 and
+    of N events written through SessiondSessionService (timestamps going forward, as ADK's
+    runner writes them)."""
+    try:
+        from google.adk.events.event import Event
+        from google.adk.sessions.base_session_service import GetSessionConfig
+        from google.genai import types
+
+        from sessiond.integrations.adk import SessiondSessionService, session_id_for
+    except ImportError:
+        print("B15 adk: the SDK is not installed (pip install 'sessiond[adk]')")
+        return []
+    service = SessiondSessionService(socket)
+    async with AsyncClient(socket) as c:
+        for name, count in (("small", SMALL), ("large", n)):
+            session = await service.create_session(app_name="b15", user_id="u", session_id=name)
+            event = Event(author="user", invocation_id="i", content=types.Content(
+                role="user", parts=[types.Part(text=CONTENT)]))
+            await service.append_event(session, event)  # one through the service, then bulk
+            first = (await c.list_messages(session_id_for("b15", "u", name))).messages[0]
+            stamp = event.timestamp
+            sid = session_id_for("b15", "u", name)
+            for done in range(1, count, 5_000):
+                batch = []
+                for i in range(done, min(count, done + 5_000)):
+                    e = first.metadata["adk_event"] | {"id": f"e{i}", "timestamp": stamp + i}
+                    batch.append({"role": "user", "content": first.content, "metadata": {
+                        **first.metadata, "adk_event": e, "adk_newest": stamp + i}})
+                await c.append_messages(sid, batch)
+    config = GetSessionConfig(num_recent_events=TAIL)
+
+    async def read(name: str) -> Any:
+        return await service.get_session(app_name="b15", user_id="u", session_id=name,
+                                         config=config)
+
+    got = await read("large")
+    assert got is not None and len(got.events) == TAIL, "the narrowed read is not the tail"
+    small, large = await paired(read, "small", "large", samples)
+    await service.close()
+    return [report(store, "ADK get_session(num_recent_events=100)", small, large, n)]
+
+
 async def run_store(store: str, db: str, n: int, samples: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sdb-b15-") as directory:
@@ -117,6 +160,7 @@ async def run_store(store: str, db: str, n: int, samples: int) -> list[dict[str,
             async with AsyncClient(d.socket) as c:
                 rows += await context_reads(c, store, n, samples)
             rows += await openai_reads(d.socket, store, n, samples)
+            rows += await adk_reads(d.socket, store, n, samples)
         finally:
             d.stop()
     return rows
