@@ -162,3 +162,35 @@ class TestSessionctl:
         assert "m4" in shown and "sessionctl messages cli1 --limit 3" in shown
         timeline = (await ctl(daemon, "events", "cli1")).stdout
         assert "═ #0–#2 summarized (cli)" in timeline
+
+
+class TestAppended:
+    async def test_events_append_takes_a_compaction_the_daemon_completes(
+            self, client: AsyncClient) -> None:
+        """events.append of session.compacted (an importer's, in the same write as the
+        messages): through_sequence defaults to every message before it in the session and
+        the batch, through_version is the version before it; one past them is refused and
+        nothing of the batch is written."""
+        await _conversation(client, "a1", 2)
+        written = await client.append_events("a1", [
+            {"type": "message.appended", "data": {"role": "user", "content": "m2"}},
+            {"type": "session.compacted", "data": {"summary": SUMMARY, "by": "codex"}},
+            {"type": "message.appended", "data": {"role": "user", "content": "m3"}}])
+        compacted = [e for e in (await client.read_events("a1")).events
+                     if e.type == "session.compacted"]
+        assert [(e.version, e.data.through_sequence, e.data.through_version, e.data.by)
+                for e in compacted] == [(written.version - 1, 2, written.version - 2, "codex")]
+        ctx = await client.context("a1")
+        assert [m.content for m in ctx.messages] == ["m3"]
+        with pytest.raises(InvalidParamsError, match="through_sequence 5 is past") as refused:
+            await client.append_events("a1", [
+                {"type": "message.appended", "data": {"role": "user", "content": "m4"}},
+                {"type": "session.compacted", "data": {"summary": SUMMARY,
+                                                       "through_sequence": 5}}])
+        assert refused.value.data["path"] == "$.events[1].data.through_sequence"
+        assert (await client.get_session("a1")).version == written.version
+        created = await client.create_session("a2", events=[
+            {"type": "message.appended", "data": {"role": "user", "content": "x"}},
+            {"type": "session.compacted", "data": {"summary": SUMMARY}}])
+        assert created.context is not None and created.context.through_sequence == 0
+        assert (await client.read_events("a2")).events[-1].data.through_version == 2

@@ -229,6 +229,9 @@ class TranscriptImporter:
                 if event["type"] == "message.appended":
                     data.update(message_id=new_id(), sequence=sequence)
                     sequence += 1
+                elif event["type"] == "session.compacted":  # as events.append completes it
+                    data.setdefault("through_sequence", sequence - 1)
+                    data["through_version"] = len(b.events)
                 b.add(event["type"], data, at, line.key)
         return b.document()
 

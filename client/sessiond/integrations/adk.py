@@ -354,6 +354,8 @@ class SessiondSessionService(BaseSessionService):
         events = [{"type": "message.appended", "data": message},
                   *_state_events(delta, session.app_name, session.user_id),
                   *self._usage_events(event)]
+        if event.actions and event.actions.compaction:
+            events += await compaction.compacted(self.client, sid, event)
         # The same event delivered again (a retry whose answer was lost) is stored once;
         # its key is its id (or, without one, its content).
         key = "adk-event:" + (event.id or hashlib.sha256(
@@ -369,11 +371,8 @@ class SessiondSessionService(BaseSessionService):
         if written.version <= version:  # the key was taken before: a retry, or another event
             await self._check_repeat(sid, written.version - len(events) + 1, stored, session,
                                      event)
-        at = written.version
-        if event.actions and event.actions.compaction and written.version > version:
-            at = await compaction.record(self.client, sid, event, written.version)
         session.last_update_time = event.timestamp
-        session._storage_update_marker = _marker(at, newest)
+        session._storage_update_marker = _marker(written.version, newest)
         return self._commit_event_to_session(session, event)
 
     def _usage_events(self, event: Event) -> list[dict[str, Any]]:

@@ -96,15 +96,14 @@ APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
     "session.forked": None,
     "session.ttl_set": None,
     "session.expired": None,
-    "session.compacted": None,
+    "session.compacted": rpc.CompactionInput,
 }
 _INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint.save",
             "messages.truncated": "message.pop or message.clear",
             "graph.checkpoint": "graph.put", "graph.writes": "graph.put_writes",
             "graph.pruned": "graph.prune or graph.delete_runs", "session.forked": "session.fork",
             "session.ttl_set": "session.set_ttl",
-            "session.expired": "session.set_ttl (the daemon ends a session whose TTL passed)",
-            "session.compacted": "session.compact"}
+            "session.expired": "session.set_ttl (the daemon ends a session whose TTL passed)"}
 # How often a write planned from reads (message.pop, message.clear, replace_from) is tried
 # when other writes keep coming between its read and its commit.
 READ_TRIES = 64

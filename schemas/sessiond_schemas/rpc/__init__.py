@@ -40,6 +40,7 @@ from .checkpoints import (
 )
 from .context import (
     Compaction,
+    CompactionInput,
     SessionCompactParams,
     SessionContextParams,
     SessionContextResult,
@@ -222,6 +223,7 @@ __all__ = [
     "CheckpointSaveResult",
     "CleanupResult",
     "Compaction",
+    "CompactionInput",
     "DeleteResult",
     "ErrorObject",
     "EventInput",

@@ -25,6 +25,18 @@ class SessionCompactParams(WriteParams, kw_only=True, forbid_unknown_fields=True
     reason: str | None = None
 
 
+class CompactionInput(msgspec.Struct, kw_only=True):
+    """`session.compacted` as events.append takes it (an importer's, a drop-in's in the same
+    write as its event): the daemon fills `through_version`, and `through_sequence` when
+    it is left out (every message before it in the session and the batch)."""
+
+    summary: Annotated[list[SummaryMessage], msgspec.Meta(min_length=1,
+                                                          max_length=MAX_SUMMARY_MESSAGES)]
+    through_sequence: Sequence | None = None
+    by: CompactedBy = "api"
+    reason: str | None = None
+
+
 class SessionContextParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
     limit: Limit1000 = 100
