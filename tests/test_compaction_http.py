@@ -63,3 +63,27 @@ class TestContextOverHttp:
                        {"context": "", "limit": "x"}, {"context": "", "limit": "0"}):
             r = await http.get("/v1/stream/h2", params=params)
             assert r.status_code == 400, (params, r.text)
+
+
+    async def test_offsets_before_a_trim_are_gone(self, client: AsyncClient,
+                                                 http: httpx.AsyncClient) -> None:
+        """Retention trimmed the history behind a compaction: a read from an offset before
+        where it starts is 410 with the RPC error's code and data; from there on, and the
+        context read, are 200."""
+        await client.create_session("h3")
+        for i in range(12):
+            await client.append_message("h3", "user", f"m{i}")
+        await client.compact("h3", [{"role": "system", "content": "summary"}],
+                             through_sequence=9)
+        done = await client.trim("h3", older_than_days=0)
+        assert done.starts_at is not None
+        r = await http.get("/v1/stream/h3", params={"offset": "-1"})
+        assert r.status_code == 410, r.text
+        assert r.json()["error"]["code"] == -32015
+        assert r.json()["error"]["data"]["starts_at"] == done.starts_at
+        offset = f"{done.starts_at - 1:020d}"
+        kept = await http.get("/v1/stream/h3", params={"offset": offset})
+        assert kept.status_code == 200 and kept.json()[0]["version"] == done.starts_at
+        ctx = await http.get("/v1/stream/h3", params={"context": ""})
+        assert ctx.status_code == 200 and [m["content"] for m in ctx.json()["messages"]] \
+            == ["m10", "m11"]

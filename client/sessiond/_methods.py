@@ -439,6 +439,17 @@ class Methods:
                        limit=limit, after_sequence=after_sequence)
 
     @rpc_method
+    def trim(self, /, session_id: str, *, older_than_days: float | None = None,
+             dry_run: bool | None = None, expected_version: int | None = None,
+             idempotency_key: str | None = None) -> Call[rpc.TrimResult]:
+        """Retention: take the session's history behind its last compaction and older than
+        `older_than_days` (default: its namespace's trim_after_days) out of the store; it
+        still verifies from the anchor the trim records. -> TrimResult."""
+        return Call.of("session.trim", rpc.TrimResult, session_id=session_id,
+                       older_than_days=older_than_days, dry_run=dry_run,
+                       expected_version=expected_version, idempotency_key=idempotency_key)
+
+    @rpc_method
     def pop_message(self, /, session_id: str, *, expected_version: int | None = None,
                     idempotency_key: str | None = None) -> Call[rpc.MessagePopResult]:
         """Take the last message out of the conversation (its events stay). -> MessagePopResult

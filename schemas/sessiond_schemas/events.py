@@ -398,6 +398,19 @@ class SessionCompacted(Data, kw_only=True, omit_defaults=True):
     reason: str | None = None
 
 
+class HistoryTrimmed(Data, kw_only=True):
+    """Retention trimmed the session's history behind a compaction (sessiond extension,
+    session.trim): its events up to `through_version` (and the messages up to
+    `through_sequence`) are gone; `anchor` is the hash of the event at `through_version`,
+    from which the chain of the events kept still verifies, and the view at that
+    version stays as a snapshot, from which the fold goes on."""
+
+    through_version: PosInt
+    through_sequence: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)]
+    anchor: str
+    by: CompactedBy = "retention"
+
+
 # THE table of event types: each type, and the Struct its data decodes to. The rest is
 # derived from it or checked against it (tests/test_event_types.py): EVENT_TYPES and
 # EventType here, the fold's branches (projection._BRANCHES), what events.append takes
@@ -429,6 +442,7 @@ DATA_TYPES: Final[dict[str, type[Data]]] = {
     "session.ttl_set": TtlSet,
     "session.expired": SessionExpired,
     "session.compacted": SessionCompacted,
+    "session.trimmed": HistoryTrimmed,
 }
 EVENT_TYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
 if TYPE_CHECKING:  # a Literal cannot be derived for mypy; at run time it is the table's keys
@@ -466,7 +480,7 @@ EventData: TypeAlias = (
     | CheckpointSaved | MemoryUpdated | MetadataUpdated | ResultRecorded | Record | PlanLinked
     | ProcessStarted | ProcessOutput | ProcessExited | ProcessDetached | MessagesTruncated
     | GraphCheckpoint | GraphWrites | GraphPruned | StateUpdated | SessionForked | StreamChunk
-    | TtlSet | SessionExpired | SessionCompacted | Unread
+    | TtlSet | SessionExpired | SessionCompacted | HistoryTrimmed | Unread
 )
 
 _plain = msgspec.json.Encoder()

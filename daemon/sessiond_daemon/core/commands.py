@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol, overload
+from typing import Any, NoReturn, Protocol, TypeVar, overload
 
 import msgspec
 
@@ -46,6 +46,9 @@ _json = msgspec.json.Encoder()
 RunnerData = ProcessOutput | ProcessExited | ProcessDetached
 
 
+N = TypeVar("N", int, float)
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_message_bytes: int = 16 << 20
@@ -62,9 +65,9 @@ class Limits:
     search_timeout_s: float = 10.0
 
 
-def default_ttl(defaults: Mapping[str, int], namespace: str) -> int | None:
+def default_ttl(defaults: Mapping[str, N], namespace: str) -> N | None:
     """The idle TTL a new session of `namespace` gets: its own entry, else the longest
-    "prefix*" entry that matches it, else none."""
+    "prefix*" entry that matches it, else none (the same lookup for trim_after_days)."""
     if namespace in defaults:
         return defaults[namespace]
     matches = [(len(pattern), ttl) for pattern, ttl in defaults.items()

@@ -16,6 +16,7 @@ from sessiond_schemas.events import (
     TERMINAL_STATUSES,
     CheckpointSaved,
     Event,
+    HistoryTrimmed,
     MemoryUpdated,
     MessageAppended,
     MessagesTruncated,
@@ -41,6 +42,7 @@ from sessiond_schemas.events import (
 from sessiond_schemas.state import (
     ContextStart,
     ForkLink,
+    HistoryStart,
     Message,
     SessionFields,
     SessionState,
@@ -276,6 +278,12 @@ def _session_compacted(s: SessionState, event: Event, d: SessionCompacted) -> No
                              recorded_at=event.recorded_at)
 
 
+def _session_trimmed(s: SessionState, event: Event, d: HistoryTrimmed) -> None:
+    """The stored history now starts after `through_version` (the events before are gone)."""
+    s.history = HistoryStart(version=d.through_version + 1, anchor=d.anchor,
+                             through_sequence=d.through_sequence)
+
+
 def _tokens_recorded(s: SessionState, event: Event, d: TokensRecorded) -> None:
     u, p = s.token_usage, s.progress
     u.input_tokens = _add(u.input_tokens, d.input_tokens, "input_tokens",
@@ -445,4 +453,5 @@ _BRANCHES: dict[str, Callable[[SessionState, Event, Any], None]] = {
     "process.detached": _process_detached,
     "stream.chunk": _stream_chunk,
     "session.compacted": _session_compacted,
+    "session.trimmed": _session_trimmed,
 }

@@ -28,6 +28,7 @@ from sessiond_daemon.features.expiry import Expiry
 from sessiond_daemon.features.forks import Forks
 from sessiond_daemon.features.graphs import Graphs
 from sessiond_daemon.features.maintenance import Maintenance
+from sessiond_daemon.features.retention import Retention
 from sessiond_daemon.features.search import Search
 from sessiond_daemon.features.service import LiveFigures, Service
 from sessiond_daemon.serve import logs, methods
@@ -257,10 +258,12 @@ class Daemon:
             max_output_lines_per_s=config.max_output_lines_per_s,
             kill_grace_s=config.kill_grace_s, host=config.host_name or socket.gethostname()))
         # The method table: every method of the contract and what serves it.
+        context = Context(store, commands)
         self.methods = table = methods.table(
             service, maintenance, Graphs(store, commands),
             Search(store, commands), Forks(store, commands, service.state_at),
-            executors, Context(store, commands))
+            executors, context, Retention(store, commands, context,
+                                          dict(config.trim_after_days)))
         methods.check(table)  # exactly the contract's methods, or no start
         self.server = server = Server(
             table, _server_limits(config), store=store, writer=writer,

@@ -44,6 +44,8 @@ from .context import (
     SessionCompactParams,
     SessionContextParams,
     SessionContextResult,
+    SessionTrimParams,
+    TrimResult,
 )
 from .daemon import (
     BackupParams,
@@ -205,6 +207,7 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "daemon.reindex": (NoParams, ReindexResult),
     "session.compact": (SessionCompactParams, SessionState),
     "session.context": (SessionContextParams, SessionContextResult),
+    "session.trim": (SessionTrimParams, TrimResult),
 }
 
 __all__ = [
@@ -308,6 +311,7 @@ __all__ = [
     "SessionStatesResult",
     "SessionTrajectoryParams",
     "SessionTransitionParams",
+    "SessionTrimParams",
     "StateGetParams",
     "StateGetResult",
     "StatsResult",
@@ -320,6 +324,7 @@ __all__ = [
     "TokensRecordParams",
     "TokensRecordResult",
     "TrajectoryResult",
+    "TrimResult",
     "UnsubscribeResult",
     "VerifyProblem",
     "VerifyResult",

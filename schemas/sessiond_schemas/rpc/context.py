@@ -37,6 +37,23 @@ class CompactionInput(msgspec.Struct, kw_only=True):
     reason: str | None = None
 
 
+class SessionTrimParams(WriteParams, kw_only=True, forbid_unknown_fields=True):
+    # History older than this many days (and behind the last compaction) is trimmed; left
+    # out: the namespace's `trim_after_days` (config), and none there: -32602.
+    older_than_days: Annotated[float, msgspec.Meta(ge=0, le=100_000)] | None = None
+    dry_run: bool = False
+
+
+class TrimResult(msgspec.Struct, kw_only=True):
+    session_id: str
+    version: int  # the session's version after the trim (or as read, if nothing was)
+    # The first version kept and the anchor its chain goes on from; None: nothing to trim
+    # (no compaction, nothing old enough behind it, or already trimmed that far).
+    starts_at: int | None
+    anchor: str | None
+    trimmed_events: int  # events taken out (would be, with dry_run)
+
+
 class SessionContextParams(Params, kw_only=True, forbid_unknown_fields=True):
     session_id: str
     limit: Limit1000 = 100
