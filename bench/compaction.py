@@ -151,6 +151,36 @@ async def adk_reads(socket: str, store: str, n: int, samples: int) -> list[dict[
     return [report(store, "ADK get_session(num_recent_events=100)", small, large, n)]
 
 
+async def trimmed(c: AsyncClient, store: str, db: str) -> list[dict[str, Any]]:
+    """The large session trimmed behind its compaction (session.trim, older than 0 days):
+    daemon.verify, and on SQLite the file after a VACUUM before and after the trim."""
+    import os
+    import sqlite3
+
+    def vacuumed() -> int:
+        with sqlite3.connect(db) as con:
+            con.execute("VACUUM")
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return os.path.getsize(db)
+
+    before = vacuumed() if store == "sqlite" else 0
+    t0, events, calls = time.perf_counter(), 0, 0
+    while (done := await c.trim("b15-large", older_than_days=0)).starts_at is not None:
+        events, calls = events + done.trimmed_events, calls + 1  # 10,000 a call at most
+    took = time.perf_counter() - t0
+    ok = (await c.verify()).ok
+    after = vacuumed() if store == "sqlite" else 0
+    trimmed_bytes = events * len(CONTENT)
+    print(f"B15 {store:<10} session.trim of {events:,} events ({calls} calls): {took:.2f} s;"
+          f" verify {'ok' if ok else 'FAILED'}" + (
+              f"; file after VACUUM {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB"
+              f" ({(before - after) / 1e6:.1f} MB freed; message text trimmed"
+              f" {trimmed_bytes / 1e6:.1f} MB)" if store == "sqlite" else ""), flush=True)
+    return [{"store": store, "read": "session.trim", "trimmed_events": events,
+             "seconds": took, "verify_ok": ok, "file_before": before, "file_after": after,
+             "met": ok and (store != "sqlite" or before - after >= trimmed_bytes)}]
+
+
 async def run_store(store: str, db: str, n: int, samples: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sdb-b15-") as directory:
@@ -161,6 +191,8 @@ async def run_store(store: str, db: str, n: int, samples: int) -> list[dict[str,
                 rows += await context_reads(c, store, n, samples)
             rows += await openai_reads(d.socket, store, n, samples)
             rows += await adk_reads(d.socket, store, n, samples)
+            async with AsyncClient(d.socket) as c:
+                rows += await trimmed(c, store, d.db)
         finally:
             d.stop()
     return rows

@@ -162,6 +162,8 @@ class TestSessionctl:
         assert "m4" in shown and "sessionctl messages cli1 --limit 3" in shown
         timeline = (await ctl(daemon, "events", "cli1")).stdout
         assert "═ #0–#2 summarized (cli)" in timeline
+        dry = await ctl_json(daemon, "trim", "cli1", "--older-than-days", "0", "--dry-run")
+        assert dry["session_id"] == "cli1" and "starts_at" in dry
 
 
 class TestAppended:

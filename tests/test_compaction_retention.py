@@ -10,7 +10,7 @@ import sqlite3
 from typing import Any
 
 import pytest
-from conftest import Daemon
+from conftest import Daemon, eventually
 
 from sessiond import AsyncClient
 from sessiond_daemon.core.projection import fold
@@ -27,7 +27,7 @@ BIG = "x" * 4000
 
 @pytest.fixture
 def daemon_overrides() -> dict[str, Any]:
-    return {"trim_after_days": {"kept*": 0}}
+    return {"trim_after_days": {"kept*": 0}, "cleanup_every_s": 0.05}
 
 
 async def long_session(c: AsyncClient, sid: str, namespace: str = "local") -> int:
@@ -106,9 +106,22 @@ class TestTrim:
             await client.trim("n2", older_than_days=0)
         assert (await client.get_session("n2")).history is None
 
-    async def test_the_namespace_setting(self, client: AsyncClient) -> None:
+    async def test_the_namespace_setting_and_its_sweep(self, client: AsyncClient) -> None:
+        """A namespace in trim_after_days is trimmed by the daemon's own sweep (every
+        cleanup_every_s), and session.trim without older_than_days uses its setting;
+        other namespaces are left alone."""
         await long_session(client, "k1", namespace="kept-here")
-        assert (await client.trim("k1")).starts_at is not None
+        await long_session(client, "k2", namespace="other")
+
+        async def trimmed() -> bool:
+            return (await client.get_session("k1")).history is not None
+
+        await eventually(trimmed, "the sweep to trim k1")
+        assert (await client.trim("k1")).starts_at is None  # nothing left to trim
+        assert (await client.get_session("k2")).history is None
+        with pytest.raises(InvalidParamsError, match="retention is off for namespace 'other'"):
+            await client.trim("k2")
+        assert (await client.verify()).ok
 
 
 @pytest.mark.sqlite_only("the file and its VACUUM are SQLite's")

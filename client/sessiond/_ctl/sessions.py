@@ -232,6 +232,17 @@ def _compact(c: Client, a: argparse.Namespace) -> Any:
                      by=a.by, reason=a.reason, **write_opts(a))
 
 
+@command("trim", "retention: take the history behind the last compaction, older than N"
+         " days, out of the store (it verifies from the anchor the trim records)",
+         write=True, render=print_kv, args=[
+             arg("--older-than-days", type=float,
+                 help="default: the namespace's trim_after_days (config)"),
+             arg("--dry-run", action="store_true", help="say what would be trimmed")])
+def _trim(c: Client, a: argparse.Namespace) -> Any:
+    return c.trim(full_id(c, a.id), older_than_days=a.older_than_days,
+                  dry_run=True if a.dry_run else None, **write_opts(a))
+
+
 @command("tokens", "record token usage", write=True, render=print_kv, args=[
     arg("--input", type=int),
     arg("--output", type=int),

@@ -10,17 +10,27 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import msgspec
+import structlog
 
 from sessiond_daemon.core.commands import Commands, default_ttl, require
 from sessiond_daemon.core.writer import Plan, forked_error
 from sessiond_daemon.features.context import Context
 from sessiond_daemon.stores.interface import Store
 from sessiond_schemas import rpc
-from sessiond_schemas.errors import HistoryGoneError, InvalidParamsError, VersionConflictError
+from sessiond_schemas.errors import (
+    HistoryGoneError,
+    InvalidParamsError,
+    SessiondError,
+    VersionConflictError,
+)
 from sessiond_schemas.events import EventMeta, HistoryTrimmed
 from sessiond_schemas.state import SessionState
 
+log = structlog.get_logger("sessiond.retention")
 TRIES = 8  # a trim is planned from reads: tried again this often when writes come between
+# Events one trim takes out at most: its deletes run in one commit, which holds the writer;
+# a longer history is trimmed by calling again (each call goes on from where it stopped).
+MAX_TRIM_EVENTS = 10_000
 
 
 def gone(state: SessionState, what: str) -> HistoryGoneError:
@@ -81,6 +91,25 @@ class Retention:
             f" {TRIES} times in a row; nothing was trimmed: retry later",
             {"session_id": p.session_id})
 
+    async def sweep(self, meta: EventMeta) -> int:
+        """One pass of the config's retention: every session of a namespace in
+        trim_after_days trimmed once (a call each, MAX_TRIM_EVENTS at most; the next pass
+        goes on); how many were trimmed. A session's failure is logged, never the pass's."""
+        done, after = 0, ""
+        while ids := await self.store.session_ids(after, 500):
+            for sid in ids:
+                try:
+                    state = await self.commands.state(sid)
+                    if state.context is None or default_ttl(self.days, state.namespace) is None:
+                        continue
+                    trimmed = await self.session_trim(rpc.SessionTrimParams(session_id=sid),
+                                                      meta)
+                    done += trimmed.starts_at is not None
+                except SessiondError as exc:  # forked, changing, gone meanwhile: next pass
+                    log.info("retention.trim_skipped", session_id=sid, error=exc.message)
+            after = ids[-1]
+        return done
+
     async def _plan(self, p: rpc.SessionTrimParams,
                     state: SessionState) -> HistoryTrimmed | None:
         """The trim of `state` p asks for, or None when there is nothing to trim."""
@@ -99,8 +128,11 @@ class Retention:
             return None  # never compacted, or the compaction is its source's history
         compaction = await self.context.compaction(start)
         before = (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        point = await self.store.trim_point(state.session_id, compaction.through_version,
-                                            before, compaction.through_sequence + 1)
+        first = state.history.version if state.history else (
+            state.forked_from.version + 1 if state.forked_from else 1)
+        point = await self.store.trim_point(
+            state.session_id, min(compaction.through_version, first + MAX_TRIM_EVENTS - 1),
+            before, compaction.through_sequence + 1)
         if point is None:
             return None
         version, anchor, view = point
