@@ -153,3 +153,33 @@ class TestNarrowedReads:
         whole = await ours.get_session(app_name=app, user_id="u", session_id="s")
         assert whole is not None and len(whole.events) == 600 and counting.read == 600
         await ours.close()
+
+
+class TestTrimmed:
+    async def test_get_session_after_retention_trimmed_it(self, daemon: Daemon,
+                                                          client: AsyncClient) -> None:
+        """A session trimmed behind a compaction (session.trim): get_session reads what
+        is kept, whole or narrowed, and appends go on."""
+        service = SessiondSessionService(daemon.socket)
+        session = await service.create_session(app_name="t", user_id="u", session_id="s")
+        for step in range(40):
+            await service.append_event(session, Event(
+                author="user", invocation_id=f"i{step}", timestamp=1_700_000_000.0 + step,
+                content=types.Content(role="user", parts=[types.Part(text=f"t{step}")])))
+        sid = session_id_for("t", "u", "s")
+        await client.compact(sid, [{"role": "system", "content": "summary"}],
+                             through_sequence=29)
+        done = await client.trim(sid, older_than_days=0)
+        assert done.starts_at is not None
+        gone = (await client.get_session(sid)).history
+        assert gone is not None
+        whole = await service.get_session(app_name="t", user_id="u", session_id="s")
+        assert whole is not None
+        assert [e.content.parts[0].text for e in whole.events if e.content and e.content.parts
+                ] == [f"t{i}" for i in range(gone.through_sequence + 1, 40)]
+        recent = await service.get_session(app_name="t", user_id="u", session_id="s",
+                                           config=GetSessionConfig(num_recent_events=3))
+        assert recent is not None and [e.invocation_id for e in recent.events] == [
+            "i37", "i38", "i39"]
+        await service.append_event(whole, Event(author="user", invocation_id="after"))
+        await service.close()

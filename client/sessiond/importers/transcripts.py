@@ -197,11 +197,13 @@ class TranscriptImporter:
         if sid in self.known:
             return self.known[sid]
         try:
-            self.client.get_session(sid)
+            state = self.client.get_session(sid)
         except SessionNotFoundError:
             return None
         keys: set[str] = set()
-        version: int | None = 1
+        # A history trimmed by retention (issue 48) is read from where it starts; the keys
+        # of the lines trimmed are still answered by the daemon's idempotency table.
+        version: int | None = state.history.version if state.history else 1
         while version is not None:
             page = self.client.read_events(sid, from_version=version, limit=10_000)
             keys.update(e.meta.idempotency_key for e in page.events if e.meta.idempotency_key)

@@ -258,7 +258,9 @@ class SessiondSessionService(BaseSessionService):
             return None
         if view.status == "expired":  # its TTL passed: gone for ADK until retention takes it
             return None
-        events, newest = await self._events(sid, view.message_count, config)
+        # Retention (issue 48) may have trimmed the messages up to history.through_sequence.
+        start = view.history.through_sequence if view.history else None
+        events, newest = await self._events(sid, view.message_count, config, start)
         scoped = await self._scoped(app_name, [user_id])
         session = self._session(view, events, scoped)
         session._storage_update_marker = _marker(view.version, newest)
@@ -418,8 +420,8 @@ class SessiondSessionService(BaseSessionService):
 
     # --- reading back -----------------------------------------------------------------
 
-    async def _events(self, sid: str, count: int, config: GetSessionConfig | None
-                      ) -> tuple[list[Event], float | None]:
+    async def _events(self, sid: str, count: int, config: GetSessionConfig | None,
+                      start: int | None = None) -> tuple[list[Event], float | None]:
         """The session's events in DatabaseSessionService's order (by timestamp, ties by
         event id; the log keeps append order), as GetSessionConfig narrows them; and the
         newest timestamp stored (None: not known). That order is not append order when
@@ -431,17 +433,17 @@ class SessiondSessionService(BaseSessionService):
         if limit is not None and limit <= 0:
             limit = 0
         if limit is None and after is None:
-            found = await self._all_events(sid, count)
+            found = await self._all_events(sid, count, start)
             return found, max((e.timestamp for e in found), default=-math.inf)
-        found, newest = await self._newest_events(sid, count, limit, after)
+        found, newest = await self._newest_events(sid, count, limit, after, start)
         found.sort(key=lambda e: (e.timestamp, e.id))
         if after is not None:
             found = [e for e in found if e.timestamp >= after]
         return (found if limit is None else found[-limit:] if limit else []), newest
 
-    async def _all_events(self, sid: str, count: int) -> list[Event]:
+    async def _all_events(self, sid: str, count: int, start: int | None) -> list[Event]:
         found: list[Event] = []
-        cursor: int | None = None
+        cursor: int | None = start
         while len(found) < count:
             page = await self.client.list_messages(sid, limit=_PAGE, after_sequence=cursor)
             if not page.messages:
@@ -452,13 +454,14 @@ class SessiondSessionService(BaseSessionService):
         return found
 
     async def _newest_events(self, sid: str, count: int, limit: int | None,
-                             after: float | None) -> tuple[list[Event], float | None]:
+                             after: float | None, start: int | None
+                             ) -> tuple[list[Event], float | None]:
         """Events read from the end back, until the ones not read cannot change the
         answer (the oldest read message's `_NEWEST` is older than what is kept)."""
         found: list[Event] = []
         newest: float | None = -math.inf if count == 0 else None
         want, read = min(_PAGE, (limit or 0) + 2 if limit is not None else 16), 0
-        while read < count:
+        while read < count - (start + 1 if start is not None else 0):
             page = await self.client.list_messages(sid, order="desc", limit=want, offset=read)
             if not page.messages:
                 break

@@ -460,8 +460,10 @@ class SessiondSession(SessionABC):
                              " SessiondSession (docs/integrations/openai-agents.md)")
         totals = {"requests": 0, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
                   "total_turns": 0}
-        version: int | None = 1
         try:
+            view = await self.client.get_session(self._sid)
+            # From where the history starts (retention may have trimmed it: issue 48).
+            version: int | None = view.history.version if view.history else 1
             while version is not None:
                 page = await self.client.read_events(self._sid, from_version=version,
                                                      types=["tokens.recorded"])
