@@ -45,11 +45,19 @@ commands = st.one_of(
     st.tuples(st.just("clear")),
     st.tuples(st.just("ttl"), st.one_of(st.none(), st.integers(1, 10**6))),
     st.tuples(st.just("expire")),
+    st.tuples(st.just("compact"), st.integers(-1, 6), texts),
     st.tuples(st.just("events"), st.lists(st.sampled_from(
         ["plan", "problem", "decision", "result", "metadata", "started", "output", "exited",
          "detached", "state", "app_state", "chunk", "chunk_bytes"]),
         min_size=1, max_size=3), names),
 )
+
+
+# The commands, with retention's trims (a third of the time: a trim needs a compaction
+# and a snapshot behind it). Not for forks' tests: a source with forks is not trimmed,
+# and a trimmed fork's history no longer starts with its session.forked.
+trimming = st.one_of(commands, st.tuples(st.just("compact"), st.integers(-1, 6), texts),
+                     st.tuples(st.just("trim")))
 
 
 class SweepClock:
@@ -97,6 +105,15 @@ async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
         await c.set_ttl(sid, cmd[1])
     elif kind == "expire":
         await expire(c, sid)
+    elif kind == "trim":  # a compaction of all so far, then retention behind it
+        count = (await c.get_session(sid)).message_count
+        await c.compact(sid, [{"role": "system", "content": "all so far"}],
+                        through_sequence=count - 1)
+        await c.trim(sid, older_than_days=0)
+    elif kind == "compact":  # a summary of up to cmd[1] + 1 messages (-1: of none)
+        count = (await c.get_session(sid)).message_count
+        await c.compact(sid, [{"role": "system", "content": cmd[2]}],
+                        through_sequence=min(cmd[1], count - 1))
     elif kind == "message":
         await c.append_message(sid, cmd[1], cmd[2])
     elif kind == "messages":
@@ -147,8 +164,10 @@ async def run_command(c: AsyncClient, sid: str, cmd: tuple[Any, ...]) -> None:
 
 
 async def all_events(c: AsyncClient, sid: str) -> list[Event]:
+    """The session's stored events: from its first, or from where a trim left it."""
     events: list[Event] = []
-    version: int | None = 1
+    history = (await c.get_session(sid)).history
+    version: int | None = history.version if history is not None else 1
     while version is not None:
         page = await c.read_events(sid, from_version=version, limit=50)
         events += page.events
@@ -162,7 +181,7 @@ counter = iter(range(1_000_000))
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(initial=st.sampled_from(["pending", "active"]),
-       script=st.lists(commands, min_size=0, max_size=25))
+       script=st.lists(trimming, min_size=0, max_size=25))
 @pytest.mark.slow_on_postgresql
 async def test_stored_view_equals_fresh_fold(daemon: Daemon, client: AsyncClient,
                                              initial: str, script: list[tuple[Any, ...]]) -> None:
@@ -178,15 +197,26 @@ async def test_stored_view_equals_fresh_fold(daemon: Daemon, client: AsyncClient
             assert (await client.get_session(sid)).version == before
 
     events = await all_events(client, sid)
-    assert [e.version for e in events] == list(range(1, len(events) + 1))
-    fresh = fold(None, events)
+    history = (await client.get_session(sid)).history
+    first = history.version if history is not None else 1
+    assert [e.version for e in events] == list(range(first, first + len(events)))
+    base = None  # a trimmed history folds on from the snapshot kept at its anchor
+    if history is not None:
+        [(snap,)] = daemon.sql("SELECT state FROM snapshots WHERE session_id = ? AND"
+                               " version = ?", sid, first - 1)
+        base = msgspec.json.decode(snap, type=SessionState)
+
+    def fold_to(version: int) -> SessionState:
+        return fold(base, [e for e in events if e.version <= version])
+
+    fresh = fold(base, events)
     served = await client.get_session(sid)
     [(stored_json,)] = daemon.sql("SELECT state FROM sessions WHERE session_id = ?", sid)
     stored = msgspec.json.decode(stored_json, type=SessionState)
     assert msgspec.to_builtins(served) == msgspec.to_builtins(fresh)
     assert msgspec.to_builtins(stored) == msgspec.to_builtins(fresh)
 
-    prev = ""
+    prev = history.anchor if history is not None else ""
     for e in events:
         prev = chain_hash(prev, e)
         assert e.hash == prev
@@ -194,16 +224,23 @@ async def test_stored_view_equals_fresh_fold(daemon: Daemon, client: AsyncClient
         "SELECT last_hash, message_count FROM sessions WHERE session_id = ?", sid)
     assert last_hash == prev and message_count == fresh.message_count
 
-    n = len(events)
-    for k in sorted({v for v in (1, 2, n // 2, n - 1, n) if 1 <= v <= n}):
+    n = first + len(events) - 1
+    for k in sorted({v for v in (first, first + 1, (first + n) // 2, n - 1, n) if first <= v <= n}):
         past = await client.get_session(sid, at_version=k)
-        assert msgspec.to_builtins(past) == msgspec.to_builtins(fold(None, events[:k]))
+        assert msgspec.to_builtins(past) == msgspec.to_builtins(fold_to(k))
 
     # Snapshots (every 4 versions in tests) are a cache of the fold too.
     for version, snap in daemon.sql(
             "SELECT version, state FROM snapshots WHERE session_id = ?", sid):
         snapshot = msgspec.json.decode(snap, type=SessionState)
-        assert msgspec.to_builtins(snapshot) == msgspec.to_builtins(fold(None, events[:version]))
+        assert msgspec.to_builtins(snapshot) == msgspec.to_builtins(fold_to(version))
+    if history is not None:  # the conversation before the trim is gone; what is kept:
+        kept = (await client.list_messages(sid, limit=1000,
+                                           after_sequence=history.through_sequence)).messages
+        assert [m.sequence for m in kept] == list(range(history.through_sequence + 1,
+                                                        fresh.message_count))
+        assert (await client.verify()).ok
+        return
 
     messages = (await client.list_messages(sid, limit=1000)).messages
     assert [m.sequence for m in messages] == list(range(fresh.message_count))
@@ -218,6 +255,11 @@ async def test_stored_view_equals_fresh_fold(daemon: Daemon, client: AsyncClient
         else:
             del conversation[data["from_sequence"]:]
     assert [m.content for m in messages] == conversation
+    # The context read: the messages after the last compaction still standing.
+    context = await client.context(sid, limit=1000)
+    start = fresh.context.through_sequence + 1 if fresh.context is not None else 0
+    assert [m.content for m in context.messages] == conversation[start:]
+    assert (context.compaction is None) == (fresh.context is None)
 
 
 IDENTITY = ("session_id", "forked_from")  # what a fork's view has of its own (docs/protocol.md)

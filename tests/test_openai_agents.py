@@ -460,7 +460,11 @@ class TestCompaction:
         assert fresh is not None and fresh.complete and fresh.items == ITEMS[:5]
         assert await fresh.replace_suffix(2, [summary]) is True
         assert await ours.get_items() == [*ITEMS[:2], summary]
-        assert (await client.get_session("compact-2")).message_count == 3
+        # A whole-context snapshot's replacement is a compaction (issue 48): the five
+        # messages stay in the conversation, the context starts at the summary.
+        state = await client.get_session("compact-2")
+        assert state.message_count == 5
+        assert state.context is not None and state.context.through_sequence == 4
         ours.close()
 
 

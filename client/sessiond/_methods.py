@@ -415,6 +415,41 @@ class Methods:
                        limit=limit, offset=offset, after_sequence=after_sequence, order=order)
 
     @rpc_method
+    def compact(
+        self, /, session_id: str, summary: list[dict[str, Any]], *,
+        through_sequence: int | None = None, by: str | None = None, reason: str | None = None,
+        expected_version: int | None = None, idempotency_key: str | None = None,
+    ) -> Call[SessionState]:
+        """Record a compaction: `summary` messages [{role, content, ...}] that stand for the
+        messages up to `through_sequence` (default: all so far; -1: none). Nothing is cut:
+        the history stays; the context (`context`) now starts at the summary. `by` says who
+        made it (default "api"). -> SessionState."""
+        return Call.of("session.compact", SessionState, session_id=session_id,
+                       summary=summary, through_sequence=through_sequence, by=by,
+                       reason=reason, expected_version=expected_version,
+                       idempotency_key=idempotency_key)
+
+    @rpc_method
+    def context(self, /, session_id: str, *, limit: int | None = None,
+                after_sequence: int | None = None) -> Call[rpc.SessionContextResult]:
+        """What the model sees now: the last compaction's summary (first page only) and a
+        page of the messages after it (`limit`, default 100; the next page after
+        `next`). -> SessionContextResult."""
+        return Call.of("session.context", rpc.SessionContextResult, session_id=session_id,
+                       limit=limit, after_sequence=after_sequence)
+
+    @rpc_method
+    def trim(self, /, session_id: str, *, older_than_days: float | None = None,
+             dry_run: bool | None = None, expected_version: int | None = None,
+             idempotency_key: str | None = None) -> Call[rpc.TrimResult]:
+        """Retention: take the session's history behind its last compaction and older than
+        `older_than_days` (default: its namespace's trim_after_days) out of the store; it
+        still verifies from the anchor the trim records. -> TrimResult."""
+        return Call.of("session.trim", rpc.TrimResult, session_id=session_id,
+                       older_than_days=older_than_days, dry_run=dry_run,
+                       expected_version=expected_version, idempotency_key=idempotency_key)
+
+    @rpc_method
     def pop_message(self, /, session_id: str, *, expected_version: int | None = None,
                     idempotency_key: str | None = None) -> Call[rpc.MessagePopResult]:
         """Take the last message out of the conversation (its events stay). -> MessagePopResult

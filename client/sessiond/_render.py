@@ -214,6 +214,26 @@ def render_messages(r: Any) -> None:
                       f"{r.messages[-1].sequence} (or --offset, with --desc)", highlight=False)
 
 
+def render_context(r: Any) -> None:
+    """What the model sees now: the compaction's boundary and summary, then the tail; and
+    how to read the history before the boundary."""
+    console = _console()
+    c = r.compaction
+    if c is not None:
+        console.print(f"── compacted at v{c.version} by {c.by}: {len(r.summary) or 'the'} summary"
+                      f" message(s) for #0–#{c.through_sequence} (v1–v{c.through_version}) ──",
+                      highlight=False, markup=False)
+        for m in r.summary:
+            console.print(f"  [summary] {m.role}: {_short(m.content, 70)}", highlight=False,
+                          markup=False)
+    render_messages(r)
+    if c is not None and c.through_sequence >= 0:
+        console.print(f"the history before it: sessionctl messages {r.session_id} --limit"
+                      f" {min(c.through_sequence + 1, 1000)}", highlight=False, markup=False)
+    if r.next is not None:
+        console.print(f"more: --after {r.next}", highlight=False)
+
+
 class Events(msgspec.Struct):
     """A page of events as sessionctl shows it to people (see Listed)."""
 
@@ -300,6 +320,10 @@ def summarize(event: Any, names: dict[str, str] | None = None) -> str:
         return f"[{d.get('stream', 'stdout')}] {_short(d.get('line'), 70)}"
     if t in ("graph.checkpoint", "graph.writes"):
         return graph_summary(d)
+    if t == "session.compacted":  # a boundary in the timeline: what came before stays
+        summary = d.get("summary") or [{}]
+        return (f"═ #0–#{d.get('through_sequence')} summarized ({d.get('by', 'api')}):"
+                f" {_short(summary[0].get('content'), 50)}")
     return _short(json.dumps(d, ensure_ascii=False), 80)
 
 

@@ -22,6 +22,7 @@ SHUTTING_DOWN = -32010
 AMBIGUOUS_ID = -32011
 STORAGE_ERROR = -32012
 OTHER_HOST = -32013
+HISTORY_GONE = -32015  # issue 48: retention trimmed it (410 over HTTP)
 
 
 class SessiondError(Exception):
@@ -117,6 +118,14 @@ class OtherHostError(SessiondError):
     code = OTHER_HOST
 
 
+class HistoryGoneError(SessiondError):
+    """The history asked for was trimmed by retention behind a compaction: `data` has
+    `session_id`, `starts_at` (the first version kept) and `anchor` (the hash the kept
+    chain goes on from). 410 over HTTP."""
+
+    code = HISTORY_GONE
+
+
 class SessionExportError(SessiondError, OSError):
     """The clients' `export_session_to(id, out)` could not write the export document to
     `out` (disk full, a closed pipe): raised client-side, never sent by a daemon (whose
@@ -147,6 +156,7 @@ ERRORS_BY_CODE: dict[int, type[SessiondError]] = {
         AmbiguousIdError,
         StorageError,
         OtherHostError,
+        HistoryGoneError,
     )
 }
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias, cas
 
 import msgspec
 
-from .bounds import Int64, NonNegFloat, NonNegInt, Pid, PosInt
+from .bounds import INT64_MAX, Int64, NonNegFloat, NonNegInt, Pid, PosInt
 from .state import SessionFields, TtlSeconds
 
 Status = Literal["pending", "active", "paused", "completed", "failed", "cancelled", "killed",
@@ -372,6 +372,45 @@ class SessionForked(Data, kw_only=True):
     state: dict[str, Any]
 
 
+# Who made a compaction: sessiond's API (session.compact), its CLI, a user, an SDK's
+# compaction (the drop-ins), an agent CLI's (the importers), as a short name.
+CompactedBy = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_.:-]{0,63}$")]
+# A compaction's summary: one or more messages (an SDK's compacted items, a CLI's summary).
+MAX_SUMMARY_MESSAGES: Final = 1000
+
+
+class SummaryMessage(MessageFields, kw_only=True, omit_defaults=True):
+    """One message of a compaction's summary: a message's fields, no id or sequence (it
+    is not in the conversation's index; the context read serves it first)."""
+
+
+class SessionCompacted(Data, kw_only=True, omit_defaults=True):
+    """A compaction (sessiond extension, session.compact): `summary` stands for the
+    conversation's messages up to `through_sequence` (-1: none) and the history up to
+    `through_version`; the context is the summary, then the messages after it. Nothing is
+    cut: the history before it stays readable, searchable, forkable and verifiable."""
+
+    summary: Annotated[list[SummaryMessage], msgspec.Meta(min_length=1,
+                                                          max_length=MAX_SUMMARY_MESSAGES)]
+    through_sequence: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)]
+    through_version: NonNegInt
+    by: CompactedBy = "api"
+    reason: str | None = None
+
+
+class HistoryTrimmed(Data, kw_only=True):
+    """Retention trimmed the session's history behind a compaction (sessiond extension,
+    session.trim): its events up to `through_version` (and the messages up to
+    `through_sequence`) are gone; `anchor` is the hash of the event at `through_version`,
+    from which the chain of the events kept still verifies, and the view at that
+    version stays as a snapshot, from which the fold goes on."""
+
+    through_version: PosInt
+    through_sequence: Annotated[int, msgspec.Meta(ge=-1, le=INT64_MAX)]
+    anchor: str
+    by: CompactedBy = "retention"
+
+
 # THE table of event types: each type, and the Struct its data decodes to. The rest is
 # derived from it or checked against it (tests/test_event_types.py): EVENT_TYPES and
 # EventType here, the fold's branches (projection._BRANCHES), what events.append takes
@@ -402,6 +441,8 @@ DATA_TYPES: Final[dict[str, type[Data]]] = {
     "stream.chunk": StreamChunk,
     "session.ttl_set": TtlSet,
     "session.expired": SessionExpired,
+    "session.compacted": SessionCompacted,
+    "session.trimmed": HistoryTrimmed,
 }
 EVENT_TYPES: Final[tuple[str, ...]] = tuple(DATA_TYPES)
 if TYPE_CHECKING:  # a Literal cannot be derived for mypy; at run time it is the table's keys
@@ -439,7 +480,7 @@ EventData: TypeAlias = (
     | CheckpointSaved | MemoryUpdated | MetadataUpdated | ResultRecorded | Record | PlanLinked
     | ProcessStarted | ProcessOutput | ProcessExited | ProcessDetached | MessagesTruncated
     | GraphCheckpoint | GraphWrites | GraphPruned | StateUpdated | SessionForked | StreamChunk
-    | TtlSet | SessionExpired | Unread
+    | TtlSet | SessionExpired | SessionCompacted | HistoryTrimmed | Unread
 )
 
 _plain = msgspec.json.Encoder()

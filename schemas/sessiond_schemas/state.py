@@ -94,6 +94,27 @@ class ForkLink(msgspec.Struct, kw_only=True):
     version: PosInt
 
 
+class ContextStart(msgspec.Struct, kw_only=True):
+    """Where a session's context starts: its last compaction (session.context reads it).
+    `session_id` holds the session.compacted event (a fork's source, for a compaction it
+    inherited), at `version`; the context's messages are those after `through_sequence`."""
+
+    session_id: str
+    version: PosInt
+    through_sequence: Int64
+    recorded_at: str
+
+
+class HistoryStart(msgspec.Struct, kw_only=True):
+    """Where a trimmed session's stored history starts (session.trimmed): its first
+    version kept, the anchor its chain goes on from (the hash of the version before),
+    and the last message sequence gone (-1: none)."""
+
+    version: PosInt
+    anchor: str
+    through_sequence: Int64
+
+
 class SessionFields(msgspec.Struct, kw_only=True):
     """What a session is, as session.created gives it and SessionState keeps it: declared
     once, inherited by both (their other fields follow these)."""
@@ -156,6 +177,12 @@ class SessionState(SessionFields, kw_only=True):
     # When the idle TTL ends the session: the last event's time + ttl_s, while the status
     # is pending, active or paused; else None.
     expires_at: str | None = None
+    # Where the context starts: the last compaction (session.compacted), None if none or
+    # if a later cut (messages.truncated) went behind it. Older views read as None.
+    context: ContextStart | None = None
+    # Where the stored history starts, once retention trimmed it (session.trimmed); None:
+    # it is whole. Older views read as None.
+    history: HistoryStart | None = None
 
     def to_session_state_dict(self) -> dict[str, Any]:
         """Return the seed's executor resume dict (paused_at, resume_from, memory, next_node)."""

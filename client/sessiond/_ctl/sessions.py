@@ -19,6 +19,7 @@ from .._render import (
     Listed,
     print_kv,
     render_checkpoints,
+    render_context,
     render_list,
     render_messages,
     render_state,
@@ -206,6 +207,40 @@ def _append_many(c: Client, a: argparse.Namespace) -> Any:
 def _messages(c: Client, a: argparse.Namespace) -> Any:
     return c.list_messages(full_id(c, a.id), limit=a.limit, offset=a.offset,
                            after_sequence=a.after, order="desc" if a.desc else None)
+
+
+@command("context", "what the model sees now: the last compaction's summary and the"
+         " messages after it", render=render_context, args=[
+             arg("--limit", type=int),
+             arg("--after", type=int, help="the page after this sequence (the last `more`)")],
+         wire={"after_sequence": "--after"})
+def _context(c: Client, a: argparse.Namespace) -> Any:
+    return c.context(full_id(c, a.id), limit=a.limit, after_sequence=a.after)
+
+
+@command("compact", "record a compaction: summary messages (a JSON array or JSON lines)"
+         " that stand for the messages so far; nothing is cut", write=True,
+         render=render_state, args=[
+             arg("file", nargs="?", help="file with [{role, content, ...}]; default stdin"),
+             arg("--through", type=int, help="the last message the summary stands for"
+                 " (default: the last one; -1: none)"),
+             arg("--by", default="cli", help="who made it (default cli)"),
+             arg("--reason")],
+         wire={"through_sequence": "--through"})
+def _compact(c: Client, a: argparse.Namespace) -> Any:
+    return c.compact(full_id(c, a.id), read_json_items(a.file), through_sequence=a.through,
+                     by=a.by, reason=a.reason, **write_opts(a))
+
+
+@command("trim", "retention: take the history behind the last compaction, older than N"
+         " days, out of the store (it verifies from the anchor the trim records)",
+         write=True, render=print_kv, args=[
+             arg("--older-than-days", type=float,
+                 help="default: the namespace's trim_after_days (config)"),
+             arg("--dry-run", action="store_true", help="say what would be trimmed")])
+def _trim(c: Client, a: argparse.Namespace) -> Any:
+    return c.trim(full_id(c, a.id), older_than_days=a.older_than_days,
+                  dry_run=True if a.dry_run else None, **write_opts(a))
 
 
 @command("tokens", "record token usage", write=True, render=print_kv, args=[

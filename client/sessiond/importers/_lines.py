@@ -251,6 +251,7 @@ class ClaudeCode(Parser):
         if self.agent is not None:
             self.facts.extra["subpath"] = f"subagents/agent-{self.agent}"
         self._usage_seen: set[str] = set()
+        self._boundary: Any = None  # the last compact_boundary's compactMetadata
 
     def namespace(self) -> str | None:
         project = self.facts.extra.get("project")
@@ -291,6 +292,8 @@ class ClaudeCode(Parser):
             else:
                 self.facts.first_git_branch = branch
             self.facts.git_branch = branch
+        if kind == "system" and obj.get("subtype") == "compact_boundary":
+            self._boundary = obj.get("compactMetadata")  # the summary line follows it
         if kind == "summary" and obj.get("summary"):
             line.events.append({"type": "metadata.updated",
                                 "data": {"patch": {"summary": obj.text("summary")}}})
@@ -299,6 +302,8 @@ class ClaudeCode(Parser):
                                 "data": {"patch": {"title": obj.text("customTitle")}}})
         elif kind in ("user", "assistant"):
             self._chat(obj, kind, uuid, at, line)
+            if obj.get("isCompactSummary"):
+                line.events += claude_code_compaction(line, self._boundary)
         elif kind == "system" and isinstance(obj.get("content"), str) and obj["content"].strip():
             # compact_boundary (2.1): where /compact or auto-compaction cut the context;
             # the summary that replaces what came before is the next (isCompactSummary) line.
@@ -391,6 +396,44 @@ class ClaudeCode(Parser):
             line.events.append({"type": "tokens.recorded", "data": tokens})
 
 
+# --- compactions (issue 48): each CLI's compaction as a session.compacted -------------
+MAX_SUMMARY = 1000  # summary messages (events.MAX_SUMMARY_MESSAGES)
+
+
+def claude_code_compaction(line: Line, boundary: Any) -> list[dict[str, Any]]:
+    """A Claude Code summary line (`isCompactSummary`, the user message that follows a
+    `compact_boundary` system line, /compact or the automatic one) is the message it is,
+    and a session.compacted whose summary is it, standing for every message so far (it
+    included): the context of the session resumed is the summary and what follows."""
+    messages = [e["data"] for e in line.events if e["type"] == "message.appended"]
+    if not messages:
+        return []
+    summary = {k: messages[-1][k] for k in ("role", "content", "metadata")}
+    data: dict[str, Any] = {"summary": [summary], "by": "claude-code"}
+    if isinstance(boundary, dict) and isinstance(boundary.get("trigger"), str):
+        data["reason"] = boundary["trigger"]  # manual (/compact) or auto
+    return [{"type": "session.compacted", "data": data}]
+
+
+def codex_compaction(p: TDict) -> dict[str, Any]:
+    """A Codex `compacted` line: the history Codex goes on with (`replacement_history`,
+    its messages; older rollouts: the summary `message` alone, which Codex sends as a
+    user message) as a session.compacted standing for every message so far."""
+    summary: list[dict[str, Any]] = []
+    history = p.get("replacement_history")
+    for item in history if isinstance(history, list) else []:
+        if isinstance(item, dict) and item.get("type") == "message":
+            text = _text_blocks(plain(item.get("content")))
+            role = {"developer": "system"}.get(str(item.get("role")), str(item.get("role")))
+            if text.strip() and role in ("user", "assistant", "system"):
+                summary.append({"role": role, "content": _cut(text)})
+    message = p.text("message")
+    if not summary:
+        summary = [{"role": "user", "content": _cut(message or "") or "[compacted]"}]
+    return {"type": "session.compacted", "data": {"summary": summary[-MAX_SUMMARY:],
+                                                  "by": "codex"}}
+
+
 _ROLLOUT_ID = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
 _CALLS = ("function_call", "custom_tool_call", "local_shell_call")
 _OUTPUTS = ("function_call_output", "custom_tool_call_output")
@@ -449,8 +492,10 @@ class Codex(Parser):
             line.events.append(_message(
                 "system", f"Codex rolled back the last {turns} turn(s): they left the"
                 " model's context.", self._source(payload, at, rolled_back_turns=turns)))
-        # compacted, event_msg (but token_count, thread_rolled_back), reasoning, ...: kept
-        # as lines (restore writes them back), nothing for the session's view
+        elif kind == "compacted":
+            line.events.append(codex_compaction(payload))
+        # event_msg (but token_count, thread_rolled_back), reasoning, ...: kept as lines
+        # (restore writes them back), nothing for the session's view
         return line
 
     def _meta_line(self, p: TDict) -> None:

@@ -238,7 +238,9 @@ class TranscriptImporter:
             made = view.metadata.get("transcript") or f"source {view.source!r}"
             raise Problem(f"session {sid} exists and was not made from this transcript"
                           f" (but from {made}): nothing appended to it")
-        self.known[sid], self.at[sid] = set(), 0
+        # A history trimmed by retention (issue 48) is read from where it starts; the keys
+        # of the lines trimmed are still answered by the daemon's idempotency table.
+        self.known[sid], self.at[sid] = set(), view.history.version - 1 if view.history else 0
         self._since(sid)
         return self.known[sid]
 
@@ -278,6 +280,9 @@ class TranscriptImporter:
                 if event["type"] == "message.appended":
                     data.update(message_id=new_id(), sequence=sequence)
                     sequence += 1
+                elif event["type"] == "session.compacted":  # as events.append completes it
+                    data.setdefault("through_sequence", sequence - 1)
+                    data["through_version"] = len(b.events)
                 b.add(event["type"], data, at, line.key)
         return b.document()
 

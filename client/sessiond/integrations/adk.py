@@ -44,6 +44,7 @@ from sessiond_schemas import rpc
 from sessiond_schemas.errors import SessionExistsError, SessionNotFoundError, VersionConflictError
 from sessiond_schemas.state import MAX_TTL_S, SessionState
 
+from . import adk_compaction as compaction
 from ._loop import LoopClient, sized
 from ._text import Piece, compose, lift, restore
 from ._usage import Prices, tokens
@@ -120,16 +121,34 @@ def readable_calls(event: Event) -> list[dict[str, Any]]:
 _RETRY_WINDOW = 32  # how far back in session.events a retried append is looked for
 
 
-def _marker(version: int) -> str:
+def _marker(version: int, newest: float | None = None) -> str:
     """The session object's storage revision (ADK's `_storage_update_marker`): the
-    sessiond session's version it was read at or last appended to."""
-    return f"sessiond:{version}"
+    sessiond session's version it was read at or last appended to, and (when known) the
+    newest event timestamp stored up to it (`_NEWEST`; -inf: no event)."""
+    return f"sessiond:{version}" + (f":{newest!r}" if newest is not None else "")
 
 
 def _version(marker: str | None) -> int | None:
-    if marker and marker.startswith("sessiond:") and marker[9:].isdigit():
-        return int(marker[9:])
+    parts = marker.split(":") if marker else []
+    if len(parts) in (2, 3) and parts[0] == "sessiond" and parts[1].isdigit():
+        return int(parts[1])
     return None  # none, or another store's: ADK's fallback by time and last event
+
+
+def _newest(marker: str | None) -> float | None:
+    """The newest timestamp a marker of ours carries (None: not known)."""
+    parts = marker.split(":") if marker else []
+    if len(parts) == 3 and _version(marker) is not None:
+        with contextlib.suppress(ValueError):
+            return float(parts[2])
+    return None
+
+
+# Each stored event's message keeps, in metadata[_NEWEST], the newest timestamp of it and of
+# every event stored before it: a read of the newest events (num_recent_events,
+# after_timestamp) walks back from the end only until no older event can be newer than
+# what it has, so it costs what it returns, not the session's history (bench B15).
+_NEWEST = "adk_newest"
 
 
 def _json_safe_deltas(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -176,6 +195,23 @@ def _duplicate(session: Session, event: Event) -> AlreadyExistsError:
     return AlreadyExistsError(
         f"Event {event.id} already exists in session {session.id} with other content;"
         " nothing was stored (an event id is unique within its session).")
+
+
+def _event_of(m: Any) -> Event:
+    return Event.model_validate(restore(m.metadata["adk_event"], m.content,
+                                        m.metadata.get("spans") or []))
+
+
+def _settled(found: list[Event], limit: int | None, after: float | None,
+             bound: float) -> bool:
+    """Whether events older than those read (none newer than `bound`) can no longer be in
+    the answer: all before `after`, or older than the `limit`-th newest read."""
+    if after is not None and bound < after:
+        return True
+    if limit is None:
+        return False
+    kept = sorted(e.timestamp for e in found if after is None or e.timestamp >= after)
+    return limit == 0 or (len(kept) >= limit and bound < kept[-limit])
 
 
 class SessiondSessionService(BaseSessionService):
@@ -232,9 +268,13 @@ class SessiondSessionService(BaseSessionService):
             return None
         if view.status == "expired":  # its TTL passed: gone for ADK until retention takes it
             return None
-        events = await self._events(sid, view.message_count, config)
+        # Retention (issue 48) may have trimmed the messages up to history.through_sequence.
+        start = view.history.through_sequence if view.history else None
+        events, newest = await self._events(sid, view.message_count, config, start)
         scoped = await self._scoped(app_name, [user_id])
-        return self._session(view, events, scoped)
+        session = self._session(view, events, scoped)
+        session._storage_update_marker = _marker(view.version, newest)
+        return session
 
     async def list_sessions(self, *, app_name: str,
                             user_id: str | None = None) -> ListSessionsResponse:
@@ -309,11 +349,15 @@ class SessiondSessionService(BaseSessionService):
                 return event
         sid = session_id_for(session.app_name, session.user_id, session.id)
         version = _version(session._storage_update_marker)
+        newest = _newest(session._storage_update_marker)
         if version is None:
-            version = await self._check_unmarked(sid, session)
+            version, newest = await self._check_unmarked(sid, session)
+        newest = max(newest, event.timestamp) if newest is not None else None
         role, content, tool_call_id, spans = _render(event, stored)
         message: dict[str, Any] = {"role": role, "content": content,
                                    "metadata": {"adk_event": lift(stored, spans)}}
+        if newest is not None and math.isfinite(newest):
+            message["metadata"][_NEWEST] = newest
         if spans:
             message["metadata"]["spans"] = spans
         if tool_call_id:
@@ -325,6 +369,8 @@ class SessiondSessionService(BaseSessionService):
         events = [{"type": "message.appended", "data": message},
                   *_state_events(delta, session.app_name, session.user_id),
                   *self._usage_events(event)]
+        if event.actions and event.actions.compaction:
+            events += await compaction.compacted(self.client, sid, event)
         # The same event delivered again (a retry whose answer was lost) is stored once;
         # its key is its id (or, without one, its content).
         key = "adk-event:" + (event.id or hashlib.sha256(
@@ -341,7 +387,7 @@ class SessiondSessionService(BaseSessionService):
             await self._check_repeat(sid, written.version - len(events) + 1, stored, session,
                                      event)
         session.last_update_time = event.timestamp
-        session._storage_update_marker = _marker(written.version)
+        session._storage_update_marker = _marker(written.version, newest)
         return self._commit_event_to_session(session, event)
 
     def _usage_events(self, event: Event) -> list[dict[str, Any]]:
@@ -366,10 +412,11 @@ class SessiondSessionService(BaseSessionService):
                 metadata["adk_event"], first["content"], metadata.get("spans") or []) != stored:
             raise _duplicate(session, event)
 
-    async def _check_unmarked(self, sid: str, session: Session) -> int:
+    async def _check_unmarked(self, sid: str, session: Session) -> tuple[int, float | None]:
         """For a session object this service did not load (no marker), ADK's fallback:
         stale only if the store moved past the object's last_update_time and its latest
-        event is not the object's latest. The version to append at."""
+        event is not the object's latest. The version to append at, and the newest
+        timestamp stored (None: not known)."""
         try:
             view = await self.client.get_session(sid)
         except SessionNotFoundError:
@@ -381,33 +428,66 @@ class SessiondSessionService(BaseSessionService):
             if latest != (session.events[-1].id if session.events else None):
                 raise StaleSessionError(STALE_SESSION_MESSAGE)
             session.last_update_time = stored_time
-        return view.version
+        newest = view.last_message.metadata.get(_NEWEST) if view.last_message else -math.inf
+        return view.version, newest if isinstance(newest, (int, float)) else None
 
     # --- reading back -----------------------------------------------------------------
 
-    async def _events(self, sid: str, count: int, config: GetSessionConfig | None) -> list[Event]:
+    async def _events(self, sid: str, count: int, config: GetSessionConfig | None,
+                      start: int | None = None) -> tuple[list[Event], float | None]:
         """The session's events in DatabaseSessionService's order (by timestamp, ties by
-        event id; the log keeps append order), as GetSessionConfig narrows them. That
-        order is not append order when timestamps go back, so the newest N are the last
-        N of the whole session in it: a narrowed read reads the whole session too."""
+        event id; the log keeps append order), as GetSessionConfig narrows them; and the
+        newest timestamp stored (None: not known). That order is not append order when
+        timestamps go back: a narrowed read walks back from the end until no older event
+        can be newer than the ones it has (each message's `_NEWEST`), which is the newest
+        few when timestamps go forward, as ADK's runner writes them."""
         limit = config.num_recent_events if config else None
         after = config.after_timestamp if config else None
         if limit is not None and limit <= 0:
-            return []
+            limit = 0
+        if limit is None and after is None:
+            found = await self._all_events(sid, count, start)
+            return found, max((e.timestamp for e in found), default=-math.inf)
+        found, newest = await self._newest_events(sid, count, limit, after, start)
+        found.sort(key=lambda e: (e.timestamp, e.id))
+        if after is not None:
+            found = [e for e in found if e.timestamp >= after]
+        return (found if limit is None else found[-limit:] if limit else []), newest
+
+    async def _all_events(self, sid: str, count: int, start: int | None) -> list[Event]:
         found: list[Event] = []
-        cursor: int | None = None
+        cursor: int | None = start
         while len(found) < count:
             page = await self.client.list_messages(sid, limit=_PAGE, after_sequence=cursor)
             if not page.messages:
                 break
-            found += [Event.model_validate(restore(m.metadata["adk_event"], m.content,
-                                                   m.metadata.get("spans") or []))
-                      for m in page.messages if "adk_event" in m.metadata]
+            found += [_event_of(m) for m in page.messages if "adk_event" in m.metadata]
             cursor = page.messages[-1].sequence
         found.sort(key=lambda e: (e.timestamp, e.id))
-        if after is not None:
-            found = [e for e in found if e.timestamp >= after]
-        return found if limit is None else found[-limit:]
+        return found
+
+    async def _newest_events(self, sid: str, count: int, limit: int | None,
+                             after: float | None, start: int | None
+                             ) -> tuple[list[Event], float | None]:
+        """Events read from the end back, until the ones not read cannot change the
+        answer (the oldest read message's `_NEWEST` is older than what is kept)."""
+        found: list[Event] = []
+        newest: float | None = -math.inf if count == 0 else None
+        want, read = min(_PAGE, (limit or 0) + 2 if limit is not None else 16), 0
+        while read < count - (start + 1 if start is not None else 0):
+            page = await self.client.list_messages(sid, order="desc", limit=want, offset=read)
+            if not page.messages:
+                break
+            if read == 0:
+                top = page.messages[0].metadata.get(_NEWEST)
+                newest = top if isinstance(top, (int, float)) else None
+            read += len(page.messages)
+            found += [_event_of(m) for m in page.messages if "adk_event" in m.metadata]
+            bound = page.messages[-1].metadata.get(_NEWEST)
+            if isinstance(bound, (int, float)) and _settled(found, limit, after, bound):
+                break
+            want = min(_PAGE, want * 2)
+        return found, newest
 
     async def _scoped(self, app_name: str, user_ids: list[str]) -> rpc.StateGetResult:
         result: rpc.StateGetResult = await self.client.call(

@@ -44,6 +44,7 @@ from sessiond_schemas.errors import SessionNotFoundError
 from .._sync import Client
 from ._loop import LoopClient, sized
 from ._usage import Prices, tokens
+from .langgraph_compaction import compactions
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
@@ -275,6 +276,9 @@ class SessiondSaver(BaseCheckpointSaver[str]):
                              **self._writes_params(config, writes, task_id, task_path))
         for usage in self._usage(config, writes, task_id):
             self.client.record_tokens(**usage)
+        sid = session_id_for(config["configurable"]["thread_id"])
+        for compaction in compactions(config["configurable"], writes, task_id):
+            self.client.compact(sid, **compaction)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         found = self.client.call("graph.get", rpc.GraphGetResult, **self._get_params(config))
@@ -343,6 +347,9 @@ class SessiondSaver(BaseCheckpointSaver[str]):
                                     **self._writes_params(config, writes, task_id, task_path))
         for usage in self._usage(config, writes, task_id):
             await self.aclient.record_tokens(**usage)
+        sid = session_id_for(config["configurable"]["thread_id"])
+        for compaction in compactions(config["configurable"], writes, task_id):
+            await self.aclient.compact(sid, **compaction)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         found = await self.aclient.call("graph.get", rpc.GraphGetResult,

@@ -37,6 +37,7 @@ from sessiond_schemas.errors import (
     SessionNotFoundError,
     VersionConflictError,
 )
+from sessiond_schemas.events import MAX_SUMMARY_MESSAGES
 from sessiond_schemas.state import MAX_TTL_S
 
 from ._loop import LoopClient, sized
@@ -240,6 +241,9 @@ class SessiondSession(SessionABC):
             return False
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
+        """The session's items as the model sees them: a compaction's summary items, then
+        the items after it (session.context), read in time proportional to them, not to
+        the history before the compaction (which stays in the session)."""
         self._check_not_closed()
         limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None and limit < 0:
@@ -247,10 +251,21 @@ class SessiondSession(SessionABC):
         if await self._is_expired():
             return []
         try:
-            messages = await (self._all() if limit is None else self._latest(limit))
+            messages = await (self._context() if limit is None else self._latest_context(limit))
         except SessionNotFoundError:
             return []
         return [item for item in map(item_of, messages) if item is not None]
+
+    async def _latest_context(self, n: int) -> list[Any]:
+        """The latest `n` of the context: from the message index alone while they are all
+        after the compaction, else the whole context (fewer than `n` messages, then the
+        summary's last items)."""
+        view = await self.client.get_session(self._sid)
+        tail = view.message_count - (view.context.through_sequence + 1 if view.context else 0)
+        if n <= tail:
+            return await self._latest(n)
+        found = await self._context()
+        return found[max(0, len(found) - n):]
 
     async def _latest(self, n: int) -> list[Any]:
         found: list[Any] = []
@@ -263,15 +278,14 @@ class SessiondSession(SessionABC):
                 break
         return found[::-1]
 
-    async def _all(self) -> list[Any]:
-        found: list[Any] = []
-        after = None
-        while True:
-            page = await self.client.list_messages(self._sid, limit=_PAGE, after_sequence=after)
+    async def _context(self) -> list[Any]:
+        """The whole context: the last compaction's summary, then every message after it."""
+        page = await self.client.context(self._sid, limit=_PAGE)
+        found: list[Any] = [*page.summary, *page.messages]
+        while page.next is not None:
+            page = await self.client.context(self._sid, limit=_PAGE, after_sequence=page.next)
             found += page.messages
-            if len(page.messages) < _PAGE and not page.truncated_by_bytes:
-                return found
-            after = page.messages[-1].sequence
+        return found
 
     async def add_items(self, items: list[Any]) -> None:
         self._check_not_closed()  # before the empty-list fast path, as SQLiteSession
@@ -296,6 +310,10 @@ class SessiondSession(SessionABC):
         if await self._is_expired():
             return None
         try:
+            view = await self.client.get_session(self._sid)
+            if view.context is not None and view.message_count <= \
+                    view.context.through_sequence + 1:
+                return await self._pop_summary(view.version)
             popped = await self.client.pop_message(self._sid)
         except SessionNotFoundError:
             return None
@@ -303,15 +321,31 @@ class SessiondSession(SessionABC):
             return None
         return item_of(popped.message)
 
+    async def _pop_summary(self, version: int) -> Any | None:
+        """pop_item when the context is a compaction's summary alone: its last item leaves
+        it (a compaction of the others, or, for the only one, message.clear)."""
+        items = [item_of(m) for m in (await self.client.context(self._sid, limit=1)).summary]
+        if not items or (len(items) > 1 and not await self._compact(items[:-1], version)):
+            return None
+        if len(items) == 1:
+            await self.client.clear_messages(self._sid, expected_version=version)
+        return items[-1]
+
     async def _get_compaction_snapshot(
             self, limit: int, *,
             prune_prefix: Callable[[Any], bool] | None = None) -> _CompactionSnapshot | None:
         """The SDK's compaction snapshot (what OpenAIResponsesCompactionSession's automatic
         compaction asks its store for, as SQLiteSession answers it): the latest `limit`
-        items, whether they are the whole history, and `replace_suffix(start, output)`,
-        which swaps the items from `start` on for `output` in one write (message.append_many
-        with `replace_from`), only if the session is still at the version read here; False,
-        and nothing written, if anything was written since.
+        items of the context, whether they are all of it, and `replace_suffix(start,
+        output)`, written only if the session is still at the version read here (False, and
+        nothing written, if anything was written since).
+
+        When the snapshot is the whole context, the replacement is a compaction
+        (session.compact, by "openai-agents"): its summary is the items kept before
+        `start` and `output`, and it stands for every message so far, which stay in the
+        session. When a history limit hides the context's start, the items before the
+        snapshot must stay where they are: the suffix is replaced in the conversation
+        (message.append_many with `replace_from`; the replaced items stay in the events).
 
         `prune_prefix` (EncryptedSession's expired items) is taken and not used: the
         conversation can only be cut at its end, so the expired prefix stays, unread by
@@ -327,7 +361,52 @@ class SessiondSession(SessionABC):
         if view.status == "expired":
             return None
         version, count = view.version, view.message_count
-        messages = await self._latest(min(limit, count))
+        start_seq = view.context.through_sequence + 1 if view.context else 0
+        if limit < count - start_seq:
+            return await self._suffix_snapshot(limit, version, count)
+        messages = await self._context()
+        if await self._moved(version):
+            return None
+        items = [item_of(m) for m in messages]
+        if any(item is None for item in items):
+            return None  # a message that carries no item: not an SDK history
+
+        async def replace_suffix(start: int, output: list[Any]) -> bool:
+            if not 0 <= start < len(items):
+                return False
+            return await self._compact([*items[:start], *output], version)
+
+        return _CompactionSnapshot(items, True, replace_suffix)
+
+    async def _moved(self, version: int) -> bool:
+        return (await self.client.get_session(self._sid)).version != version
+
+    async def _compact(self, items: list[Any], version: int | None) -> bool:
+        """One session.compacted whose summary is `items`, standing for every message so
+        far (at `version`, if given); False, nothing written, if it cannot be one write."""
+        batch = [as_message(item) for item in items]
+        if not batch or len(_batches(batch)) > 1 or len(batch) > MAX_SUMMARY_MESSAGES:
+            return False
+        try:
+            with sized():
+                await _await_mutation(self.client.compact(
+                    self._sid, batch, by="openai-agents", expected_version=version))
+        except (VersionConflictError, SessionNotFoundError):
+            return False
+        return True
+
+    async def _atomic_replace_items(self, items: list[Any]) -> bool:
+        """The SDK's whole-history replacement (manual `run_compaction`, and automatic
+        compaction without a snapshot): a compaction whose summary is `items`, in one write;
+        False (the SDK then clears and adds) when there is nothing to put there."""
+        self._check_not_closed()
+        await self._ensure()
+        return await self._compact(items, None)
+
+    async def _suffix_snapshot(self, limit: int, version: int,
+                               count: int) -> _CompactionSnapshot | None:
+        """A snapshot of the latest `limit` messages, all after the context's start."""
+        messages = await self._latest(limit)
         if [m.sequence for m in messages] != list(range(count - len(messages), count)):
             return None  # written since the version above: no snapshot, no compaction
         items = [item_of(m) for m in messages]
@@ -350,7 +429,7 @@ class SessiondSession(SessionABC):
                 return False
             return True
 
-        return _CompactionSnapshot(items, first == 0, replace_suffix)
+        return _CompactionSnapshot(items, False, replace_suffix)
 
     async def clear_session(self) -> None:
         self._check_not_closed()
@@ -391,8 +470,10 @@ class SessiondSession(SessionABC):
                              " SessiondSession (docs/integrations/openai-agents.md)")
         totals = {"requests": 0, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
                   "total_turns": 0}
-        version: int | None = 1
         try:
+            view = await self.client.get_session(self._sid)
+            # From where the history starts (retention may have trimmed it: issue 48).
+            version: int | None = view.history.version if view.history else 1
             while version is not None:
                 page = await self.client.read_events(self._sid, from_version=version,
                                                      types=["tokens.recorded"])

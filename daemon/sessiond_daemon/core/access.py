@@ -19,11 +19,12 @@ DEFAULT_PEER_METHODS: frozenset[str] = frozenset({
     "session.create", "session.transition", "session.resume", "message.append",
     "message.append_many", "tokens.record", "progress.record", "checkpoint.save",
     "memory.update", "events.append", "graph.put", "graph.put_writes", "graph.copy",
+    "session.compact",  # a summary added: the history before it stays
     # read
     "session.get", "session.resolve", "session.list", "session.states", "session.export",
     "message.list", "progress.list", "checkpoint.get", "checkpoint.list", "events.read",
     "session.output", "session.trajectory", "graph.get", "graph.list", "state.get",
-    "graph.delta_history",
+    "graph.delta_history", "session.context",
     # search and fork (a fork adds a session; daemon.reindex stays the owner's)
     "session.search", "session.forks", "session.fork",
     # subscribe

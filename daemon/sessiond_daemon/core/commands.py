@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol, overload
+from typing import Any, NoReturn, Protocol, TypeVar, overload
 
 import msgspec
 
@@ -19,6 +19,7 @@ from sessiond_daemon.core.histories import unreadable_error
 from sessiond_daemon.core.writer import Command, Given, PlanData, Planner, Writer
 from sessiond_daemon.stores.interface import Store
 from sessiond_schemas.errors import (
+    InvalidParamsError,
     InvalidTransitionError,
     SessionNotFoundError,
     TooLargeError,
@@ -45,6 +46,9 @@ _json = msgspec.json.Encoder()
 RunnerData = ProcessOutput | ProcessExited | ProcessDetached
 
 
+N = TypeVar("N", int, float)
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_message_bytes: int = 16 << 20
@@ -61,9 +65,9 @@ class Limits:
     search_timeout_s: float = 10.0
 
 
-def default_ttl(defaults: Mapping[str, int], namespace: str) -> int | None:
+def default_ttl(defaults: Mapping[str, N], namespace: str) -> N | None:
     """The idle TTL a new session of `namespace` gets: its own entry, else the longest
-    "prefix*" entry that matches it, else none."""
+    "prefix*" entry that matches it, else none (the same lookup for trim_after_days)."""
     if namespace in defaults:
         return defaults[namespace]
     matches = [(len(pattern), ttl) for pattern, ttl in defaults.items()
@@ -97,7 +101,7 @@ def created_view(sid: str, data: SessionCreated) -> SessionState:
     """The view right after a session.created with `data`: what events in the same write
     as the creation are numbered and checked against."""
     return projection.fold(None, [typed_event(
-        position=0, session_id=sid, version=0, event_id="", type="session.created",
+        position=0, session_id=sid, version=1, event_id="", type="session.created",
         recorded_at=now(), data=data, data_json=b"", meta=EventMeta())])
 
 
@@ -121,8 +125,25 @@ def sequenced(s: SessionState, events: Sequence[tuple[str, dict[str, Any] | Runn
         elif event_type == "message.appended":
             data.update(message_id=new_id(), sequence=sequence)
             sequence += 1
+        elif event_type == "session.compacted":
+            data.update(compacted_at(s, data, sequence, len(out)))
         out.append((event_type, given(event_type, data)))
     return out
+
+
+def compacted_at(s: SessionState, data: dict[str, Any], sequence: int,
+                 index: int) -> dict[str, Any]:
+    """A session.compacted given to events.append, as the batch's `index`th event after view
+    `s`, with `sequence` messages before it: its through_sequence (left out: the last of
+    them) checked, and through_version the version before it."""
+    through = data.get("through_sequence")
+    through = sequence - 1 if through is None else through
+    if through >= sequence:
+        raise InvalidParamsError(
+            f"through_sequence {through} is past session {s.session_id}'s {sequence}"
+            " messages", {"detail": "through_sequence too large",
+                          "path": f"$.events[{index}].data.through_sequence"})
+    return {"through_sequence": through, "through_version": s.version + index}
 
 
 def given(event_type: str, data: dict[str, Any]) -> Given:

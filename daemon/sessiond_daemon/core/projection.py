@@ -16,6 +16,7 @@ from sessiond_schemas.events import (
     TERMINAL_STATUSES,
     CheckpointSaved,
     Event,
+    HistoryTrimmed,
     MemoryUpdated,
     MessageAppended,
     MessagesTruncated,
@@ -27,6 +28,7 @@ from sessiond_schemas.events import (
     ProgressRecorded,
     Record,
     ResultRecorded,
+    SessionCompacted,
     SessionCreated,
     SessionExpired,
     SessionForked,
@@ -37,7 +39,15 @@ from sessiond_schemas.events import (
     Unread,
     parse_time,
 )
-from sessiond_schemas.state import ForkLink, Message, SessionFields, SessionState, Timestamps
+from sessiond_schemas.state import (
+    ContextStart,
+    ForkLink,
+    HistoryStart,
+    Message,
+    SessionFields,
+    SessionState,
+    Timestamps,
+)
 
 
 class FoldError(ValueError):
@@ -255,8 +265,23 @@ def _message_appended(s: SessionState, event: Event, d: MessageAppended) -> None
 
 def _messages_truncated(s: SessionState, event: Event, d: MessagesTruncated) -> None:
     s.message_count = min(s.message_count, d.from_sequence)
+    if s.context is not None and d.from_sequence <= s.context.through_sequence:
+        s.context = None  # a cut behind the summary: the summary no longer stands for them
     s.last_message = (msgspec.convert(d.last_message, Message)
                       if d.last_message is not None and s.message_count else None)
+
+
+def _session_compacted(s: SessionState, event: Event, d: SessionCompacted) -> None:
+    """The context now starts at this summary (the history before it stays)."""
+    s.context = ContextStart(session_id=event.session_id, version=event.version,
+                             through_sequence=d.through_sequence,
+                             recorded_at=event.recorded_at)
+
+
+def _session_trimmed(s: SessionState, event: Event, d: HistoryTrimmed) -> None:
+    """The stored history now starts after `through_version` (the events before are gone)."""
+    s.history = HistoryStart(version=d.through_version + 1, anchor=d.anchor,
+                             through_sequence=d.through_sequence)
 
 
 def _tokens_recorded(s: SessionState, event: Event, d: TokensRecorded) -> None:
@@ -427,4 +452,6 @@ _BRANCHES: dict[str, Callable[[SessionState, Event, Any], None]] = {
     "process.exited": _process_exited,
     "process.detached": _process_detached,
     "stream.chunk": _stream_chunk,
+    "session.compacted": _session_compacted,
+    "session.trimmed": _session_trimmed,
 }

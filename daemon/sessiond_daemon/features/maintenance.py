@@ -17,6 +17,7 @@ from sessiond_daemon.core.commands import Commands
 from sessiond_daemon.core.histories import unreadable_error
 from sessiond_daemon.core.writer import Delete, Import, Writer
 from sessiond_daemon.features import exports, forks
+from sessiond_daemon.features.retention import gone
 from sessiond_daemon.features.verify import SessionCheck
 from sessiond_daemon.stores.interface import Store
 from sessiond_daemon.stores.models.conversation import checkpoint_id
@@ -99,7 +100,8 @@ class Maintenance:
             check, found = await self._fold_check(sid, stored, upto)
             if upto is not None and not found and await self._lags(sid, upto):
                 check, found = await self._fold_check(sid, stored, None)
-            if check.state is not None and check.state.forked_from is not None:
+            if check.state is not None and check.state.forked_from is not None \
+                    and check.first_version <= check.state.forked_from.version + 1:
                 found += await forks.link_problems(self.store, check.state, check.first)
             return found
         except StorageError:
@@ -112,6 +114,12 @@ class Maintenance:
                           upto: int | None) -> tuple[SessionCheck, list[str]]:
         """The session's events (up to version `upto`) folded and held to `stored`."""
         check = SessionCheck(sid, await self.store.snapshots(sid))
+        if stored is not None and stored.history is not None and (
+                stored.forked_from is None
+                or stored.history.version > stored.forked_from.version + 1):
+            # Its own history trimmed (not only its source's, before it was forked): the
+            # events kept verify from the anchor, the fold goes on from the snapshot.
+            check.start_at(stored.history.version - 1, stored.history.anchor)
         async for page in self._pages(sid, upto=upto):  # a page at a time: flat memory
             check.feed(page)
         return check, check.finish(stored)
@@ -203,6 +211,8 @@ class Maintenance:
         """A page of the session's export document (exports.py), or the whole document
         when it fits in one page."""
         state = await self.commands.state(p.session_id)
+        if state.history is not None:  # a document starts at the session's creation
+            raise gone(state, "the history before its start")
         damage = self.writer.damaged.get(p.session_id)
         if damage is not None:  # its view is the last good one; the history goes past it
             raise StorageError(

@@ -25,6 +25,7 @@ from sessiond_daemon.core.histories import unreadable_error
 from sessiond_daemon.core.request import page_budget
 from sessiond_daemon.core.writer import Command, Delete, Plan, PlanData, Planner, Writer
 from sessiond_daemon.features import forks
+from sessiond_daemon.features.retention import check_version, gone
 from sessiond_daemon.stores.interface import Page, SessionFilters, Store, repage
 from sessiond_schemas import rpc, streams
 from sessiond_schemas.bounds import INT64_MAX, bound_message, json_out_of_bounds
@@ -96,13 +97,16 @@ APPEND_INPUTS: dict[str, type[msgspec.Struct] | None] = {
     "session.forked": None,
     "session.ttl_set": None,
     "session.expired": None,
+    "session.compacted": rpc.CompactionInput,
+    "session.trimmed": None,
 }
 _INSTEAD = {"session.created": "session.create", "checkpoint.saved": "checkpoint.save",
             "messages.truncated": "message.pop or message.clear",
             "graph.checkpoint": "graph.put", "graph.writes": "graph.put_writes",
             "graph.pruned": "graph.prune or graph.delete_runs", "session.forked": "session.fork",
             "session.ttl_set": "session.set_ttl",
-            "session.expired": "session.set_ttl (the daemon ends a session whose TTL passed)"}
+            "session.expired": "session.set_ttl (the daemon ends a session whose TTL passed)",
+            "session.trimmed": "session.trim"}
 # How often a write planned from reads (message.pop, message.clear, replace_from) is tried
 # when other writes keep coming between its read and its commit.
 READ_TRIES = 64
@@ -282,6 +286,7 @@ class Service:
         session once, at most forks.WALK_LIMIT of them), under the fork's identity. A
         history that does not read back or fold is -32012, never -32603."""
         current = await self.state(session_id)
+        check_version(current, version, f"version {version}")
         if version > current.version:
             raise InvalidParamsError(
                 f"at_version {version} is past session {session_id}'s version {current.version}",
@@ -486,16 +491,21 @@ class Service:
 
     async def message_list(self, p: rpc.MessageListParams,
                            meta: EventMeta) -> rpc.MessageListResult:
-        total = (await self.state(p.session_id)).message_count
+        state = await self.state(p.session_id)
+        total = state.message_count
         after = p.after_sequence
         if p.order == "asc":
             first = (after + 1 if after is not None else 0) + p.offset
+            if state.history is not None and first <= state.history.through_sequence:
+                raise gone(state, f"message {first}")
             # Past the last possible sequence (an int64) nothing is left to read.
             messages = Page() if first > INT64_MAX else await self.store.list_messages(
                 p.session_id, first=first, limit=p.limit, descending=False,
                 max_bytes=page_budget.get())
         else:
             first = total - 1 - p.offset
+            if state.history is not None and 0 <= first <= state.history.through_sequence:
+                raise gone(state, f"message {first}")
             messages = Page() if first < 0 else await self.store.list_messages(
                 p.session_id, first=first, limit=p.limit, descending=True,
                 max_bytes=page_budget.get())
@@ -682,7 +692,9 @@ class Service:
                                      {"detail": "from_version without session_id",
                                       "path": "$.from_version"})
         if p.session_id is not None:
-            await self.state(p.session_id)
+            state = await self.state(p.session_id)
+            if p.from_version is not None:
+                check_version(state, p.from_version, f"version {p.from_version}")
         try:
             events = await self.store.read_events(
                 session_id=p.session_id, from_version=p.from_version or 1,

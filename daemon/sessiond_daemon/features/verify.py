@@ -21,6 +21,15 @@ class SessionCheck:
         self._hash = ""
         self._version = 0
         self.first: Event | None = None  # a fork's session.forked event
+        self.first_version = 1  # the first version stored (after a trim: past its anchor)
+
+    def start_at(self, version: int, anchor: str) -> None:
+        """A trimmed history (retention): the events kept start after `version`, their
+        chain from `anchor`, the fold from the snapshot kept at `version`."""
+        self._version, self._hash, self.first_version = version, anchor, version + 1
+        self.state = self.snapshots.get(version)
+        if self.state is None:
+            self.problems.append(f"trimmed at version {version}, but its snapshot is gone")
 
     def feed(self, events: list[Event]) -> None:
         for event in events:

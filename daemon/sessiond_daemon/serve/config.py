@@ -76,6 +76,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Idle TTL of new sessions per namespace (a name, or a prefix ending in "*": the
     # longest match wins), in seconds; a session.create's own ttl_s comes first.
     default_ttl_s: dict[str, TtlSeconds] = {}
+    # Retention past a compaction (issue 48), opt-in per namespace (a name, or a prefix
+    # ending in "*"): session.trim takes out history behind the last compaction older than
+    # this many days. Empty: session.trim needs its own older_than_days.
+    trim_after_days: dict[str, Annotated[float, msgspec.Meta(ge=0, le=100_000)]] = {}
     # How often the daemon looks for sessions whose idle TTL has passed (and ends them).
     expire_every_s: Annotated[float, msgspec.Meta(gt=0, le=1e9)] = 30
     # Executors (session.spawn): processes at once, longest output line kept whole,

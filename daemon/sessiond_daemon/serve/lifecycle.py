@@ -21,12 +21,14 @@ from sessiond_daemon.core.access import Grants
 from sessiond_daemon.core.commands import Commands, Limits
 from sessiond_daemon.core.writer import Writer
 from sessiond_daemon.cpu import PIN
+from sessiond_daemon.features.context import Context
 from sessiond_daemon.features.executors.methods import Executors
 from sessiond_daemon.features.executors.methods import Settings as ExecutorSettings
 from sessiond_daemon.features.expiry import Expiry
 from sessiond_daemon.features.forks import Forks
 from sessiond_daemon.features.graphs import Graphs
 from sessiond_daemon.features.maintenance import Maintenance
+from sessiond_daemon.features.retention import Retention
 from sessiond_daemon.features.search import Search
 from sessiond_daemon.features.service import LiveFigures, Service
 from sessiond_daemon.serve import logs, mcp_entry, methods
@@ -256,10 +258,12 @@ class Daemon:
             max_output_lines_per_s=config.max_output_lines_per_s,
             kill_grace_s=config.kill_grace_s, host=config.host_name or socket.gethostname()))
         # The method table: every method of the contract and what serves it.
+        context = Context(store, commands)
+        self.retention = Retention(store, commands, context, dict(config.trim_after_days))
         self.methods = table = methods.table(
             service, maintenance, Graphs(store, commands),
             Search(store, commands), Forks(store, commands, service.state_at),
-            executors)
+            executors, context, self.retention)
         methods.check(table)  # exactly the contract's methods, or no start
         self.server = server = Server(
             table, _server_limits(config), store=store, writer=writer,
@@ -295,6 +299,8 @@ class Daemon:
                     lambda path: bind_socket(path, config.socket_mode))
                 if config.cleanup_older_than_days > 0:
                     serving.start_soon(_retention, maintenance, config)
+                if config.trim_after_days:  # retention past a compaction (issue 48)
+                    serving.start_soon(_trims, self.retention, config)
                 serving.start_soon(self.expiry.run, config.expire_every_s)  # ends idle TTLs
                 if PIN.follows_load:
                     serving.start_soon(_keep_cpu)
@@ -492,6 +498,20 @@ async def _retention(maintenance: Maintenance, config: Config) -> None:
             await maintenance.session_cleanup(params, meta)
         except SessiondError as exc:  # say so, and try again next time
             log.warning("retention.failed", error=exc.message)
+        await anyio.sleep(config.cleanup_every_s)
+
+
+async def _trims(retention: Retention, config: Config) -> None:
+    """Trim the history behind compactions in the namespaces of trim_after_days, every
+    cleanup_every_s."""
+    meta = EventMeta(peer_uid=os.getuid(), peer_pid=os.getpid())
+    while True:
+        try:
+            trimmed = await retention.sweep(meta)
+            if trimmed:
+                log.info("retention.trimmed", sessions=trimmed)
+        except SessiondError as exc:  # say so, and try again next time
+            log.warning("retention.trim_failed", error=exc.message)
         await anyio.sleep(config.cleanup_every_s)
 
 

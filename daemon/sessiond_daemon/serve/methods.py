@@ -21,10 +21,12 @@ import msgspec
 
 from sessiond_daemon.core.access import append_grant, import_grant, memory_grant
 from sessiond_daemon.core.writer import Command, Writer
+from sessiond_daemon.features.context import Context
 from sessiond_daemon.features.executors.methods import Executors
 from sessiond_daemon.features.forks import Forks
 from sessiond_daemon.features.graphs import Graphs
 from sessiond_daemon.features.maintenance import Maintenance
+from sessiond_daemon.features.retention import Retention
 from sessiond_daemon.features.search import Search
 from sessiond_daemon.features.service import Service
 from sessiond_daemon.features.subscriptions import Subscriptions
@@ -102,7 +104,8 @@ def check(methods: MethodTable) -> None:
 
 
 def table(service: Service, maintenance: Maintenance, graphs: Graphs,
-          search: Search, forks: Forks, executors: Executors) -> MethodTable:
+          search: Search, forks: Forks, executors: Executors, context: Context,
+          retention: Retention) -> MethodTable:
     """Every method of the contract and what serves it."""
     s, m, g, x = service, maintenance, graphs, executors
     return {
@@ -208,4 +211,11 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
             forks.session_fork),
         "session.forks": Signature(rpc.SessionForksParams, rpc.ForksResult).served_by(
             forks.session_forks),
+        # compaction and the context read
+        "session.compact": Signature(rpc.SessionCompactParams, SessionState).served_by(
+            context.session_compact),
+        "session.context": Signature(rpc.SessionContextParams, rpc.SessionContextResult
+                                     ).served_by(context.session_context),
+        "session.trim": Signature(rpc.SessionTrimParams, rpc.TrimResult).served_by(
+            retention.session_trim),
     }

@@ -380,6 +380,14 @@ class EventStore(Protocol):
 
     async def snapshots(self, session_id: str) -> dict[int, SessionState]: ...
 
+    async def trim_point(self, session_id: str, at_most: int, before: str,
+                         keep_sequence: int) -> tuple[int, str, SessionState] | None:
+        """Where retention may trim to (issue 48): the latest snapshot of the session at or
+        before version `at_most`, whose event was recorded before `before`, and at which
+        no message from sequence `keep_sequence` on (the context's) was stored yet; as
+        (version, the hash of its event, the view)."""
+        ...
+
 
 # --- feature read models (kept inside the commit, from the committed events) -----------
 

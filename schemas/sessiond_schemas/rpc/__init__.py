@@ -38,6 +38,15 @@ from .checkpoints import (
     CheckpointSaveParams,
     CheckpointSaveResult,
 )
+from .context import (
+    Compaction,
+    CompactionInput,
+    SessionCompactParams,
+    SessionContextParams,
+    SessionContextResult,
+    SessionTrimParams,
+    TrimResult,
+)
 from .daemon import (
     BackupParams,
     BackupResult,
@@ -196,6 +205,9 @@ METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "session.fork": (SessionForkParams, SessionState),
     "session.forks": (SessionForksParams, ForksResult),
     "daemon.reindex": (NoParams, ReindexResult),
+    "session.compact": (SessionCompactParams, SessionState),
+    "session.context": (SessionContextParams, SessionContextResult),
+    "session.trim": (SessionTrimParams, TrimResult),
 }
 
 __all__ = [
@@ -213,6 +225,8 @@ __all__ = [
     "CheckpointSaveParams",
     "CheckpointSaveResult",
     "CleanupResult",
+    "Compaction",
+    "CompactionInput",
     "DeleteResult",
     "ErrorObject",
     "EventInput",
@@ -272,6 +286,9 @@ __all__ = [
     "SearchResult",
     "SearchSession",
     "SessionCleanupParams",
+    "SessionCompactParams",
+    "SessionContextParams",
+    "SessionContextResult",
     "SessionCreateParams",
     "SessionDeleteParams",
     "SessionExportParams",
@@ -294,6 +311,7 @@ __all__ = [
     "SessionStatesResult",
     "SessionTrajectoryParams",
     "SessionTransitionParams",
+    "SessionTrimParams",
     "StateGetParams",
     "StateGetResult",
     "StatsResult",
@@ -306,6 +324,7 @@ __all__ = [
     "TokensRecordParams",
     "TokensRecordResult",
     "TrajectoryResult",
+    "TrimResult",
     "UnsubscribeResult",
     "VerifyProblem",
     "VerifyResult",

@@ -60,7 +60,7 @@ class HttpError(Exception):
 # The contract's error codes (schemas/errors.py) as HTTP statuses.
 _STATUS = {-32700: 400, -32600: 400, -32602: 400, -32001: 404, -32002: 409, -32003: 409,
            -32004: 409, -32005: 413, -32006: 403, -32007: 409, -32008: 429, -32010: 503,
-           -32011: 409, -32012: 503, -32013: 409}
+           -32011: 409, -32012: 503, -32013: 409, -32015: 410}
 
 
 def from_rpc(exc: SessiondError) -> HttpError:

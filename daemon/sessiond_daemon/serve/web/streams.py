@@ -25,6 +25,7 @@ from sessiond_daemon.features.forks import WALK_LIMIT
 from sessiond_daemon.serve.web import codec, tails
 from sessiond_daemon.serve.web.calls import DAEMON, Caller, Calls
 from sessiond_daemon.serve.web.codec import HttpError
+from sessiond_daemon.serve.web.context import context_reply
 from sessiond_daemon.serve.web.expiry import Expiry, idle_ttl
 from sessiond_schemas import streams
 from sessiond_schemas.errors import InvalidTransitionError, SessiondError, SessionNotFoundError
@@ -339,6 +340,8 @@ class Streams:
         return Reply(200, {**view.headers(), "cache-control": "no-store"})
 
     async def get(self, r: Request) -> Reply:
+        if r.param("context") is not None:  # sessiond's extension: the context read
+            return Reply(200, *await context_reply(self, r))
         live = r.param("live")
         if live not in (None, "long-poll", "sse"):
             raise HttpError(400, f"live must be long-poll or sse, not {live[:20]!r}")

@@ -8,11 +8,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sessiond_daemon.stores.models.ops import DeleteWhere, ForkShares, HandOnPayloads, Insert, Op
+from sessiond_daemon.stores.models.ops import (
+    DeleteWhere,
+    ForkShares,
+    HandOnPayloads,
+    Insert,
+    Op,
+    TrimHistory,
+)
 from sessiond_schemas.events import (
     CheckpointSaved,
     Data,
     Event,
+    HistoryTrimmed,
     MessageAppended,
     MessagesTruncated,
     SessionForked,
@@ -49,6 +57,11 @@ def conversation(events: Sequence[Event], payloads: Mapping[str, bytes]) -> list
                 messages = []
             ops.append(DeleteWhere("messages", (("session_id", e.session_id),),
                                    ("sequence", d.from_sequence)))
+        elif isinstance(d, HistoryTrimmed):
+            if messages:
+                ops.append(Insert("messages", messages))
+                messages = []
+            ops.append(TrimHistory(e.session_id, d.through_version))
         elif isinstance(d, SessionForked):
             if messages:
                 ops.append(Insert("messages", messages))

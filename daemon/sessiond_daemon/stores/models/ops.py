@@ -86,4 +86,17 @@ class ForgetSessions:
     session_ids: list[str]
 
 
-Op = Insert | DeleteWhere | CopyRows | ForkShares | HandOnPayloads | ForgetSessions
+@dataclass(slots=True)
+class TrimHistory:
+    """Retention (session.trimmed): a session's own events up to `version` leave the log,
+    with the read models' rows that point at them (their full-text rows too: each store's
+    executor takes those out first) and the snapshots before `version` (the one at it
+    stays: the fold goes on from it). Rows a fork shares from its source are not its own
+    (their positions are before its first event) and stay."""
+
+    session_id: str
+    version: int
+
+
+Op = (Insert | DeleteWhere | CopyRows | ForkShares | HandOnPayloads | ForgetSessions
+      | TrimHistory)

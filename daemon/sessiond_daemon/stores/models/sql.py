@@ -25,6 +25,7 @@ from sessiond_daemon.stores.models.ops import (
     Insert,
     Keep,
     Op,
+    TrimHistory,
 )
 from sessiond_daemon.stores.models.tables import SESSION_MODEL_TABLES, TABLES
 
@@ -183,11 +184,35 @@ def steps(op: Op, d: Dialect) -> Steps:
         yield from _fork_shares(op, d)
     elif isinstance(op, HandOnPayloads):
         yield Stmt(render(_HAND_ON, d), many=[(s, c, s, c) for s, c in op.rows])
+    elif isinstance(op, TrimHistory):
+        yield from _trim(op, d)
     elif isinstance(op, ForgetSessions):
         yield Stmt(render(_HAND_ON_DELETED, d), many=[(s, s, s) for s in op.session_ids])
         for table in SESSION_MODEL_TABLES:
             yield Stmt(render(f"DELETE FROM {table} WHERE session_id = ?", d),
                        many=[(s,) for s in op.session_ids])
+
+
+def trim_range(op: TrimHistory, d: Dialect) -> Stmt:
+    """The positions of the session's own events a trim takes out: from its first stored
+    event's to the one at `op.version`'s (two columns; none when it has no such event)."""
+    return Stmt(render("SELECT MIN(position), MAX(position) FROM events WHERE session_id = ?"
+                       " AND version <= ?", d), (op.session_id, op.version), fetch=True)
+
+
+def _trim(op: TrimHistory, d: Dialect) -> Steps:
+    rows = yield trim_range(op, d)
+    if not rows or rows[0][0] is None:
+        return
+    first, last = int(rows[0][0]), int(rows[0][1])
+    for table in SESSION_MODEL_TABLES:
+        if table != "forks":  # a fork's link to its source stays (time travel, verify)
+            yield Stmt(render(f"DELETE FROM {table} WHERE session_id = ? AND position >= ?"
+                              " AND position <= ?", d), (op.session_id, first, last))
+    yield Stmt(render("DELETE FROM snapshots WHERE session_id = ? AND version < ?", d),
+               (op.session_id, op.version))
+    yield Stmt(render("DELETE FROM events WHERE session_id = ? AND version <= ?", d),
+               (op.session_id, op.version))
 
 
 def _fork_shares(op: ForkShares, d: Dialect) -> Steps:

@@ -90,6 +90,21 @@ class ViewQueries:
                                  (session_id,))
         return {int(r[0]): state_decoder.decode(r[1]) for r in rows}
 
+    async def trim_point(self, session_id: str, at_most: int, before: str,
+                         keep_sequence: int) -> tuple[int, str, SessionState] | None:
+        rows = await self._q_all(
+            "SELECT s.version, e.hash, s.state FROM snapshots s JOIN events e"
+            " ON e.session_id = s.session_id AND e.version = s.version"
+            " WHERE s.session_id = ? AND s.version <= ? AND e.recorded_at < ?"
+            " AND NOT EXISTS (SELECT 1 FROM messages m JOIN events k"
+            " ON k.position = m.position WHERE m.session_id = ? AND m.sequence >= ?"
+            " AND k.version <= s.version)"
+            " ORDER BY s.version DESC LIMIT 1",
+            (session_id, at_most, before, session_id, keep_sequence))
+        if not rows:
+            return None
+        return int(rows[0][0]), str(rows[0][1]), state_decoder.decode(rows[0][2])
+
     async def resolve(self, prefix: str) -> list[str]:
         # A range scan on the primary key; no LIKE or GLOB, so '_' and '%' stay literal.
         rows = await self._q_all(

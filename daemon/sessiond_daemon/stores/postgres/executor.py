@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from sessiond_daemon.stores.models.ops import Insert, Op
+from sessiond_daemon.stores.models.ops import Insert, Op, TrimHistory
 from sessiond_daemon.stores.models.sql import POSTGRES, insert_sql, steps
 from sessiond_daemon.stores.models.tables import TABLES
 from sessiond_daemon.stores.postgres import search
@@ -45,6 +45,8 @@ async def run(con: Any, ops: Sequence[Op], shift: int = 0) -> None:
                 continue
             await con.executemany(insert_sql(op.table, op.keep, POSTGRES), _shifted(op, shift))
             continue
+        if type(op) is TrimHistory:
+            await search.forget_trimmed(con, op.session_id, op.version)
         plan = steps(op, POSTGRES)
         try:
             stmt = next(plan)

@@ -482,6 +482,14 @@ async def forget(con: Any, session_ids: Sequence[str]) -> None:
                           list(session_ids))
 
 
+async def forget_trimmed(con: Any, session_id: str, version: int) -> None:
+    """Take a session's documents up to `version` out of the index (retention's trim, in
+    its transaction, before those events are deleted)."""
+    await con.execute("DELETE FROM search_index WHERE session_id = $1 AND position IN"
+                      " (SELECT position FROM events WHERE session_id = $1 AND version <= $2)",
+                      session_id, version)
+
+
 # --- migration 7's backfill, daemon.reindex and daemon.verify -----------------------------
 
 _decode = msgspec.json.Decoder(dict[str, Any])

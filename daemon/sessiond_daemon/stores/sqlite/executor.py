@@ -7,8 +7,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from sessiond_daemon.stores.models.ops import Insert, Op
+from sessiond_daemon.stores.models.ops import Insert, Op, TrimHistory
 from sessiond_daemon.stores.models.sql import SQLITE, insert_sql, steps
+from sessiond_daemon.stores.sqlite import search
 
 # (table, keep) -> its INSERT: a plain dict, cheaper per append than insert_sql's cache.
 _INSERTS: dict[tuple[str, str], str] = {}
@@ -23,6 +24,8 @@ def run(db: sqlite3.Connection, ops: Sequence[Op]) -> None:
                 sql = _INSERTS[(op.table, op.keep)] = insert_sql(op.table, op.keep, SQLITE)
             db.executemany(sql, op.rows)
             continue
+        if type(op) is TrimHistory:  # the index is told the text first (external content)
+            search.forget_trimmed(db, op.session_id, op.version)
         plan = steps(op, SQLITE)
         try:
             stmt = next(plan)

@@ -95,6 +95,16 @@ def forget_session(db: sqlite3.Connection, session_id: str) -> None:
         " AND position IN (SELECT id FROM search_docsize)", (session_id,))
 
 
+def forget_trimmed(db: sqlite3.Connection, session_id: str, version: int) -> None:
+    """Take a session's events up to `version` out of the index (retention's trim, before
+    those events are deleted), as forget_session does for all of them."""
+    db.execute(
+        "INSERT INTO search (search, rowid, body, tags) SELECT 'delete', position, body, tags"
+        " FROM search_source WHERE position IN (SELECT position FROM events"
+        f" WHERE session_id = ? AND version <= ? AND type IN ({_TYPES_SQL}))"
+        " AND position IN (SELECT id FROM search_docsize)", (session_id, version))
+
+
 def rebuild(db: sqlite3.Connection) -> int:
     """Rebuild the whole index from the events in one statement; return its row count."""
     db.execute("INSERT INTO search (search) VALUES ('rebuild')")

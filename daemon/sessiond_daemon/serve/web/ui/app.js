@@ -234,6 +234,8 @@ function describe(e) {
     }
     case "session.forked":
       return ["", "forked", `from ${d.from && d.from.session_id} at v${d.from && d.from.version}`];
+    case "session.compacted": // a boundary: the context starts here; what is above stays
+      return ["compaction", `compacted · #0–#${d.through_sequence} summarized by ${d.by || "api"}`, (d.summary || []).map((m) => `[${m.role}] ${m.content}`).join("\n")];
     default:
       return ["", e.type, JSON.stringify(d).slice(0, 400)];
   }
