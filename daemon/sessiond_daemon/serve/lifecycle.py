@@ -428,6 +428,7 @@ def _server_limits(config: Config) -> ServerLimits:
                         max_batch_requests=config.max_batch_requests,
                         max_reply_buffer=config.max_reply_buffer,
                         max_page_bytes=config.max_page_bytes,
+                        request_timeout_s=config.request_timeout_s,
                         max_reply_buffer_total=config.max_reply_buffer_total
                         or default_budget())
 

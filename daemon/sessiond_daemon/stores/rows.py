@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextvars import ContextVar
 from typing import Any, Final
 
 import msgspec
@@ -118,6 +119,17 @@ def decode_list_cursor(cursor: str) -> tuple[str, str]:
     return created_at, session_id
 
 
+def _no_reserve(size: int) -> None:
+    pass
+
+
+# Called with each row's size as a paged read takes it, before the answer is built from
+# it; the serving layer sets it per request to reserve those bytes in the daemon's memory
+# budget (serve/budget.py: Reservation), and it raises when there is no room.
+page_reserve: ContextVar[Callable[[int], None]] = ContextVar("page_reserve",
+                                                            default=_no_reserve)
+
+
 def _row_bytes(row: Any) -> int:
     """About what a row weighs in an answer: its text and blob columns."""
     return sum(len(v) for v in row if isinstance(v, (str, bytes))) + 16
@@ -132,12 +144,14 @@ async def fill_page(fetch: Callable[[int], Awaitable[Iterable[Any]]],
     rows into memory at once."""
     page: Page[Any] = Page()
     used, chunk, largest = 0, 1, 1
+    reserve = page_reserve.get()
     while rows := list(await fetch(chunk)):
         for row in rows:
             size = _row_bytes(row)
             if page and used + size > max_bytes:
                 page.cut = True
                 return page
+            reserve(size)
             page.append(row)
             used += size
             largest = max(largest, size)
