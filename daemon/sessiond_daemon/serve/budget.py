@@ -33,7 +33,9 @@ import ctypes.util
 import os
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from functools import cache
+from typing import Any
 
 import anyio
 import structlog
@@ -49,6 +51,8 @@ TRIM_EVERY_S = 1.0  # trims at most this often
 TRIM_FOLLOW_UPS = 5  # trims after one that gave memory back, a second apart
 CONNECTION_SHARE = 8  # a connection holding more than this part of the budget is not read
 PAUSED_POLL_S = 0.05  # a paused connection looks again at its own buffer this often
+COPIES = 2  # an item read is held twice while its answer is built: the row, the answer
+FETCHES = 1  # paged reads fetching rows not yet counted, at once, daemon-wide
 
 
 def default_budget(meminfo: str = "/proc/meminfo") -> int:
@@ -152,6 +156,7 @@ class ReplyBudget:
         self._trim_pending = False
         self._released = 0  # held by connections closed since the last trim
         self._released_late = 0  # the most held by transports closed since the last trim
+        self.fetching = asyncio.Semaphore(FETCHES)  # see Reservation
         tune_allocator()
 
     @property
@@ -230,10 +235,13 @@ class ReplyBudget:
 
     def make_room(self, holding: Holding, size: int, *, built: bool) -> bool:
         """Before `size` bytes are counted for `holding` (`built`: real bytes, an answer,
-        received bytes or a reservation by size; else an estimate): while they would take
-        the total past the budget, close the connection holding the most real bytes, if
-        any holds some. False if that was `holding` itself (its bytes are dropped)."""
-        while self.total + size > self.limit and self._holdings:
+        received bytes or a reservation by size; else an estimate, which closes nothing):
+        while they would take the real bytes held past the budget, close the connection
+        holding the most of them. False if that was `holding` itself (its bytes are
+        dropped)."""
+        # Only real bytes close a connection: estimates (a page share per request, many
+        # more than the budget when many clients ask at once) only pause reading.
+        while built and self.real + size > self.limit and self._holdings:
             # By what each already holds: the bytes being counted are not held yet, so a
             # client that reads (none unsent) is never closed for its own answer.
             worst = max(self._holdings, key=lambda h: h.weight)
@@ -370,24 +378,31 @@ class ReplyBudget:
 class Reservation:
     """What one request reserves by size, on any face: each item a paged read takes from
     the store is counted (`take`, called through stores.rows.page_reserve) before the
-    answer is built from it, and given back when the request is done (`release`)."""
+    answer is built from it, for the item and the answer made from it (COPIES), and given
+    back when the request is done (`release`). Rows are fetched under the budget's
+    `fetching` gate, so that rows fetched and not yet counted are few daemon-wide (the
+    readers can fetch faster than the loop builds answers)."""
 
     __slots__ = ("budget", "holding", "sized")
 
     def __init__(self, budget: ReplyBudget, holding: Holding) -> None:
         self.budget, self.holding, self.sized = budget, holding, 0
 
+    def fetching(self) -> AbstractAsyncContextManager[Any]:
+        return self.budget.fetching
+
     def take(self, size: int) -> None:
-        """Count `size` bytes read for the answer; past the budget the heaviest
-        connections are closed first, and with no room left it is refused (-32008)."""
+        """Count `size` bytes read for the answer (COPIES times: the item and the answer
+        built from it live together); past the budget the heaviest connections are
+        closed first; an item larger than the budget is refused (-32008)."""
         budget, holding = self.budget, self.holding
+        size *= COPIES
         if holding.closed:
             raise OverloadedError("the connection was closed by the daemon's memory budget",
                                   {"setting": "max_reply_buffer_total"})
         # An item larger than the whole budget is refused at once: closing others would
         # not make room for it.
-        if size <= budget.limit and budget.make_room(holding, size, built=True) \
-                and budget.real + size <= budget.limit:
+        if size <= budget.limit and budget.make_room(holding, size, built=True):
             budget.size(holding, size)
             self.sized += size
             return

@@ -54,6 +54,7 @@ _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(rpc.Request)
 _batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _EMPTY_PARAMS = msgspec.Raw(b"{}")
+WHOLE_LINE = 1 << 20  # answers from this size on are written without a copy for the newline
 # The id of a request line that begins {"jsonrpc":"2.0","id":... (as the clients send them).
 _LEADING_ID = re.compile(
     rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,128}")\s*[,}]')
@@ -300,7 +301,7 @@ class Server:
             unstarted -= 1
             # What its reads take from the store is reserved by size as they take it.
             reservation = Reservation(budget, holding)
-            page_reserve.set(reservation.take)
+            page_reserve.set(reservation)
             try:
                 try:
                     reply = await self.handle_line(line, conn, slot, req)
@@ -313,7 +314,11 @@ class Server:
                     budget.reserve(holding, -share)
                     reservation.release()
                 if reply is not None:
-                    await send(reply)
+                    # Not held here while it waits for the client to read: the transport
+                    # has its copy once `send` put it there.
+                    sending = send(reply)
+                    del reply
+                    await sending
             except ConnectionError:
                 pass  # the client went away; its answer has nowhere to go
             finally:
@@ -338,8 +343,13 @@ class Server:
             return True
 
         def put(reply: bytes) -> None:
-            if not (holding.closed or transport.is_closing()):  # closed meanwhile (by the
-                transport.write(reply + b"\n")  # budget, or the client); one write() a line
+            if holding.closed or transport.is_closing():  # closed meanwhile (by the budget,
+                return  # or the client)
+            if len(reply) < WHOLE_LINE:
+                transport.write(reply + b"\n")  # one write() a line
+            else:  # no copy of a large answer to add its newline
+                transport.write(reply)
+                transport.write(b"\n")
 
         def settle(size: int) -> None:
             budget.wait(holding, -size)

@@ -39,7 +39,7 @@ import uvicorn
 from anyio.abc import TaskStatus
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from sessiond_daemon.serve.budget import Holding, ReplyBudget, Reservation
+from sessiond_daemon.serve.budget import COPIES, Holding, ReplyBudget, Reservation
 from sessiond_daemon.serve.server import Peer, peer_of
 from sessiond_daemon.stores.rows import page_reserve
 
@@ -309,7 +309,7 @@ def _metered(inner: ASGIApp, peer: Peer | None, transport: asyncio.Transport,
             await inner(scope, receive, send)
             return
         reservation = Reservation(budget, holding)
-        token = page_reserve.set(reservation.take)
+        token = page_reserve.set(reservation)
         received = 0
 
         async def metered_receive() -> Any:
@@ -332,6 +332,9 @@ def _metered(inner: ASGIApp, peer: Peer | None, transport: asyncio.Transport,
             if not size:
                 await send(message)
                 return
+            # While it is handed over, a body is held twice: the app's, and h11's framed
+            # copy of it (then the transport's unsent bytes, sampled).
+            size *= COPIES
             if not budget.make_room(holding, size, built=True):
                 return  # it held the most: closed, its answer dropped
             budget.wait(holding, size)
