@@ -8,14 +8,15 @@ connection from the owner."""
 from __future__ import annotations
 
 import contextlib
+import encodings.idna  # noqa: F401  (the forked child, another uid, cannot import it)
 import json
 import os
 import pwd
 import select
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib.metadata import version
 from typing import Any
 
@@ -137,8 +138,8 @@ class OtherUser:
     def __init__(self, user: pwd.struct_passwd) -> None:
         self.user = user
 
-    @contextmanager
-    def holding(self, connect: Any, count: int, first: bytes) -> Iterator[int]:
+    @asynccontextmanager
+    async def holding(self, connect: Any, count: int, first: bytes) -> AsyncIterator[int]:
         """The child opens `count` connections with `connect()`, sends `first` on each,
         and holds them until the block ends. Yields how many the daemon left open."""
         ready_r, ready_w = os.pipe()
@@ -169,11 +170,11 @@ class OtherUser:
         os.close(ready_w)
         os.close(done_r)
         try:
-            with os.fdopen(ready_r, "rb") as r:
-                yield int(r.read() or b"0")
+            with os.fdopen(ready_r, "rb") as r:  # the daemon's loop runs meanwhile
+                yield int(await anyio.to_thread.run_sync(r.read) or b"0")
         finally:
             os.close(done_w)
-            os.waitpid(pid, 0)
+            await anyio.to_thread.run_sync(os.waitpid, pid, 0)
 
 
 def _open(s: socket.socket) -> bool:
@@ -191,7 +192,9 @@ class TestConnectionsPerPeer:
     def daemon_overrides(self, short_dir: str) -> dict[str, object]:
         self.port = free_port()
         self.metrics_port = free_port()
+        os.chmod(short_dir, 0o755)  # the other user reaches the sockets (socket_mode 0666)
         return {"http_listen": [os.path.join(short_dir, "h.sock"), f"127.0.0.1:{self.port}"],
+                "socket_mode": 0o666,
                 "metrics_listen": f"127.0.0.1:{self.metrics_port}",
                 "allowed_uids": [peer_user().pw_uid],
                 "http_max_connections": 40, "http_head_timeout_s": 600.0,
@@ -202,13 +205,14 @@ class TestConnectionsPerPeer:
             self, daemon: Daemon) -> None:
         """Another local user opens every connection the HTTP face allows, each with half a
         head, on the Unix socket and on TCP (no token): the daemon keeps at most a quarter
-        of them per peer, and the owner's requests are served on both."""
+        of them for that uid, on both together, and the owner's requests are served."""
         other = OtherUser(peer_user())
         path = http_socket(daemon)
-        with other.holding(lambda: unix(path), 40, b"GET / HTTP/1.1\r\n") as kept_unix, \
+        async with other.holding(lambda: unix(path), 40, b"GET / HTTP/1.1\r\n") as kept_unix, \
                 other.holding(lambda: socket.create_connection(("127.0.0.1", self.port)),
                               40, b"GET / HTTP/1.1\r\n") as kept_tcp:
-            assert kept_unix <= 10 and kept_tcp <= 10, (kept_unix, kept_tcp)
+            # One uid, however it connects (TCP: found in the kernel's socket table).
+            assert 1 <= kept_unix + kept_tcp <= 10, (kept_unix, kept_tcp)
             transport = httpx.AsyncHTTPTransport(uds=path)
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as h:
                 for _ in range(5):
@@ -221,9 +225,9 @@ class TestConnectionsPerPeer:
         """32 half heads from another uid on --metrics-listen: the owner still scrapes."""
         other = OtherUser(peer_user())
         port = self.metrics_port
-        with other.holding(lambda: socket.create_connection(("127.0.0.1", port)), 32,
+        async with other.holding(lambda: socket.create_connection(("127.0.0.1", port)), 32,
                            b"GET /metrics HTTP/1.1\r\n") as kept:
-            assert kept <= 8, kept
+            assert 1 <= kept <= 8, kept
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as h:
                 for _ in range(5):
                     assert (await h.get("/metrics")).status_code in (200, 404)

@@ -268,7 +268,7 @@ class Daemon:
         service.on_stats(lambda: LiveFigures(
             connections=server.connections, subscriptions=server.subscriptions,
             executors_running=len(executors.running),
-            reply_bytes_held=server.budget.total, reply_bytes_budget=server.budget.limit,
+            reply_bytes_held=server.budget.real, reply_bytes_budget=server.budget.limit,
             connections_paused=server.budget.paused,
             connections_closed_by_budget=server.budget.closed))
         # 3. Serve: on systemd's socket if it passed one, else on our own.

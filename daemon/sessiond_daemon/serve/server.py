@@ -853,6 +853,7 @@ class _Link(asyncio.streams.FlowControlMixin, asyncio.Protocol):
         `take` (False: the connection was closed, take no more)."""
         self._ready, self._take, self._too_large = ready, take, too_large
         self._received, self._late, self._line_timeout = received, late, line_timeout_s
+        self._held = 0  # what came before was told to nobody
         self._pump()
         self._account()
 
