@@ -333,6 +333,37 @@ async def _unfinished(client: AsyncClient, path: str, data: bytes) -> None:
     await eventually(_all_released(client), "every unfinished request to be given back")
 
 
+class TestLongResponses:
+    @pytest.fixture
+    def daemon_overrides(self, short_dir: str) -> dict[str, object]:
+        return {"http_listen": [os.path.join(short_dir, "h.sock")],
+                "max_reply_buffer_total": BUDGET}
+
+    async def test_an_sse_tail_reads_more_than_the_budget(
+            self, daemon: Daemon, client: AsyncClient) -> None:
+        """One SSE response that delivers, page by page, twice the budget: what each page
+        reserved is given back once it is sent, so the tail is never closed for what it
+        has already delivered."""
+        transport = httpx.AsyncHTTPTransport(uds=http_socket(daemon))
+        text = {"content-type": "text/plain"}
+        part = b"x" * (1 << 20)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost",
+                                     timeout=PATIENCE_S) as h:
+            assert (await h.put("/v1/stream/big", headers=text)).status_code == 201
+            for _ in range(2 * BUDGET // len(part)):
+                assert (await h.post("/v1/stream/big", content=part,
+                                     headers=text)).status_code == 204
+            seen = 0
+            async with h.stream("GET", "/v1/stream/big",
+                                params={"offset": "-1", "live": "sse"}) as r:
+                async for chunk in r.aiter_bytes():
+                    seen += chunk.count(b"x")
+                    if seen >= 2 * BUDGET:
+                        break
+        assert seen >= 2 * BUDGET
+        assert (await stats(client)).connections_closed_by_budget == 0
+
+
 def _line(s: socket.socket) -> bytes:
     data = b""
     while not data.endswith(b"\n"):

@@ -383,10 +383,11 @@ class Reservation:
     `fetching` gate, so that rows fetched and not yet counted are few daemon-wide (the
     readers can fetch faster than the loop builds answers)."""
 
-    __slots__ = ("budget", "holding", "sized")
+    __slots__ = ("budget", "ended", "holding", "sized")
 
     def __init__(self, budget: ReplyBudget, holding: Holding) -> None:
         self.budget, self.holding, self.sized = budget, holding, 0
+        self.ended = False
 
     def fetching(self) -> AbstractAsyncContextManager[Any]:
         return self.budget.fetching
@@ -396,6 +397,8 @@ class Reservation:
         built from it live together); past the budget the heaviest connections are
         closed first; an item larger than the budget is refused (-32008)."""
         budget, holding = self.budget, self.holding
+        if self.ended:
+            return  # a task that outlived its request (its context copied): not counted
         size *= COPIES
         if holding.closed:
             raise OverloadedError("the connection was closed by the daemon's memory budget",
@@ -416,6 +419,13 @@ class Reservation:
                              "limit": budget.limit, "retry_after_ms": 1000})
 
     def release(self) -> None:
+        """Give back what was reserved so far: the answer built from it is handed over
+        (and counted as such); later items are reserved again."""
         if self.sized:
             self.budget.size(self.holding, -self.sized)
             self.sized = 0
+
+    def end(self) -> None:
+        """The request is done: give back what it reserved, and reserve nothing more."""
+        self.release()
+        self.ended = True

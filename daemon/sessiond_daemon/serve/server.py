@@ -312,7 +312,7 @@ class Server:
                                                      {"error_id": error_id}))
                 finally:
                     budget.reserve(holding, -share)
-                    reservation.release()
+                    reservation.end()
                 if reply is not None:
                     # Not held here while it waits for the client to read: the transport
                     # has its copy once `send` put it there.

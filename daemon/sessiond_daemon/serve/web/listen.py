@@ -343,6 +343,9 @@ def _metered(inner: ASGIApp, peer: Peer | None, transport: asyncio.Transport,
             finally:
                 budget.wait(holding, -size)
                 sample()
+                # What its reads reserved is in this body now (a tail's next pages are
+                # reserved again as they are read).
+                reservation.release()
 
         def sample() -> None:
             budget.sample(holding, transport)
@@ -351,7 +354,7 @@ def _metered(inner: ASGIApp, peer: Peer | None, transport: asyncio.Transport,
             await inner(scope, metered_receive, metered_send)
         finally:
             page_reserve.reset(token)
-            reservation.release()
+            reservation.end()
             budget.receive(holding, -received)
             sample()
 
