@@ -146,10 +146,11 @@ RELOADABLE = frozenset({
     "max_subscriptions", "max_subscription_buffer", "max_message_bytes", "max_event_bytes",
     "max_checkpoint_bytes", "max_fork_depth", "allowed_uids", "allowed_gids", "peer_methods",
     "drain_timeout_s", "max_batch_requests", "max_reply_buffer", "max_page_bytes",
-    "http_cors_origins", "http_send_timeout_s", "default_ttl_s", "request_timeout_s",
+    "http_cors_origins", "http_send_timeout_s", "default_ttl_s",
     "search_max_terms", "search_max_prefixes", "search_max_prefix_matches", "search_max_steps",
     "search_timeout_s",
     "max_reply_buffer_total",
+    "request_timeout_s",
 })
 
 
