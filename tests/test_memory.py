@@ -285,12 +285,17 @@ def process_daemon(daemon_flags: list[str]) -> Iterator[tuple[subprocess.Popen[b
         try:
             yield proc, path
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a daemon process: SIGTERM, then SIGKILL if it has not exited within a minute."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if name.startswith("http_") and name.endswith("_s"):
             p.add_argument("--" + name.replace("_", "-"), type=float, dest=name)
     p.add_argument("--drain-timeout-s", type=float, dest="drain_timeout_s")
+    p.add_argument("--request-timeout-s", type=float, dest="request_timeout_s",
+                   help="seconds a request line begun on the socket may take to end")
     p.add_argument("--cleanup-older-than-days", type=float, dest="cleanup_older_than_days",
                    help="delete ended sessions idle this long, every --cleanup-every-s (0: never)")
     p.add_argument("--cleanup-every-s", type=float, dest="cleanup_every_s")

@@ -94,6 +94,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch_requests: Count = 64
     max_reply_buffer: Count = 16 << 20
     max_page_bytes: Count = 4 << 20
+    # A request line begun on the socket must end within this many seconds of its first
+    # byte, or the connection is closed (a stalled sender holds its bytes; 0: no deadline).
+    request_timeout_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 30.0
     # The HTTP face (docs/http.md): Durable Streams and /metrics on each host:port or
     # socket path listed (loopback only unless http_allow_remote); none: off.
     http_listen: list[str] = []
@@ -107,6 +110,15 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     http_send_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     http_idle_timeout_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 5.0
     http_max_connections: Count = 256  # open at once; more are dropped as they connect
+    # A request's head must come whole within http_head_timeout_s of the connection (or of
+    # the last response), and its body within http_body_timeout_s of its head, each timed
+    # without waiting for another byte; past either the connection is dropped.
+    http_head_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    http_body_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
+    # Connections one peer (a uid on a Unix socket, an address on TCP) may hold open on a
+    # listener; peers other than the owner hold together at most three quarters of
+    # http_max_connections (of 32 on metrics_listen), the rest is the owner's room.
+    http_max_connections_per_peer: Count = 32
     # The cost a session.search query may take (docs/reliability.md, "Budgets"): query
     # terms, prefix terms (`deplo*`), SQLite VM steps, and its time; past one the query is
     # refused (-32602) or stopped (-32012), naming the setting.
@@ -145,6 +157,7 @@ RELOADABLE = frozenset({
     "search_max_terms", "search_max_prefixes", "search_max_prefix_matches", "search_max_steps",
     "search_timeout_s",
     "max_reply_buffer_total",
+    "request_timeout_s",
 })
 
 

@@ -272,7 +272,7 @@ class Daemon:
         service.on_stats(lambda: LiveFigures(
             connections=server.connections, subscriptions=server.subscriptions,
             executors_running=len(executors.running),
-            reply_bytes_held=server.budget.total, reply_bytes_budget=server.budget.limit,
+            reply_bytes_held=server.budget.real, reply_bytes_budget=server.budget.limit,
             connections_paused=server.budget.paused,
             connections_closed_by_budget=server.budget.closed))
         # 3. Serve: on systemd's socket if it passed one, else on our own.
@@ -441,6 +441,7 @@ def _server_limits(config: Config) -> ServerLimits:
                         max_batch_requests=config.max_batch_requests,
                         max_reply_buffer=config.max_reply_buffer,
                         max_page_bytes=config.max_page_bytes,
+                        request_timeout_s=config.request_timeout_s,
                         max_reply_buffer_total=config.max_reply_buffer_total
                         or default_budget())
 

@@ -28,9 +28,10 @@ from sessiond_daemon.core.request import client_gone, page_budget
 from sessiond_daemon.core.writer import Command, Writer
 from sessiond_daemon.features.service import VERSION, invalid_params
 from sessiond_daemon.features.subscriptions import Subscriptions
-from sessiond_daemon.serve.budget import Holding, ReplyBudget
+from sessiond_daemon.serve.budget import Holding, ReplyBudget, Reservation
 from sessiond_daemon.serve.methods import ConnectionHandler, Handler, MethodTable
 from sessiond_daemon.stores.interface import Store
+from sessiond_daemon.stores.rows import page_reserve
 from sessiond_schemas import rpc
 from sessiond_schemas.errors import (
     INTERNAL_ERROR,
@@ -53,6 +54,7 @@ _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(rpc.Request)
 _batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _EMPTY_PARAMS = msgspec.Raw(b"{}")
+WHOLE_LINE = 1 << 20  # answers from this size on are written without a copy for the newline
 # The id of a request line that begins {"jsonrpc":"2.0","id":... (as the clients send them).
 _LEADING_ID = re.compile(
     rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,128}")\s*[,}]')
@@ -69,6 +71,7 @@ class ServerLimits:
     max_reply_buffer: int = 16 << 20  # unsent reply bytes before we stop reading a client
     max_reply_buffer_total: int = 512 << 20  # reply bytes held across connections (budget.py)
     max_page_bytes: int = 4 << 20  # a paged read's byte budget (shared by a batch's items)
+    request_timeout_s: float = 30.0  # a line begun must end within this (0: no deadline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +271,7 @@ class Server:
             handed to the transport dropped. Called from its own tasks, or from another
             connection's (the budget) or a reload's (revoked access)."""
             log.debug("rpc.connection_closed", reason=reason)
-            if reason.startswith("access revoked"):
+            if reason.startswith(("access revoked", "request line")):
                 # What was written last (the reason) is sent if the client reads; the
                 # connection is cut a moment later in any case.
                 transport.close()
@@ -296,6 +299,9 @@ class Server:
             line was taken) while it is built."""
             nonlocal unstarted
             unstarted -= 1
+            # What its reads take from the store is reserved by size as they take it.
+            reservation = Reservation(budget, holding)
+            page_reserve.set(reservation)
             try:
                 try:
                     reply = await self.handle_line(line, conn, slot, req)
@@ -306,8 +312,13 @@ class Server:
                                                      {"error_id": error_id}))
                 finally:
                     budget.reserve(holding, -share)
+                    reservation.end()
                 if reply is not None:
-                    await send(reply)
+                    # Not held here while it waits for the client to read: the transport
+                    # has its copy once `send` put it there.
+                    sending = send(reply)
+                    del reply
+                    await sending
             except ConnectionError:
                 pass  # the client went away; its answer has nowhere to go
             finally:
@@ -332,8 +343,13 @@ class Server:
             return True
 
         def put(reply: bytes) -> None:
-            if not (holding.closed or transport.is_closing()):  # closed meanwhile (by the
-                transport.write(reply + b"\n")  # budget, or the client); one write() a line
+            if holding.closed or transport.is_closing():  # closed meanwhile (by the budget,
+                return  # or the client)
+            if len(reply) < WHOLE_LINE:
+                transport.write(reply + b"\n")  # one write() a line
+            else:  # no copy of a large answer to add its newline
+                transport.write(reply)
+                transport.write(b"\n")
 
         def settle(size: int) -> None:
             budget.wait(holding, -size)
@@ -476,6 +492,26 @@ class Server:
                 await gate.acquire()
                 held.append(Slot(gate, gate_size))
 
+        def received(delta: int) -> bool:
+            """The bytes received and not yet taken as lines changed by `delta` (False:
+            past the budget, this connection held the most and was closed)."""
+            if delta > 0 and not budget.make_room(holding, delta, built=True):
+                return False
+            budget.receive(holding, delta)
+            return True
+
+        def late() -> None:
+            """A line begun request_timeout_s ago has not ended: say so and close."""
+            timeout = limits.request_timeout_s
+            log.warning("rpc.request_line_late", timeout_s=timeout, held_bytes=holding.receiving)
+            if not transport.is_closing():
+                transport.write(_encoder.encode(_failure(
+                    None, INVALID_REQUEST, "request line not ended in time",
+                    {"detail": f"a line must end within {timeout} s of its first byte"
+                               " (request_timeout_s)", "setting": "request_timeout_s",
+                     "limit": timeout})) + b"\n")
+            shut(f"request line not ended within {timeout} s")
+
         client_gone.set(_gone(writer))  # copied into each request task's context
         context = contextvars.copy_context()
         async with anyio.create_task_group() as tg:
@@ -489,7 +525,8 @@ class Server:
             self._open.add(conn)
             try:
                 try:
-                    link.start(ready, take, partial(self._too_large, transport))
+                    link.start(ready, take, partial(self._too_large, transport), received,
+                               late, limits.request_timeout_s)
                     while await link.next_wait():
                         await room()
                 except ConnectionError:
@@ -779,7 +816,10 @@ class _Link(asyncio.streams.FlowControlMixin, asyncio.Protocol):
     has none, reading stops and the connection's task waits for room.
 
     A line over `limit` bytes is discarded as it comes (never holding more than the limit)
-    and answered by `too_large` with its first 200 bytes and its size.
+    and answered by `too_large` with its first 200 bytes and its size. The bytes it holds
+    (lines not taken yet, the line being received) are told to `received` as they change,
+    for the daemon's memory budget; a line begun and not ended within `line_timeout_s`
+    (while the connection is read) is told to `late`, without waiting for another byte.
     """
 
     def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
@@ -799,13 +839,23 @@ class _Link(asyncio.streams.FlowControlMixin, asyncio.Protocol):
         self._stopped = False  # no more lines are taken
         self._waiter: asyncio.Future[None] | None = None
         self._closed: asyncio.Future[None] = loop.create_future()
+        self._received: Callable[[int], bool] = _room_always  # False: closed by the budget
+        self._late: Callable[[], None] = _nothing
+        self._held = 0  # the buffer's size as last told to `received`
+        self._line_timeout = 0.0
+        self._line_started = 0.0  # when the line being received began (0: none is)
+        self._line_timer: asyncio.TimerHandle | None = None
 
     def start(self, ready: Callable[[], bool], take: Callable[[bytes], bool],
-              too_large: Callable[[bytes, int], None]) -> None:
+              too_large: Callable[[bytes, int], None], received: Callable[[int], bool],
+              late: Callable[[], None], line_timeout_s: float) -> None:
         """Hand lines over from now on: each once `ready()` (False: wait for room), to
         `take` (False: the connection was closed, take no more)."""
         self._ready, self._take, self._too_large = ready, take, too_large
+        self._received, self._late, self._line_timeout = received, late, line_timeout_s
+        self._held = 0  # what came before was told to nobody
         self._pump()
+        self._account()
 
     def stop(self) -> None:
         """Take no more lines (the connection is being closed)."""
@@ -819,7 +869,11 @@ class _Link(asyncio.streams.FlowControlMixin, asyncio.Protocol):
         self.stop()
         self._ready = None
         self._take, self._too_large = _refuse_line, _ignore_too_large
+        self._received, self._late = _room_always, _nothing
         self._buffer = bytearray()
+        if self._line_timer is not None:
+            self._line_timer.cancel()
+            self._line_timer = None
 
     async def next_wait(self) -> bool:
         """Wait until a line waits for room (True: wait for it, then call again) or no
@@ -828,6 +882,7 @@ class _Link(asyncio.streams.FlowControlMixin, asyncio.Protocol):
         if self._blocked and not self._stopped:
             self._blocked = False
             self._pump()
+            self._account()
             transport = self.transport
             if not self._blocked and transport is not None and not transport.is_closing() \
                     and not transport.is_reading() and not self._ended:
@@ -858,6 +913,34 @@ class _Link(asyncio.streams.FlowControlMixin, asyncio.Protocol):
         self._buffer += data
         if not self._blocked and self._ready is not None:
             self._pump()
+        self._account()
+
+    def _account(self) -> None:
+        """Tell the budget what the buffer holds now, and time the line being received."""
+        held = len(self._buffer)
+        if held != self._held:
+            delta, self._held = held - self._held, held
+            if not self._received(delta):
+                self._stopped = True  # closed by the budget: this connection held the most
+                return
+        receiving = bool(held or self._discard) and not self._blocked
+        if not receiving:
+            self._line_started = 0.0
+        elif not self._line_started:
+            self._line_started = self.loop.time()
+            if self._line_timer is None and self._line_timeout:
+                self._line_timer = self.loop.call_later(self._line_timeout, self._line_due)
+
+    def _line_due(self) -> None:
+        """The line deadline's timer: the line begun `line_timeout_s` ago is not ended."""
+        self._line_timer = None
+        if self._stopped or self._ended or not self._line_started:
+            return
+        left = self._line_started + self._line_timeout - self.loop.time()
+        if left > 0:  # a later line: its own deadline
+            self._line_timer = self.loop.call_later(left, self._line_due)
+            return
+        self._late()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -913,6 +996,8 @@ class _Link(asyncio.streams.FlowControlMixin, asyncio.Protocol):
                 self._stopped = True
         del buffer[:pos]
         self._scanned = 0 if self._blocked else len(buffer)
+        if pos and len(buffer):  # whole lines taken: the rest is a new line's beginning
+            self._line_started = 0.0
 
     def _block(self) -> None:
         self._blocked = True
@@ -967,6 +1052,14 @@ def _refuse_line(line: bytes) -> bool:
 
 
 def _ignore_too_large(head: bytes, size: int) -> None:
+    pass
+
+
+def _room_always(delta: int) -> bool:
+    return True
+
+
+def _nothing() -> None:
     pass
 
 

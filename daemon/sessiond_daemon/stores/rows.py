@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, Final
+from contextlib import AbstractAsyncContextManager, nullcontext
+from contextvars import ContextVar
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -118,6 +120,25 @@ def decode_list_cursor(cursor: str) -> tuple[str, str]:
     return created_at, session_id
 
 
+class PageReserve(Protocol):
+    """What a paged read tells the serving layer (serve/budget.py: Reservation)."""
+
+    def fetching(self) -> AbstractAsyncContextManager[Any]:
+        """Held while a paged query runs (stores call `paging()`): the rows read and not
+        yet counted are bounded daemon-wide."""
+        ...
+
+    def take(self, size: int) -> None:
+        """Count a row of `size` bytes, before the answer is built from it; raises when
+        there is no room for it."""
+        ...
+
+
+# The serving layer sets it per request, to reserve each row's bytes in the daemon's
+# memory budget as a paged read takes it (None: nothing is counted).
+page_reserve: ContextVar[PageReserve | None] = ContextVar("page_reserve", default=None)
+
+
 def _row_bytes(row: Any) -> int:
     """About what a row weighs in an answer: its text and blob columns."""
     return sum(len(v) for v in row if isinstance(v, (str, bytes))) + 16
@@ -132,14 +153,25 @@ async def fill_page(fetch: Callable[[int], Awaitable[Iterable[Any]]],
     rows into memory at once."""
     page: Page[Any] = Page()
     used, chunk, largest = 0, 1, 1
+    reserve = page_reserve.get()
     while rows := list(await fetch(chunk)):
         for row in rows:
             size = _row_bytes(row)
             if page and used + size > max_bytes:
                 page.cut = True
                 return page
+            if reserve is not None:
+                reserve.take(size)
             page.append(row)
             used += size
             largest = max(largest, size)
         chunk = max(1, min(1024, len(page), (max_bytes - used) // largest + 1))
     return page
+
+
+def paging() -> AbstractAsyncContextManager[Any]:
+    """What a store holds around a paged query, from its execution (which may load its
+    first row already: SQLite's does) to its last fetch (fill_page): the serving layer's
+    gate, so that rows read and not yet counted are few daemon-wide."""
+    reserve = page_reserve.get()
+    return reserve.fetching() if reserve is not None else nullcontext()

@@ -67,6 +67,7 @@ class Face:
         self.tokens = Tokens(config.socket, on_change=self.streams.stop)
         self.streams.on_idle = self.tokens.refresh
         self.metrics = metrics
+        self.budget = server.budget  # the daemon's memory budget, shared with the socket
         self._settings = settings_of(config)
         self._bound: list[tuple[str, os.stat_result]] = []
 
@@ -117,10 +118,14 @@ class Face:
             bound.append(address if isinstance(where, str)
                          else f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
             log.info("http.listening", listen=bound[-1])
+        config = self.config
+        guard = listen.guard_of(self.budget, head_timeout_s=config.http_head_timeout_s,
+                                body_timeout_s=config.http_body_timeout_s,
+                                max_connections=max_connections,
+                                per_peer=config.http_max_connections_per_peer)
         await tg.start(partial(listen.serve, app, sockets,
-                               idle_timeout_s=self.config.http_idle_timeout_s,
-                               max_connections=max_connections,
-                               graceful_s=1.0))
+                               idle_timeout_s=config.http_idle_timeout_s,
+                               max_connections=max_connections, graceful_s=1.0, guard=guard))
         return bound
 
     def stop(self) -> None:

@@ -14,7 +14,7 @@ from sessiond_daemon.stores.interface import Page, repage
 from sessiond_daemon.stores.models.sql import POSTGRES, render
 from sessiond_daemon.stores.models.views import ViewQueries
 from sessiond_daemon.stores.postgres.errors import RETRYABLE, storage_error
-from sessiond_daemon.stores.rows import EVENT_COLUMNS, event_from_row, fill_page
+from sessiond_daemon.stores.rows import EVENT_COLUMNS, event_from_row, fill_page, paging
 from sessiond_schemas.events import Event
 from sessiond_schemas.state import (
     SessionState,
@@ -63,7 +63,7 @@ class Reads(ViewQueries):
             return page
         self.reads["pool"] += 1
         try:
-            async with self._pool.acquire() as con, con.transaction(readonly=True):
+            async with paging(), self._pool.acquire() as con, con.transaction(readonly=True):
                 cursor = await con.cursor(sql, *args)
                 page = await fill_page(cursor.fetch, max_bytes)
         except (*RETRYABLE, asyncpg.PostgresError) as exc:

@@ -16,7 +16,7 @@ import msgspec
 
 from sessiond_daemon.stores.interface import Page
 from sessiond_daemon.stores.models.sql import SQLITE, render
-from sessiond_daemon.stores.rows import fill_page
+from sessiond_daemon.stores.rows import fill_page, paging
 from sessiond_schemas.errors import StorageError
 from sessiond_schemas.events import EventMeta
 
@@ -97,7 +97,7 @@ class SqliteReads:
 
     async def _paged(self, sql: str, args: tuple[Any, ...], max_bytes: int) -> Page[Any]:
         page: Page[Any] = Page()
-        async with self._r().execute(sql, args) as cur:
+        async with paging(), self._r().execute(sql, args) as cur:
             if not max_bytes:
                 page.extend(await cur.fetchall())
                 return page
