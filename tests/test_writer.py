@@ -24,7 +24,7 @@ from sessiond_schemas.errors import (
     SessiondError,
     SessionImportError,
 )
-from sessiond_schemas.events import EventMeta, MessageAppended, SessionCreated
+from sessiond_schemas.events import EventMeta, MessageAppended, MetadataUpdated, SessionCreated
 
 pytestmark = pytest.mark.anyio
 
@@ -169,6 +169,51 @@ async def test_a_fork_and_a_delete_of_its_source_in_one_batch(short_dir: str) ->
     assert outcomes["s2"] == b"true"
     assert isinstance(outcomes["s2-f"], SessionImportError)
     assert "s2 was deleted" in outcomes["s2-f"].message
+
+
+async def test_a_plan_that_takes_shared_history_requires_no_forks(short_dir: str) -> None:
+    """A plan marked `unforked` (session.trim's: it takes out history a fork would share)
+    is refused -32003 when the session has a fork, whether the fork was committed before
+    (the store checks, inside the commit) or comes earlier in the same batch (the writer
+    checks the batch); nothing of it is written. A session without forks takes it."""
+    store = SqliteStore(os.path.join(short_dir, "w.db"))
+    await store.open()
+    writer = Writer(store, max_queue=16, max_batch=16, cache_size=16)
+    outcomes: dict[str, Any] = {}
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(writer.run)
+            submit = recorder(writer, outcomes)
+            for sid in ("s1", "s2", "s3"):
+                await submit(Command(session_id=sid, plan=creating(lambda s, ev: 1),
+                                     meta=EventMeta()))
+
+            async def forking(source: str) -> Command:
+                entry = await store.load_entry(source)
+                assert entry is not None
+                event = fork_event(f"{source}-f", source, 1, entry.last_hash, entry.state, 0)
+                return Command(session_id=event.session_id, meta=EventMeta(),
+                               plan=lambda state: Import([event], {}))
+
+            def taking(sid: str) -> Command:
+                return Command(session_id=sid, meta=EventMeta(), plan=lambda state: Plan(
+                    [("metadata.updated", MetadataUpdated(patch={"k": 1}))],
+                    lambda st, ev: st.version, unforked="trimmed"))
+
+            await submit(await forking("s1"))  # committed before the plan
+            async with anyio.create_task_group() as batch:  # s2's fork in the same batch
+                for cmd in (await forking("s2"), taking("s1"), taking("s2"), taking("s3")):
+                    batch.start_soon(submit, cmd)
+            versions = {sid: (await store.load_entry(sid)).state.version  # type: ignore[union-attr]
+                        for sid in ("s1", "s2", "s3")}
+            writer.close()
+    finally:
+        await store.close()
+    for sid in ("s1", "s2"):
+        assert isinstance(outcomes[sid], InvalidTransitionError), outcomes[sid]
+        assert outcomes[sid].data == {"session_id": sid, "forks": 1}
+        assert "cannot be trimmed" in outcomes[sid].message
+    assert outcomes["s3"] == b"2" and versions == {"s1": 1, "s2": 1, "s3": 2}
 
 
 class TestOneCommandFailsAlone:

@@ -105,9 +105,20 @@ class Plan:
     # Where each event's data sits in the params, for errors that name a field (-32602);
     # None: the params are the data ("$"), as for tokens.record.
     paths: list[str] | None = None
+    # Set when the plan takes out history its forks would share (a trim): the session must
+    # have no forks when it commits, checked by the store inside the commit as for a
+    # delete; the word says what is refused (-32003 "cannot be trimmed").
+    unforked: str | None = None
 
     def path(self, index: int) -> str:
         return self.paths[index] if self.paths is not None and index < len(self.paths) else "$"
+
+    def requires(self, session_id: str, exists: bool) -> list[Precondition]:
+        return [HasNoForks(session_id)] if self.unforked and exists else []
+
+    def refusal(self, p: Precondition, found: int) -> SessiondError:
+        assert isinstance(p, HasNoForks) and self.unforked
+        return forked_error(p.session_id, found, self.unforked)
 
 
 def forked_error(session_id: str, forks: int, what: str) -> InvalidTransitionError:
@@ -235,7 +246,7 @@ class _Requirement:
     """A precondition of the batch, with the command whose plan requires it."""
 
     cmd: Command
-    plan: Delete | Import
+    plan: Plan | Delete | Import
     precondition: Precondition
 
 
@@ -785,10 +796,8 @@ class Writer:
                 {"expected": cmd.expected_version, "actual": actual},
             )
         plan = cmd.plan(entry.state if entry else None)
-        needs: list[Precondition] = []
-        if isinstance(plan, Delete | Import):
-            needs = plan.requires(sid, entry is not None or damage is not None)
-            self._check_in_batch(plan, needs, batch)
+        needs = plan.requires(sid, entry is not None or damage is not None)
+        self._check_in_batch(plan, needs, batch)
         if isinstance(plan, Delete):
             self._delete(sid, batch, overlay, repeats)
             self._require(cmd, plan, needs, batch, owners)
@@ -831,8 +840,7 @@ class Writer:
                                 state, events))
             payloads = {events[i].event_id: payload for i, payload in plan.payloads.items()}
         # Everything is decided; nothing below can fail, so the command joins whole.
-        if isinstance(plan, Import):
-            self._require(cmd, plan, needs, batch, owners)
+        self._require(cmd, plan, needs, batch, owners)
         new_entry = Entry(state, events[-1].hash, events[-1].position)
         batch.payloads.update(payloads)
         batch.events.extend(events)
@@ -845,7 +853,8 @@ class Writer:
             repeats[(sid, key)] = result
 
     @staticmethod
-    def _check_in_batch(plan: Delete | Import, needs: list[Precondition], batch: Batch) -> None:
+    def _check_in_batch(plan: Plan | Delete | Import, needs: list[Precondition],
+                        batch: Batch) -> None:
         """The preconditions against the batch itself (the store checks them against what
         is committed before it): a fork of a session this batch deletes has no source; a
         session this batch forks has forks."""
@@ -859,7 +868,7 @@ class Writer:
                     raise plan.refusal(p, forks)
 
     @staticmethod
-    def _require(cmd: Command, plan: Delete | Import, needs: list[Precondition],
+    def _require(cmd: Command, plan: Plan | Delete | Import, needs: list[Precondition],
                  batch: Batch, owners: list[_Requirement]) -> None:
         batch.requires.extend((cmd.session_id, p) for p in needs)
         owners.extend(_Requirement(cmd, plan, p) for p in needs)

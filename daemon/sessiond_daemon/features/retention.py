@@ -72,10 +72,12 @@ class Retention:
             def plan(s: SessionState | None, data: HistoryTrimmed = data,
                      trimmed: int = trimmed) -> Plan:
                 s = require(s, p.session_id)
+                # A fork made since the plan's read shares what the trim takes out: the
+                # store refuses the trim then, inside the commit (-32003).
                 return Plan([("session.trimmed", data)], lambda st, ev: rpc.TrimResult(
                     session_id=st.session_id, version=st.version,
                     starts_at=data.through_version + 1, anchor=data.anchor,
-                    trimmed_events=trimmed))
+                    trimmed_events=trimmed), unforked="trimmed")
             try:
                 raw = await self.commands.submit(
                     p.session_id, meta, plan, idempotency_key=p.idempotency_key,
