@@ -259,6 +259,7 @@ async def test_cleveragents_malformed_mixed_and_strict(daemon: Daemon, client: A
     assert not await exists(client, unverified["session_id"])
     code, out = await import_json(daemon, "--format", "cleveragents", path)
     assert code == 0 and "could not be verified" in out["imported"][0]["warnings"][0]
+    assert "seed" not in out["imported"][0]["warnings"][0]  # words of ours reach no user
     # --strict takes a document whose checksum verifies.
     code, out = await import_json(daemon, "--format", "cleveragents", "--strict",
                                   "--on-conflict", "skip",

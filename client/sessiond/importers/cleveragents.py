@@ -10,8 +10,8 @@ from typing import Any
 
 from ._builder import DocumentBuilder, Found, Problem, TDict, load_json, problem_of, root_object
 
-UNVERIFIED = ("checksum could not be verified: the seed does not say what it covers, and it is"
-              " not the SHA-256 of the document's sorted JSON")
+UNVERIFIED = ("checksum could not be verified: cleveragents' export format does not say what"
+              " it covers, and it is not the SHA-256 of the document's sorted JSON")
 
 
 def _checksum_note(doc: dict[str, Any]) -> list[str]:
