@@ -589,6 +589,45 @@ async def test_follow_appends_rotates_and_restarts(daemon: Daemon, client: Async
     assert (await client.verify()).ok
 
 
+async def test_follow_reads_a_file_rewritten_in_place_again(
+        daemon: Daemon, client: AsyncClient, short_dir: str) -> None:
+    """A transcript rewritten in place (same inode) that is as long as before or longer
+    is read again from its start: its new first lines are not lost behind the offset the
+    follower had reached (issue 45 §7); lines it held before count once."""
+    from sessiond import Client
+    from sessiond.importers.transcripts import TranscriptImporter
+
+    sid = "11111111-2222-4333-8444-666666666666"
+    folder = os.path.join(short_dir, "projects", "-w")
+    os.makedirs(folder)
+    path = os.path.join(folder, f"{sid}.jsonl")
+
+    def line(n: int, text: str) -> str:
+        return json.dumps({"type": "user", "uuid": f"00000000-0000-4000-8000-{n:012d}",
+                           "sessionId": sid, "parentUuid": None, "cwd": "/w",
+                           "timestamp": f"2026-03-01T10:00:{n:02d}.000Z",
+                           "message": {"role": "user", "content": text}}) + "\n"
+
+    def follow() -> None:
+        with Client(daemon.socket) as sync_client:
+            importer = TranscriptImporter(sync_client, "claude-code")
+            write(path, line(1, "first") + line(2, "second"))
+            assert importer.sync(path, final=False).error is None
+            inode = os.stat(path).st_ino
+            with open(path, "r+") as f:  # in place: truncated, then longer than before
+                f.truncate(0)
+                f.write(line(3, "a new start") + line(1, "first") + line(2, "second")
+                        + line(4, "after"))
+            assert os.stat(path).st_ino == inode
+            result = importer.sync(path, final=False)
+            importer.close()
+            assert result.error is None, result.error
+
+    await anyio.to_thread.run_sync(follow)
+    contents = [m.content for m in (await client.list_messages(sid)).messages]
+    assert contents == ["first", "second", "a new start", "after"]
+
+
 # --- fuzz: malformed and truncated inputs to every importer ----------------------------
 
 def _source(fmt: str) -> tuple[str, str]:

@@ -74,12 +74,19 @@ class _Tail:
     number: int = 0
     offset: int = 0  # where a tail closed between passes goes on from
     pending: list[Line] = field(default_factory=list)  # parsed, not yet in the daemon
+    # The file's first bytes and the bytes just before where reading stopped, as read: a
+    # file rewritten in place (same inode, as long as before or longer) no longer has
+    # them, and is read again from its start (keys make a line read twice count once).
+    head: bytes = b""
+    mark: bytes = b""
 
 
 # A first import's document holds about this much of the transcript (the session.import
 # request stays well under the daemon's default max_request_bytes, 128 MiB).
 DOCUMENT_BYTES = 48 << 20
 CUT_BUDGET = 256 << 10  # characters of content and of the kept line a cut line keeps
+MARK_BYTES = 1024  # of a file's start and of what precedes the read offset, kept to
+# notice a rewrite in place
 OPEN_FILES = 64  # transcripts kept open between passes of --follow (a descriptor each)
 
 
@@ -161,6 +168,8 @@ class TranscriptImporter:
             if tail.handle is None:
                 return
         self._opened(path)
+        if self._rewritten(tail):
+            self._from_start(tail)
         while True:
             self._lines(tail, tail.handle.read(), result)
             try:
@@ -172,13 +181,33 @@ class TranscriptImporter:
                 self._open(path, tail)
                 continue
             if st.st_size < tail.handle.tell():
-                tail.handle.seek(0)
-                tail.partial, tail.number = b"", 0
-                tail.parser.from_start()
+                self._from_start(tail)
                 continue
             break
+        self._remember(tail)
         if final:
             self._finish(tail, result, growing=True)
+
+    @staticmethod
+    def _from_start(tail: _Tail) -> None:
+        tail.handle.seek(0)
+        tail.partial, tail.number, tail.head, tail.mark = b"", 0, b"", b""
+        tail.parser.from_start()
+
+    @staticmethod
+    def _remember(tail: _Tail) -> None:
+        fd, at = tail.handle.fileno(), tail.handle.tell()
+        tail.head = os.pread(fd, min(at, MARK_BYTES), 0)
+        tail.mark = os.pread(fd, min(at, MARK_BYTES), at - min(at, MARK_BYTES))
+
+    @staticmethod
+    def _rewritten(tail: _Tail) -> bool:
+        """Whether the file no longer holds what was read of it (two small reads)."""
+        fd, at = tail.handle.fileno(), tail.handle.tell()
+        if not at:
+            return False
+        return (os.pread(fd, len(tail.head), 0) != tail.head
+                or os.pread(fd, len(tail.mark), at - len(tail.mark)) != tail.mark)
 
     def _finish(self, tail: _Tail, result: Result, growing: bool = False) -> None:
         """The end of a file: a last line without newline counts if it is whole JSON.
