@@ -628,6 +628,60 @@ async def test_follow_reads_a_file_rewritten_in_place_again(
     assert contents == ["first", "second", "a new start", "after"]
 
 
+async def test_an_idle_follow_pass_opens_no_transcript(
+        daemon: Daemon, short_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --follow pass over transcripts that did not change since the last one reads
+    none of them (a stat each), even those whose tails were closed to keep the open files
+    bounded; one that changed is read (issue 45 §7: many idle transcripts)."""
+    from sessiond import Client
+    from sessiond.importers import transcripts
+    from sessiond.importers.transcripts import OPEN_FILES, TranscriptImporter
+
+    folder = os.path.join(short_dir, "projects", "-w")
+    os.makedirs(folder)
+    count = OPEN_FILES + 6  # more than stay open: some tails are closed between passes
+    paths = []
+    for i in range(count):
+        sid = f"11111111-2222-4333-8444-{i:012d}"
+        paths.append(write(os.path.join(folder, f"{sid}.jsonl"), json.dumps(
+            {"type": "user", "uuid": f"00000000-0000-4000-8000-{i:012d}", "sessionId": sid,
+             "parentUuid": None, "cwd": "/w", "timestamp": "2026-03-01T10:00:00.000Z",
+             "message": {"role": "user", "content": f"hello {i}"}}) + "\n"))
+    opened: list[str] = []
+    real = transcripts.open_transcript
+
+    def counted(path: str) -> Any:
+        opened.append(path)
+        return real(path)
+
+    monkeypatch.setattr(transcripts, "open_transcript", counted)
+
+    def passes() -> tuple[int, int, list[str]]:
+        with Client(daemon.socket) as sync_client:
+            importer = TranscriptImporter(sync_client, "claude-code")
+            root = os.path.join(short_dir, "projects")
+
+            def one_pass() -> int:
+                before = len(opened)
+                for path, inode in importer.files(root):
+                    assert importer.sync(path, final=False, inode=inode).error is None
+                return len(opened) - before
+
+            first = one_pass()
+            idle = one_pass()
+            with open(paths[0], "a") as f:  # one grows: it alone is read
+                f.write(json.dumps({"type": "summary", "summary": "s", "leafUuid": "x"})
+                        + "\n")
+            before = len(opened)
+            one_pass()
+            importer.close()
+            return first, idle, opened[before:]
+
+    first, idle, third = await anyio.to_thread.run_sync(passes)
+    assert first == count and idle == 0
+    assert third in ([], [paths[0]])  # read through its open handle, or opened again
+
+
 # --- fuzz: malformed and truncated inputs to every importer ----------------------------
 
 def _source(fmt: str) -> tuple[str, str]:

@@ -79,6 +79,9 @@ class _Tail:
     # them, and is read again from its start (keys make a line read twice count once).
     head: bytes = b""
     mark: bytes = b""
+    # (inode, size, mtime) of the file when last read to its end: a pass that finds them
+    # unchanged reads nothing (a --follow pass over many idle transcripts is a stat each).
+    seen: tuple[int, int, int] | None = None
 
 
 # A first import's document holds about this much of the transcript (the session.import
@@ -88,6 +91,10 @@ CUT_BUDGET = 256 << 10  # characters of content and of the kept line a cut line 
 MARK_BYTES = 1024  # of a file's start and of what precedes the read offset, kept to
 # notice a rewrite in place
 OPEN_FILES = 64  # transcripts kept open between passes of --follow (a descriptor each)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 class TranscriptImporter:
@@ -163,6 +170,12 @@ class TranscriptImporter:
         """Read what is new; on a replaced file (new inode: rotated or rewritten) the old
         one is read to its end first, then the new one from its start; on a file cut
         shorter, from its start again. Keys make a line read twice count once."""
+        if tail.seen is not None and not final:
+            try:
+                if _identity(os.stat(path)) == tail.seen:
+                    return
+            except FileNotFoundError:
+                pass  # rotated away: read what the open file still has
         if tail.handle is None:
             self._reopen(path, tail)
             if tail.handle is None:
@@ -183,6 +196,7 @@ class TranscriptImporter:
             if st.st_size < tail.handle.tell():
                 self._from_start(tail)
                 continue
+            tail.seen = _identity(st) if st.st_size == tail.handle.tell() else None
             break
         self._remember(tail)
         if final:
