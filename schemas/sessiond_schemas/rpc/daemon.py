@@ -58,6 +58,10 @@ class StatsResult(msgspec.Struct, kw_only=True):
     # the one-call statement's part before the flush),
     # commit_s, moved (batches decided again). None on SQLite and from older daemons.
     store_commits: dict[str, float] | None = None
+    # Credentials redacted since the daemon started (docs/security.md): events that had
+    # one, and replacements by kind (None from an older daemon).
+    redacted_events: int | None = None
+    redacted: dict[str, int] | None = None
 
 
 class VerifyProblem(msgspec.Struct, kw_only=True):
