@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 from typing import Any, Final
 
 import msgspec
@@ -39,6 +40,82 @@ def chain_hash(prev_hash: str, event: Event, data_json: bytes | msgspec.Raw | No
     for part in (b'{"data":', data_json, b",", memoryview(rest)[1:]):
         digest.update(part)
     return digest.hexdigest()
+
+
+# Hash versions (docs/protocol.md, "Hash versions"). Version 1, a bare sha256 hex digest
+# (`chain_hash`), covers the data itself and no key: events of earlier releases, and the
+# importers' documents, keep it. Version 2, "2:<data digest>:<link>:<seal>", covers a
+# digest of the data (so that the data can be erased while the chain still holds), and a
+# keyed seal: `link` is the public chain (sha256 over the previous event's whole hash and
+# the envelope with the data digest in the data's place), `seal` HMAC-SHA256 of the link
+# with the host (or fleet) key: only the key's holder makes a seal that checks.
+V2: Final = "2:"
+
+
+def data_digest(data_json: bytes | msgspec.Raw) -> str:
+    """sha256 hex of an event's canonical data JSON (what a version-2 hash commits to)."""
+    return hashlib.sha256(data_json).hexdigest()
+
+
+def _link(prev_hash: str, event: Event, digest: str) -> str:
+    body = _canonical.encode({
+        "data_digest": digest, "session_id": event.session_id, "version": event.version,
+        "event_id": event.event_id, "type": event.type,
+        "schema_version": event.schema_version, "recorded_at": event.recorded_at,
+        "meta": event.meta,
+    })
+    return hashlib.sha256(prev_hash.encode() + body).hexdigest()
+
+
+def seal(key: bytes, link: str) -> str:
+    return hmac.new(key, link.encode(), hashlib.sha256).hexdigest()
+
+
+def chain_link(prev_hash: str, event: Event, key: bytes | None,
+               data_json: bytes | msgspec.Raw | None = None) -> str:
+    """The hash of a new event: version 2 sealed with `key`, or version 1 without one.
+    `data_json` is the data's canonical JSON when at hand."""
+    if key is None:
+        return chain_hash(prev_hash, event, data_json)
+    digest = data_digest(canonical_data(event) if data_json is None else data_json)
+    link = _link(prev_hash, event, digest)
+    return f"{V2}{digest}:{link}:{seal(key, link)}"
+
+
+def split_v2(value: str) -> tuple[str, str, str] | None:
+    """A version-2 hash's data digest, link and seal; None for another version."""
+    if not value.startswith(V2):
+        return None
+    parts = value[len(V2):].split(":")
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
+
+
+def erased(event: Event) -> bool:
+    """Whether the event's content was erased (session.erase): its data holds
+    `"erased": true` beside what the fold needs."""
+    return b'"erased":true' in memoryview(event.data_json).tobytes() and \
+        event.fields().get("erased") is True
+
+
+def link_ok(prev_hash: str, event: Event, erased: bool = False) -> bool:
+    """Whether the event's hash follows from the previous one and its content, by the
+    public algorithm of its version (no key: integrity alone). An erased event's data is
+    gone: a version-2 hash's data digest is taken as it stands; a version-1 hash covered
+    the data itself, so an erased version-1 event's own link cannot be checked (the next
+    event chains on its stored hash, which stays)."""
+    parts = split_v2(event.hash)
+    if parts is None:
+        return erased or chain_hash(prev_hash, event) == event.hash
+    digest, link, _ = parts
+    if not erased and data_digest(canonical_data(event)) != digest:
+        return False
+    return _link(prev_hash, event, digest) == link
+
+
+def sealed_by(event: Event, key: bytes) -> bool:
+    """Whether the event's hash is version 2 with a seal made with `key`."""
+    parts = split_v2(event.hash)
+    return parts is not None and hmac.compare_digest(parts[2], seal(key, parts[1]))
 
 
 def canonical_event(event: Event) -> bytes:

@@ -31,7 +31,7 @@ from sessiond_schemas.events import (
     decode_data,
     moved,
 )
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import chain_link
 
 # A value's characters in NAME=value: up to a space, a quote or a separator.
 _V = r"[^\s\"'`;,&()\[\]{}<>]"
@@ -317,9 +317,11 @@ def redact_data(redactor: Redactor | None, event_type: str, namespace: str,
     return decode_data(event_type, value), encoded(value), canonical(value)
 
 
-def redact_history(redactor: Redactor | None, events: list[Event]) -> list[Event]:
+def redact_history(redactor: Redactor | None, events: list[Event],
+                   key: bytes | None = None) -> list[Event]:
     """Events of another store (an import) with credentials replaced; from the first one
-    changed on, the chain is hashed again (the events before it keep their hashes)."""
+    changed on, the chain is hashed again, sealed with `key` (the events before it keep
+    their hashes)."""
     if redactor is None or not events:
         return events
     first = events[0].data
@@ -333,7 +335,7 @@ def redact_history(redactor: Redactor | None, events: list[Event]) -> list[Event
             event = moved(event, data_json=msgspec.Raw(encoded(value)))
             prev = prev if prev is not None else (out[-1].hash if out else _start(event))
         if prev is not None:
-            event = moved(event, hash=chain_hash(prev, event))
+            event = moved(event, hash=chain_link(prev, event, key))
             prev = event.hash
         out.append(event)
     return out

@@ -67,7 +67,7 @@ from sessiond_schemas.events import (
     now,
     typed_event,
 )
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import chain_link
 from sessiond_schemas.state import SessionState
 
 log = structlog.get_logger("sessiond.writer")
@@ -304,6 +304,9 @@ class Writer:
         # Replaces credentials in every event's data before it is decided (lifecycle
         # sets it from the config; None: nothing is redacted).
         self.redactor: Redactor | None = None
+        # The host (or fleet) key that seals new events' hashes (version 2: export.py);
+        # None: version 1, unkeyed (a writer made without the daemon's lifecycle).
+        self.key: bytes | None = None
 
     # --- the callers' side ------------------------------------------------------------
 
@@ -809,7 +812,8 @@ class Writer:
         if isinstance(plan, Import):
             check_import(plan.events)
             events = [moved(e, position=self.next_position + i)
-                      for i, e in enumerate(redact_history(self.redactor, plan.events))]
+                      for i, e in enumerate(redact_history(self.redactor, plan.events,
+                                                           self.key))]
             self.next_position += len(events)
             state, snapshots = self._fold_with_snapshots(None, events)
             result = _json.encode(state)
@@ -932,7 +936,7 @@ class Writer:
                 position=self.next_position, session_id=cmd.session_id, version=version,
                 event_id=new_id(), type=event_type, recorded_at=recorded_at, data=data,
                 data_json=data_json, meta=cmd.meta)
-            prev_hash = chain_hash(prev_hash, event, hash_json)
+            prev_hash = chain_link(prev_hash, event, self.key, hash_json)
             events.append(moved(event, hash=prev_hash))
             self.next_position += 1
         return events

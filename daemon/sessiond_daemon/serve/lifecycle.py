@@ -172,8 +172,9 @@ class Daemon:
             self.writer = Writer(store, max_queue=config.max_queue, max_batch=config.max_batch,
                                  cache_size=config.view_cache_size,
                                  snapshot_every=config.snapshot_every)
-            self.writer.redactor = Redactor(hostkey.host_key(config.db, config.key_file),
-                                            redaction_settings(config),
+            key = hostkey.host_key(config.db, config.key_file)
+            self.writer.key = key  # seals new events' hashes (version 2)
+            self.writer.redactor = Redactor(key, redaction_settings(config),
                                             digest=config.redact_digest)
             async with anyio.create_task_group() as core:
                 # 2. The writer: the only task that writes.

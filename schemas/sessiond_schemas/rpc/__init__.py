@@ -41,9 +41,11 @@ from .checkpoints import (
 from .daemon import (
     BackupParams,
     BackupResult,
+    ErasedEvent,
     PingResult,
     ReindexResult,
     StatsResult,
+    VerifyParams,
     VerifyProblem,
     VerifyResult,
 )
@@ -148,7 +150,7 @@ from .sessions import (
 METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "daemon.ping": (NoParams, PingResult),
     "daemon.stats": (NoParams, StatsResult),
-    "daemon.verify": (NoParams, VerifyResult),
+    "daemon.verify": (VerifyParams, VerifyResult),
     "daemon.backup": (BackupParams, BackupResult),
     "session.create": (SessionCreateParams, SessionState),
     "session.get": (SessionGetParams, SessionState),
@@ -214,6 +216,7 @@ __all__ = [
     "CheckpointSaveResult",
     "CleanupResult",
     "DeleteResult",
+    "ErasedEvent",
     "ErrorObject",
     "EventInput",
     "EventsAppendParams",
@@ -307,6 +310,7 @@ __all__ = [
     "TokensRecordResult",
     "TrajectoryResult",
     "UnsubscribeResult",
+    "VerifyParams",
     "VerifyProblem",
     "VerifyResult",
     "Version",

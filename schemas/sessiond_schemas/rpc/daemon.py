@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
 from .base import Params
+
+
+class VerifyParams(Params, kw_only=True, forbid_unknown_fields=True):
+    # An export document (object or JSON text) to check instead of the database: its
+    # checksum and hash chain, and whose its events are (sealed with this daemon's key).
+    document: Any = None
 
 
 class BackupParams(Params, kw_only=True, forbid_unknown_fields=True):
@@ -64,6 +70,11 @@ class StatsResult(msgspec.Struct, kw_only=True):
     redacted: dict[str, int] | None = None
 
 
+class ErasedEvent(msgspec.Struct, kw_only=True):
+    session_id: str
+    version: int
+
+
 class VerifyProblem(msgspec.Struct, kw_only=True):
     session_id: str | None
     problem: str
@@ -73,6 +84,14 @@ class VerifyResult(msgspec.Struct, kw_only=True):
     ok: bool
     checked_sessions: int
     problems: list[VerifyProblem]
+    # Whose the events are (docs/security.md, "The host key"): events whose hash this
+    # host's (or fleet's) key sealed, events of an unkeyed hash version (written by earlier
+    # releases, or imported as their documents had them), events sealed by another key;
+    # and the erased events ({session_id, version}, session.erase). None from older daemons.
+    sealed_events: int | None = None
+    unkeyed_events: int | None = None
+    foreign_events: int | None = None
+    erased: list[ErasedEvent] | None = None
 
 
 class BackupResult(msgspec.Struct, kw_only=True):
