@@ -47,8 +47,8 @@ def chain_hash(prev_hash: str, event: Event, data_json: bytes | msgspec.Raw | No
 # importers' documents, keep it. Version 2, "2:<data digest>:<link>:<seal>", covers a
 # digest of the data (so that the data can be erased while the chain still holds), and a
 # keyed seal: `link` is the public chain (sha256 over the previous event's whole hash and
-# the envelope with the data digest in the data's place), `seal` HMAC-SHA256 of the link
-# with the host (or fleet) key: only the key's holder makes a seal that checks.
+# the envelope with the data digest in the data's place), `seal` a MAC of the link with
+# the host (or fleet) key (keyed BLAKE2b): only the key's holder makes a seal that checks.
 V2: Final = "2:"
 
 
@@ -68,7 +68,9 @@ def _link(prev_hash: str, event: Event, digest: str) -> str:
 
 
 def seal(key: bytes, link: str) -> str:
-    return hmac.new(key, link.encode(), hashlib.sha256).hexdigest()
+    """The seal of a chain link: BLAKE2b-256 in its keyed (MAC) mode, RFC 7693 (half the
+    cost of an HMAC-SHA256 here)."""
+    return hashlib.blake2b(link.encode(), key=key, digest_size=32).hexdigest()
 
 
 def chain_link(prev_hash: str, event: Event, key: bytes | None,
