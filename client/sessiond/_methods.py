@@ -252,7 +252,7 @@ class Methods:
         """Check the database, every hash chain and every view against the fold; or, with
         `document`, an export document's checksum and chain, and whose its events are.
         -> VerifyResult (ok, checked_sessions, problems, sealed_events, unkeyed_events,
-        foreign_events, erased)."""
+        foreign_events)."""
         return Call.of("daemon.verify", rpc.VerifyResult, document=document)
 
     @rpc_method

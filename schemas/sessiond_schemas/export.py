@@ -92,24 +92,16 @@ def split_v2(value: str) -> tuple[str, str, str] | None:
     return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
 
 
-def erased(event: Event) -> bool:
-    """Whether the event's content was erased (session.erase): its data holds
-    `"erased": true` beside what the fold needs."""
-    return b'"erased":true' in memoryview(event.data_json).tobytes() and \
-        event.fields().get("erased") is True
-
-
-def link_ok(prev_hash: str, event: Event, erased: bool = False) -> bool:
+def link_ok(prev_hash: str, event: Event) -> bool:
     """Whether the event's hash follows from the previous one and its content, by the
-    public algorithm of its version (no key: integrity alone). An erased event's data is
-    gone: a version-2 hash's data digest is taken as it stands; a version-1 hash covered
-    the data itself, so an erased version-1 event's own link cannot be checked (the next
-    event chains on its stored hash, which stays)."""
+    public algorithm of its version (no key: integrity alone). A version-2 link covers the
+    data's digest, not the data: an erasure (not built yet) can check an erased event's
+    link on the digest alone."""
     parts = split_v2(event.hash)
     if parts is None:
-        return erased or chain_hash(prev_hash, event) == event.hash
+        return chain_hash(prev_hash, event) == event.hash
     digest, link, _ = parts
-    if not erased and data_digest(canonical_data(event)) != digest:
+    if data_digest(canonical_data(event)) != digest:
         return False
     return _link(prev_hash, event, digest) == link
 

@@ -41,7 +41,7 @@ from sessiond_schemas.events import (
     parse_time,
     typed_event,
 )
-from sessiond_schemas.export import chain_link, erased, link_ok, sealed_by, split_v2
+from sessiond_schemas.export import chain_link, link_ok, sealed_by, split_v2
 from sessiond_schemas.state import SessionState
 
 log = structlog.get_logger("sessiond.maintenance")
@@ -71,7 +71,6 @@ class Maintenance:
                                  else ["ok"]) if line != "ok"]
         checked, after = 0, ""
         whose = [0, 0, 0]  # sealed, unkeyed, foreign
-        erased_events: list[rpc.ErasedEvent] = []
         while ids := await self.store.session_ids(after, 500):
             for sid in ids:
                 found, check = await self._check_session(sid)
@@ -79,8 +78,6 @@ class Maintenance:
                 if check is not None:
                     whose = [whose[0] + check.sealed, whose[1] + check.unkeyed,
                              whose[2] + check.foreign]
-                    erased_events += [rpc.ErasedEvent(session_id=sid, version=v)
-                                      for v in check.erased]
                 checked += 1
             after = ids[-1]
         # Sessions the writer found damaged (some have no view row, so the walk above
@@ -94,7 +91,7 @@ class Maintenance:
                          for text in await caps.full_text.problems()]
         return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems,
                                 sealed_events=whose[0], unkeyed_events=whose[1],
-                                foreign_events=whose[2], erased=erased_events)
+                                foreign_events=whose[2])
 
     async def _check_session(self, sid: str) -> tuple[list[str], SessionCheck | None]:
         """What is wrong with one session, and its check (whose its events are); stored
@@ -325,9 +322,7 @@ def _verify_document(raw: Any, key: bytes | None) -> rpc.VerifyResult:
     sealed = sum(1 for e in events if key is not None and sealed_by(e, key))
     return rpc.VerifyResult(
         ok=True, checked_sessions=1, problems=[], sealed_events=sealed,
-        unkeyed_events=unkeyed, foreign_events=len(events) - sealed - unkeyed,
-        erased=[rpc.ErasedEvent(session_id=e.session_id, version=e.version)
-                for e in events if erased(e)])
+        unkeyed_events=unkeyed, foreign_events=len(events) - sealed - unkeyed)
 
 
 def _check_written_here(events: list[Event], key: bytes | None) -> None:
@@ -382,7 +377,7 @@ def _read_document(raw: Any) -> export.ExportDocument:
         if e.version != expected:
             raise _import_failed(f"event at version {expected} is missing or out of order"
                                  f" (found version {e.version})")
-        if not link_ok(prev, e, erased(e)):
+        if not link_ok(prev, e):
             raise _import_failed(f"hash chain broken at version {e.version}")
         prev = e.hash
     try:

@@ -6,7 +6,7 @@ import msgspec
 
 from sessiond_daemon.core.projection import FoldError, fold
 from sessiond_schemas.events import Event, SessionForked, Unread
-from sessiond_schemas.export import erased, link_ok, sealed_by, split_v2
+from sessiond_schemas.export import link_ok, sealed_by, split_v2
 from sessiond_schemas.state import SessionState
 
 
@@ -24,7 +24,6 @@ class SessionCheck:
         self.first: Event | None = None  # a fork's session.forked event
         self.key = key
         self.sealed = self.unkeyed = self.foreign = 0
-        self.erased: list[int] = []  # versions whose content was erased
 
     def feed(self, events: list[Event]) -> None:
         for event in events:
@@ -42,10 +41,7 @@ class SessionCheck:
                 self.problems.append(f"version {self._version + 1} is missing"
                                      f" (next stored is {event.version})")
             self._version = event.version
-            gone = erased(event)
-            if gone:
-                self.erased.append(event.version)
-            if not link_ok(self._hash, event, gone):
+            if not link_ok(self._hash, event):
                 self.problems.append(f"hash chain broken at version {event.version}"
                                      " (the event or one before it was changed)")
             self._whose(event)

@@ -41,7 +41,6 @@ from .checkpoints import (
 from .daemon import (
     BackupParams,
     BackupResult,
-    ErasedEvent,
     PingResult,
     ReindexResult,
     StatsResult,
@@ -216,7 +215,6 @@ __all__ = [
     "CheckpointSaveResult",
     "CleanupResult",
     "DeleteResult",
-    "ErasedEvent",
     "ErrorObject",
     "EventInput",
     "EventsAppendParams",

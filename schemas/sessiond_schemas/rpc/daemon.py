@@ -70,11 +70,6 @@ class StatsResult(msgspec.Struct, kw_only=True):
     redacted: dict[str, int] | None = None
 
 
-class ErasedEvent(msgspec.Struct, kw_only=True):
-    session_id: str
-    version: int
-
-
 class VerifyProblem(msgspec.Struct, kw_only=True):
     session_id: str | None
     problem: str
@@ -86,12 +81,11 @@ class VerifyResult(msgspec.Struct, kw_only=True):
     problems: list[VerifyProblem]
     # Whose the events are (docs/security.md, "The host key"): events whose hash this
     # host's (or fleet's) key sealed, events of an unkeyed hash version (written by earlier
-    # releases, or imported as their documents had them), events sealed by another key;
-    # and the erased events ({session_id, version}, session.erase). None from older daemons.
+    # releases, or imported as their documents had them), events sealed by another key.
+    # None from older daemons.
     sealed_events: int | None = None
     unkeyed_events: int | None = None
     foreign_events: int | None = None
-    erased: list[ErasedEvent] | None = None
 
 
 class BackupResult(msgspec.Struct, kw_only=True):
