@@ -293,3 +293,33 @@ def test_hostile_text_costs_one_pass() -> None:
                  "secret: " + "a" * 200_000 + "(", "a-" * 100_000):
         out = redactor.text(text)
         assert redactor.text(out) == out
+
+
+@pytest.mark.anyio
+async def test_http_stream_appends_are_redacted(short_dir: str, db_url: str) -> None:
+    """The HTTP face (Durable Streams, over its Unix listener): a text stream's chunks
+    and a JSON stream's messages are redacted; a binary stream's bytes are opaque."""
+    import httpx
+    from conftest import daemon_config, running_daemon
+    config = daemon_config(short_dir, db=db_url,
+                           http_listen=[os.path.join(short_dir, "h.sock")])
+    async with running_daemon(config) as d, httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=config.http_listen[0]),
+            base_url="http://sessiond", timeout=60) as http:
+        text = {"content-type": "text/plain"}
+        assert (await http.put("/v1/stream/t1", content=secret_text(0).encode(),
+                               headers=text)).status_code == 201
+        assert (await http.post("/v1/stream/t1", content=secret_text(13).encode(),
+                                headers=text)).status_code == 204
+        body = msgspec.json.encode([{"env": secret_text(27)}])
+        assert (await http.put("/v1/stream/j1", content=body, headers={
+            "content-type": "application/json"})).status_code == 201
+        read = (await http.get("/v1/stream/t1", params={"offset": "-1"})).text
+        assert "[redacted:aws-access-key:" in read and not leaked(read)
+        assert not leaked((await http.get("/v1/stream/j1", params={"offset": "-1"})).text)
+        aws = SECRETS[0][1].encode()  # bytes that spell a key, in a binary stream: kept
+        assert (await http.put("/v1/stream/b1", content=aws, headers={
+            "content-type": "application/octet-stream"})).status_code == 201
+        got = await http.get("/v1/stream/b1", params={"offset": "-1"})
+        assert got.content == aws
+        assert not leaked(raw_store(d))  # the binary chunk is base64: no plain key in it
