@@ -323,3 +323,19 @@ async def test_http_stream_appends_are_redacted(short_dir: str, db_url: str) -> 
         got = await http.get("/v1/stream/b1", params={"offset": "-1"})
         assert got.content == aws
         assert not leaked(raw_store(d))  # the binary chunk is base64: no plain key in it
+
+
+@pytest.mark.anyio
+async def test_metrics_count_redactions_by_kind(short_dir: str, db_url: str) -> None:
+    pytest.importorskip("prometheus_client")
+    from conftest import daemon_config, running_daemon
+    from test_metrics import free_port, samples, scrape, value
+    port = free_port()
+    config = daemon_config(short_dir, db=db_url, metrics_listen=f"127.0.0.1:{port}")
+    async with running_daemon(config) as d, AsyncClient(d.socket) as c:
+        await c.call("session.create", session_id="m1")
+        await c.append_message("m1", "user", f"{secret_text(13)} {secret_text(14)}")
+        await c.append_message("m1", "user", secret_text(0))
+        got = samples((await scrape(f"http://127.0.0.1:{port}/metrics"))[0])
+        assert value(got, "sessiond_redacted_total", kind="github-token") == 2
+        assert value(got, "sessiond_redacted_total", kind="aws-access-key") == 1
