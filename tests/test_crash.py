@@ -23,7 +23,7 @@ from conftest import eventually
 from sessiond import AsyncClient, ConnectionLostError, SessiondError, ShuttingDownError
 from sessiond_daemon.core.projection import fold
 from sessiond_schemas.events import Event, EventMeta
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import link_ok
 from sessiond_schemas.state import SessionState
 
 pytestmark = pytest.mark.anyio
@@ -128,8 +128,8 @@ def check_store(db: str, acked: list[str]) -> None:
             assert [e.version for e in events] == list(range(1, len(events) + 1)), sid
             prev = ""
             for e in events:
-                prev = chain_hash(prev, e)
-                assert e.hash == prev, f"hash chain broken in {sid} at version {e.version}"
+                assert link_ok(prev, e), f"hash chain broken in {sid} at version {e.version}"
+                prev = e.hash
             [(state,)] = con.execute("SELECT state FROM sessions WHERE session_id = ?", (sid,))
             stored = msgspec.json.decode(state, type=SessionState)
             assert msgspec.to_builtins(stored) == msgspec.to_builtins(fold(None, events)), sid

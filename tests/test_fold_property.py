@@ -16,7 +16,7 @@ from sessiond import AsyncClient, SessiondError
 from sessiond_daemon.core.projection import fold
 from sessiond_schemas import rpc
 from sessiond_schemas.events import ALLOWED_TRANSITIONS, STATUSES, Event
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import link_ok
 from sessiond_schemas.state import SessionState
 
 pytestmark = pytest.mark.anyio
@@ -218,8 +218,8 @@ async def test_stored_view_equals_fresh_fold(daemon: Daemon, client: AsyncClient
 
     prev = history.anchor if history is not None else ""
     for e in events:
-        prev = chain_hash(prev, e)
-        assert e.hash == prev
+        assert link_ok(prev, e)
+        prev = e.hash
     [(last_hash, message_count)] = daemon.sql(
         "SELECT last_hash, message_count FROM sessions WHERE session_id = ?", sid)
     assert last_hash == prev and message_count == fresh.message_count
@@ -363,8 +363,8 @@ async def test_forks_fold_and_travel_like_their_source(
             assert at_point.hash == start_hash
         prev = start_hash
         for e in events:
-            prev = chain_hash(prev, e)
-            assert e.hash == prev
+            assert link_ok(prev, e)
+            prev = e.hash
 
         # At or below the fork point, the fork's past is the source's past.
         for v in sorted({1, point // 2, point} - {0}):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import anyio
 import pytest
@@ -638,7 +639,9 @@ class TestEvents:
         created = await client.read_events(types=["session.created"])
         assert {e.session_id for e in created.events} == {"ev-a", "ev-b"}
         e = r.events[0]
-        assert e.meta.peer_uid is not None and e.meta.peer_pid is not None and len(e.hash) == 64
+        # a hash of version 2: "2:" data digest, link and seal, 64 hex digits each
+        assert e.meta.peer_uid is not None and e.meta.peer_pid is not None
+        assert re.fullmatch(r"2:[0-9a-f]{64}:[0-9a-f]{64}:[0-9a-f]{64}", e.hash), e.hash
         with pytest.raises(InvalidParamsError):
             await client.read_events(from_version=1)
         with pytest.raises(SessionNotFoundError):

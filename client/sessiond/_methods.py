@@ -248,10 +248,12 @@ class Methods:
         return Call.of("daemon.stats", rpc.StatsResult)
 
     @rpc_method
-    def verify(self) -> Call[rpc.VerifyResult]:
-        """Check the database, every hash chain and every view against the fold.
-        -> VerifyResult (ok, checked_sessions, problems)."""
-        return Call.of("daemon.verify", rpc.VerifyResult)
+    def verify(self, document: Any = None) -> Call[rpc.VerifyResult]:
+        """Check the database, every hash chain and every view against the fold; or, with
+        `document`, an export document's checksum and chain, and whose its events are.
+        -> VerifyResult (ok, checked_sessions, problems, sealed_events, unkeyed_events,
+        foreign_events)."""
+        return Call.of("daemon.verify", rpc.VerifyResult, document=document)
 
     @rpc_method
     def backup(self, /, path: str) -> Call[rpc.BackupResult]:
@@ -360,12 +362,13 @@ class Methods:
 
     @rpc_method
     def import_session(self, /, document: Any,
-                       on_conflict: Literal["error", "skip", "replace"] | None = None
-                       ) -> Call[SessionState]:
+                       on_conflict: Literal["error", "skip", "replace"] | None = None,
+                       strict: bool | None = None) -> Call[SessionState]:
         """Store an export document (a dict, or its JSON text); on_conflict: error (the
-        default), skip, replace. -> SessionState."""
+        default), skip, replace; strict: refuse a document not written by this host or
+        fleet (-32007). -> SessionState."""
         return Call.of("session.import", SessionState, document=document,
-                       on_conflict=on_conflict)
+                       on_conflict=on_conflict, strict=strict)
 
     @rpc_method
     def cleanup(self, /, *, older_than_days: float | None = None,

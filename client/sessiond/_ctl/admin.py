@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from sessiond_schemas.errors import SessiondError, SessionNotFoundError
-from sessiond_schemas.events import STATUSES
+from sessiond_schemas.events import STATUSES, SessionForked
 
 from .._render import print_kv, render_ping, render_stats
 from .._sync import Client
@@ -30,16 +30,48 @@ def render_verify(r: Any) -> None:
         print(f"{p.session_id or '(database)'}: {p.problem}")
     print(f"{'ok' if r.ok else 'PROBLEMS'}: {r.checked_sessions} sessions checked,"
           f" {len(r.problems)} problems")
+    if r.sealed_events is not None:
+        ours = not (r.unkeyed_events or r.foreign_events)
+        print(f"events sealed by this host or fleet: {r.sealed_events}; unkeyed (earlier"
+              f" releases, importers): {r.unkeyed_events}; sealed by another key:"
+              f" {r.foreign_events}" + ("; all written here" if ours else ""))
 
 
-@command("verify", "check the database, hash chains and views; exit 1 on problems",
-         sid=False, render=render_verify)
+@command("verify", "check the database, hash chains and views (or, with FILE, an export"
+         " document, and whether this host or fleet wrote it); exit 1 on problems",
+         sid=False, render=render_verify, args=[
+             arg("file", nargs="?", metavar="FILE", help="an export document to check"),
+             arg("--integrity-only", action="store_true",
+                 help="with FILE: check its checksum and chain here, without the daemon"
+                      " or its key (whose it is stays unknown)")])
 def _verify(c: Client, a: argparse.Namespace) -> Any:
-    result = c.verify()
+    if a.file and a.integrity_only:
+        return _verify_offline(a.file)
+    result = c.verify(document=read_file(a.file) if a.file else None)
     if not result.ok:  # print, then exit non-zero
         (print(msgspec.json.encode(result).decode()) if a.json else render_verify(result))
         sys.exit(1)
     return result
+
+
+def _verify_offline(file: str) -> Any:
+    """An export document's checksum and hash chain, by the public algorithms alone."""
+    from sessiond_schemas import export
+    raw = json.loads(read_file(file))
+    if raw.get("checksum") != export.checksum(raw):
+        raise CliError(f"{file}: checksum mismatch: the document was changed after export",
+                       "verify_failed", 1)
+    doc = msgspec.json.decode(msgspec.json.encode(raw), type=export.ExportDocument)
+    first = doc.events[0].data if doc.events else None
+    prev = first.from_.hash if isinstance(first, SessionForked) else ""
+    for e in doc.events:
+        if not export.link_ok(prev, e):
+            raise CliError(f"{file}: hash chain broken at version {e.version}",
+                           "verify_failed", 1)
+        prev = e.hash
+    print(f"ok: {file}: checksum and chain hold ({len(doc.events)} events; whose they are"
+          " is for the daemon to say: sessionctl verify FILE)")
+    return STREAMED
 
 
 @command("export", "write a session's export document (JSON with a checksum)",
@@ -94,7 +126,9 @@ def _failure(file: str, problem: Any) -> dict[str, Any]:
                       " day's folder, or one rollout-*.jsonl)"),
              arg("--on-conflict", choices=["error", "skip", "replace"]),
              arg("--strict", action="store_true",
-                 help="refuse a cleveragents document whose checksum cannot be verified"),
+                 help="refuse an export document not written by this host or fleet (its"
+                      " events sealed with the daemon's key); with --format cleveragents, a"
+                      " document whose checksum cannot be verified"),
              arg("--follow", action="store_true",
                  help="claude-code, codex: keep tailing PATH and append new lines live"),
              arg("--interval", type=float, default=1.0, metavar="SECONDS",
@@ -122,14 +156,15 @@ def _import(c: Client, a: argparse.Namespace) -> Any:
             return False
         return True
 
-    def send(path: str, document: Any, warnings: list[str]) -> None:
+    def send(path: str, document: Any, warnings: list[str], strict: bool = False) -> None:
         try:
             sid = _document_session(document) if a.on_conflict == "skip" else None
             if exists(sid):  # skip: the daemon would return the stored session untouched
                 skipped.append({"file": path, "session_id": sid,
                                 "reason": "a session with this id exists"})
                 return
-            state = c.import_session(document, on_conflict=a.on_conflict)
+            state = c.import_session(document, on_conflict=a.on_conflict,
+                                     strict=True if strict else None)
             imported.append({"file": path, "session_id": state.session_id,
                              "version": state.version, "warnings": warnings})
         except SessiondError as exc:
@@ -150,7 +185,7 @@ def _import(c: Client, a: argparse.Namespace) -> Any:
             reason = exc.message.removeprefix(f"{path}: ")  # the file is said once
             failed.append({"file": path, "path": "$", "reason": reason, "error": reason})
             return
-        send(path, text, [])
+        send(path, text, [], a.strict)
 
     if a.json or len(a.files) == 1:
         for path in a.files:

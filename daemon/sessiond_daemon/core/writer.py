@@ -26,6 +26,7 @@ from sessiond_daemon.core import projection
 from sessiond_daemon.core.bells import Bell, Followers
 from sessiond_daemon.core.histories import Histories, check_import, damaged_error, out_of_bounds
 from sessiond_daemon.core.hooks import NO_METRICS, Hooks
+from sessiond_daemon.core.redact import Redactor, redact_data, redact_history
 from sessiond_daemon.core.window import CommitWindow
 from sessiond_daemon.stores.interface import (
     TEMPLATE_MARK,
@@ -57,6 +58,7 @@ from sessiond_schemas.events import (
     Event,
     EventData,
     EventMeta,
+    SessionCreated,
     SessionForked,
     canonical_json,
     encode_data,
@@ -65,7 +67,7 @@ from sessiond_schemas.events import (
     now,
     typed_event,
 )
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import chain_link
 from sessiond_schemas.state import SessionState
 
 log = structlog.get_logger("sessiond.writer")
@@ -309,6 +311,12 @@ class Writer:
         # served; writes to them are refused (-32012) until deleted or replaced.
         self.histories = Histories(store)
         self.damaged = self.histories.damaged  # session id -> what is wrong
+        # Replaces credentials in every event's data before it is decided (lifecycle
+        # sets it from the config; None: nothing is redacted).
+        self.redactor: Redactor | None = None
+        # The host (or fleet) key that seals new events' hashes (version 2: export.py);
+        # None: version 1, unkeyed (a writer made without the daemon's lifecycle).
+        self.key: bytes | None = None
 
     # --- the callers' side ------------------------------------------------------------
 
@@ -809,7 +817,8 @@ class Writer:
         if isinstance(plan, Import):
             check_import(plan.events)
             events = [moved(e, position=self.next_position + i)
-                      for i, e in enumerate(plan.events)]
+                      for i, e in enumerate(redact_history(self.redactor, plan.events,
+                                                           self.key))]
             self.next_position += len(events)
             state, snapshots = self._fold_with_snapshots(None, events)
             result = _json.encode(state)
@@ -901,6 +910,7 @@ class Writer:
         built from (the fold reads it, nothing decodes it again)."""
         version = entry.state.version if entry else 0
         prev_hash = entry.last_hash if entry else ""
+        namespace = entry.state.namespace if entry else None
         recorded_at = now()
         events = []
         for index, (event_type, given) in enumerate(plan.events):
@@ -910,6 +920,17 @@ class Writer:
             data, data_json, hash_json = (
                 (given.data, given.json, given.canonical) if isinstance(given, Given)
                 else (given, encode_data(given), canonical_json(given)))
+            if self.redactor is not None:  # credentials out before anything keeps them
+                if namespace is None:
+                    namespace = data.namespace if isinstance(data, SessionCreated) else "local"
+                try:
+                    data, data_json, hash_json = redact_data(
+                        self.redactor, event_type, namespace, data, data_json, hash_json)
+                except msgspec.ValidationError as exc:
+                    raise InvalidParamsError(
+                        f"{plan.path(index)[2:] or 'data'}: redacting a credential in it"
+                        f" leaves it invalid ({exc}); nothing was written",
+                        {"detail": str(exc), "path": plan.path(index)}) from exc
             bad = out_of_bounds(data_json, plan.path(index))
             if bad is not None:
                 path, value = bad
@@ -920,7 +941,7 @@ class Writer:
                 position=self.next_position, session_id=cmd.session_id, version=version,
                 event_id=new_id(), type=event_type, recorded_at=recorded_at, data=data,
                 data_json=data_json, meta=cmd.meta)
-            prev_hash = chain_hash(prev_hash, event, hash_json)
+            prev_hash = chain_link(prev_hash, event, self.key, hash_json)
             events.append(moved(event, hash=prev_hash))
             self.next_position += 1
         return events

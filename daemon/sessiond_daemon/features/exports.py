@@ -26,7 +26,7 @@ from sessiond_daemon.stores.interface import Store
 from sessiond_schemas import export
 from sessiond_schemas.errors import InvalidParamsError
 from sessiond_schemas.events import Event, now
-from sessiond_schemas.export import canonical, chain_hash
+from sessiond_schemas.export import canonical, link_ok
 from sessiond_schemas.state import SessionState
 
 EVENTS_PER_READ = 1000
@@ -148,7 +148,7 @@ async def page(store: Store, state: SessionState, cursor: str | None) -> dict[st
     used = 0
     if cur.checkpoints_after < 0:  # the events' pages
         async for read in _events(store, sid, cur.version, cur.upto, budget):
-            if cur.prev and chain_hash(cur.prev, read[0]) != read[0].hash:
+            if cur.prev and not link_ok(cur.prev, read[0]):
                 raise _moved(sid)
             events = read
             cur = msgspec.structs.replace(cur, version=read[-1].version + 1, prev=read[-1].hash)

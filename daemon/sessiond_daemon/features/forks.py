@@ -46,7 +46,7 @@ from sessiond_schemas.events import (
     now,
     typed_event,
 )
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import chain_link
 from sessiond_schemas.state import SessionState
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ async def fork(commands: Commands, store: ForkReads, state_at: StateAt,
                          state=msgspec.to_builtins(state))
     event = typed_event(position=0, session_id=sid, version=at + 1, event_id=new_id(),
                         type="session.forked", recorded_at=now(), meta=event_meta, data=data)
-    event = moved(event, hash=chain_hash(prev, event, canonical_json(data)))
+    event = moved(event, hash=chain_link(prev, event, commands.writer.key, canonical_json(data)))
 
     def plan(existing: SessionState | None) -> Import:
         if existing is not None:

@@ -42,7 +42,7 @@ from sessiond_schemas.events import (
     parse_time,
     typed_event,
 )
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import chain_link, link_ok, sealed_by, split_v2
 from sessiond_schemas.state import SessionState
 
 log = structlog.get_logger("sessiond.maintenance")
@@ -63,16 +63,22 @@ class Maintenance:
         self.commands = commands
         self.state_at = state_at  # a session's view at a version: an imported fork's claim
 
-    async def daemon_verify(self, p: rpc.NoParams, meta: EventMeta) -> rpc.VerifyResult:
+    async def daemon_verify(self, p: rpc.VerifyParams, meta: EventMeta) -> rpc.VerifyResult:
+        if p.document is not None:
+            return _verify_document(p.document, self.writer.key)
         caps = self.store.capabilities
         problems = [rpc.VerifyProblem(session_id=None, problem=f"integrity_check: {line}")
                     for line in (await caps.integrity.integrity_check() if caps.integrity
                                  else ["ok"]) if line != "ok"]
         checked, after = 0, ""
+        whose = [0, 0, 0]  # sealed, unkeyed, foreign
         while ids := await self.store.session_ids(after, 500):
             for sid in ids:
-                problems += [rpc.VerifyProblem(session_id=sid, problem=text)
-                             for text in await self._check_session(sid)]
+                found, check = await self._check_session(sid)
+                problems += [rpc.VerifyProblem(session_id=sid, problem=text) for text in found]
+                if check is not None:
+                    whose = [whose[0] + check.sealed, whose[1] + check.unkeyed,
+                             whose[2] + check.foreign]
                 checked += 1
             after = ids[-1]
         # Sessions the writer found damaged (some have no view row, so the walk above
@@ -84,11 +90,14 @@ class Maintenance:
         if caps.full_text is not None:
             problems += [rpc.VerifyProblem(session_id=None, problem=text)
                          for text in await caps.full_text.problems()]
-        return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems)
+        return rpc.VerifyResult(ok=not problems, checked_sessions=checked, problems=problems,
+                                sealed_events=whose[0], unkeyed_events=whose[1],
+                                foreign_events=whose[2])
 
-    async def _check_session(self, sid: str) -> list[str]:
-        """What is wrong with one session; stored data that does not even read back is
-        one of the problems, never an error of verify itself."""
+    async def _check_session(self, sid: str) -> tuple[list[str], SessionCheck | None]:
+        """What is wrong with one session, and its check (whose its events are); stored
+        data that does not even read back is one of the problems, never an error of
+        verify itself."""
         try:
             # The stored view first, then its events up to its version: a write that
             # lands between the reads is past both (comparing the view with every event
@@ -103,17 +112,17 @@ class Maintenance:
             if check.state is not None and check.state.forked_from is not None \
                     and check.first_version <= check.state.forked_from.version + 1:
                 found += await forks.link_problems(self.store, check.state, check.first)
-            return found
+            return found, check
         except StorageError:
             raise  # the file itself, not this session: verify cannot go on
         except Exception as exc:
             log.warning("verify.unreadable", session_id=sid, error=str(exc))
-            return [f"stored data does not read back: {exc}"]
+            return [f"stored data does not read back: {exc}"], None
 
     async def _fold_check(self, sid: str, stored: SessionState | None,
                           upto: int | None) -> tuple[SessionCheck, list[str]]:
         """The session's events (up to version `upto`) folded and held to `stored`."""
-        check = SessionCheck(sid, await self.store.snapshots(sid))
+        check = SessionCheck(sid, await self.store.snapshots(sid), self.writer.key)
         if stored is not None and stored.history is not None and (
                 stored.forked_from is None
                 or stored.history.version > stored.forked_from.version + 1):
@@ -228,7 +237,9 @@ class Maintenance:
         doc = _read_document(p.document)
         events = doc.events
         sid = events[0].session_id
-        mark = _history_mark(events, meta)
+        if p.strict:
+            _check_written_here(events, self.writer.key)
+        mark = _history_mark(events, meta, self.writer.key)
         await forks.check_import(self.store, self.state_at, events[0],
                                  self.commands.limits.max_fork_depth)
         clash = await self.store.foreign_event_ids(sid, [e.event_id for e in events])
@@ -260,7 +271,7 @@ IMPORTED_REASON = ("imported: its processes belong to another daemon's history;"
                    " this daemon never signals or continues them")
 
 
-def _history_mark(events: list[Event], meta: EventMeta) -> list[Event]:
+def _history_mark(events: list[Event], meta: EventMeta, key: bytes | None) -> list[Event]:
     """The event that ends an imported executor history, if it has one: a
     `process.detached` marked `imported`. The runner acts only on process events after the
     last such mark, so an imported pid is never signalled nor an imported argv run."""
@@ -278,7 +289,7 @@ def _history_mark(events: list[Event], meta: EventMeta) -> list[Event]:
         recorded_at=events[-1].recorded_at, meta=meta,
         data=ProcessDetached(pid=pid, turn=turn, alive=False, imported=True,
                              reason=IMPORTED_REASON))
-    return [moved(mark, hash=chain_hash(events[-1].hash, mark))]
+    return [moved(mark, hash=chain_link(events[-1].hash, mark, key))]
 
 
 _SESSION_ID = msgspec.json.Decoder(SessionId)
@@ -310,6 +321,30 @@ def _check_ids_and_times(events: list[Event]) -> None:
                 f"document.events[{i}].recorded_at {e.recorded_at[:40]!r} is not a time in"
                 " the contract's form (YYYY-MM-DDTHH:MM:SS.ffffffZ, UTC)",
                 {"detail": problem, "path": f"$.document.events[{i}].recorded_at"})
+
+
+def _verify_document(raw: Any, key: bytes | None) -> rpc.VerifyResult:
+    """An export document checked: its checksum and chain (-32007 when they do not hold,
+    as for an import), and whose its events are."""
+    doc = _read_document(raw)
+    events = doc.events
+    unkeyed = sum(1 for e in events if split_v2(e.hash) is None)
+    sealed = sum(1 for e in events if key is not None and sealed_by(e, key))
+    return rpc.VerifyResult(
+        ok=True, checked_sessions=1, problems=[], sealed_events=sealed,
+        unkeyed_events=unkeyed, foreign_events=len(events) - sealed - unkeyed)
+
+
+def _check_written_here(events: list[Event], key: bytes | None) -> None:
+    """-32007 unless every event's hash is sealed with this daemon's key (import
+    --strict): a document edited and chained again by the public algorithm is not."""
+    for e in events:
+        if key is None or not sealed_by(e, key):
+            whose = ("its hash is of an unkeyed version (an earlier release's, or an"
+                     " importer's)" if split_v2(e.hash) is None else
+                     "its seal was not made with this host's or fleet's key")
+            raise _import_failed(f"not written by this host or fleet: event at version"
+                                 f" {e.version} ({e.type}): {whose}")
 
 
 def _import_failed(reason: str) -> SessionImportError:
@@ -352,9 +387,9 @@ def _read_document(raw: Any) -> export.ExportDocument:
         if e.version != expected:
             raise _import_failed(f"event at version {expected} is missing or out of order"
                                  f" (found version {e.version})")
-        prev = chain_hash(prev, e)
-        if e.hash != prev:
+        if not link_ok(prev, e):
             raise _import_failed(f"hash chain broken at version {e.version}")
+        prev = e.hash
     try:
         folded = projection.fold(None, doc.events)
     except projection.FoldError as exc:

@@ -229,6 +229,8 @@ class Service:
             # Only a shared store keeps them (PostgresStore.figures).
             store_commits=dict(figures) if (figures := getattr(self.store, "figures", None))
             else None,
+            redacted_events=redactor.events if (redactor := self.writer.redactor) else 0,
+            redacted=dict(redactor.counts) if redactor else {},
         )
 
     # --- sessions -------------------------------------------------------------------

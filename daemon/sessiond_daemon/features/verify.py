@@ -6,14 +6,15 @@ import msgspec
 
 from sessiond_daemon.core.projection import FoldError, fold
 from sessiond_schemas.events import Event, SessionForked, Unread
-from sessiond_schemas.export import chain_hash
+from sessiond_schemas.export import link_ok, sealed_by, split_v2
 from sessiond_schemas.state import SessionState
 
 
 class SessionCheck:
     """Feed a session's events in version order, page by page; collect what is wrong."""
 
-    def __init__(self, session_id: str, snapshots: dict[int, SessionState]) -> None:
+    def __init__(self, session_id: str, snapshots: dict[int, SessionState],
+                 key: bytes | None = None) -> None:
         self.session_id = session_id
         self.snapshots = snapshots
         self.problems: list[str] = []
@@ -22,6 +23,8 @@ class SessionCheck:
         self._version = 0
         self.first: Event | None = None  # a fork's session.forked event
         self.first_version = 1  # the first version stored (after a trim: past its anchor)
+        self.key = key
+        self.sealed = self.unkeyed = self.foreign = 0
 
     def start_at(self, version: int, anchor: str) -> None:
         """A trimmed history (retention): the events kept start after `version`, their
@@ -47,11 +50,11 @@ class SessionCheck:
                 self.problems.append(f"version {self._version + 1} is missing"
                                      f" (next stored is {event.version})")
             self._version = event.version
-            self._hash = chain_hash(self._hash, event)
-            if event.hash != self._hash:
+            if not link_ok(self._hash, event):
                 self.problems.append(f"hash chain broken at version {event.version}"
                                      " (the event or one before it was changed)")
-                self._hash = event.hash  # report each break once, not every event after it
+            self._whose(event)
+            self._hash = event.hash  # a break is reported once, not at every event after it
             try:
                 self.state = fold(self.state, [event])
             except FoldError as exc:
@@ -60,6 +63,14 @@ class SessionCheck:
             snapshot = self.snapshots.get(event.version)
             if snapshot is not None and _differs(snapshot, self.state):
                 self.problems.append(f"snapshot at version {event.version} differs from the fold")
+
+    def _whose(self, event: Event) -> None:
+        if split_v2(event.hash) is None:
+            self.unkeyed += 1
+        elif self.key is not None and sealed_by(event, self.key):
+            self.sealed += 1
+        else:
+            self.foreign += 1
 
     def finish(self, stored: SessionState | None) -> list[str]:
         """Compare the stored view with the fold of everything fed."""

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from sessiond_daemon.core.access import Grant
+from sessiond_daemon.core.redact import check_patterns
 from sessiond_daemon.stores import registry
 from sessiond_schemas.paths import default_socket
 from sessiond_schemas.state import TtlSeconds
@@ -32,6 +33,20 @@ Id = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 2)]  # a uid or gid (2^32-1 is
 # A host's name as its sessions record it: printable, at most 255 characters.
 HostName = Annotated[str, msgspec.Meta(min_length=1, max_length=255,
                                        pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class Redaction(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How a namespace's events are redacted (docs/security.md, "Redaction")."""
+
+    enabled: bool = True
+    # Extra rules: kind (lowercase, digits, '-') -> a Python regular expression; a group
+    # named `s` is the part replaced, else the whole match.
+    patterns: dict[str, str] = {}
+
+    def __post_init__(self) -> None:
+        problem = check_patterns(self.patterns)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -141,6 +156,14 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # None: off (with http_listen, /metrics is also served there, to the owner's token).
     metrics_listen: str | None = None
     max_metrics_labels: Count = 20  # actors / namespaces labelled; the rest are "(other)"
+    # Redaction of credentials before anything is stored (docs/security.md): per namespace
+    # (a name, a prefix ending in "*", or "*" for all; the longest match wins), on unless
+    # a setting turns it off; `redact_digest` adds a keyed digest to each mark.
+    redact: dict[str, Redaction] = {}
+    redact_digest: bool = True
+    # The host key (docs/security.md, "The host key"): unset, `<db>.key` beside a SQLite
+    # database; in fleet mode a file every host of the fleet shares.
+    key_file: str | None = None
     # Where the daemon's threads run (sessiond_daemon/cpu.py): "auto", one CPU that follows
     # the load; a CPU number, that one; "off", wherever the scheduler puts each thread.
     cpu_affinity: Literal["auto", "off"] | Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = "auto"
@@ -155,7 +178,7 @@ RELOADABLE = frozenset({
     "drain_timeout_s", "max_batch_requests", "max_reply_buffer", "max_page_bytes",
     "http_cors_origins", "http_allowed_hosts", "http_send_timeout_s", "default_ttl_s",
     "search_max_terms", "search_max_prefixes", "search_max_prefix_matches", "search_max_steps",
-    "search_timeout_s",
+    "search_timeout_s", "redact", "redact_digest",
     "max_reply_buffer_total",
     "request_timeout_s",
 })

@@ -19,6 +19,7 @@ from anyio.abc import SocketListener, TaskGroup, TaskStatus
 from sessiond_daemon import host
 from sessiond_daemon.core.access import Grants
 from sessiond_daemon.core.commands import Commands, Limits
+from sessiond_daemon.core.redact import Redactor, Setting
 from sessiond_daemon.core.writer import Writer
 from sessiond_daemon.cpu import PIN
 from sessiond_daemon.features.context import Context
@@ -31,7 +32,7 @@ from sessiond_daemon.features.maintenance import Maintenance
 from sessiond_daemon.features.retention import Retention
 from sessiond_daemon.features.search import Search
 from sessiond_daemon.features.service import LiveFigures, Service
-from sessiond_daemon.serve import logs, mcp_entry, methods
+from sessiond_daemon.serve import hostkey, logs, mcp_entry, methods
 from sessiond_daemon.serve.budget import default_budget
 from sessiond_daemon.serve.config import RELOADABLE, Config, differences
 from sessiond_daemon.serve.metrics import MetricsUnavailable, require_client
@@ -173,6 +174,10 @@ class Daemon:
             self.writer = Writer(store, max_queue=config.max_queue, max_batch=config.max_batch,
                                  cache_size=config.view_cache_size,
                                  snapshot_every=config.snapshot_every)
+            key = hostkey.host_key(config.db, config.key_file)
+            self.writer.key = key  # seals new events' hashes (version 2)
+            self.writer.redactor = Redactor(key, redaction_settings(config),
+                                            digest=config.redact_digest)
             async with anyio.create_task_group() as core:
                 # 2. The writer: the only task that writes.
                 await core.start(self.writer.run)
@@ -399,6 +404,9 @@ class Daemon:
             self.http.reload(new)
         if self.commands is not None:
             self.commands.limits = _service_limits(new)
+        if self.writer is not None and self.writer.redactor is not None:
+            self.writer.redactor.settings = redaction_settings(new)
+            self.writer.redactor.digest = new.redact_digest
         # Keep the settings that need a restart as they are running.
         self.config = msgspec.structs.replace(
             self.config, **{k: getattr(new, k) for k in applied})
@@ -444,6 +452,11 @@ def _server_limits(config: Config) -> ServerLimits:
                         request_timeout_s=config.request_timeout_s,
                         max_reply_buffer_total=config.max_reply_buffer_total
                         or default_budget())
+
+
+def redaction_settings(config: Config) -> dict[str, Setting]:
+    """The config's redaction, per namespace pattern, as the redactor takes it."""
+    return {ns: Setting(r.enabled, dict(r.patterns)) for ns, r in config.redact.items()}
 
 
 def _service_limits(config: Config) -> Limits:

@@ -112,7 +112,7 @@ def table(service: Service, maintenance: Maintenance, graphs: Graphs,
         # daemon
         "daemon.ping": Signature(rpc.NoParams, rpc.PingResult).served_by(s.daemon_ping),
         "daemon.stats": Signature(rpc.NoParams, rpc.StatsResult).served_by(s.daemon_stats),
-        "daemon.verify": Signature(rpc.NoParams, rpc.VerifyResult).served_by(m.daemon_verify),
+        "daemon.verify": Signature(rpc.VerifyParams, rpc.VerifyResult).served_by(m.daemon_verify),
         "daemon.backup": Signature(rpc.BackupParams, rpc.BackupResult).served_by(
             m.daemon_backup),
         "daemon.reindex": Signature(rpc.NoParams, rpc.ReindexResult).served_by(

@@ -198,6 +198,7 @@ class Prometheus(Hooks):
             "lagging": sum(1 for lag in lags if lag > 0),
             "executors": len(self.executors.running) if self.executors else 0,
             "position": writer.committed_position,
+            "redacted": dict(writer.redactor.counts) if writer.redactor else {},
         }
         try:  # a store's size may be a read of the database too (PostgreSQL's)
             size = self.store.capabilities.size
@@ -222,7 +223,7 @@ class _ScrapeCollector:
         return []  # families are only known once scraped; none collide with the others
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         f = self.metrics._scraped
         if not f:
@@ -247,6 +248,12 @@ class _ScrapeCollector:
         for name, doc, key in plain:
             if key in f:  # db_bytes: not when the database could not be read
                 yield GaugeMetricFamily(name, doc, value=f[key])
+        redacted = CounterMetricFamily(
+            "sessiond_redacted", "Credentials replaced before they were stored, by kind.",
+            labels=["kind"])
+        for kind, count in sorted(f.get("redacted", {}).items()):
+            redacted.add_metric([kind], count)
+        yield redacted
         if "status" in f:
             g = GaugeMetricFamily("sessiond_sessions", "Stored sessions, by status.",
                                   labels=["status"])

@@ -53,6 +53,7 @@ from .daemon import (
     PingResult,
     ReindexResult,
     StatsResult,
+    VerifyParams,
     VerifyProblem,
     VerifyResult,
 )
@@ -157,7 +158,7 @@ from .sessions import (
 METHODS: Final[dict[str, tuple[type[msgspec.Struct], Any]]] = {
     "daemon.ping": (NoParams, PingResult),
     "daemon.stats": (NoParams, StatsResult),
-    "daemon.verify": (NoParams, VerifyResult),
+    "daemon.verify": (VerifyParams, VerifyResult),
     "daemon.backup": (BackupParams, BackupResult),
     "session.create": (SessionCreateParams, SessionState),
     "session.get": (SessionGetParams, SessionState),
@@ -326,6 +327,7 @@ __all__ = [
     "TrajectoryResult",
     "TrimResult",
     "UnsubscribeResult",
+    "VerifyParams",
     "VerifyProblem",
     "VerifyResult",
     "Version",

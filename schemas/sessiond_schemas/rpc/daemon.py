@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
 from .base import Params
+
+
+class VerifyParams(Params, kw_only=True, forbid_unknown_fields=True):
+    # An export document (object or JSON text) to check instead of the database: its
+    # checksum and hash chain, and whose its events are (sealed with this daemon's key).
+    document: Any = None
 
 
 class BackupParams(Params, kw_only=True, forbid_unknown_fields=True):
@@ -58,6 +64,10 @@ class StatsResult(msgspec.Struct, kw_only=True):
     # the one-call statement's part before the flush),
     # commit_s, moved (batches decided again). None on SQLite and from older daemons.
     store_commits: dict[str, float] | None = None
+    # Credentials redacted since the daemon started (docs/security.md): events that had
+    # one, and replacements by kind (None from an older daemon).
+    redacted_events: int | None = None
+    redacted: dict[str, int] | None = None
 
 
 class VerifyProblem(msgspec.Struct, kw_only=True):
@@ -69,6 +79,13 @@ class VerifyResult(msgspec.Struct, kw_only=True):
     ok: bool
     checked_sessions: int
     problems: list[VerifyProblem]
+    # Whose the events are (docs/security.md, "The host key"): events whose hash this
+    # host's (or fleet's) key sealed, events of an unkeyed hash version (written by earlier
+    # releases, or imported as their documents had them), events sealed by another key.
+    # None from older daemons.
+    sealed_events: int | None = None
+    unkeyed_events: int | None = None
+    foreign_events: int | None = None
 
 
 class BackupResult(msgspec.Struct, kw_only=True):

@@ -86,6 +86,9 @@ class SessionExportParams(Params, kw_only=True, forbid_unknown_fields=True):
 class SessionImportParams(Params, kw_only=True, forbid_unknown_fields=True):
     document: Any
     on_conflict: Literal["error", "skip", "replace"] = "error"
+    # Refuse a document not written by this host or fleet: every event's hash must be
+    # version 2, sealed with this daemon's key (-32007 otherwise).
+    strict: bool = False
 
 
 class ResolveResult(msgspec.Struct, kw_only=True):
