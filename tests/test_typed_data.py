@@ -107,7 +107,9 @@ def _of(t: mi.Type) -> st.SearchStrategy[Any]:
     if isinstance(t, mi.LiteralType):
         return st.sampled_from(t.values)
     if isinstance(t, mi.ListType):
-        return st.lists(_of(t.item_type), max_size=3)
+        low = t.min_length or 0
+        high = max(low, 3) if t.max_length is None else min(max(low, 3), t.max_length)
+        return st.lists(_of(t.item_type), min_size=low, max_size=high)
     if isinstance(t, mi.TupleType):
         return st.tuples(*(_of(x) for x in t.item_types))
     if isinstance(t, mi.DictType):
