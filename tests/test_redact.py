@@ -305,7 +305,7 @@ async def test_http_stream_appends_are_redacted(short_dir: str, db_url: str) -> 
                            http_listen=[os.path.join(short_dir, "h.sock")])
     async with running_daemon(config) as d, httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=config.http_listen[0]),
-            base_url="http://sessiond", timeout=60) as http:
+            base_url="http://localhost", timeout=60) as http:
         text = {"content-type": "text/plain"}
         assert (await http.put("/v1/stream/t1", content=secret_text(0).encode(),
                                headers=text)).status_code == 201
