@@ -27,7 +27,10 @@ BIG = "x" * 4000
 
 @pytest.fixture
 def daemon_overrides() -> dict[str, Any]:
-    return {"trim_after_days": {"kept*": 0}, "cleanup_every_s": 0.05}
+    from test_metrics import free_port
+    # An HTTP listener: a peer (its token) compacts over /rpc.
+    return {"trim_after_days": {"kept*": 0}, "cleanup_every_s": 0.05,
+            "http_listen": [f"127.0.0.1:{free_port()}"]}
 
 
 async def long_session(c: AsyncClient, sid: str, namespace: str = "local") -> int:
@@ -105,6 +108,31 @@ class TestTrim:
         with pytest.raises(InvalidTransitionError, match="cannot be trimmed"):
             await client.trim("n2", older_than_days=0)
         assert (await client.get_session("n2")).history is None
+
+    async def test_a_peers_compaction_is_never_trimmed_behind(
+            self, daemon: Daemon, client: AsyncClient) -> None:
+        """session.compact is a peer's by default (it adds a summary), session.trim is not
+        (it deletes): so retention trims behind the owner's compactions only; a peer's
+        moves the context, never what is deleted, by the sweep or by session.trim."""
+        from pathlib import Path
+
+        import httpx
+
+        from sessiond_schemas.paths import http_token_path
+        await client.create_session("kept-peer", namespace="kept-p")
+        for i in range(20):
+            await client.append_message("kept-peer", "user", f"m{i}")
+        peer = Path(http_token_path(daemon.socket, peer=True)).read_text().strip()
+        async with httpx.AsyncClient(base_url=f"http://{daemon.config.http_listen[0]}",
+                                     headers={"authorization": f"Bearer {peer}"}) as http:
+            done = await http.post("/rpc", json={
+                "jsonrpc": "2.0", "id": 1, "method": "session.compact",
+                "params": {"session_id": "kept-peer", "summary": SUMMARY}})
+            assert "result" in done.json(), done.json()
+        assert (await client.context("kept-peer")).summary[0].content == "the summary"
+        assert (await client.trim("kept-peer", older_than_days=0)).starts_at is None
+        assert (await client.get_session("kept-peer")).history is None  # nor the sweep
+        assert len((await client.read_events("kept-peer", limit=100)).events) == 22
 
     async def test_the_namespace_setting_and_its_sweep(self, client: AsyncClient) -> None:
         """A namespace in trim_after_days is trimmed by the daemon's own sweep (every

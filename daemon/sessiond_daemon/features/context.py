@@ -15,7 +15,7 @@ from sessiond_daemon.stores.interface import Page, Store
 from sessiond_schemas import rpc
 from sessiond_schemas.bounds import INT64_MAX
 from sessiond_schemas.errors import InvalidParamsError
-from sessiond_schemas.events import EventMeta, SessionCompacted
+from sessiond_schemas.events import Event, EventMeta, SessionCompacted
 from sessiond_schemas.state import ContextStart, Message, SessionState
 
 
@@ -80,12 +80,18 @@ class Context:
 
     async def compaction(self, start: ContextStart) -> SessionCompacted:
         """The session.compacted event the context starts at: one event, read by version."""
+        data = (await self.compaction_event(start)).data
+        assert isinstance(data, SessionCompacted)
+        return data
+
+    async def compaction_event(self, start: ContextStart) -> Event:
+        """The session.compacted event itself (its meta says who wrote it)."""
         events = await self.store.read_events(
             session_id=start.session_id, from_version=start.version, after_position=0,
             limit=1, types=None)
-        data = events[0].data if events and events[0].version == start.version else None
-        if not isinstance(data, SessionCompacted):
+        event = events[0] if events and events[0].version == start.version else None
+        if event is None or not isinstance(event.data, SessionCompacted):
             raise unreadable_error(start.session_id, LookupError(
                 f"its compaction at version {start.version} is not there"
                 f" ({events[0].type if events else 'no event'})"))
-        return data
+        return event

@@ -7,6 +7,7 @@ same commit. It trims to a snapshot, so the view folds on from there."""
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 
 import msgspec
@@ -23,7 +24,7 @@ from sessiond_schemas.errors import (
     SessiondError,
     VersionConflictError,
 )
-from sessiond_schemas.events import EventMeta, HistoryTrimmed
+from sessiond_schemas.events import EventMeta, HistoryTrimmed, SessionCompacted
 from sessiond_schemas.state import SessionState
 
 log = structlog.get_logger("sessiond.retention")
@@ -56,6 +57,9 @@ class Retention:
                  days: dict[str, float]) -> None:
         self.store, self.commands, self.context = store, commands, context
         self.days = days  # the config's trim_after_days: namespace (or "prefix*") -> days
+        # Whose compactions retention trims behind: the daemon's owner's and root's (a
+        # peer may compact, a default peer method, but not delete: docs/protocol.md).
+        self.trusted = frozenset({os.getuid(), 0})
 
     async def session_trim(self, p: rpc.SessionTrimParams, meta: EventMeta) -> rpc.TrimResult:
         for _ in range(TRIES):
@@ -128,7 +132,11 @@ class Retention:
         start = state.context
         if start is None or start.session_id != state.session_id:
             return None  # never compacted, or the compaction is its source's history
-        compaction = await self.context.compaction(start)
+        event = await self.context.compaction_event(start)
+        if event.meta.peer_uid not in self.trusted:
+            return None  # a peer's summary moves the context, never what retention deletes
+        compaction = event.data
+        assert isinstance(compaction, SessionCompacted)
         before = (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         first = state.history.version if state.history else (
             state.forked_from.version + 1 if state.forked_from else 1)
