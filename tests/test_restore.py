@@ -196,3 +196,37 @@ async def test_metadata_never_puts_a_file_outside_the_root(daemon: Daemon, clien
                                     "--to", root)
     assert code == 1 and "outside" in err
     assert not os.path.exists(os.path.join(short_dir, "escaped.jsonl"))
+
+
+async def test_a_trimmed_session_imports_and_restores(daemon: Daemon, client: AsyncClient,
+                                                      short_dir: str) -> None:
+    """A Claude Code session compacted (its compact_boundary) and trimmed by retention:
+    the importer run again from the file's start appends a new line after the trim (the
+    keys of the lines trimmed are answered with their first writes' versions), and
+    restore writes what the session still holds (review of issues 46 and 48)."""
+    sid = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+    root = os.path.join(short_dir, "projects")
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "fixtures", "compaction",
+                                 "claude-code", "projects"), root)
+    path = os.path.join(root, "-home-dev-app", f"{sid}.jsonl")
+    code, out, err = await sessionctl(daemon, "import", "--format", "claude-code", root)
+    assert code == 0 and out["failed"] == [], (out, err)
+    trimmed = await client.trim(sid, older_than_days=0)
+    assert trimmed.starts_at is not None and trimmed.starts_at > 1
+    with open(path) as f:
+        last = json.loads(f.read().splitlines()[-1])
+    last.update(uuid="c0c0c0c0-0000-4000-8000-000000000099", parentUuid=last["uuid"],
+                timestamp="2026-02-03T10:07:00.000Z")
+    last["message"]["content"] = [{"type": "text", "text": "One more line."}]
+    with open(path, "a") as f:
+        f.write(json.dumps(last) + "\n")
+    code, out, err = await sessionctl(daemon, "import", "--format", "claude-code", root)
+    assert code == 0 and out["failed"] == [], (out, err)
+    context = await client.context(sid)
+    assert context.messages[-1].content == "One more line."
+    code, item, err = await sessionctl(daemon, "restore", sid, "--format", "claude-code",
+                                       "--to", os.path.join(short_dir, "back"))
+    assert code == 0, err
+    with open(item["file"]) as f:
+        assert json.loads(f.read().splitlines()[-1])["uuid"].endswith("000000000099")
+    assert (await client.verify()).ok

@@ -263,7 +263,8 @@ def _write(client: Client, view: SessionState, fmt: str, out: IO[str],
     writer = _Writer(view, fmt, out, result)
     own = view.adapter == fmt  # lines kept from another CLI's transcript are not this one's
     kept_key: str | None = None  # the line whose first event held it: its other events too
-    version: int | None = 1
+    # a history trimmed by retention is read from where it starts now
+    version: int | None = view.history.version if view.history else 1
     while version is not None:
         page = client.read_events(view.session_id, from_version=version, limit=_PAGE)
         for event in page.events:

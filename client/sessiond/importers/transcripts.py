@@ -439,7 +439,10 @@ class TranscriptImporter:
                     # and the lines after it still go in.
                     result.failures.append(Problem(exc.message, line=line.number))
                 else:
-                    result.version = self.at[sid] = write.version
+                    # A key the daemon holds already (a line behind a trim) answers
+                    # its first write's version: where the session is stays the newest.
+                    result.version = write.version
+                    self.at[sid] = max(self.at[sid], write.version)
                     result.appended += 1
                     known.add(line.key)
             tail.pending.pop(0)

@@ -184,7 +184,7 @@ class SessiondSessionStore(SessionStore):
         """The line keys session `sid` holds, as of its latest version (read once, then
         only the events written since: `version`, when known, says whether any were)."""
         keys = self._known.setdefault(sid, set())
-        at = self._at.get(sid, 0)
+        at = self._at[sid] if sid in self._at else await self._start(sid) - 1
         if version is not None and version == at:
             return keys
         start: int | None = at + 1
@@ -196,6 +196,14 @@ class SessiondSessionStore(SessionStore):
             start = page.next
         self._at[sid] = at
         return keys
+
+    async def _start(self, sid: str) -> int:
+        """The first version session `sid` holds: 1, or where retention's trim left it."""
+        try:
+            view = await self.client.get_session(sid)
+        except SessionNotFoundError:
+            return 1
+        return view.history.version if view.history else 1
 
     # --- writing ------------------------------------------------------------------------
 
@@ -358,10 +366,10 @@ class SessiondSessionStore(SessionStore):
                     sid, bare.events, expected_version=self._at.get(sid, 0),
                     idempotency_key=lines[0].key)
             known.add(lines[0].key)
-            self._at[sid] = write.version
+            self._at[sid] = max(self._at.get(sid, 0), write.version)  # a repeat: its first
             return summary is None
         known.update(line.key for line in lines)
-        self._at[sid] = write.version
+        self._at[sid] = max(self._at.get(sid, 0), write.version)
         return True
 
     async def _summarize(self, sid: str, key: SessionKey,
@@ -401,8 +409,8 @@ class SessiondSessionStore(SessionStore):
         if sid is None:
             return None
         entries: list[SessionStoreEntry] = []
-        version: int | None = 1
         try:
+            version: int | None = await self._start(sid)
             while version is not None:
                 page = await self.client.read_events(sid, from_version=version, limit=10_000)
                 for event in page.events:
