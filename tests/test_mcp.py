@@ -342,6 +342,54 @@ async def test_socket_peers(shared_dir: str) -> None:
     assert not os.path.exists(mcp_sock)  # removed at the end, as the RPC socket is
 
 
+@pytest.mark.sqlite_only("the peer's uid decides: the same on either store")
+async def test_socket_bounds_a_peer(shared_dir: str) -> None:
+    """A peer holds at most PEER_CONNECTIONS of the MCP socket's connections (the next is
+    -32006, the owner's still served), and a message longer than MAX_MESSAGE_BYTES is
+    refused (-32600) instead of held: what a peer can make the daemon hold is bounded."""
+    from sessiond_daemon.serve.mcp_entry import MAX_MESSAGE_BYTES, PEER_CONNECTIONS
+    user = peer_user()
+    config = daemon_config(shared_dir, socket_mode=0o666, allowed_uids=[user.pw_uid])
+    daemon = lifecycle.Daemon(config)
+    shutdown = anyio.Event()
+    hello = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "peer", "version": "1"}}}).encode() + b"\n"
+
+    def job(mcp_sock: str) -> bytes:
+        held = []
+        for _ in range(PEER_CONNECTIONS):  # each answered: counted by the daemon
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(30)
+            s.connect(mcp_sock)
+            s.sendall(hello)
+            s.makefile("rb").readline()
+            held.append(s)
+        extra = socket.socket(socket.AF_UNIX)
+        extra.settimeout(30)
+        extra.connect(mcp_sock)
+        refused = extra.makefile("rb").readline()
+        held[0].sendall(b"x" * (MAX_MESSAGE_BYTES + 1))
+        too_long = held[0].makefile("rb").readline()
+        for s in [*held, extra]:
+            s.close()
+        return refused + too_long
+
+    async with anyio.create_task_group() as tg:
+        sock = await tg.start(daemon.run, shutdown)
+        mcp_sock = mcp_socket_path(sock)
+        out = await anyio.to_thread.run_sync(as_user, user, lambda: job(mcp_sock))
+        refused, too_long = (json.loads(line) for line in out.splitlines())
+        assert refused["error"]["code"] == -32006, refused
+        assert "connections at most" in refused["error"]["message"]
+        assert too_long["error"]["code"] == -32600, too_long
+        # The owner is served meanwhile: its own connections are not counted as a peer's.
+        from types import SimpleNamespace
+        async with connected(SimpleNamespace(socket=sock), "stdio") as session:  # type: ignore[arg-type]
+            assert (await session.list_tools()).tools
+        shutdown.set()
+
+
 async def revoked_midway(mcp_sock: str, user: Any, hello: dict[str, Any],
                          reload: Any) -> list[dict[str, Any]]:
     """As `user`: open an MCP session (initialize), wait while `reload` runs here, then send

@@ -51,11 +51,18 @@ INSTRUCTIONS = (
     " have been met before; read what a session did with read_messages.")
 
 
+# Tool calls answered at once, on every transport and connection together: each reads a
+# page of the daemon's (a few MiB at most) before cutting it to an answer, and the SDK
+# starts a task per request, so what MCP holds is bounded here, whatever clients pipeline.
+CALLS_AT_ONCE = 8
+
+
 class McpServer:
     """The MCP server of one daemon: its tools, and both transports."""
 
     def __init__(self, calls: Calls) -> None:
         self.tools = Tools(calls)
+        self.calls_at_once = anyio.Semaphore(CALLS_AT_ONCE)
         self.listing = [types.Tool(
             name=t.name, title=t.title, description=t.description,
             input_schema=t.input_schema,
@@ -80,7 +87,9 @@ class McpServer:
             return _failed(f"no tool {params.name!r}: the tools are"
                            f" {', '.join(self.tools.all)}")
         try:
-            answer = await self.tools.call(params.name, dict(params.arguments or {}), caller)
+            async with self.calls_at_once:
+                answer = await self.tools.call(params.name, dict(params.arguments or {}),
+                                               caller)
         except SessiondError as exc:
             # Said to the model as a tool's error, with the contract's code (-32006: the
             # caller is not granted the method the tool calls).

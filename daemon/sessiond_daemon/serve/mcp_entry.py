@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,15 @@ if TYPE_CHECKING:
 log = structlog.get_logger("sessiond.mcp")
 
 MAX_CONNECTIONS = 64  # MCP socket connections served at once; more wait to be accepted
+# Of those, what one uid other than the owner's (or root's) may hold, and all such uids
+# together, so that peers cannot take them all: a connection past either is refused
+# (-32006) and the owner's always find room.
+PEER_CONNECTIONS = MAX_CONNECTIONS // 4
+PEERS_CONNECTIONS = MAX_CONNECTIONS * 3 // 4
+# An MCP message is a tool call (a query, ids, a cursor): a line longer than this is
+# refused, so that what unfinished lines hold is bounded (the RPC socket's budget does
+# not see this socket).
+MAX_MESSAGE_BYTES = 1 << 20
 NOT_INSTALLED = ("MCP needs the mcp package where the daemon runs:"
                  " pip install 'sessiond[mcp]', then restart sessiond")
 
@@ -95,6 +105,7 @@ async def start_socket(tg: TaskGroup, table: MethodTable, rpc: RpcServer, socket
                 or peer.gid in rpc.allowed_gids)
 
     loader = McpLoader(calls_of(table, rpc))
+    held: Counter[int] = Counter()  # connections by uid (the owner's and root's too)
 
     async def connection(stream: SocketStream) -> None:
         try:
@@ -104,8 +115,22 @@ async def start_socket(tg: TaskGroup, table: MethodTable, rpc: RpcServer, socket
                     log.warning("mcp.peer_refused", uid=peer.uid, pid=peer.pid)
                     await refuse(stream, f"uid {peer.uid} may not use this daemon", peer)
                     return
-                server = await loader.get()
-                await server.connection(stream, peer, allowed, rpc.limits.max_request_bytes)
+                owners = (os.getuid(), 0)
+                peers = sum(n for uid, n in held.items() if uid not in owners)
+                if peer.uid not in owners and (held[peer.uid] >= PEER_CONNECTIONS
+                                               or peers >= PEERS_CONNECTIONS):
+                    await refuse(stream, f"the MCP socket serves uid {peer.uid}"
+                                 f" {PEER_CONNECTIONS} connections at most, and peers"
+                                 f" {PEERS_CONNECTIONS} together: try again later", peer)
+                    return
+                held[peer.uid] += 1
+                try:
+                    server = await loader.get()
+                    await server.connection(stream, peer, allowed,
+                                            min(MAX_MESSAGE_BYTES,
+                                                rpc.limits.max_request_bytes))
+                finally:
+                    held[peer.uid] -= 1
         except Exception:  # one connection's bug must not end the accept loop
             log.exception("mcp.connection_failed")
 
