@@ -112,6 +112,13 @@ class TestStreams:
                 ).status_code == 400
         assert "sandbox" in head.headers["content-security-policy"]
         assert (await http.get("/v1/stream/t1", params={"offset": "x"})).status_code == 400
+        # A newline after the digits is not an offset ($ matched before it: found by the
+        # conformance suite's property test), nor after a stream's name.
+        for bad in (f"{first}\n", "0\n", "1\r\n", f" {first}"):
+            got = await http.get("/v1/stream/t1", params={"offset": bad})
+            assert got.status_code == 400, (bad, got.status_code)
+        assert (await http.put("/v1/stream/t3%0A", headers={
+            "content-type": "text/plain"})).status_code == 400
 
     async def test_json_stream_is_a_session(self, http: httpx.AsyncClient,
                                             client: AsyncClient) -> None:

@@ -81,7 +81,7 @@ def parse_offset(text: str | None, tail: int) -> int:
         return 0
     if text == "now":
         return tail
-    matched = _OFFSET.match(text)
+    matched = _OFFSET.fullmatch(text)
     if not matched or int(matched.group(1)) >= 2**63:
         raise HttpError(400, f"malformed offset {text[:40]!r}: use -1, now or an offset"
                         " this server returned")
@@ -89,7 +89,7 @@ def parse_offset(text: str | None, tail: int) -> int:
 
 
 def session_id(name: str) -> str:
-    if not _SESSION_ID.match(name):
+    if not _SESSION_ID.fullmatch(name):
         raise HttpError(400, f"stream name {name[:80]!r} is not a session id: 1-128 of"
                         " A-Z a-z 0-9 _ . : -, starting with a letter or digit")
     return name
@@ -189,7 +189,7 @@ def check_ttl(ttl: str | None, expires_at: str | None) -> tuple[int | None, str 
     """Validate Stream-TTL and Stream-Expires-At (section 5.1); at most one of them."""
     if ttl is not None and expires_at is not None:
         raise HttpError(400, "give Stream-TTL or Stream-Expires-At, not both")
-    if ttl is not None and not _TTL.match(ttl):
+    if ttl is not None and not _TTL.fullmatch(ttl):
         raise HttpError(400, f"Stream-TTL must be a whole number of seconds: {ttl[:40]!r}")
     if expires_at is not None:
         try:
